@@ -1,0 +1,1 @@
+"""Benchmarks of ctlwire against baselines measured in the same run (``ctlwire bench``)."""

@@ -1,0 +1,74 @@
+"""Pure, synchronous state machines of ctlwire.
+
+Each machine is declared once with transitions (:mod:`ctlwire.states.control_request`,
+:mod:`~ctlwire.states.mailbox_ticket`, :mod:`~ctlwire.states.peer_link`,
+:mod:`~ctlwire.states.inbound_request`); an immutable ``(state, event) -> state``
+table is derived from each at import and is what the kernel drives. Nothing in
+this package does IO, reads a clock, or imports anyio, zmq, the kernel or the
+transports.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ctlwire.states.control_request import (
+    CONTROL_REQUEST,
+    CONTROL_REQUEST_TABLE,
+    RequestEvent,
+    RequestState,
+)
+from ctlwire.states.errors import IllegalTransition
+from ctlwire.states.inbound_request import (
+    INBOUND_REQUEST,
+    INBOUND_REQUEST_TABLE,
+    InboundEvent,
+    InboundState,
+)
+from ctlwire.states.mailbox_ticket import (
+    MAILBOX_TICKET,
+    MAILBOX_TICKET_TABLE,
+    TicketEvent,
+    TicketState,
+)
+from ctlwire.states.peer_link import PEER_LINK, PEER_LINK_TABLE, PeerEvent, PeerState
+from ctlwire.states.transition_table import MachineSpec, StateTable, build_machine, derive_table
+
+MACHINES: tuple[MachineSpec[Any, Any], ...] = (
+    CONTROL_REQUEST,
+    MAILBOX_TICKET,
+    PEER_LINK,
+    INBOUND_REQUEST,
+)
+TABLES: tuple[StateTable[Any, Any], ...] = (
+    CONTROL_REQUEST_TABLE,
+    MAILBOX_TICKET_TABLE,
+    PEER_LINK_TABLE,
+    INBOUND_REQUEST_TABLE,
+)
+
+__all__ = [
+    "CONTROL_REQUEST",
+    "CONTROL_REQUEST_TABLE",
+    "INBOUND_REQUEST",
+    "INBOUND_REQUEST_TABLE",
+    "MACHINES",
+    "MAILBOX_TICKET",
+    "MAILBOX_TICKET_TABLE",
+    "PEER_LINK",
+    "PEER_LINK_TABLE",
+    "TABLES",
+    "IllegalTransition",
+    "InboundEvent",
+    "InboundState",
+    "MachineSpec",
+    "PeerEvent",
+    "PeerState",
+    "RequestEvent",
+    "RequestState",
+    "StateTable",
+    "TicketEvent",
+    "TicketState",
+    "build_machine",
+    "derive_table",
+]
