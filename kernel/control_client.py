@@ -1,0 +1,490 @@
+"""The API-server side: send control requests to engine ranks and get every answer back.
+
+::
+
+    async with ControlClient(transport, ranks=4) as client:
+        info = await client.call("get_server_info", rank=0, timeout=2.0)
+        res = await client.fan_out("pause", {"mode": "drain"})   # all 4 ranks
+
+Guarantees:
+
+* **Register before send.** Every request is in the request map before its
+  first frame is handed to the transport; a reply that arrives before the
+  caller reaches its wait completes the call at once.
+* **Exactly one outcome per call, by its deadline.** A value, or one of
+  :class:`~ctlwire.kernel.errors.RemoteError` (the engine's exception class
+  name, message and code), :class:`~ctlwire.kernel.errors.EngineDead` (the rank
+  was lost: raised as soon as liveness says so, not at the timeout),
+  :class:`~ctlwire.kernel.errors.RequestTimedOut`,
+  :class:`~ctlwire.kernel.errors.FanOutFailed`,
+  :class:`~ctlwire.kernel.errors.ClientClosed`.
+* **Nothing left behind.** Whatever ends a call — outcome, timeout, exception
+  or cancellation at any await — its entry is cleaned before the call returns;
+  late and duplicate replies are dropped and counted.
+* **Deadline travels.** The envelope carries the wall-clock deadline so an
+  engine can skip work whose caller has given up. A timeout does not cancel
+  remote work: delivery is at most once.
+* **Fan-out admission.** ``mode="queueing"`` admits concurrent callers of one
+  method strictly first come, first served, one in flight
+  (:class:`~ctlwire.kernel.fan_out_mailbox.FanOutMailbox`); ``mode="watching"``
+  lets concurrent callers with the same request share one in-flight request,
+  each receiving its own copy of the result.
+
+One client runs inside one event loop thread; its tasks live in the client's
+``async with`` block.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Literal
+
+import anyio
+import msgspec
+from anyio.abc import TaskGroup
+
+from ctlwire.kernel.errors import (
+    ClientClosed,
+    CtlwireError,
+    EngineDead,
+    FanOutFailed,
+    RequestTimedOut,
+    remote_error,
+)
+from ctlwire.kernel.fan_out_mailbox import FanOutMailbox
+from ctlwire.kernel.fan_out_policy import Policy
+from ctlwire.kernel.fan_out_result import FanOutResult
+from ctlwire.kernel.peer_table import PeerTable
+from ctlwire.kernel.request_registry import (
+    PendingRequest,
+    ReplyDisposition,
+    RequestRegistry,
+    TransitionObserver,
+)
+from ctlwire.states import RequestState
+from ctlwire.transports.codec import PayloadTypeError
+from ctlwire.transports.envelope import NO_DEADLINE, Heartbeat, Reply, Request
+from ctlwire.transports.errors import (
+    TransportClosed,
+    TransportError,
+    Unroutable,
+    WouldBlock,
+)
+from ctlwire.transports.transport import ClientTransport, Dropped, PeerDisconnected, Received
+
+__all__ = ["ControlClient", "ResultTypeError"]
+
+log = logging.getLogger("ctlwire.client")
+_S = RequestState
+
+
+class ResultTypeError(CtlwireError):
+    """A result did not match the ``result_type`` the caller asked for."""
+
+
+class ControlClient:
+    """Sends control requests over a :class:`ClientTransport`; see the module docstring.
+
+    ``ranks`` is the number of engine ranks (``0..n-1``) or their ids.
+    ``default_timeout`` applies to methods without an entry in
+    ``method_timeouts``; a call's ``timeout=`` overrides both.
+    ``heartbeat_interval=None`` disables time-based liveness (disconnections
+    reported by the transport still fail pending requests).
+    """
+
+    def __init__(
+        self,
+        transport: ClientTransport,
+        *,
+        ranks: int | Sequence[int],
+        default_timeout: float = 30.0,
+        method_timeouts: Mapping[str, float] | None = None,
+        heartbeat_interval: float | None = 0.25,
+        heartbeat_misses: int = 4,
+        max_tombstones: int = 10_000,
+        observer: TransitionObserver | None = None,
+    ) -> None:
+        self.transport = transport
+        self.codec = transport.codec
+        self.ranks: tuple[int, ...] = (
+            tuple(range(ranks)) if isinstance(ranks, int) else tuple(ranks))
+        if not self.ranks:
+            raise ValueError("a client needs at least one rank")
+        self.default_timeout = default_timeout
+        self.method_timeouts = dict(method_timeouts or {})
+        self.registry = RequestRegistry(max_tombstones=max_tombstones, observer=observer)
+        self.heartbeat_interval = heartbeat_interval
+        self.peers = PeerTable(self.ranks, interval=heartbeat_interval or 1.0,
+                               misses_allowed=heartbeat_misses)
+        self._mailboxes: dict[str, FanOutMailbox] = {}
+        self._seq: dict[int, int] = {}
+        self._tg: TaskGroup | None = None
+        self._closed = False
+        self._peer_changed = anyio.Event()
+        self.counters: dict[str, int] = {
+            "dropped_malformed": 0,
+            "dropped_oversized": 0,
+            "dropped_framing": 0,
+            "dropped_wrong_type": 0,
+            "stale_incarnation": 0,
+            "heartbeats_sent": 0,
+            "heartbeats_received": 0,
+            "engine_lost": 0,
+            "engine_restarted": 0,
+        }
+
+    # -- lifetime ------------------------------------------------------------
+    async def __aenter__(self) -> ControlClient:
+        if self._tg is not None or self._closed:
+            raise RuntimeError("a ControlClient can be entered once")
+        await self.transport.__aenter__()
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        tg.start_soon(self._receive_loop, name="ctlwire.client.receive")
+        if self.heartbeat_interval:
+            tg.start_soon(self._liveness_loop, name="ctlwire.client.liveness")
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> bool | None:
+        await self.aclose()
+        tg, self._tg = self._tg, None
+        try:
+            if tg is not None:
+                tg.cancel_scope.cancel()
+                # the body's exception propagates as itself, not wrapped in a group
+                await tg.__aexit__(None, None, None)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.transport.__aexit__(exc_type, exc, tb)
+        return None
+
+    async def aclose(self) -> None:
+        """Fail every pending call with ClientClosed; further calls raise it."""
+        if self._closed:
+            return
+        self._closed = True
+        for entry in self.registry.open_entries():
+            for rank in entry.outstanding():
+                self.registry.rank_failed(entry, rank, ClientClosed("client closed"))
+            self.registry.fail(entry)
+            self._wake(entry)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- public calls ----------------------------------------------------------
+    def timeout_for(self, method: str, timeout: float | None = None) -> float:
+        if timeout is not None:
+            return timeout
+        return self.method_timeouts.get(method, self.default_timeout)
+
+    async def call(self, method: str, payload: Any = None, *, rank: int | None = None,
+                   timeout: float | None = None, result_type: Any = Any) -> Any:
+        """Send ``method(payload)`` to one rank and return its decoded result.
+
+        Raises RemoteError, EngineDead, RequestTimedOut, ClientClosed, or
+        ResultTypeError when the result does not match ``result_type``.
+        """
+        if rank is None:
+            rank = self.ranks[0]
+        budget = self.timeout_for(method, timeout)
+        raw = self._encode_payload(payload)
+        entry = self._register(method, (rank,), Policy.ALL, budget)
+        try:
+            await self._dispatch(entry, raw)
+            await self.wait_outcome(entry, entry.deadline or 0.0)
+            return self._single_outcome(entry, rank, result_type)
+        finally:
+            self.registry.release(entry)
+
+    async def fan_out(
+        self,
+        method: str,
+        payload: Any = None,
+        *,
+        ranks: Sequence[int] | None = None,
+        timeout: float | None = None,
+        mode: Literal["queueing", "watching", "concurrent"] = "queueing",
+        policy: Literal["all", "quorum", "first"] | Policy = "all",
+        result_type: Any = Any,
+    ) -> FanOutResult:
+        """Send ``method(payload)`` to every rank in ``ranks`` (default: all).
+
+        Returns a :class:`FanOutResult` with each rank's result or typed error
+        once ``policy`` is met. Raises FanOutFailed when it cannot be met,
+        RequestTimedOut (with ``partial``) at the deadline, ClientClosed.
+        ``mode``: ``queueing`` (FIFO, one in flight per method), ``watching``
+        (share an identical in-flight request) or ``concurrent`` (no admission).
+        """
+        pol = policy if isinstance(policy, Policy) else Policy(policy)
+        targets = tuple(ranks) if ranks is not None else self.ranks
+        budget = self.timeout_for(method, timeout)
+        raw = self._encode_payload(payload)
+        mailbox = self.mailbox(method)
+        if mode == "queueing":
+            return await mailbox.queueing(raw, targets, pol, budget, result_type)
+        if mode == "watching":
+            return await mailbox.watching(raw, targets, pol, budget, result_type)
+        if mode == "concurrent":
+            return await self.run_fan_out(method, raw, targets, pol, budget,
+                                          anyio.current_time() + budget, result_type)
+        raise ValueError(f"unknown mode {mode!r}: expected queueing, watching or concurrent")
+
+    def mailbox(self, method: str) -> FanOutMailbox:
+        """The fan-out mailbox of ``method`` (created on first use)."""
+        box = self._mailboxes.get(method)
+        if box is None:
+            box = self._mailboxes[method] = FanOutMailbox(self, method)
+        return box
+
+    async def wait_ready(self, ranks: Sequence[int] | None = None, timeout: float = 10.0) -> None:
+        """Wait until every rank in ``ranks`` (default: all) has been heard from.
+
+        Raises RequestTimedOut naming the ranks still missing.
+        """
+        targets = tuple(ranks) if ranks is not None else self.ranks
+        with anyio.move_on_after(timeout):
+            while True:
+                missing = [r for r in targets if r not in self.peers.live_ranks()]
+                if not missing:
+                    return
+                await self._peer_changed.wait()
+        missing = [r for r in targets if r not in self.peers.live_ranks()]
+        raise RequestTimedOut(f"wait_ready (ranks {missing} not connected)", timeout)
+
+    # -- the pieces the mailbox and the explorer share -------------------------
+    def _encode_payload(self, payload: Any) -> msgspec.Raw:
+        if self._closed:
+            raise ClientClosed("client is closed")
+        try:
+            raw = self.codec.encode_value(payload)
+        except PayloadTypeError as exc:
+            raise TypeError(f"payload cannot be encoded: {exc}") from None
+        if len(raw) > self.codec.max_message_size:
+            raise ValueError(f"payload of {len(raw)} bytes exceeds the maximum message size "
+                             f"of {self.codec.max_message_size}")
+        return raw
+
+    def _register(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
+                  deadline: float | None = None) -> PendingRequest:
+        if self._closed:
+            raise ClientClosed("client is closed")
+        if deadline is None:
+            deadline = anyio.current_time() + budget
+        return self.registry.register(method, ranks, policy, deadline=deadline,
+                                      timeout=budget, waiter=anyio.Event())
+
+    async def _dispatch(self, entry: PendingRequest, raw: msgspec.Raw) -> None:
+        """Send ``entry`` to each of its ranks (registered already, by construction)."""
+        remaining = (entry.deadline or 0.0) - anyio.current_time()
+        wall_deadline = time.time() + remaining if entry.timeout else NO_DEADLINE
+        registry = self.registry
+        incarnation = registry.incarnation
+        for rank in entry.ranks:
+            if not entry.is_open:
+                break
+            if self.peers.is_lost(rank):
+                if registry.rank_failed(entry, rank, EngineDead(rank, "lost")):
+                    self._wake(entry)
+                continue
+            seq = self._seq.get(rank, 0) + 1
+            self._seq[rank] = seq
+            env = Request(entry.id, rank, entry.method, raw, wall_deadline, seq, incarnation)
+            registry.mark_sent(entry, rank)
+            try:
+                try:
+                    self.transport.send_nowait(rank, env)
+                except WouldBlock:
+                    await self.transport.send(rank, env)
+            except Unroutable as exc:
+                if registry.rank_failed(entry, rank, EngineDead(rank, exc.detail or "unroutable")):
+                    self._wake(entry)
+            except TransportClosed as exc:
+                if registry.rank_failed(entry, rank, ClientClosed(str(exc))):
+                    self._wake(entry)
+            except TransportError as exc:
+                if registry.rank_failed(entry, rank, EngineDead(rank, repr(exc))):
+                    self._wake(entry)
+
+    async def wait_outcome(self, entry: PendingRequest, deadline: float) -> None:
+        """Wait until ``entry`` is decided or ``deadline`` (anyio clock) passes.
+
+        Expires the entry only when its own deadline has passed; a watcher with
+        an earlier personal deadline just stops waiting.
+        """
+        registry = self.registry
+        if registry.mark_awaiting(entry) or entry.is_open:
+            waiter = entry.waiter
+            assert waiter is not None
+            with anyio.move_on_after(deadline - anyio.current_time()):
+                await waiter.wait()  # type: ignore[attr-defined]
+            if entry.is_open and anyio.current_time() >= (entry.deadline or 0.0):
+                registry.expire(entry)
+
+    def _wake(self, entry: PendingRequest) -> None:
+        waiter = entry.waiter
+        if waiter is not None:
+            waiter.set()
+
+    def _single_outcome(self, entry: PendingRequest, rank: int, result_type: Any) -> Any:
+        state = entry.state
+        if state is _S.DONE:
+            reply = entry.replies[rank]
+            if reply.ok:
+                try:
+                    return self.codec.decode_value(reply.result, result_type)
+                except PayloadTypeError as exc:
+                    raise ResultTypeError(f"{entry.method!r} result from rank {rank}: {exc}"
+                                          ) from None
+            assert reply.error is not None
+            raise remote_error(reply.error, rank=rank, method=entry.method)
+        if state is _S.FAILED:
+            error = entry.errors.get(rank)
+            raise error if error is not None else EngineDead(rank, "failed")
+        if state is _S.TIMED_OUT:
+            raise RequestTimedOut(entry.method, entry.timeout, entry.id)
+        raise RequestTimedOut(entry.method, entry.timeout, entry.id)  # still open: own deadline
+
+    def fan_out_result(self, entry: PendingRequest, result_type: Any) -> FanOutResult:
+        """A fresh FanOutResult (freshly decoded values) for one holder of ``entry``."""
+        result = FanOutResult(entry.method, entry.id, entry.policy, entry.ranks)
+        for rank, reply in entry.replies.items():
+            if reply.ok:
+                try:
+                    result.results[rank] = self.codec.decode_value(reply.result, result_type)
+                except PayloadTypeError as exc:
+                    result.errors[rank] = ResultTypeError(
+                        f"{entry.method!r} result from rank {rank}: {exc}")
+            else:
+                assert reply.error is not None
+                result.errors[rank] = remote_error(reply.error, rank=rank, method=entry.method)
+        for rank, error in entry.errors.items():
+            result.errors.setdefault(rank, error)
+        result.pending = tuple(r for r in entry.ranks
+                               if r not in result.results and r not in result.errors)
+        return result
+
+    def fan_out_outcome(self, entry: PendingRequest, result_type: Any) -> FanOutResult:
+        result = self.fan_out_result(entry, result_type)
+        if entry.state is _S.DONE:
+            return result
+        if entry.state is _S.FAILED:
+            raise FanOutFailed(entry.method, entry.policy.value, result)
+        raise RequestTimedOut(entry.method, entry.timeout, entry.id, partial=result)
+
+    async def run_fan_out(self, method: str, raw: msgspec.Raw, ranks: tuple[int, ...],
+                          policy: Policy, budget: float, deadline: float,
+                          result_type: Any) -> FanOutResult:
+        """Register, send to every rank, wait, clean: one complete fan-out."""
+        entry = self._register(method, ranks, policy, budget, deadline)
+        try:
+            await self._dispatch(entry, raw)
+            await self.wait_outcome(entry, deadline)
+            return self.fan_out_outcome(entry, result_type)
+        finally:
+            self.registry.release(entry)
+
+    # -- background tasks ------------------------------------------------------
+    async def _receive_loop(self) -> None:
+        transport = self.transport
+        while True:
+            try:
+                event = await transport.receive()
+            except TransportClosed:
+                return
+            try:
+                self._on_event(event)
+            except Exception:  # pragma: no cover - a bug must not kill the receiver
+                log.exception("ctlwire client: failed to handle %r", event)
+
+    def _on_event(self, event: Any) -> None:
+        if type(event) is Received:
+            env = event.envelope
+            if type(env) is Reply:
+                self._on_reply(env, event.peer)
+            elif type(env) is Heartbeat:
+                self.counters["heartbeats_received"] += 1
+                rank = env.rank if event.peer is None else event.peer
+                self._peer_seen(rank, env.incarnation, authoritative=True)
+            else:
+                self.counters["dropped_wrong_type"] += 1
+        elif type(event) is Dropped:
+            key = f"dropped_{event.reason}"
+            self.counters[key] = self.counters.get(key, 0) + 1
+        elif type(event) is PeerDisconnected:
+            if event.rank is not None and self.peers.disconnected(event.rank,
+                                                                  anyio.current_time()):
+                self._rank_lost(event.rank, event.detail or "disconnected")
+
+    def _on_reply(self, reply: Reply, peer: int | None) -> None:
+        rank = reply.rank if peer is None else peer
+        if self.peers.is_stale(rank, reply.incarnation):
+            self.counters["stale_incarnation"] += 1
+            return
+        self._peer_seen(rank, reply.incarnation, authoritative=False)
+        disposition, entry = self.registry.on_reply(reply, peer)
+        if disposition is ReplyDisposition.COMPLETED and entry is not None:
+            self._wake(entry)
+
+    def _peer_seen(self, rank: int, incarnation: int, *, authoritative: bool) -> None:
+        was_live = rank in self.peers.live_ranks()
+        restarted = self.peers.seen(rank, incarnation, anyio.current_time(),
+                                    authoritative=authoritative)
+        for r in restarted:
+            self.counters["engine_restarted"] += 1
+            self._fail_rank(r, "engine restarted (new incarnation)")
+        if not was_live and rank in self.peers.live_ranks():
+            self._notify_peer_change()
+
+    def _notify_peer_change(self) -> None:
+        self._peer_changed.set()
+        self._peer_changed = anyio.Event()
+
+    def _rank_lost(self, rank: int, detail: str) -> None:
+        self.counters["engine_lost"] += 1
+        log.warning("ctlwire: engine rank %d lost (%s)", rank, detail)
+        self._fail_rank(rank, detail)
+        self._notify_peer_change()
+
+    def _fail_rank(self, rank: int, detail: str) -> None:
+        for entry in self.registry.fail_rank(rank, lambda r: EngineDead(r, detail)):
+            self._wake(entry)
+
+    async def _liveness_loop(self) -> None:
+        interval = self.heartbeat_interval
+        assert interval
+        hb_seq = 0
+        incarnation = self.registry.incarnation
+        while True:
+            await anyio.sleep(interval)
+            now = anyio.current_time()
+            for rank in self.peers.tick(now):
+                self._rank_lost(rank, f"no heartbeat for {self.peers.misses_allowed} intervals")
+            hb_seq += 1
+            for rank in self.peers.live_ranks():
+                try:
+                    self.transport.send_nowait(rank, Heartbeat(-1, incarnation, hb_seq))
+                    self.counters["heartbeats_sent"] += 1
+                except Unroutable:
+                    if self.peers.disconnected(rank, now):
+                        self._rank_lost(rank, "unroutable")
+                except (WouldBlock, TransportError):
+                    pass
+
+    # -- observability ---------------------------------------------------------
+    def metrics(self) -> dict[str, Any]:
+        """A snapshot of gauges and counters (see also ctlwire.kernel.metrics)."""
+        return {
+            "live_requests": self.registry.live_count,
+            "tombstones": self.registry.tombstone_count,
+            "registry": self.registry.stats.snapshot(),
+            "peers": self.peers.snapshot(),
+            "mailboxes": {m: b.depth for m, b in self._mailboxes.items()},
+            **self.counters,
+        }

@@ -1,0 +1,531 @@
+"""The engine side: an allow-list of control methods, served over an EngineTransport.
+
+::
+
+    endpoint = EngineEndpoint(transport, rank=0)
+
+    @endpoint.method()
+    def update_weights(req: UpdateWeights) -> int:   # payload validated as UpdateWeights
+        ...
+
+    await endpoint.serve()        # an async engine, or:
+    endpoint.poll()               # between steps of a synchronous busy loop
+
+Guarantees:
+
+* **Allow-list dispatch.** Only registered methods run; a request for any other
+  name is Rejected with ``UnknownMethod``. Nothing is looked up by ``getattr``.
+* **Validated payloads.** A handler's payload is decoded as the type its
+  parameter declares (msgspec); a mismatch is Rejected with ``InvalidPayload``
+  and the handler never sees it.
+* **Deadlines.** A request whose deadline has already passed is Expired with
+  ``DeadlineExpired`` and not run.
+* **One at a time, in arrival order.** Requests are handled sequentially in
+  the order they were received, through the ``InboundRequest`` table
+  (Received → Running → Replied, or Rejected / Expired). Every request gets
+  exactly one reply; a handler that raises gets an error reply carrying its
+  class name, message and ``code`` attribute.
+* **At most once.** A request id already seen from the same client (a
+  duplicated frame) is dropped and counted, never run twice.
+* **Bad input is answered or counted, never fatal.** Malformed and oversized
+  frames are answered with a typed error when their id can be read, else
+  counted; nothing in the receive path can end the endpoint.
+* **Heartbeats** go out every ``heartbeat_interval`` (from :meth:`serve`'s own
+  task, or from :meth:`poll` when due: a synchronous engine must poll at
+  least that often to stay alive in the client's eyes).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, get_type_hints
+
+import anyio
+import anyio.abc
+
+from ctlwire.kernel.actor import Actor
+from ctlwire.kernel.errors import error_info
+from ctlwire.states import INBOUND_REQUEST_TABLE, InboundEvent, InboundState
+from ctlwire.transports.codec import PayloadTypeError
+from ctlwire.transports.envelope import ErrorInfo, Heartbeat, Reply, Request
+from ctlwire.transports.errors import (
+    TransportClosed,
+    TransportError,
+    Unroutable,
+    WouldBlock,
+)
+from ctlwire.transports.transport import Dropped, EngineTransport, Received, Route
+
+__all__ = ["ErrorCode", "EngineEndpoint", "MethodSpec"]
+
+log = logging.getLogger("ctlwire.engine")
+_NONE = object()
+
+
+class ErrorCode:
+    """``code`` values of the errors the endpoint itself produces."""
+
+    UNKNOWN_METHOD = 404
+    INVALID_PAYLOAD = 422
+    DEADLINE_EXPIRED = 408
+    MALFORMED_FRAME = 400
+    OVERSIZED_FRAME = 413
+    WRONG_RANK = 421
+    RESULT_NOT_ENCODABLE = 500
+    ASYNC_HANDLER_IN_POLL = 501
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A registered control method."""
+
+    name: str
+    handler: Callable[..., Any]
+    payload_type: Any
+    takes_payload: bool
+    is_async: bool
+    threaded: bool
+    payload_optional: bool = False
+
+
+class _Inbound:
+    """One received request moving through the InboundRequest table."""
+
+    __slots__ = ("request", "route", "state")
+
+    def __init__(self, request: Request, route: Route) -> None:
+        self.request = request
+        self.route = route
+        self.state = InboundState.RECEIVED
+
+    def go(self, event: InboundEvent) -> None:
+        self.state = INBOUND_REQUEST_TABLE.apply(self.state, event, self.request.id)
+
+
+class _Dispatcher(Actor[_Inbound, None]):
+    """The actor that runs requests one at a time for :meth:`EngineEndpoint.serve`."""
+
+    def __init__(self, endpoint: EngineEndpoint, mailbox_size: int) -> None:
+        super().__init__(mailbox_size=mailbox_size, name=f"engine-{endpoint.rank}")
+        self.endpoint = endpoint
+
+    async def handle(self, message: _Inbound) -> None:
+        await self.endpoint._run_async(message)
+
+
+class EngineEndpoint:
+    """Serves registered control methods for one engine rank; see the module docstring."""
+
+    def __init__(
+        self,
+        transport: EngineTransport,
+        *,
+        rank: int | None = None,
+        incarnation: int | None = None,
+        heartbeat_interval: float | None = 0.25,
+        mailbox_size: int = 256,
+        dedup_window: int = 4096,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.transport = transport
+        self.codec = transport.codec
+        self.rank = transport.rank if rank is None else rank
+        self.incarnation = incarnation or (secrets.randbits(30) | (1 << 30))
+        self.heartbeat_interval = heartbeat_interval
+        self.mailbox_size = mailbox_size
+        self.clock = clock
+        self._methods: dict[str, MethodSpec] = {}
+        self._seen: OrderedDict[tuple[int, int], None] = OrderedDict()
+        self._dedup_window = dedup_window
+        self._hb_seq = 0
+        self._next_heartbeat = 0.0
+        self._outbox: list[tuple[Route, Reply]] = []
+        self.heartbeats_paused = False
+        self.client_last_seen: float | None = None
+        self._nil = self.codec.encode_value(None)
+        self.counters: dict[str, int] = {
+            "received": 0,
+            "replied": 0,
+            "rejected": 0,
+            "expired": 0,
+            "handler_errors": 0,
+            "duplicates": 0,
+            "dropped_malformed": 0,
+            "dropped_oversized": 0,
+            "dropped_framing": 0,
+            "dropped_wrong_type": 0,
+            "error_replies_for_bad_frames": 0,
+            "reply_send_failures": 0,
+            "heartbeats_sent": 0,
+            "heartbeats_received": 0,
+            "internal_errors": 0,
+        }
+        self.states: dict[InboundState, int] = {s: 0 for s in InboundState}
+
+    # -- registration ----------------------------------------------------------
+    def register(self, name: str, handler: Callable[..., Any], *, payload_type: Any = _NONE,
+                 threaded: bool = False) -> MethodSpec:
+        """Allow ``name``, served by ``handler``.
+
+        ``handler`` takes no argument or one (the payload, decoded as its
+        annotation or ``payload_type``). Async handlers run in :meth:`serve`;
+        sync ones run inline, or in a worker thread with ``threaded=True``.
+        """
+        if not name or not isinstance(name, str):
+            raise ValueError("method name must be a non-empty string")
+        if name in self._methods:
+            raise ValueError(f"method {name!r} is already registered")
+        params = [p for p in inspect.signature(handler).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        required = [p for p in params if p.default is p.empty]
+        if len(required) > 1:
+            raise TypeError(f"handler for {name!r} must take at most one argument (the payload)")
+        takes_payload = bool(params)
+        if payload_type is _NONE:
+            payload_type = Any
+            if takes_payload:
+                try:
+                    hints = get_type_hints(handler)
+                except Exception:  # unresolvable annotations: accept anything
+                    hints = {}
+                payload_type = hints.get(params[0].name, Any)
+        optional = bool(params) and params[0].default is not params[0].empty
+        spec = MethodSpec(name, handler, payload_type, takes_payload,
+                          inspect.iscoroutinefunction(handler), threaded, optional)
+        self._methods[name] = spec
+        return spec
+
+    def method(self, name: str | None = None, *, payload_type: Any = _NONE,
+               threaded: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator form of :meth:`register` (name defaults to the function's)."""
+
+        def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self.register(name or fn.__name__, fn, payload_type=payload_type, threaded=threaded)
+            return fn
+
+        return deco
+
+    @property
+    def methods(self) -> list[str]:
+        return sorted(self._methods)
+
+    # -- the shared, synchronous part of handling ------------------------------
+    def _error_reply(self, request_id: int, type_name: str, message: str, code: int) -> Reply:
+        return Reply(request_id, self.rank, self.incarnation, False, self.codec.encode_value(None),
+                     ErrorInfo(type_name, message, code))
+
+    def _finish(self, item: _Inbound, event: InboundEvent, reply: Reply) -> Reply:
+        item.go(event)
+        self.states[item.state] += 1
+        return reply
+
+    def _admit(self, item: _Inbound) -> tuple[MethodSpec, Any] | Reply:
+        """Received → Running, or a Rejected/Expired reply."""
+        req = item.request
+        if req.rank != self.rank:
+            self.counters["rejected"] += 1
+            return self._finish(item, InboundEvent.REJECT, self._error_reply(
+                req.id, "WrongRank", f"this is rank {self.rank}, not {req.rank}",
+                ErrorCode.WRONG_RANK))
+        spec = self._methods.get(req.method)
+        if spec is None:
+            self.counters["rejected"] += 1
+            return self._finish(item, InboundEvent.REJECT, self._error_reply(
+                req.id, "UnknownMethod", f"no control method {req.method!r} on this engine",
+                ErrorCode.UNKNOWN_METHOD))
+        if req.deadline and self.clock() > req.deadline:
+            self.counters["expired"] += 1
+            return self._finish(item, InboundEvent.EXPIRE, self._error_reply(
+                req.id, "DeadlineExpired",
+                f"{req.method!r} arrived {self.clock() - req.deadline:.3f} s after its deadline",
+                ErrorCode.DEADLINE_EXPIRED))
+        if spec.payload_optional and req.payload == self._nil:
+            item.go(InboundEvent.START)
+            return spec, _NONE  # no payload sent: the handler's default applies
+        try:
+            payload = self.codec.decode_value(req.payload, spec.payload_type)
+        except PayloadTypeError as exc:
+            self.counters["rejected"] += 1
+            return self._finish(item, InboundEvent.REJECT, self._error_reply(
+                req.id, "InvalidPayload", f"{req.method!r}: {exc}", ErrorCode.INVALID_PAYLOAD))
+        if not spec.takes_payload and payload is not None:
+            self.counters["rejected"] += 1
+            return self._finish(item, InboundEvent.REJECT, self._error_reply(
+                req.id, "InvalidPayload", f"{req.method!r} takes no payload",
+                ErrorCode.INVALID_PAYLOAD))
+        item.go(InboundEvent.START)
+        return spec, payload
+
+    def _result_reply(self, item: _Inbound, result: Any) -> Reply:
+        req = item.request
+        try:
+            raw = self.codec.encode_value(result)
+        except PayloadTypeError as exc:
+            self.counters["handler_errors"] += 1
+            return self._finish(item, InboundEvent.REPLY, self._error_reply(
+                req.id, "ResultNotEncodable", f"{req.method!r}: {exc}",
+                ErrorCode.RESULT_NOT_ENCODABLE))
+        return self._finish(item, InboundEvent.REPLY,
+                            Reply(req.id, self.rank, self.incarnation, True, raw))
+
+    def _exception_reply(self, item: _Inbound, exc: BaseException) -> Reply:
+        self.counters["handler_errors"] += 1
+        info = error_info(exc)
+        return self._finish(item, InboundEvent.REPLY, Reply(
+            item.request.id, self.rank, self.incarnation, False, self.codec.encode_value(None),
+            info))
+
+    def _classify(self, event: Any) -> _Inbound | _BadFrameReply | None:
+        """Turn a transport event into work (an _Inbound), an immediate reply, or nothing."""
+        self.counters["received"] += 1
+        if type(event) is Received:
+            env = event.envelope
+            if type(env) is Request:
+                key = (env.client, env.id)
+                if key in self._seen:
+                    self.counters["duplicates"] += 1
+                    return None
+                self._seen[key] = None
+                if len(self._seen) > self._dedup_window:
+                    self._seen.popitem(last=False)
+                self.client_last_seen = self.clock()
+                return _Inbound(env, event.route)
+            if type(env) is Heartbeat:
+                self.counters["heartbeats_received"] += 1
+                self.client_last_seen = self.clock()
+                return None
+            self.counters["dropped_wrong_type"] += 1
+            return None
+        if type(event) is Dropped:
+            key = f"dropped_{event.reason}"
+            self.counters[key] = self.counters.get(key, 0) + 1
+            if event.request_id:
+                self.counters["error_replies_for_bad_frames"] += 1
+                code = (ErrorCode.OVERSIZED_FRAME if event.reason == "oversized"
+                        else ErrorCode.MALFORMED_FRAME)
+                reply = self._error_reply(event.request_id, "MalformedFrame", event.detail, code)
+                return _BadFrameReply(event.route, reply)
+            return None
+        return None  # PeerDisconnected: nothing to do engine-side
+
+    # -- synchronous embedding -------------------------------------------------
+    def open(self) -> None:
+        """Open the transport (sync engines); sends the first heartbeat."""
+        self.transport.open()
+        self._next_heartbeat = 0.0
+        self._heartbeat_if_due()
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def poll(self, max_messages: int = 64) -> int:
+        """Handle up to ``max_messages`` ready requests without blocking; send a
+        heartbeat if one is due. Returns how many requests were handled.
+        Sync handlers only (an async handler gets an error reply)."""
+        self._heartbeat_if_due()
+        self._flush_outbox()
+        handled = 0
+        for _ in range(max_messages):
+            try:
+                event = self.transport.try_receive()
+            except TransportClosed:
+                break
+            if event is None:
+                break
+            try:
+                handled += self._handle_sync(event)
+            except Exception:  # pragma: no cover - never let one frame end the loop
+                self.counters["internal_errors"] += 1
+                log.exception("engine %d: internal error handling %r", self.rank, event)
+        return handled
+
+    def run_blocking(self, stop: threading.Event | None = None, *,
+                     step: Callable[[], None] | None = None, idle_wait: float | None = None
+                     ) -> None:
+        """A synchronous engine loop: ``step()`` (your work), then :meth:`poll`,
+        blocking up to ``idle_wait`` seconds for input when there is no
+        ``step``. Runs until ``stop`` is set."""
+        wait = idle_wait if idle_wait is not None else (self.heartbeat_interval or 0.25) / 2
+        self.open()
+        try:
+            while stop is None or not stop.is_set():
+                if step is not None:
+                    step()
+                if self.poll() == 0 and step is None:
+                    self.transport.wait_readable(wait)
+        finally:
+            self.close()
+
+    def _handle_sync(self, event: Any) -> int:
+        work = self._classify(event)
+        if work is None:
+            return 0
+        if isinstance(work, _BadFrameReply):
+            self._send_sync(work.route, work.reply)
+            return 0
+        assert isinstance(work, _Inbound)
+        admitted = self._admit(work)
+        if isinstance(admitted, Reply):
+            self._send_sync(work.route, admitted)
+            return 1
+        spec, payload = admitted
+        if spec.is_async:
+            reply = self._exception_reply(work, _AsyncHandlerInPoll(
+                f"{spec.name!r} is async; serve it with EngineEndpoint.serve()"))
+        else:
+            try:
+                result = (spec.handler(payload) if payload is not _NONE and spec.takes_payload
+                          else spec.handler())
+            except Exception as exc:
+                reply = self._exception_reply(work, exc)
+            else:
+                reply = self._result_reply(work, result)
+        self._send_sync(work.route, reply)
+        return 1
+
+    def _send_sync(self, route: Route, reply: Reply) -> None:
+        if self._outbox:
+            self._outbox.append((route, reply))
+            self._flush_outbox()
+            return
+        try:
+            self.transport.send_nowait(route, reply)
+            self.counters["replied"] += 1
+        except WouldBlock:
+            self._outbox.append((route, reply))
+        except (Unroutable, TransportError) as exc:
+            self.counters["reply_send_failures"] += 1
+            log.warning("engine %d: reply %d not sent: %r", self.rank, reply.id, exc)
+
+    def _flush_outbox(self) -> None:
+        while self._outbox:
+            route, reply = self._outbox[0]
+            try:
+                self.transport.send_nowait(route, reply)
+                self.counters["replied"] += 1
+            except WouldBlock:
+                return
+            except (Unroutable, TransportError) as exc:
+                self.counters["reply_send_failures"] += 1
+                log.warning("engine %d: reply %d not sent: %r", self.rank, reply.id, exc)
+            self._outbox.pop(0)
+
+    def _heartbeat_if_due(self) -> None:
+        if not self.heartbeat_interval:
+            return
+        now = time.monotonic()
+        if now < self._next_heartbeat:
+            return
+        self._next_heartbeat = now + self.heartbeat_interval
+        self.send_heartbeat()
+
+    def send_heartbeat(self) -> None:
+        """Announce this rank and incarnation to every client route now
+        (nothing while :attr:`heartbeats_paused`, a hook for fault tests)."""
+        if self.heartbeats_paused:
+            return
+        self._hb_seq += 1
+        hb = Heartbeat(self.rank, self.incarnation, self._hb_seq)
+        for route in list(self.transport.heartbeat_routes()):
+            try:
+                self.transport.send_nowait(route, hb)
+                self.counters["heartbeats_sent"] += 1
+            except (WouldBlock, TransportError):
+                pass
+
+    # -- asynchronous embedding ------------------------------------------------
+    async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                    ) -> None:
+        """Serve until cancelled or the transport closes. Opens and closes the
+        transport; runs heartbeats in a task of its own, so a long async
+        handler does not make the engine look dead."""
+        async with self.transport, _Dispatcher(self, self.mailbox_size) as dispatcher:
+            self.send_heartbeat()
+            async with anyio.create_task_group() as tg:
+                if self.heartbeat_interval:
+                    tg.start_soon(self._heartbeat_loop)
+                task_status.started()
+                try:
+                    while True:
+                        try:
+                            event = await self.transport.receive()
+                        except TransportClosed:
+                            break
+                        try:
+                            work = self._classify(event)
+                        except Exception:  # pragma: no cover
+                            self.counters["internal_errors"] += 1
+                            log.exception("engine %d: cannot classify %r", self.rank, event)
+                            continue
+                        if work is None:
+                            continue
+                        if isinstance(work, _BadFrameReply):
+                            await self._send_async(work.route, work.reply)
+                            continue
+                        await dispatcher.tell(work)
+                finally:
+                    tg.cancel_scope.cancel()
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.heartbeat_interval
+        assert interval
+        while True:
+            await anyio.sleep(interval)
+            self.send_heartbeat()
+
+    async def _run_async(self, item: _Inbound) -> None:
+        admitted = self._admit(item)
+        if isinstance(admitted, Reply):
+            await self._send_async(item.route, admitted)
+            return
+        spec, payload = admitted
+        args = (payload,) if spec.takes_payload and payload is not _NONE else ()
+        try:
+            if spec.is_async:
+                result = await spec.handler(*args)
+            elif spec.threaded:
+                result = await anyio.to_thread.run_sync(spec.handler, *args)
+            else:
+                result = spec.handler(*args)
+        except Exception as exc:
+            reply = self._exception_reply(item, exc)
+        else:
+            reply = self._result_reply(item, result)
+        await self._send_async(item.route, reply)
+
+    async def _send_async(self, route: Route, reply: Reply) -> None:
+        try:
+            try:
+                self.transport.send_nowait(route, reply)
+            except WouldBlock:
+                await self.transport.send(route, reply)
+            self.counters["replied"] += 1
+        except (Unroutable, TransportError) as exc:
+            self.counters["reply_send_failures"] += 1
+            log.warning("engine %d: reply %d not sent: %r", self.rank, reply.id, exc)
+
+    def metrics(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "incarnation": self.incarnation,
+            "methods": self.methods,
+            "states": {s.name: n for s, n in self.states.items()},
+            **self.counters,
+        }
+
+
+class _AsyncHandlerInPoll(Exception):
+    code = ErrorCode.ASYNC_HANDLER_IN_POLL
+
+
+@dataclass(frozen=True)
+class _BadFrameReply:
+    route: Route
+    reply: Reply

@@ -1,0 +1,105 @@
+"""The typed outcomes a caller can see.
+
+Every failure of :class:`~ctlwire.kernel.control_client.ControlClient` is a
+:class:`CtlwireError` (or :class:`~ctlwire.states.IllegalTransition`, which
+only a kernel bug can raise). Remote failures keep the remote exception's class
+name, message and code.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ctlwire.states import IllegalTransition
+from ctlwire.transports.envelope import ErrorInfo
+
+if TYPE_CHECKING:
+    from ctlwire.kernel.fan_out_result import FanOutResult
+
+__all__ = [
+    "ActorStopped",
+    "AskTimeout",
+    "ClientClosed",
+    "CtlwireError",
+    "EngineDead",
+    "FanOutFailed",
+    "IllegalTransition",
+    "RemoteError",
+    "RequestTimedOut",
+    "error_info",
+    "remote_error",
+]
+
+
+class CtlwireError(Exception):
+    """Base class of every typed failure ctlwire reports."""
+
+
+class RequestTimedOut(CtlwireError):
+    """No outcome before the deadline. The remote work is not cancelled: a
+    request is delivered at most once and may still run; its late reply is
+    dropped and counted. ``partial`` holds what had arrived (fan-out)."""
+
+    def __init__(self, method: str, timeout: float, request_id: int = 0,
+                 partial: FanOutResult | None = None) -> None:
+        self.method = method
+        self.timeout = timeout
+        self.request_id = request_id
+        self.partial = partial
+        super().__init__(f"{method!r} got no outcome within {timeout:g} s (request {request_id})")
+
+
+class RemoteError(CtlwireError):
+    """The engine answered with an error: its class name, message and code."""
+
+    def __init__(self, type_name: str, message: str, code: int = 0, *, rank: int | None = None,
+                 method: str = "") -> None:
+        self.type_name = type_name
+        self.message = message
+        self.code = code
+        self.rank = rank
+        self.method = method
+        where = f" from rank {rank}" if rank is not None else ""
+        super().__init__(f"{type_name}: {message} (code {code}{where})")
+
+
+class EngineDead(CtlwireError):
+    """The engine for ``rank`` is gone (lost heartbeats, disconnected, unreachable)."""
+
+    def __init__(self, rank: int, detail: str = "") -> None:
+        self.rank = rank
+        self.detail = detail
+        super().__init__(f"engine rank {rank} is dead" + (f": {detail}" if detail else ""))
+
+
+class FanOutFailed(CtlwireError):
+    """A fan-out's policy could not be met; ``result`` has every rank's outcome."""
+
+    def __init__(self, method: str, policy: str, result: FanOutResult) -> None:
+        self.method = method
+        self.policy = policy
+        self.result = result
+        errs = ", ".join(f"{r}: {type(e).__name__}" for r, e in sorted(result.errors.items()))
+        super().__init__(f"{method!r} fan-out could not meet policy {policy!r} ({errs})")
+
+
+class ClientClosed(CtlwireError):
+    """The client was closed while the call was pending."""
+
+
+class ActorStopped(CtlwireError):
+    """The actor stopped before it handled the message."""
+
+
+class AskTimeout(CtlwireError):
+    """An actor did not answer an ``ask`` in time."""
+
+
+def remote_error(info: ErrorInfo, *, rank: int | None = None, method: str = "") -> RemoteError:
+    return RemoteError(info.type, info.message, info.code, rank=rank, method=method)
+
+
+def error_info(exc: BaseException) -> ErrorInfo:
+    """What an engine sends back for ``exc``: class name, message, ``code`` attribute."""
+    code: Any = getattr(exc, "code", 0)
+    return ErrorInfo(type(exc).__name__, str(exc), code if isinstance(code, int) else 0)

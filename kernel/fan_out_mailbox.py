@@ -1,0 +1,109 @@
+"""One method's fan-out mailbox: FIFO queueing or shared watching (anyio shell).
+
+Queueing mode (:meth:`FanOutMailbox.queueing`): concurrent callers are
+admitted strictly in arrival order, one in flight at a time, through the
+:class:`~ctlwire.kernel.admission_queue.AdmissionQueue` core. Admission is a
+hand-off done by the leaving holder, so a caller arriving in the wake-up
+window queues behind, a queued caller's cancellation or timeout removes only
+its own ticket, and an exception or cancellation in the holder still passes
+the mailbox on. The whole call, queueing included, is bounded by its timeout.
+
+Watching mode (:meth:`FanOutMailbox.watching`): a caller whose request
+(same payload, ranks and policy) is already in flight joins it instead of
+sending another; every caller receives its own freshly decoded copy of the
+result. The shared request lives until its last watcher leaves, so the
+first caller's cancellation does not take the answer away from the others.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import msgspec
+
+from ctlwire.kernel.admission_queue import AdmissionQueue
+from ctlwire.kernel.errors import RequestTimedOut
+from ctlwire.kernel.fan_out_policy import Policy
+from ctlwire.kernel.fan_out_result import FanOutResult
+from ctlwire.kernel.request_registry import PendingRequest
+from ctlwire.states import TicketState
+
+if TYPE_CHECKING:
+    from ctlwire.kernel.control_client import ControlClient
+
+__all__ = ["FanOutMailbox"]
+
+_WatchKey = tuple[bytes, tuple[int, ...], Policy]
+
+
+class FanOutMailbox:
+    """Admission of fan-outs of one method; created by ``ControlClient.mailbox``."""
+
+    def __init__(self, client: ControlClient, method: str) -> None:
+        self.client = client
+        self.method = method
+        self.queue = AdmissionQueue(method)
+        self._watched: dict[_WatchKey, PendingRequest] = {}
+        self.watch_joins = 0
+
+    @property
+    def depth(self) -> int:
+        """Callers waiting for admission."""
+        return self.queue.depth
+
+    @property
+    def watched(self) -> int:
+        """Shared requests in flight in watching mode."""
+        return len(self._watched)
+
+    async def queueing(self, raw: msgspec.Raw, ranks: tuple[int, ...], policy: Policy,
+                       budget: float, result_type: Any) -> FanOutResult:
+        """One fan-out, admitted first come, first served; see the module docstring."""
+        deadline = anyio.current_time() + budget
+        queue = self.queue
+        ticket = queue.arrive()
+        if ticket.state is TicketState.QUEUED:
+            ticket.waiter = anyio.Event()
+        try:
+            if ticket.state is TicketState.QUEUED:
+                with anyio.move_on_after(deadline - anyio.current_time()):
+                    await ticket.waiter.wait()
+                if ticket.state is TicketState.QUEUED:
+                    raise RequestTimedOut(self.method, budget)
+            queue.resumed(ticket)
+            return await self.client.run_fan_out(self.method, raw, ranks, policy, budget,
+                                                 deadline, result_type)
+        finally:
+            admitted = queue.leave(ticket)
+            if admitted is not None:
+                admitted.waiter.set()
+
+    async def watching(self, raw: msgspec.Raw, ranks: tuple[int, ...], policy: Policy,
+                       budget: float, result_type: Any) -> FanOutResult:
+        """Join an identical in-flight request, or start one; own copy of the result."""
+        client = self.client
+        registry = client.registry
+        key: _WatchKey = (bytes(raw), ranks, policy)
+        deadline = anyio.current_time() + budget
+        entry = self._watched.get(key)
+        if entry is not None and entry.is_open:
+            registry.retain(entry)
+            self.watch_joins += 1
+            leader = False
+        else:
+            entry = client._register(self.method, ranks, policy, budget, deadline)
+            self._watched[key] = entry
+            leader = True
+        try:
+            if leader:
+                await client._dispatch(entry, raw)
+            await client.wait_outcome(entry, deadline)
+            if entry.is_open:  # our own deadline passed before the shared one
+                raise RequestTimedOut(self.method, budget, entry.id,
+                                      partial=client.fan_out_result(entry, result_type))
+            return client.fan_out_outcome(entry, result_type)
+        finally:
+            registry.release(entry)
+            if self._watched.get(key) is entry and not entry.is_open:
+                del self._watched[key]

@@ -1,0 +1,396 @@
+"""The request map: every pending control request, from registration to cleanup.
+
+:class:`RequestRegistry` is a synchronous, sans-IO core: it takes events
+(registered, sent, awaited, reply, timeout, failure, cancel, release) and
+returns what happened; it never awaits, sleeps or touches a socket. The anyio
+shells (:class:`~ctlwire.kernel.control_client.ControlClient`,
+:class:`~ctlwire.kernel.fan_out_mailbox.FanOutMailbox`) turn awaits into
+these events, and the interleaving explorer drives the very same object.
+
+Guarantees:
+
+* **Register before send.** An entry exists before any frame for it can leave:
+  the only way to obtain a request id is :meth:`RequestRegistry.register`, and
+  a reply that beats the caller's wait (entry still ``Sent``) completes it.
+* **Exactly one outcome.** An entry reaches exactly one terminal state (Done,
+  TimedOut, Failed, Cancelled) through the ``ControlRequest`` table; anything
+  later is counted, never applied.
+* **Cleanup on every path.** :meth:`RequestRegistry.release` by the last
+  holder moves the entry to Cleaned and removes it; lookup, routing and cleanup
+  are O(1) (O(live requests to that rank) for :meth:`fail_rank`).
+* **Late, duplicate, unknown.** Cleaned ids leave a tombstone (bounded, oldest
+  evicted first) recording which ranks had answered, so a late reply and a
+  duplicate are told apart; ids never issued are counted as unknown.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Protocol
+
+from ctlwire.kernel.fan_out_policy import Decision, Policy, decide
+from ctlwire.kernel.request_id import RequestIdAllocator
+from ctlwire.states import CONTROL_REQUEST_TABLE, RequestEvent, RequestState
+from ctlwire.transports.envelope import Reply
+
+__all__ = [
+    "PendingRequest",
+    "RegistryStats",
+    "ReplyDisposition",
+    "RequestRegistry",
+    "TransitionObserver",
+    "Waiter",
+]
+
+_S = RequestState
+_E = RequestEvent
+_OPEN = frozenset({_S.REGISTERED, _S.SENT, _S.AWAITING})
+_TERMINAL = CONTROL_REQUEST_TABLE.terminal
+
+
+class Waiter(Protocol):
+    """What a shell hands in to be woken: ``anyio.Event`` fits."""
+
+    def set(self) -> None: ...
+
+
+class ReplyDisposition(Enum):
+    """What the registry did with a reply."""
+
+    ACCEPTED = "accepted"          # stored; the request still waits for other ranks
+    COMPLETED = "completed"        # stored; the request reached its outcome
+    LATE = "late"                  # its request was already decided or cleaned
+    DUPLICATE = "duplicate"        # this rank had already answered this request
+    UNKNOWN = "unknown"            # the id was never issued by this registry
+    STRAY = "stray"                # the request was not addressed to this rank
+
+
+class PendingRequest:
+    """One entry of the request map. Mutated only by its registry."""
+
+    __slots__ = (
+        "answered",
+        "deadline",
+        "errors",
+        "id",
+        "method",
+        "ok",
+        "policy",
+        "ranks",
+        "refs",
+        "replies",
+        "sent_ranks",
+        "state",
+        "timeout",
+        "user",
+        "waiter",
+    )
+
+    def __init__(self, request_id: int, method: str, ranks: tuple[int, ...], policy: Policy,
+                 deadline: float | None, timeout: float, waiter: Waiter | None) -> None:
+        self.id = request_id
+        self.method = method
+        self.ranks = ranks
+        self.policy = policy
+        self.deadline = deadline
+        self.timeout = timeout
+        self.waiter = waiter
+        self.state = _S.REGISTERED
+        self.replies: dict[int, Reply] = {}
+        self.errors: dict[int, Exception] = {}
+        self.sent_ranks: list[int] = []
+        self.ok = 0
+        self.answered = 0
+        self.refs = 1
+        self.user: Any = None
+
+    @property
+    def settled(self) -> int:
+        return len(self.replies) + len(self.errors)
+
+    @property
+    def is_open(self) -> bool:
+        return self.state in _OPEN
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in _TERMINAL
+
+    def outstanding(self) -> list[int]:
+        """Ranks that have neither answered nor failed."""
+        return [r for r in self.ranks if r not in self.replies and r not in self.errors]
+
+    def __repr__(self) -> str:
+        return (f"<PendingRequest {self.id} {self.method!r} {self.state.name} "
+                f"ranks={list(self.ranks)} settled={self.settled}>")
+
+
+TransitionObserver = Callable[[PendingRequest, RequestState, RequestEvent, RequestState], None]
+
+
+@dataclass
+class RegistryStats:
+    """Counters (monotonic) of one registry."""
+
+    registered: int = 0
+    cleaned: int = 0
+    late: int = 0
+    duplicate: int = 0
+    unknown: int = 0
+    stray: int = 0
+    transitions: dict[tuple[RequestState, RequestEvent], int] = field(default_factory=dict)
+    outcomes: dict[RequestState, int] = field(default_factory=dict)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "registered": self.registered,
+            "cleaned": self.cleaned,
+            "late": self.late,
+            "duplicate": self.duplicate,
+            "unknown": self.unknown,
+            "stray": self.stray,
+            "transitions": {f"{s.name}--{e.value}": n for (s, e), n in self.transitions.items()},
+            "outcomes": {s.name: n for s, n in self.outcomes.items()},
+        }
+
+
+class RequestRegistry:
+    """The request map (sans-IO). See the module docstring for its guarantees."""
+
+    def __init__(self, *, max_tombstones: int = 10_000, incarnation: int | None = None,
+                 observer: TransitionObserver | None = None) -> None:
+        if max_tombstones < 0:
+            raise ValueError("max_tombstones must be >= 0")
+        self._ids = RequestIdAllocator(incarnation)
+        self._live: dict[int, PendingRequest] = {}
+        self._by_rank: dict[int, dict[int, PendingRequest]] = {}
+        self._tombstones: OrderedDict[int, set[int]] = OrderedDict()
+        self.max_tombstones = max_tombstones
+        self.stats = RegistryStats()
+        self.observers: list[TransitionObserver] = [observer] if observer else []
+        self._apply = CONTROL_REQUEST_TABLE.apply
+
+    # -- gauges --------------------------------------------------------------
+    @property
+    def incarnation(self) -> int:
+        return self._ids.incarnation
+
+    @property
+    def live_count(self) -> int:
+        return len(self._live)
+
+    @property
+    def tombstone_count(self) -> int:
+        return len(self._tombstones)
+
+    def get(self, request_id: int) -> PendingRequest | None:
+        return self._live.get(request_id)
+
+    def live(self) -> list[PendingRequest]:
+        return list(self._live.values())
+
+    def pending_for_rank(self, rank: int) -> int:
+        return len(self._by_rank.get(rank, ()))
+
+    # -- transitions ---------------------------------------------------------
+    def _go(self, entry: PendingRequest, event: RequestEvent) -> None:
+        old = entry.state
+        new = self._apply(old, event, entry.id)
+        entry.state = new
+        key = (old, event)
+        counts = self.stats.transitions
+        counts[key] = counts.get(key, 0) + 1
+        if new in _TERMINAL:
+            outcomes = self.stats.outcomes
+            outcomes[new] = outcomes.get(new, 0) + 1
+        for observer in self.observers:
+            observer(entry, old, event, new)
+
+    def _decide(self, entry: PendingRequest) -> bool:
+        """Apply the policy; True when the entry just reached Done or Failed."""
+        decision = decide(entry.policy, len(entry.ranks), entry.ok, entry.answered,
+                          entry.settled)
+        if decision is Decision.PENDING:
+            return False
+        self._go(entry, _E.COMPLETE if decision is Decision.COMPLETE else _E.FAIL)
+        return True
+
+    # -- events from the shell ----------------------------------------------
+    def register(self, method: str, ranks: Sequence[int], policy: Policy = Policy.ALL, *,
+                 deadline: float | None = None, timeout: float = 0.0,
+                 waiter: Waiter | None = None) -> PendingRequest:
+        """A new entry in Registered, holding one reference. Its id is fresh."""
+        rank_tuple = tuple(dict.fromkeys(ranks))
+        if not rank_tuple:
+            raise ValueError("a request needs at least one rank")
+        entry = PendingRequest(self._ids.next(), method, rank_tuple, policy, deadline, timeout,
+                               waiter)
+        self._live[entry.id] = entry
+        by_rank = self._by_rank
+        for rank in rank_tuple:
+            bucket = by_rank.get(rank)
+            if bucket is None:
+                bucket = by_rank[rank] = {}
+            bucket[entry.id] = entry
+        self.stats.registered += 1
+        return entry
+
+    def mark_sent(self, entry: PendingRequest, rank: int) -> None:
+        """The frame for ``rank`` is about to be handed to the transport.
+
+        Applied before the hand-off, so a reply can never find its entry still
+        Registered. The first call moves the entry to Sent.
+        """
+        if entry.state is _S.REGISTERED:
+            self._go(entry, _E.SEND)
+        entry.sent_ranks.append(rank)
+
+    def mark_awaiting(self, entry: PendingRequest) -> bool:
+        """The caller reached its wait. False when the outcome is already known
+        (the reply beat the wait), in which case there is nothing to wait for."""
+        if entry.state is _S.SENT:
+            self._go(entry, _E.WAIT)
+            return True
+        return False
+
+    def rank_failed(self, entry: PendingRequest, rank: int, error: Exception) -> bool:
+        """``rank`` cannot answer ``entry`` (unroutable, dead). True when this
+        decided the entry (Done or Failed)."""
+        if not entry.is_open or rank in entry.replies or rank in entry.errors:
+            return False
+        if rank not in entry.ranks:
+            raise ValueError(f"rank {rank} is not addressed by request {entry.id}")
+        entry.errors[rank] = error
+        if entry.state is _S.REGISTERED:
+            # nothing was sent yet: only a complete failure can be decided here
+            if entry.settled == len(entry.ranks):
+                self._go(entry, _E.FAIL)
+                return True
+            return False
+        return self._decide(entry)
+
+    def on_reply(self, reply: Reply, peer: int | None = None
+                 ) -> tuple[ReplyDisposition, PendingRequest | None]:
+        """Route one reply by ``(id, rank)``. Never raises for bad input: a
+        reply that does not belong is classified and counted."""
+        rank = reply.rank if peer is None else peer
+        entry = self._live.get(reply.id)
+        stats = self.stats
+        if entry is None:
+            tomb = self._tombstones.get(reply.id)
+            if tomb is not None:
+                if rank in tomb:
+                    stats.duplicate += 1
+                    return ReplyDisposition.DUPLICATE, None
+                tomb.add(rank)
+                stats.late += 1
+                return ReplyDisposition.LATE, None
+            if self._ids.issued(reply.id):
+                stats.late += 1  # cleaned so long ago its tombstone was evicted
+                return ReplyDisposition.LATE, None
+            stats.unknown += 1
+            return ReplyDisposition.UNKNOWN, None
+        if rank != reply.rank or rank not in entry.ranks or entry.state is _S.REGISTERED:
+            stats.stray += 1
+            return ReplyDisposition.STRAY, entry
+        if rank in entry.replies:
+            stats.duplicate += 1
+            return ReplyDisposition.DUPLICATE, entry
+        if not entry.is_open or rank in entry.errors:
+            # decided already (first/quorum), or the rank was given up on
+            stats.late += 1
+            return ReplyDisposition.LATE, entry
+        entry.replies[rank] = reply
+        entry.answered += 1
+        if reply.ok:
+            entry.ok += 1
+        if self._decide(entry):
+            return ReplyDisposition.COMPLETED, entry
+        return ReplyDisposition.ACCEPTED, entry
+
+    def expire(self, entry: PendingRequest) -> bool:
+        """The deadline passed. True when this moved the entry to TimedOut."""
+        if entry.is_open:
+            self._go(entry, _E.EXPIRE)
+            return True
+        return False
+
+    def fail(self, entry: PendingRequest) -> bool:
+        """Fail an open entry outright (e.g. the client is closing)."""
+        if entry.is_open:
+            self._go(entry, _E.FAIL)
+            return True
+        return False
+
+    def fail_rank(self, rank: int, error: Callable[[int], Exception]) -> list[PendingRequest]:
+        """``rank`` is lost: every open entry still waiting on it gets
+        ``error(rank)`` for that rank. Returns the entries this decided."""
+        bucket = self._by_rank.get(rank)
+        if not bucket:
+            return []
+        decided = []
+        for entry in list(bucket.values()):
+            if entry.is_open and rank not in entry.replies and rank not in entry.errors:
+                entry.errors[rank] = error(rank)
+                if entry.state is _S.REGISTERED:
+                    if entry.settled == len(entry.ranks):
+                        self._go(entry, _E.FAIL)
+                        decided.append(entry)
+                elif self._decide(entry):
+                    decided.append(entry)
+        return decided
+
+    def retain(self, entry: PendingRequest) -> None:
+        """One more holder (a watcher sharing the in-flight request)."""
+        if entry.state is _S.CLEANED:
+            raise ValueError(f"request {entry.id} is already cleaned")
+        entry.refs += 1
+
+    def release(self, entry: PendingRequest) -> bool:
+        """One holder is done with ``entry`` (on every path: outcome, timeout,
+        cancellation, exception). The last one cancels it if still open and
+        cleans it. True when the entry was cleaned by this call."""
+        if entry.state is _S.CLEANED:
+            return False
+        entry.refs -= 1
+        if entry.refs > 0:
+            return False
+        if entry.is_open:
+            self._go(entry, _E.CANCEL)
+        self._go(entry, _E.CLEAN)
+        rid = entry.id
+        del self._live[rid]
+        by_rank = self._by_rank
+        for rank in entry.ranks:
+            bucket = by_rank.get(rank)
+            if bucket is not None:
+                bucket.pop(rid, None)
+                if not bucket:
+                    del by_rank[rank]
+        if self.max_tombstones:
+            tombs = self._tombstones
+            tombs[rid] = set(entry.replies)
+            if len(tombs) > self.max_tombstones:
+                tombs.popitem(last=False)
+        entry.waiter = None
+        self.stats.cleaned += 1
+        return True
+
+    def open_entries(self) -> list[PendingRequest]:
+        return [e for e in self._live.values() if e.is_open]
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError when the internal indexes disagree (tests, explorer)."""
+        for rid, entry in self._live.items():
+            assert entry.id == rid
+            assert entry.state is not _S.CLEANED, entry
+            assert entry.refs > 0, entry
+            for rank in entry.ranks:
+                assert self._by_rank[rank][rid] is entry
+        indexed = sum(len(b) for b in self._by_rank.values())
+        assert indexed == sum(len(e.ranks) for e in self._live.values())
+        assert len(self._tombstones) <= self.max_tombstones
+        assert not (self._tombstones.keys() & self._live.keys())

@@ -1,0 +1,194 @@
+"""Helpers for testing engines and callers built on ctlwire.
+
+* :class:`EngineHarness` — N :class:`EngineEndpoint` ranks and a
+  :class:`ControlClient` joined by the in-memory transport, in one event loop::
+
+      async with EngineHarness(ranks=2, setup=register_my_methods) as h:
+          assert await h.client.call("get_load", rank=1) == 0
+
+* :class:`TransitionRecorder` — an observer that records the sequence of
+  ``ControlRequest`` states every request went through, so a test can assert
+  the path (``recorder.assert_path(request_id, ["REGISTERED", "SENT", ...])``).
+
+* :class:`VirtualTimeEventLoop` and :func:`virtual_backend` — run timeouts
+  of minutes in milliseconds on both anyio backends: trio's ``MockClock`` with
+  autojump, and an asyncio loop whose clock jumps to the next timer whenever no
+  IO is ready. Use them as the ``anyio_backend`` fixture's params.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import selectors
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.request_registry import PendingRequest
+from ctlwire.states import RequestEvent, RequestState
+from ctlwire.transports.codec import Codec
+from ctlwire.transports.memory import MemoryNetwork
+
+__all__ = [
+    "EngineHarness",
+    "TransitionRecorder",
+    "VirtualTimeEventLoop",
+    "virtual_backend",
+]
+
+
+class TransitionRecorder:
+    """Records every ControlRequest transition; pass as ``ControlClient(observer=...)``."""
+
+    def __init__(self) -> None:
+        self.paths: dict[int, list[RequestState]] = defaultdict(list)
+        self.events: dict[int, list[RequestEvent]] = defaultdict(list)
+        self.methods: dict[int, str] = {}
+
+    def __call__(self, entry: PendingRequest, old: RequestState, event: RequestEvent,
+                 new: RequestState) -> None:
+        path = self.paths[entry.id]
+        if not path:
+            path.append(old)
+            self.methods[entry.id] = entry.method
+        path.append(new)
+        self.events[entry.id].append(event)
+
+    def path(self, request_id: int) -> list[str]:
+        return [s.name for s in self.paths[request_id]]
+
+    def ids(self, method: str | None = None) -> list[int]:
+        """Request ids seen, in first-transition order (optionally one method's)."""
+        return [rid for rid, m in self.methods.items() if method is None or m == method]
+
+    def assert_path(self, request_id: int, expected: Sequence[str | RequestState]) -> None:
+        want = [s.name if isinstance(s, RequestState) else s for s in expected]
+        got = self.path(request_id)
+        if got != want:
+            raise AssertionError(f"request {request_id}: went {got}, expected {want}")
+
+    def assert_all_cleaned(self) -> None:
+        unfinished = {rid: self.path(rid) for rid, p in self.paths.items()
+                      if not p or p[-1] is not RequestState.CLEANED}
+        if unfinished:
+            raise AssertionError(f"requests not cleaned: {unfinished}")
+
+
+class EngineHarness:
+    """In-memory engines and a client; see the module docstring.
+
+    ``setup(endpoint)`` registers methods on each rank's endpoint. Engines
+    ``serve()`` in tasks of the harness; :meth:`stop_engine` closes one rank's
+    transport (the client sees it disconnect), :meth:`start_engine` brings a
+    rank back under a new incarnation.
+    """
+
+    def __init__(self, ranks: int = 1, setup: Callable[[EngineEndpoint], None] | None = None, *,
+                 codec: Codec | None = None, client_kwargs: dict[str, Any] | None = None,
+                 engine_kwargs: dict[str, Any] | None = None, buffer: int = 1024,
+                 observer: TransitionRecorder | None = None) -> None:
+        self.network = MemoryNetwork(codec, buffer=buffer)
+        self.setup = setup
+        self.n = ranks
+        self.engine_kwargs = engine_kwargs or {}
+        kwargs = dict(client_kwargs or {})
+        if observer is not None:
+            kwargs["observer"] = observer
+        self.client = ControlClient(self.network.client_transport(), ranks=ranks, **kwargs)
+        self.engines: dict[int, EngineEndpoint] = {}
+        self._scopes: dict[int, anyio.CancelScope] = {}
+        self._tg: TaskGroup | None = None
+
+    async def __aenter__(self) -> EngineHarness:
+        await self.client.__aenter__()
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        for rank in range(self.n):
+            await self.start_engine(rank)
+        await self.client.wait_ready(timeout=5.0)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> bool | None:
+        tg, self._tg = self._tg, None
+        assert tg is not None
+        tg.cancel_scope.cancel()
+        await tg.__aexit__(None, None, None)
+        return await self.client.__aexit__(exc_type, exc, tb)
+
+    def endpoint(self, rank: int) -> EngineEndpoint:
+        ep = EngineEndpoint(self.network.engine_transport(rank), **self.engine_kwargs)
+        if self.setup is not None:
+            self.setup(ep)
+        return ep
+
+    async def start_engine(self, rank: int) -> EngineEndpoint:
+        assert self._tg is not None
+        ep = self.endpoint(rank)
+        self.engines[rank] = ep
+        scope = anyio.CancelScope()
+        self._scopes[rank] = scope
+
+        async def run(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            with scope:
+                await ep.serve(task_status=task_status)
+
+        await self._tg.start(run)
+        return ep
+
+    def stop_engine(self, rank: int) -> None:
+        """Stop serving ``rank`` and close its transport (a crash, as the client sees it)."""
+        self._scopes[rank].cancel()
+        self.engines[rank].transport.close()
+
+
+class VirtualTimeEventLoop(asyncio.SelectorEventLoop):
+    """An asyncio loop whose clock jumps ahead to the next timer when no IO is ready.
+
+    Like trio's ``MockClock(autojump_threshold=0)``: a 600 s timeout fires
+    immediately once every task is blocked. Real IO is still polled (without
+    waiting) before each jump; waiting with no timer pending blocks for real.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(selectors.DefaultSelector())
+        self._virtual_now = 0.0
+        selector = self._selector  # type: ignore[attr-defined]
+        real_select = selector.select
+
+        def select(timeout: float | None = None) -> list[Any]:
+            if timeout is None:
+                return list(real_select(None))
+            ready = list(real_select(0))
+            if not ready and timeout > 0:
+                self._virtual_now += timeout
+            return ready
+
+        selector.select = select
+
+    def time(self) -> float:
+        return self._virtual_now
+
+
+def virtual_backend(name: str) -> tuple[str, dict[str, Any]]:
+    """An ``anyio_backend`` value running ``name`` ("asyncio" or "trio") on a fresh
+    virtual clock. Use in a test module::
+
+        @pytest.fixture(params=["asyncio", "trio"])
+        def anyio_backend(request):
+            return virtual_backend(request.param)
+    """
+    if name == "asyncio":
+        return ("asyncio", {"loop_factory": VirtualTimeEventLoop})
+    if name == "trio":
+        from trio.testing import MockClock  # trio is a test dependency
+
+        return ("trio", {"clock": MockClock(autojump_threshold=0)})
+    raise ValueError(f"unknown anyio backend {name!r}")

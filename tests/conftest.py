@@ -1,0 +1,10 @@
+"""Every async test runs on both anyio backends (asyncio and trio)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)

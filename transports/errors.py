@@ -1,0 +1,61 @@
+"""Errors of the transport layer. The kernel maps them to request outcomes."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ForeignThreadError",
+    "MalformedFrame",
+    "OversizedFrame",
+    "PickleRefused",
+    "SocketClosed",
+    "TransportClosed",
+    "TransportError",
+    "Unroutable",
+    "WouldBlock",
+]
+
+
+class TransportError(Exception):
+    """Base class of every transport error."""
+
+
+class TransportClosed(TransportError):
+    """The transport was closed; no more frames will be sent or received."""
+
+
+class SocketClosed(TransportClosed):
+    """The socket was closed while an operation was waiting on it."""
+
+
+class Unroutable(TransportError):
+    """No connected peer for this rank (ROUTER_MANDATORY, or no such engine)."""
+
+    def __init__(self, rank: int, detail: str = "") -> None:
+        self.rank = rank
+        self.detail = detail
+        super().__init__(f"rank {rank} is not reachable" + (f": {detail}" if detail else ""))
+
+
+class WouldBlock(TransportError):
+    """A non-blocking send found the high-water mark reached."""
+
+
+class MalformedFrame(TransportError):
+    """A frame could not be decoded into an envelope."""
+
+
+class OversizedFrame(MalformedFrame):
+    """A frame is larger than the configured maximum message size."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(f"frame of {size} bytes exceeds the limit of {limit} bytes")
+
+
+class PickleRefused(TransportError):
+    """Pickle was asked for where it is not allowed (not enabled, or tcp without CURVE)."""
+
+
+class ForeignThreadError(RuntimeError):
+    """A socket was used from a thread other than the one that owns it."""

@@ -1,0 +1,151 @@
+"""The interface every transport implements, and the events it reports.
+
+A transport moves encoded envelopes between one API-side client and engine
+ranks. It reports what it sees — :class:`Received` envelopes,
+:class:`Dropped` frames, :class:`PeerDisconnected` peers — and leaves their
+meaning (request states, liveness) to the kernel.
+
+Guarantees every implementation gives:
+
+* Frames between one client and one rank are delivered in send order (or not
+  at all); nothing is delivered twice unless the peer sent it twice.
+* ``send_nowait`` never blocks: it raises
+  :class:`~ctlwire.transports.errors.WouldBlock` at the high-water mark and
+  :class:`~ctlwire.transports.errors.Unroutable` when the rank has no connected
+  peer. ``send`` waits for room instead of raising WouldBlock.
+* A frame that cannot be decoded is reported as :class:`Dropped` (with a
+  reply route when one exists) and never ends the receive loop.
+* ``receive`` raises :class:`~ctlwire.transports.errors.TransportClosed` once
+  the transport is closed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Protocol, Union, runtime_checkable
+
+from ctlwire.transports.codec import Codec
+from ctlwire.transports.envelope import Envelope
+
+__all__ = [
+    "ClientTransport",
+    "Dropped",
+    "EngineTransport",
+    "PeerDisconnected",
+    "Received",
+    "Route",
+    "TransportEvent",
+]
+
+Route = Hashable
+"""Where an engine sends a reply: opaque, chosen by the transport."""
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A decoded envelope. ``peer`` is the rank of the connection it came in on,
+    when the transport knows it (client side); ``route`` is where a reply goes
+    (engine side)."""
+
+    envelope: Envelope
+    peer: int | None = None
+    route: Route = None
+    size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """A frame that was not delivered as an envelope.
+
+    ``reason`` is one of ``"malformed"``, ``"oversized"``, ``"framing"`` (wrong
+    number of frames). ``request_id`` is the id salvaged from the frame when
+    one could be read (0 otherwise) and ``route`` the reply address, so the
+    receiver can answer with a typed error.
+    """
+
+    reason: str
+    detail: str
+    size: int
+    peer: int | None = None
+    route: Route = None
+    request_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PeerDisconnected:
+    """The transport saw a connection to ``rank`` end (socket monitor, closed pipe)."""
+
+    rank: int | None
+    detail: str = ""
+
+
+TransportEvent = Union[Received, Dropped, PeerDisconnected]
+
+
+@runtime_checkable
+class ClientTransport(Protocol):
+    """API-server side: one socket (or one per rank) to all engine ranks.
+
+    Use as an async context manager: entering binds or connects, exiting
+    closes without hanging (bounded linger).
+    """
+
+    codec: Codec
+
+    async def __aenter__(self) -> ClientTransport: ...
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None: ...
+
+    def send_nowait(self, rank: int, envelope: Envelope) -> None:
+        """Send to ``rank`` now; raises Unroutable, WouldBlock, TransportClosed."""
+
+    async def send(self, rank: int, envelope: Envelope) -> None:
+        """Send to ``rank``, waiting for room; raises Unroutable, TransportClosed."""
+
+    async def receive(self) -> TransportEvent:
+        """The next event; raises TransportClosed once closed."""
+
+
+@runtime_checkable
+class EngineTransport(Protocol):
+    """Engine side: receives requests for one rank, sends replies and heartbeats.
+
+    Usable from an async engine (``async with``, :meth:`receive`) and from a
+    synchronous busy loop (:meth:`open`, :meth:`try_receive`,
+    :meth:`wait_readable`, :meth:`close`).
+    """
+
+    codec: Codec
+    rank: int
+
+    def open(self) -> None:
+        """Bind or connect; idempotent."""
+
+    def close(self) -> None:
+        """Close with a bounded linger; idempotent; never hangs."""
+
+    async def __aenter__(self) -> EngineTransport: ...
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None: ...
+
+    def try_receive(self) -> TransportEvent | None:
+        """The next event if one is ready, else None. Never blocks."""
+
+    def wait_readable(self, timeout: float) -> bool:
+        """Block the calling thread up to ``timeout`` s for input (sync engines)."""
+
+    async def receive(self) -> TransportEvent:
+        """The next event; raises TransportClosed once closed."""
+
+    def send_nowait(self, route: Route, envelope: Envelope) -> None:
+        """Send now; raises WouldBlock, Unroutable, TransportClosed."""
+
+    async def send(self, route: Route, envelope: Envelope) -> None:
+        """Send, waiting for room."""
+
+    def heartbeat_routes(self) -> Iterable[Route]:
+        """Where this engine's heartbeats go (the clients it has heard from or connects to)."""
