@@ -70,6 +70,7 @@ class Actor(Generic[M, R]):
         self._recv: MemoryObjectReceiveStream[tuple[M, _Slot[R] | None]] = recv
         self._tg: TaskGroup | None = None
         self._current: _Slot[R] | None = None
+        self._run_scope = anyio.CancelScope()
         self._stopped = False
         self.handled = 0
         self.failed = 0
@@ -128,10 +129,13 @@ class Actor(Generic[M, R]):
             else:
                 self.skipped += 1
         self._recv.close()
-        if self._tg is not None:
-            self._tg.cancel_scope.cancel()
+        self._run_scope.cancel()
 
     async def _run(self) -> None:
+        with self._run_scope:
+            await self._loop()
+
+    async def _loop(self) -> None:
         recv = self._recv
         while True:
             try:

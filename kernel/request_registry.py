@@ -76,6 +76,7 @@ class PendingRequest:
         "deadline",
         "errors",
         "id",
+        "late_ranks",
         "method",
         "ok",
         "policy",
@@ -102,6 +103,7 @@ class PendingRequest:
         self.replies: dict[int, Reply] = {}
         self.errors: dict[int, Exception] = {}
         self.sent_ranks: list[int] = []
+        self.late_ranks: set[int] | None = None
         self.ok = 0
         self.answered = 0
         self.refs = 1
@@ -299,8 +301,15 @@ class RequestRegistry:
         if rank in entry.replies:
             stats.duplicate += 1
             return ReplyDisposition.DUPLICATE, entry
+        late = entry.late_ranks
+        if late is not None and rank in late:
+            stats.duplicate += 1
+            return ReplyDisposition.DUPLICATE, entry
         if not entry.is_open or rank in entry.errors:
             # decided already (first/quorum), or the rank was given up on
+            if late is None:
+                late = entry.late_ranks = set()
+            late.add(rank)
             stats.late += 1
             return ReplyDisposition.LATE, entry
         entry.replies[rank] = reply
@@ -372,7 +381,10 @@ class RequestRegistry:
                     del by_rank[rank]
         if self.max_tombstones:
             tombs = self._tombstones
-            tombs[rid] = set(entry.replies)
+            tomb = set(entry.replies)
+            if entry.late_ranks:
+                tomb |= entry.late_ranks
+            tombs[rid] = tomb
             if len(tombs) > self.max_tombstones:
                 tombs.popitem(last=False)
         entry.waiter = None
