@@ -46,6 +46,8 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup
 
+from ctlwire.kernel.admission_queue import AdmissionQueue
+from ctlwire.kernel.call_core import CallCore
 from ctlwire.kernel.errors import (
     ClientClosed,
     CtlwireError,
@@ -195,13 +197,14 @@ class ControlClient:
             rank = self.ranks[0]
         budget = self.timeout_for(method, timeout)
         raw = self._encode_payload(payload)
-        entry = self._register(method, (rank,), Policy.ALL, budget)
+        core = self.call_core(method, (rank,), Policy.ALL, budget)
         try:
-            await self._dispatch(entry, raw)
-            await self.wait_outcome(entry, entry.deadline or 0.0)
+            entry = core.register(anyio.Event())
+            await self.send_all(core, raw)
+            await self.wait_outcome(core, core.deadline or 0.0)
             return self._single_outcome(entry, rank, result_type)
         finally:
-            self.registry.release(entry)
+            core.finish()
 
     async def fan_out(
         self,
@@ -271,61 +274,70 @@ class ControlClient:
                              f"of {self.codec.max_message_size}")
         return raw
 
-    def _register(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
-                  deadline: float | None = None) -> PendingRequest:
+    def call_core(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
+                  deadline: float | None = None, queue: AdmissionQueue | None = None
+                  ) -> CallCore:
+        """The sans-IO protocol object for one call of this client."""
         if self._closed:
             raise ClientClosed("client is closed")
         if deadline is None:
             deadline = anyio.current_time() + budget
-        return self.registry.register(method, ranks, policy, deadline=deadline,
-                                      timeout=budget, waiter=anyio.Event())
+        return CallCore(self.registry, method, ranks, policy, deadline=deadline, timeout=budget,
+                        queue=queue, is_lost=self.peers.is_lost)
 
-    async def _dispatch(self, entry: PendingRequest, raw: msgspec.Raw) -> None:
-        """Send ``entry`` to each of its ranks (registered already, by construction)."""
+    def _register(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
+                  deadline: float | None = None) -> PendingRequest:
+        """Register a request outside a CallCore (watching mode's shared request)."""
+        return self.call_core(method, ranks, policy, budget, deadline).register(anyio.Event())
+
+    async def send_all(self, core: CallCore, raw: msgspec.Raw) -> None:
+        """Hand ``core``'s request to the transport for each rank ``core`` releases.
+
+        ``core.next_send()`` only names a rank once the request is registered
+        and marked Sent: a reply can never beat the registration.
+        """
+        entry = core.entry
+        assert entry is not None
         remaining = (entry.deadline or 0.0) - anyio.current_time()
         wall_deadline = time.time() + remaining if entry.timeout else NO_DEADLINE
-        registry = self.registry
-        incarnation = registry.incarnation
-        for rank in entry.ranks:
-            if not entry.is_open:
-                break
-            if self.peers.is_lost(rank):
-                if registry.rank_failed(entry, rank, EngineDead(rank, "lost")):
-                    self._wake(entry)
-                continue
+        incarnation = self.registry.incarnation
+        transport = self.transport
+        while (rank := core.next_send()) is not None:
             seq = self._seq.get(rank, 0) + 1
             self._seq[rank] = seq
             env = Request(entry.id, rank, entry.method, raw, wall_deadline, seq, incarnation)
-            registry.mark_sent(entry, rank)
+            error: Exception | None = None
             try:
                 try:
-                    self.transport.send_nowait(rank, env)
+                    transport.send_nowait(rank, env)
                 except WouldBlock:
-                    await self.transport.send(rank, env)
+                    await transport.send(rank, env)
             except Unroutable as exc:
-                if registry.rank_failed(entry, rank, EngineDead(rank, exc.detail or "unroutable")):
-                    self._wake(entry)
+                error = EngineDead(rank, exc.detail or "unroutable")
             except TransportClosed as exc:
-                if registry.rank_failed(entry, rank, ClientClosed(str(exc))):
-                    self._wake(entry)
+                error = ClientClosed(str(exc))
             except TransportError as exc:
-                if registry.rank_failed(entry, rank, EngineDead(rank, repr(exc))):
-                    self._wake(entry)
+                error = EngineDead(rank, repr(exc))
+            if error is not None and core.send_failed(rank, error):
+                self._wake(entry)
+        if not entry.is_open:
+            self._wake(entry)
 
-    async def wait_outcome(self, entry: PendingRequest, deadline: float) -> None:
-        """Wait until ``entry`` is decided or ``deadline`` (anyio clock) passes.
+    async def wait_outcome(self, core: CallCore, deadline: float) -> None:
+        """Wait until ``core``'s request is decided or ``deadline`` (anyio clock) passes.
 
-        Expires the entry only when its own deadline has passed; a watcher with
-        an earlier personal deadline just stops waiting.
+        Expires the request only when its own deadline has passed; a watcher
+        with an earlier personal deadline just stops waiting.
         """
-        registry = self.registry
-        if registry.mark_awaiting(entry) or entry.is_open:
+        entry = core.entry
+        assert entry is not None
+        if core.begin_wait():
             waiter = entry.waiter
             assert waiter is not None
             with anyio.move_on_after(deadline - anyio.current_time()):
                 await waiter.wait()  # type: ignore[attr-defined]
             if entry.is_open and anyio.current_time() >= (entry.deadline or 0.0):
-                registry.expire(entry)
+                core.deadline_passed()
 
     def _wake(self, entry: PendingRequest) -> None:
         waiter = entry.waiter
@@ -381,14 +393,15 @@ class ControlClient:
     async def run_fan_out(self, method: str, raw: msgspec.Raw, ranks: tuple[int, ...],
                           policy: Policy, budget: float, deadline: float,
                           result_type: Any) -> FanOutResult:
-        """Register, send to every rank, wait, clean: one complete fan-out."""
-        entry = self._register(method, ranks, policy, budget, deadline)
+        """Register, send to every rank, wait, clean: one fan-out without admission."""
+        core = self.call_core(method, ranks, policy, budget, deadline)
         try:
-            await self._dispatch(entry, raw)
-            await self.wait_outcome(entry, deadline)
+            entry = core.register(anyio.Event())
+            await self.send_all(core, raw)
+            await self.wait_outcome(core, deadline)
             return self.fan_out_outcome(entry, result_type)
         finally:
-            self.registry.release(entry)
+            core.finish()
 
     # -- background tasks ------------------------------------------------------
     async def _receive_loop(self) -> None:

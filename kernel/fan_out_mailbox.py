@@ -27,7 +27,6 @@ from ctlwire.kernel.errors import RequestTimedOut
 from ctlwire.kernel.fan_out_policy import Policy
 from ctlwire.kernel.fan_out_result import FanOutResult
 from ctlwire.kernel.request_registry import PendingRequest
-from ctlwire.states import TicketState
 
 if TYPE_CHECKING:
     from ctlwire.kernel.control_client import ControlClient
@@ -60,22 +59,25 @@ class FanOutMailbox:
     async def queueing(self, raw: msgspec.Raw, ranks: tuple[int, ...], policy: Policy,
                        budget: float, result_type: Any) -> FanOutResult:
         """One fan-out, admitted first come, first served; see the module docstring."""
-        deadline = anyio.current_time() + budget
-        queue = self.queue
-        ticket = queue.arrive()
-        if ticket.state is TicketState.QUEUED:
-            ticket.waiter = anyio.Event()
+        client = self.client
+        core = client.call_core(self.method, ranks, policy, budget, queue=self.queue)
+        deadline = core.deadline or 0.0
         try:
-            if ticket.state is TicketState.QUEUED:
+            if not core.arrive():
+                ticket = core.ticket
+                assert ticket is not None
+                ticket.waiter = anyio.Event()
                 with anyio.move_on_after(deadline - anyio.current_time()):
                     await ticket.waiter.wait()
-                if ticket.state is TicketState.QUEUED:
+                if not core.admitted:
                     raise RequestTimedOut(self.method, budget)
-            queue.resumed(ticket)
-            return await self.client.run_fan_out(self.method, raw, ranks, policy, budget,
-                                                 deadline, result_type)
+            core.resume()
+            entry = core.register(anyio.Event())
+            await client.send_all(core, raw)
+            await client.wait_outcome(core, deadline)
+            return client.fan_out_outcome(entry, result_type)
         finally:
-            admitted = queue.leave(ticket)
+            admitted = core.finish()
             if admitted is not None:
                 admitted.waiter.set()
 
@@ -85,25 +87,29 @@ class FanOutMailbox:
         client = self.client
         registry = client.registry
         key: _WatchKey = (bytes(raw), ranks, policy)
-        deadline = anyio.current_time() + budget
         entry = self._watched.get(key)
         if entry is not None and entry.is_open:
+            # join: a core over the shared entry, which only waits and releases
+            core = client.call_core(self.method, ranks, policy, budget)
             registry.retain(entry)
+            core.entry = entry
             self.watch_joins += 1
             leader = False
         else:
-            entry = client._register(self.method, ranks, policy, budget, deadline)
+            core = client.call_core(self.method, ranks, policy, budget)
+            entry = core.register(anyio.Event())
             self._watched[key] = entry
             leader = True
+        deadline = core.deadline or 0.0
         try:
             if leader:
-                await client._dispatch(entry, raw)
-            await client.wait_outcome(entry, deadline)
+                await client.send_all(core, raw)
+            await client.wait_outcome(core, deadline)
             if entry.is_open:  # our own deadline passed before the shared one
                 raise RequestTimedOut(self.method, budget, entry.id,
                                       partial=client.fan_out_result(entry, result_type))
             return client.fan_out_outcome(entry, result_type)
         finally:
-            registry.release(entry)
+            core.finish()
             if self._watched.get(key) is entry and not entry.is_open:
                 del self._watched[key]

@@ -213,11 +213,16 @@ async def test_serve_runs_async_threaded_and_sync_handlers() -> None:
         c = h.client
         assert await c.call("async_ping", 41) == 41
         assert await c.call("async_ping") == 1  # the handler's default applies
-        assert await c.call("blocking_io", 1) == 2
         assert await c.call("get_load", Load(0.25)) == 0.5
         with pytest.raises(RemoteError):
             await c.call("get_load")
         assert h.engines[0].counters["heartbeats_sent"] >= 1
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # real time: a worker thread
+async def test_threaded_handler_runs_in_a_worker_thread() -> None:
+    async with EngineHarness(ranks=1, setup=methods) as h:
+        assert await h.client.call("blocking_io", 1, timeout=10.0) == 2
 
 
 async def test_sync_engine_in_a_poll_loop_task() -> None:

@@ -1,0 +1,141 @@
+"""The sans-IO protocol of one caller: admission, registration, sends, wait, cleanup.
+
+:class:`CallCore` is the synchronous sequence every ``call`` and queueing
+``fan_out`` follows; the anyio shells (:class:`ControlClient`,
+:class:`FanOutMailbox`) only add the awaits between its steps, and the
+interleaving explorer (:mod:`ctlwire.kernel.interleaving`) drives the same
+object step by step::
+
+    core = CallCore(registry, "pause", ranks=(0, 1), queue=mailbox_queue)
+    if not core.arrive():        # queued: wait until core.ticket is admitted
+        ...                      # (await the ticket's waiter)
+    core.resume()
+    core.register(waiter)        # the request-map entry exists from here on
+    while (rank := core.next_send()) is not None:
+        ...                      # hand the frame for `rank` to the transport
+        # on failure: core.send_failed(rank, error)
+    if core.begin_wait():
+        ...                      # await the waiter until the deadline
+        core.deadline_passed()   # if the wait timed out
+    ...                          # read core.entry's outcome
+    core.finish()                # in `finally`: clean up, pass the mailbox on
+
+Ordering guarantee: :meth:`next_send` returns a rank only after the entry is
+registered and marked Sent, so no reply can ever find its request missing or
+still Registered. :meth:`finish` is safe at any point (before admission,
+between sends, after the outcome) and leaves no entry and no ticket behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ctlwire.kernel.admission_queue import AdmissionQueue, Ticket
+from ctlwire.kernel.fan_out_policy import Policy
+from ctlwire.kernel.request_registry import PendingRequest, RequestRegistry, Waiter
+from ctlwire.states import TicketState
+
+__all__ = ["CallCore"]
+
+
+class CallCore:
+    """One caller's protocol; see the module docstring."""
+
+    __slots__ = ("_next", "deadline", "entry", "is_lost", "method", "policy", "queue", "ranks",
+                 "registry", "ticket", "timeout")
+
+    def __init__(self, registry: RequestRegistry, method: str, ranks: tuple[int, ...],
+                 policy: Policy = Policy.ALL, *, deadline: float | None = None,
+                 timeout: float = 0.0, queue: AdmissionQueue | None = None,
+                 is_lost: Callable[[int], bool] | None = None) -> None:
+        self.registry = registry
+        self.method = method
+        self.ranks = ranks
+        self.policy = policy
+        self.deadline = deadline
+        self.timeout = timeout
+        self.queue = queue
+        self.is_lost = is_lost
+        self.ticket: Ticket | None = None
+        self.entry: PendingRequest | None = None
+        self._next = 0
+
+    # -- admission -------------------------------------------------------------
+    def arrive(self, waiter: Any = None) -> bool:
+        """Join the mailbox queue (if any). True when admitted at once."""
+        if self.queue is None:
+            return True
+        self.ticket = self.queue.arrive(waiter)
+        return self.ticket.state is TicketState.ADMITTED
+
+    @property
+    def admitted(self) -> bool:
+        return self.ticket is None or self.ticket.state is TicketState.ADMITTED
+
+    def resume(self) -> None:
+        """The caller's task runs again after being admitted."""
+        if self.queue is not None and self.ticket is not None:
+            self.queue.resumed(self.ticket)
+
+    # -- the request -------------------------------------------------------------
+    def register(self, waiter: Waiter | None = None) -> PendingRequest:
+        """Put the request in the map: before anything can be sent."""
+        if not self.admitted:
+            raise RuntimeError(f"{self.method!r}: register before admission")
+        self.entry = self.registry.register(self.method, self.ranks, self.policy,
+                                            deadline=self.deadline, timeout=self.timeout,
+                                            waiter=waiter)
+        return self.entry
+
+    def next_send(self) -> int | None:
+        """The next rank to hand a frame to, already marked Sent; None when done.
+
+        Ranks known to be lost are failed here (EngineDead) instead of sent to.
+        Stops early once the request is decided.
+        """
+        entry = self.entry
+        if entry is None:
+            raise RuntimeError(f"{self.method!r}: send before register")
+        while self._next < len(entry.ranks):
+            if not entry.is_open:
+                return None
+            rank = entry.ranks[self._next]
+            self._next += 1
+            if self.is_lost is not None and self.is_lost(rank):
+                from ctlwire.kernel.errors import EngineDead
+
+                self.registry.rank_failed(entry, rank, EngineDead(rank, "lost"))
+                continue
+            self.registry.mark_sent(entry, rank)
+            return rank
+        return None
+
+    def send_failed(self, rank: int, error: Exception) -> bool:
+        """The frame for ``rank`` could not be handed over. True when this decided
+        the request (the shell must wake its waiters)."""
+        assert self.entry is not None
+        return self.registry.rank_failed(self.entry, rank, error)
+
+    def begin_wait(self) -> bool:
+        """The caller reaches its wait. False when there is nothing to wait for
+        (the outcome is known: a reply beat the wait, or every send failed)."""
+        assert self.entry is not None
+        return self.registry.mark_awaiting(self.entry) or self.entry.is_open
+
+    def deadline_passed(self) -> bool:
+        """The wait ended at the deadline: TimedOut if still undecided."""
+        assert self.entry is not None
+        return self.registry.expire(self.entry)
+
+    # -- cleanup -----------------------------------------------------------------
+    def finish(self) -> Ticket | None:
+        """On every path out: release the entry (Cancelled if undecided, then
+        Cleaned) and leave the mailbox. Returns the ticket admitted by hand-off,
+        whose waiter the shell must wake."""
+        entry, self.entry = self.entry, None
+        if entry is not None:
+            self.registry.release(entry)
+        if self.queue is not None and self.ticket is not None:
+            return self.queue.leave(self.ticket)
+        return None
