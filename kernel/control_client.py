@@ -45,7 +45,6 @@ from typing import Any, Literal
 import anyio
 import msgspec
 from anyio.abc import TaskGroup
-
 from ctlwire.kernel.admission_queue import AdmissionQueue
 from ctlwire.kernel.call_core import CallCore
 from ctlwire.kernel.errors import (
@@ -430,10 +429,9 @@ class ControlClient:
         elif type(event) is Dropped:
             key = f"dropped_{event.reason}"
             self.counters[key] = self.counters.get(key, 0) + 1
-        elif type(event) is PeerDisconnected:
-            if event.rank is not None and self.peers.disconnected(event.rank,
-                                                                  anyio.current_time()):
-                self._rank_lost(event.rank, event.detail or "disconnected")
+        elif (type(event) is PeerDisconnected and event.rank is not None
+              and self.peers.disconnected(event.rank, anyio.current_time())):
+            self._rank_lost(event.rank, event.detail or "disconnected")
 
     def _on_reply(self, reply: Reply, peer: int | None) -> None:
         rank = reply.rank if peer is None else peer

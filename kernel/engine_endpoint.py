@@ -49,7 +49,6 @@ from typing import Any, get_type_hints
 
 import anyio
 import anyio.abc
-
 from ctlwire.kernel.actor import Actor
 from ctlwire.kernel.errors import error_info
 from ctlwire.states import INBOUND_REQUEST_TABLE, InboundEvent, InboundState
@@ -63,7 +62,7 @@ from ctlwire.transports.errors import (
 )
 from ctlwire.transports.transport import Dropped, EngineTransport, Received, Route
 
-__all__ = ["ErrorCode", "EngineEndpoint", "MethodSpec"]
+__all__ = ["EngineEndpoint", "ErrorCode", "MethodSpec"]
 
 log = logging.getLogger("ctlwire.engine")
 _NONE = object()
@@ -304,8 +303,8 @@ class EngineEndpoint:
             self.counters["dropped_wrong_type"] += 1
             return None
         if type(event) is Dropped:
-            key = f"dropped_{event.reason}"
-            self.counters[key] = self.counters.get(key, 0) + 1
+            counter = f"dropped_{event.reason}"
+            self.counters[counter] = self.counters.get(counter, 0) + 1
             if event.request_id:
                 self.counters["error_replies_for_bad_frames"] += 1
                 code = (ErrorCode.OVERSIZED_FRAME if event.reason == "oversized"

@@ -6,7 +6,7 @@ of time (:meth:`PeerTable.tick` with a clock reading) and returns the ranks
 whose pending requests must now fail.
 
 * Connected → Suspect after one missed heartbeat interval; Lost after
-  ``misses_allowed`` consecutive missed intervals (default 4 × 0.25 s ≈ 1 s),
+  ``misses_allowed`` consecutive missed intervals (default 4 x 0.25 s, about 1 s),
   or at once on a disconnection.
 * A rank heard from again after Lost rejoins. A *new incarnation* seen while
   Connected or Suspect is a restart: the old incarnation is Lost first (its

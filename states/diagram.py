@@ -27,7 +27,10 @@ class _Model:
     """A fresh, stateless model for GraphMachine to decorate."""
 
 
-def _graph_source(spec: MachineSpec[Any, Any], engine: str, active: Enum | None) -> str:
+_Engine = Literal["mermaid", "graphviz"]
+
+
+def _graph_source(spec: MachineSpec[Any, Any], engine: _Engine, active: Enum | None) -> str:
     from transitions.extensions import GraphMachine
 
     model = _Model()
@@ -54,7 +57,7 @@ def _graph_source(spec: MachineSpec[Any, Any], engine: str, active: Enum | None)
     return source if source.endswith("\n") else source + "\n"
 
 
-def _engine_for(fmt: Format) -> str:
+def _engine_for(fmt: Format) -> _Engine:
     if fmt == "mermaid":
         return "mermaid"
     try:

@@ -11,6 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+from ctlwire.kernel.admission_queue import AdmissionQueue, Ticket
+from ctlwire.kernel.errors import EngineDead
+from ctlwire.kernel.fan_out_policy import Policy
+from ctlwire.kernel.request_registry import PendingRequest, ReplyDisposition, RequestRegistry
+from ctlwire.states import RequestEvent, RequestState, TicketEvent, TicketState
+from ctlwire.transports.envelope import ErrorInfo, Reply
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -21,13 +27,6 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-
-from ctlwire.kernel.admission_queue import AdmissionQueue, Ticket
-from ctlwire.kernel.errors import EngineDead
-from ctlwire.kernel.fan_out_policy import Policy
-from ctlwire.kernel.request_registry import PendingRequest, ReplyDisposition, RequestRegistry
-from ctlwire.states import RequestEvent, RequestState, TicketEvent, TicketState
-from ctlwire.transports.envelope import ErrorInfo, Reply
 
 RANKS = (0, 1, 2)
 NIL = msgspec.Raw(b"\xc0")
@@ -99,10 +98,7 @@ class RegistryMachine(RuleBasedStateMachine):
         if entry.id not in self.model_live:
             tomb = entry.id in self.reg._tombstones
             seen = rank in self.answered[entry.id]
-            if tomb and seen:
-                want = ReplyDisposition.DUPLICATE
-            else:
-                want = ReplyDisposition.LATE
+            want = ReplyDisposition.DUPLICATE if tomb and seen else ReplyDisposition.LATE
         elif rank not in entry.ranks or before is RequestState.REGISTERED:
             want = ReplyDisposition.STRAY
         elif stored_before or rank in self.answered[entry.id]:

@@ -19,7 +19,6 @@ import pickle
 from typing import Any, ClassVar, TypeVar
 
 import msgspec
-
 from ctlwire.transports.envelope import Envelope, Heartbeat, Reply, Request
 from ctlwire.transports.errors import MalformedFrame, OversizedFrame, PickleRefused
 
@@ -128,7 +127,8 @@ class MsgpackCodec(Codec):
         return self._encoder.encode(obj)
 
     def _decode_envelope(self, data: bytes | memoryview) -> Envelope:
-        return self._envelope_decoder.decode(data)
+        env: Envelope = self._envelope_decoder.decode(data)
+        return env
 
     def _decode_raw(self, data: bytes | memoryview, tp: Any) -> Any:
         dec = self._decoders.get(tp)
@@ -152,7 +152,8 @@ class JsonCodec(Codec):
         return self._encoder.encode(obj)
 
     def _decode_envelope(self, data: bytes | memoryview) -> Envelope:
-        return self._envelope_decoder.decode(data)
+        env: Envelope = self._envelope_decoder.decode(data)
+        return env
 
     def _decode_raw(self, data: bytes | memoryview, tp: Any) -> Any:
         dec = self._decoders.get(tp)
@@ -191,7 +192,7 @@ class PickleCodec(MsgpackCodec):
         else:
             try:
                 blob = self._decode_raw(bytes(raw), bytes)
-                value = pickle.loads(blob)  # noqa: S301 - explicitly enabled
+                value = pickle.loads(blob)
             except Exception as exc:
                 raise PayloadTypeError(f"cannot unpickle value: {exc!r}") from None
         if tp is Any:

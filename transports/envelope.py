@@ -18,8 +18,6 @@ at most once.
 
 from __future__ import annotations
 
-from typing import Union
-
 import msgspec
 
 __all__ = ["NO_DEADLINE", "Envelope", "ErrorInfo", "Heartbeat", "Reply", "Request"]
@@ -61,4 +59,4 @@ class Heartbeat(msgspec.Struct, frozen=True, array_like=True, tag="h"):
     seq: int = 0
 
 
-Envelope = Union[Request, Reply, Heartbeat]
+Envelope = Request | Reply | Heartbeat

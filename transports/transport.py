@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol, Union, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from ctlwire.transports.codec import Codec
 from ctlwire.transports.envelope import Envelope
@@ -81,7 +81,7 @@ class PeerDisconnected:
     detail: str = ""
 
 
-TransportEvent = Union[Received, Dropped, PeerDisconnected]
+TransportEvent = Received | Dropped | PeerDisconnected
 
 
 @runtime_checkable
