@@ -14,9 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from transitions import Machine
-
 from ctlwire.states import CONTROL_REQUEST, CONTROL_REQUEST_TABLE, RequestEvent, RequestState
+from transitions import Machine
 
 __all__ = ["LifecycleRow", "measure"]
 

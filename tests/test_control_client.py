@@ -7,7 +7,6 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-
 from ctlwire.kernel.control_client import ControlClient, ResultTypeError
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.errors import (
