@@ -1,0 +1,397 @@
+"""An anyio-native wrapper around a plain (synchronous) pyzmq socket, for asyncio and trio.
+
+libzmq signals readiness through ``zmq.FD``, which is *edge-triggered* and shared by both
+directions: it becomes readable when the socket's command mailbox receives something, and
+any call into the socket (``send``, ``recv``, ``getsockopt(EVENTS)``) may drain it. The
+only reliable question is ``getsockopt(EVENTS)``; the fd only says "ask again".
+
+How waiting works (see :class:`AsyncZmqSocket`):
+
+* At most one task at a time waits on the fd (``anyio.wait_readable``), inside a
+  :class:`anyio.CancelScope` stored on the object: the *fd waiter*. Any other task that
+  has to wait (the receiver, or a sender blocked on the high-water mark) waits on a shared
+  :class:`anyio.Event` instead. Both backends refuse two waiters on one fd, so this is
+  not an optimisation but a requirement.
+* The fd waiter wakes the event waiters when the fd fires; a task leaving an operation
+  while others still wait hands the fd role over by setting the event.
+* Every task that touched the socket while others are suspended re-reads ``EVENTS``
+  afterwards; if a suspended receiver could now receive (``POLLIN``), or a suspended
+  sender could now send (``POLLOUT``), it wakes the waiters (cancels the fd waiter's
+  scope and sets the event). So a send that swallows the edge announcing a reply
+  cannot strand the receiver.
+* A ROUTER with ``ROUTER_MANDATORY`` reports ``POLLOUT`` while *any* peer has room, so a
+  send to a full peer can fail although ``POLLOUT`` is set. Such a sender waits for the
+  fd with a bounded back-off (1 ms doubling to 50 ms) instead of spinning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import Callable, Sequence
+from typing import Final, cast
+
+import anyio
+import anyio.lowlevel
+import zmq
+import zmq.asyncio
+
+from .errors import ForeignThreadError, SocketClosed
+
+__all__ = ["AsyncZmqSocket", "ForeignThreadError", "Frames", "SocketClosed"]
+
+Frames = Sequence[bytes | bytearray | memoryview | zmq.Frame]
+"""What :meth:`AsyncZmqSocket.send_multipart` accepts: one buffer per frame."""
+
+_NOBLOCK: Final = int(zmq.NOBLOCK)
+_EVENTS: Final = int(zmq.EVENTS)
+_POLLIN: Final = int(zmq.POLLIN)
+_POLLOUT: Final = int(zmq.POLLOUT)
+
+#: Consecutive operations that completed without suspending before one forced checkpoint,
+#: so that a flood of queued messages cannot starve the event loop or hide cancellation.
+_FAIRNESS_BUDGET: Final = 64
+#: Back-off of a sender whose peer is full while POLLOUT is set (ROUTER_MANDATORY), seconds.
+_RETRY_MIN: Final = 0.001
+_RETRY_MAX: Final = 0.05
+
+
+def _socket_type_name(socket: zmq.Socket[bytes]) -> str:
+    try:
+        return zmq.SocketType(cast(int, socket.get(zmq.TYPE))).name
+    except (ValueError, zmq.ZMQError):
+        return "UNKNOWN"
+
+
+class AsyncZmqSocket:
+    """Awaitable multipart send and receive on one plain ``zmq.Socket``, on asyncio or trio.
+
+    Guarantees:
+
+    * The socket belongs to the thread that created this object. Every method raises
+      :class:`ForeignThreadError` when called from another thread (libzmq sockets are not
+      thread-safe; misuse corrupts memory).
+    * Frames are delivered in libzmq order: messages are received in the order libzmq
+      hands them out, and a task's successive sends reach libzmq in the order it made
+      them. Concurrent senders are not ordered relative to each other (a blocked sender
+      does not hold back others, e.g. to other ROUTER peers).
+    * One task at a time may receive (:class:`anyio.BusyResourceError` otherwise); any
+      number of tasks of the owner thread may send.
+    * A message already queued is returned without suspending, except for one checkpoint
+      every 64 consecutive non-suspending operations (fairness); when that checkpoint
+      raises a cancellation nothing was received or sent.
+    * Waiting never blocks the event loop and never busy-spins.
+    * After :meth:`close`, waiting and new operations raise :class:`SocketClosed`.
+    """
+
+    __slots__ = (
+        "_changed",
+        "_closed",
+        "_fd",
+        "_fd_scope",
+        "_get",
+        "_owner",
+        "_pollout_waiters",
+        "_receiving",
+        "_recv_streak",
+        "_recv_waiting",
+        "_send_streak",
+        "_socket",
+        "_type_name",
+    )
+
+    def __init__(self, socket: zmq.Socket[bytes]) -> None:
+        """Wrap ``socket``; the calling thread becomes its owner.
+
+        :raises TypeError: if ``socket`` is a ``zmq.asyncio`` socket (pass a plain one).
+        :raises SocketClosed: if ``socket`` is already closed.
+        """
+        if isinstance(socket, zmq.asyncio.Socket):
+            raise TypeError("AsyncZmqSocket wraps a plain zmq.Socket, not a zmq.asyncio one")
+        if socket.closed:
+            raise SocketClosed("cannot wrap a closed zmq socket")
+        self._socket = socket
+        self._owner = threading.get_ident()
+        self._type_name = _socket_type_name(socket)
+        self._get = cast(Callable[[int], int], socket.get)
+        self._fd = cast(int, socket.get(zmq.FD))
+        self._closed = False
+        self._receiving = False  # a recv call is in progress
+        self._recv_waiting = False  # ... and is suspended
+        self._pollout_waiters = 0  # senders suspended until POLLOUT
+        self._fd_scope: anyio.CancelScope | None = None  # scope of the current fd waiter
+        self._changed: anyio.Event | None = None  # wakes the tasks that are not the fd waiter
+        self._recv_streak = 0
+        self._send_streak = 0
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<AsyncZmqSocket {self._type_name} {state} owner={self._owner}>"
+
+    @property
+    def socket(self) -> zmq.Socket[bytes]:
+        """The wrapped socket. Options may be set on it; do not send or receive on it."""
+        return self._socket
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called (or the socket was closed underneath)."""
+        return self._closed or self._socket.closed
+
+    # ------------------------------------------------------------------ receive
+
+    def recv_multipart_nowait(self) -> list[bytes] | None:
+        """Return the next queued message, or None if none is queued. Never suspends.
+
+        :raises ForeignThreadError: if called from a thread other than the owner.
+        :raises SocketClosed: if the socket is closed.
+        :raises anyio.BusyResourceError: if a task is suspended in :meth:`recv_multipart`.
+        """
+        if self._closed or threading.get_ident() != self._owner:
+            self._raise_unusable()
+        if self._receiving:
+            raise anyio.BusyResourceError("receiving from")
+        try:
+            return self._socket.recv_multipart(_NOBLOCK)
+        except zmq.Again:
+            return None
+        finally:
+            if self._pollout_waiters:
+                self._after_io()
+
+    async def recv_multipart(self) -> list[bytes]:
+        """Receive the next message, suspending until one arrives.
+
+        :raises ForeignThreadError: if called from a thread other than the owner.
+        :raises SocketClosed: if the socket is or gets closed.
+        :raises anyio.BusyResourceError: if another task is receiving.
+        :raises zmq.ZMQError: what libzmq reports otherwise.
+        """
+        if self._closed or threading.get_ident() != self._owner:
+            self._raise_unusable()
+        if self._receiving:
+            raise anyio.BusyResourceError("receiving from")
+        self._receiving = True
+        try:
+            if self._recv_streak >= _FAIRNESS_BUDGET:
+                self._recv_streak = 0
+                await anyio.lowlevel.checkpoint()
+                if self._closed:
+                    self._raise_unusable()
+            try:
+                msg = self._socket.recv_multipart(_NOBLOCK)
+            except zmq.Again:
+                self._recv_streak = 0
+                return await self._recv_slow()
+            self._recv_streak += 1
+            if self._pollout_waiters:
+                self._after_io()
+            return msg
+        finally:
+            self._receiving = False
+
+    async def _recv_slow(self) -> list[bytes]:
+        try:
+            while True:
+                events = self._get(_EVENTS)  # drains the fd: a later edge means news
+                if events & _POLLIN:
+                    try:
+                        msg = self._socket.recv_multipart(_NOBLOCK)
+                    except zmq.Again:
+                        continue
+                    if self._pollout_waiters:
+                        self._after_io()
+                    return msg
+                if self._pollout_waiters and events & _POLLOUT:
+                    self._wake()
+                self._recv_waiting = True
+                try:
+                    await self._wait(None)
+                finally:
+                    self._recv_waiting = False
+        finally:
+            self._hand_over()
+
+    # --------------------------------------------------------------------- send
+
+    def send_multipart_nowait(self, frames: Frames) -> None:
+        """Queue one multipart message in libzmq, or raise. Never suspends.
+
+        :raises zmq.Again: if the high-water mark is reached (nothing was queued).
+        :raises zmq.ZMQError: what libzmq reports, e.g. ``EHOSTUNREACH`` from a ROUTER with
+            ``ROUTER_MANDATORY`` for an unknown identity.
+        :raises ForeignThreadError: if called from a thread other than the owner.
+        :raises SocketClosed: if the socket is closed.
+        """
+        if self._closed or threading.get_ident() != self._owner:
+            self._raise_unusable()
+        try:
+            self._socket.send_multipart(frames, _NOBLOCK)
+        finally:
+            if self._recv_waiting or self._pollout_waiters:
+                self._after_io()
+
+    async def send_multipart(self, frames: Frames) -> None:
+        """Queue one multipart message in libzmq, suspending while the high-water mark is
+        reached.
+
+        Returns once libzmq accepted the message (not once the peer received it). When
+        this raises, including on cancellation, nothing was queued.
+
+        :raises zmq.ZMQError: what libzmq reports, e.g. ``EHOSTUNREACH`` (see
+            :meth:`send_multipart_nowait`).
+        :raises ForeignThreadError: if called from a thread other than the owner.
+        :raises SocketClosed: if the socket is or gets closed.
+        """
+        if self._closed or threading.get_ident() != self._owner:
+            self._raise_unusable()
+        if self._send_streak >= _FAIRNESS_BUDGET:
+            self._send_streak = 0
+            await anyio.lowlevel.checkpoint()
+            if self._closed:
+                self._raise_unusable()
+        try:
+            self._socket.send_multipart(frames, _NOBLOCK)
+        except zmq.Again:
+            pass
+        else:
+            self._send_streak += 1
+            return
+        finally:
+            if self._recv_waiting or self._pollout_waiters:
+                self._after_io()
+        self._send_streak = 0
+        await self._send_slow(frames)
+
+    async def _send_slow(self, frames: Frames) -> None:
+        delay = _RETRY_MIN
+        try:
+            while True:
+                events = self._get(_EVENTS)  # drains the fd: a later edge means news
+                if self._recv_waiting and events & _POLLIN:
+                    self._wake()
+                if events & _POLLOUT:
+                    try:
+                        self._socket.send_multipart(frames, _NOBLOCK)
+                        return
+                    except zmq.Again:
+                        # Room for some peer but not this one (ROUTER_MANDATORY): no event
+                        # tells when this peer drains, so wait for the fd with a back-off.
+                        pass
+                    finally:
+                        if self._recv_waiting or self._pollout_waiters:
+                            self._after_io()
+                    await self._wait(delay)
+                    delay = min(delay * 2, _RETRY_MAX)
+                    continue
+                self._pollout_waiters += 1
+                try:
+                    await self._wait(None)
+                finally:
+                    self._pollout_waiters -= 1
+        finally:
+            self._hand_over()
+
+    # -------------------------------------------------------------------- close
+
+    def close(self, linger_ms: int = 0) -> None:
+        """Close the socket; tasks waiting on it raise :class:`SocketClosed`. Idempotent.
+
+        Never blocks: ``linger_ms`` bounds how long libzmq keeps sending queued messages in
+        the background (0: drop them). Safe outside an event loop.
+
+        :raises ForeignThreadError: if called from a thread other than the owner.
+        """
+        if threading.get_ident() != self._owner:
+            self._raise_foreign()
+        if self._closed:
+            return
+        self._closed = True
+        if self._fd_scope is not None:
+            # A task is inside wait_readable(fd), so an event loop runs in this thread.
+            with contextlib.suppress(RuntimeError):  # no running event loop after all
+                anyio.notify_closing(self._fd)
+            self._fd_scope.cancel()
+        self._set_changed()
+        self._socket.close(linger=linger_ms)
+
+    # ---------------------------------------------------------------- internals
+
+    async def _wait(self, timeout: float | None) -> None:
+        """Suspend until the fd fires, another task calls :meth:`_wake`, or ``timeout``.
+
+        The caller must have read EVENTS (draining the fd) after its last socket call, and
+        must re-check EVENTS afterwards: every wake-up may be spurious.
+        """
+        if self._fd_scope is None:
+            deadline = math.inf if timeout is None else anyio.current_time() + timeout
+            scope = anyio.CancelScope(deadline=deadline)
+            self._fd_scope = scope
+            fired = False
+            try:
+                with scope:
+                    await anyio.wait_readable(self._fd)
+                    fired = True
+            except anyio.ClosedResourceError:
+                raise SocketClosed(f"{self._type_name} socket was closed") from None
+            finally:
+                if self._fd_scope is scope:
+                    self._fd_scope = None
+            if fired:
+                self._set_changed()
+        else:
+            event = self._changed
+            if event is None:
+                event = self._changed = anyio.Event()
+            if timeout is None:
+                await event.wait()
+            else:
+                with anyio.move_on_after(timeout):
+                    await event.wait()
+        if self._closed:
+            raise SocketClosed(f"{self._type_name} socket was closed")
+
+    def _after_io(self) -> None:
+        """After a socket call made while others are suspended: wake them if they can go on.
+
+        The call may have drained the fd edge that would have woken them.
+        """
+        if self._closed:
+            return
+        events = self._get(_EVENTS)
+        if (self._recv_waiting and events & _POLLIN) or (
+            self._pollout_waiters and events & _POLLOUT
+        ):
+            self._wake()
+
+    def _wake(self) -> None:
+        """Make every suspended task re-check EVENTS."""
+        if self._fd_scope is not None:
+            self._fd_scope.cancel()
+        self._set_changed()
+        # The receiver is certain to run and re-check EVENTS itself: until it suspends
+        # again, later socket calls need not re-read EVENTS on its behalf.
+        self._recv_waiting = False
+
+    def _set_changed(self) -> None:
+        event = self._changed
+        if event is not None:
+            self._changed = None
+            event.set()
+
+    def _hand_over(self) -> None:
+        """Leaving an operation: if others wait but none holds the fd, let one take it."""
+        if self._changed is not None and self._fd_scope is None:
+            self._set_changed()
+
+    def _raise_unusable(self) -> None:
+        if threading.get_ident() != self._owner:
+            self._raise_foreign()
+        raise SocketClosed(f"{self._type_name} socket is closed")
+
+    def _raise_foreign(self) -> None:
+        raise ForeignThreadError(
+            f"{self._type_name} socket is owned by thread {self._owner} but was used from "
+            f"thread {threading.get_ident()}; libzmq sockets are not thread-safe"
+        )
