@@ -121,6 +121,7 @@ class ControlClient:
         self.peers = PeerTable(self.ranks, interval=heartbeat_interval or 1.0,
                                misses_allowed=heartbeat_misses)
         self._mailboxes: dict[str, FanOutMailbox] = {}
+        self._blocked_sends: dict[int, tuple[anyio.CancelScope, int]] = {}
         self._seq: dict[int, int] = {}
         self._tg: TaskGroup | None = None
         self._closed = False
@@ -160,8 +161,9 @@ class ControlClient:
                 # the body's exception propagates as itself, not wrapped in a group
                 await tg.__aexit__(None, None, None)
         finally:
-            with anyio.CancelScope(shield=True):
-                await self.transport.__aexit__(exc_type, exc, tb)
+            # the transport's own task group was entered before ours: exit it last,
+            # in this same scope (no shield around it, or the scopes would not nest)
+            await self.transport.__aexit__(exc_type, exc, tb)
         return None
 
     async def aclose(self) -> None:
@@ -310,7 +312,8 @@ class ControlClient:
                 try:
                     transport.send_nowait(rank, env)
                 except WouldBlock:
-                    await transport.send(rank, env)
+                    if not await self._send_blocking(entry, rank, env):
+                        break  # deadline passed, or the request was decided meanwhile
             except Unroutable as exc:
                 error = EngineDead(rank, exc.detail or "unroutable")
             except TransportClosed as exc:
@@ -321,6 +324,20 @@ class ControlClient:
                 self._wake(entry)
         if not entry.is_open:
             self._wake(entry)
+
+    async def _send_blocking(self, entry: PendingRequest, rank: int, env: Request) -> bool:
+        """Wait for room to send (high-water mark), bounded by the request's
+        deadline and abandoned as soon as the request is decided (e.g. the rank
+        was lost). True when the frame was handed over."""
+        scope = anyio.CancelScope(deadline=entry.deadline or float("inf"))
+        self._blocked_sends[entry.id] = (scope, rank)
+        try:
+            with scope:
+                await self.transport.send(rank, env)
+                return True
+        finally:
+            self._blocked_sends.pop(entry.id, None)
+        return False
 
     async def wait_outcome(self, core: CallCore, deadline: float) -> None:
         """Wait until ``core``'s request is decided or ``deadline`` (anyio clock) passes.
@@ -342,6 +359,9 @@ class ControlClient:
         waiter = entry.waiter
         if waiter is not None:
             waiter.set()
+        blocked = self._blocked_sends.get(entry.id)
+        if blocked is not None:
+            blocked[0].cancel()
 
     def _single_outcome(self, entry: PendingRequest, rank: int, result_type: Any) -> Any:
         state = entry.state
@@ -466,6 +486,9 @@ class ControlClient:
     def _fail_rank(self, rank: int, detail: str) -> None:
         for entry in self.registry.fail_rank(rank, lambda r: EngineDead(r, detail)):
             self._wake(entry)
+        for scope, blocked_rank in list(self._blocked_sends.values()):
+            if blocked_rank == rank:
+                scope.cancel()  # a send waiting for room at a lost rank: give up
 
     async def _liveness_loop(self) -> None:
         interval = self.heartbeat_interval
@@ -478,12 +501,16 @@ class ControlClient:
             for rank in self.peers.tick(now):
                 self._rank_lost(rank, f"no heartbeat for {self.peers.misses_allowed} intervals")
             hb_seq += 1
-            for rank in self.peers.live_ranks():
+            live = set(self.peers.live_ranks())
+            heartbeat = Heartbeat(-1, incarnation, hb_seq)
+            # every rank, not only live ones: an engine that binds learns our route
+            # from it, and a lost engine that comes back hears from us at once
+            for rank in self.ranks:
                 try:
-                    self.transport.send_nowait(rank, Heartbeat(-1, incarnation, hb_seq))
+                    self.transport.send_nowait(rank, heartbeat)
                     self.counters["heartbeats_sent"] += 1
                 except Unroutable:
-                    if self.peers.disconnected(rank, now):
+                    if rank in live and self.peers.disconnected(rank, now):
                         self._rank_lost(rank, "unroutable")
                 except (WouldBlock, TransportError):
                     pass

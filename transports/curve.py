@@ -1,0 +1,146 @@
+"""CURVE encryption and authentication for tcp transports.
+
+* :func:`generate_keypair` / :func:`write_keypair` / :func:`load_keypair` —
+  z85 key pairs, stored as pyzmq certificate files (``ctlwire keys generate DIR``).
+* :class:`CurveServerConfig` — for the binding side: its key pair and the
+  allow-list of client public keys. A ZAP authenticator (pyzmq's
+  ``ThreadAuthenticator``, a thread of its own, so it works under asyncio and
+  trio alike) rejects every client whose key is not listed; a CURVE server
+  *without* an authenticator would encrypt but accept any client key, so one
+  is always installed.
+* :class:`CurveClientConfig` — for the connecting side: its key pair and the
+  server's public key.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+__all__ = [
+    "CurveAuthenticator",
+    "CurveClientConfig",
+    "CurveServerConfig",
+    "KeyPair",
+    "generate_keypair",
+    "load_keypair",
+    "load_public_key",
+    "write_keypair",
+]
+
+log = logging.getLogger("ctlwire.curve")
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    public: bytes
+    secret: bytes
+
+
+def generate_keypair() -> KeyPair:
+    public, secret = zmq.curve_keypair()
+    return KeyPair(public, secret)
+
+
+def write_keypair(directory: str | os.PathLike[str], name: str) -> tuple[Path, Path]:
+    """Create ``NAME.key`` (public) and ``NAME.key_secret`` (mode 0600) in ``directory``."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    public_file, secret_file = zmq.auth.create_certificates(str(d), name)
+    os.chmod(secret_file, 0o600)
+    return Path(public_file), Path(secret_file)
+
+
+def load_keypair(secret_file: str | os.PathLike[str]) -> KeyPair:
+    """The key pair in a ``.key_secret`` certificate file."""
+    public, secret = zmq.auth.load_certificate(str(secret_file))
+    if secret is None:
+        raise ValueError(f"{secret_file} holds no secret key")
+    return KeyPair(public, secret)
+
+
+def load_public_key(public_file: str | os.PathLike[str]) -> bytes:
+    public, _ = zmq.auth.load_certificate(str(public_file))
+    return public
+
+
+@dataclass(frozen=True)
+class CurveServerConfig:
+    """The binding side: its keys and the client public keys (z85) it accepts."""
+
+    keys: KeyPair
+    allowed_clients: frozenset[bytes] = field(default_factory=frozenset)
+
+    @classmethod
+    def allowing(cls, keys: KeyPair, clients: Iterable[bytes]) -> CurveServerConfig:
+        return cls(keys, frozenset(clients))
+
+    def apply(self, sock: zmq.Socket[bytes]) -> None:
+        sock.curve_secretkey = self.keys.secret
+        sock.curve_publickey = self.keys.public
+        sock.curve_server = True
+
+
+@dataclass(frozen=True)
+class CurveClientConfig:
+    """The connecting side: its keys and the server's public key."""
+
+    keys: KeyPair
+    server_key: bytes
+
+    def apply(self, sock: zmq.Socket[bytes]) -> None:
+        sock.curve_secretkey = self.keys.secret
+        sock.curve_publickey = self.keys.public
+        sock.curve_serverkey = self.server_key
+
+
+class _AllowList:
+    def __init__(self, keys: frozenset[bytes]) -> None:
+        self.keys = {k.decode() if isinstance(k, bytes) else k for k in keys}
+        self.rejected = 0
+
+    def callback(self, domain: str, key: bytes | str) -> bool:
+        z85 = key.decode() if isinstance(key, bytes) else key
+        if z85 in self.keys:
+            return True
+        self.rejected += 1
+        log.warning("ctlwire: rejected CURVE client key %s", z85)
+        return False
+
+
+class CurveAuthenticator:
+    """A ZAP handler on ``context`` that accepts only allow-listed client keys.
+
+    One per context (ZAP is per context). Start before binding; stop after
+    closing the sockets it guards.
+    """
+
+    def __init__(self, context: zmq.Context[zmq.Socket[bytes]], config: CurveServerConfig
+                 ) -> None:
+        self._allow = _AllowList(config.allowed_clients)
+        self._auth = ThreadAuthenticator(context, log=log)
+        self._started = False
+
+    @property
+    def rejected(self) -> int:
+        """Handshakes refused so far."""
+        return self._allow.rejected
+
+    def start(self) -> None:
+        if self._started:
+            return
+        self._auth.start()
+        self._auth.configure_curve_callback("*", credentials_provider=self._allow)
+        self._started = True
+
+    def stop(self) -> None:
+        if self._started:
+            self._auth.stop()
+            self._started = False

@@ -1,0 +1,323 @@
+"""ZeroMQ engine-side transports: usable from an async engine and from a sync busy loop.
+
+* :class:`ZmqDealerEngineTransport` — the default: a DEALER with identity
+  ``rank-N`` connects to the client's ROUTER.
+* :class:`ZmqRouterEngineTransport` — the reverse orientation: the engine binds
+  a ROUTER; replies are routed back to the client identity that asked.
+* :class:`ZmqPushPullEngineTransport` — a bound PULL for requests, a PUSH
+  connected to the client's reply PULL.
+* :class:`ZmqPairEngineTransport` — an inproc PAIR (same process, same context).
+
+Synchronous use (:meth:`open`, :meth:`try_receive`, :meth:`wait_readable`,
+:meth:`send_nowait`, :meth:`close`) never needs an event loop; asynchronous use
+(``async with``, :meth:`receive`, :meth:`send`) works on asyncio and trio. The
+socket belongs to the thread that opened it (a use from another thread raises
+:class:`~ctlwire.transports.errors.ForeignThreadError`). Malformed frames come
+back as ``Dropped`` events carrying the reply route and the salvaged request
+id, so the endpoint can answer them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Any
+
+import zmq
+from ctlwire.transports.codec import Codec, MsgpackCodec, check_pickle_allowed
+from ctlwire.transports.curve import CurveAuthenticator, CurveClientConfig, CurveServerConfig
+from ctlwire.transports.envelope import Envelope
+from ctlwire.transports.errors import SocketClosed, TransportClosed, Unroutable, WouldBlock
+from ctlwire.transports.memory import decode_event
+from ctlwire.transports.transport import Dropped, Route, TransportEvent
+from ctlwire.transports.zmq_config import (
+    ZmqOptions,
+    check_bind_address,
+    rank_identity,
+    remove_ipc_file,
+    secure_ipc_file,
+)
+from ctlwire.transports.zmq_socket import AsyncZmqSocket
+
+__all__ = [
+    "ZmqDealerEngineTransport",
+    "ZmqPairEngineTransport",
+    "ZmqPushPullEngineTransport",
+    "ZmqRouterEngineTransport",
+]
+
+
+class _ZmqEngineBase:
+    """One receiving socket (and the same or another for sending)."""
+
+    recv_kind = zmq.DEALER
+    routed = False  # frames carry a routing identity (ROUTER)
+
+    def __init__(self, rank: int, *, codec: Codec | None,
+                 options: ZmqOptions | None,
+                 context: zmq.Context[zmq.Socket[bytes]] | None) -> None:
+        self.rank = rank
+        self.codec = codec or MsgpackCodec()
+        self.options = options or ZmqOptions()
+        self._own_context = context is None
+        self.context: zmq.Context[zmq.Socket[bytes]] = context or zmq.Context()
+        self._recv: AsyncZmqSocket | None = None
+        self._send: AsyncZmqSocket | None = None
+        self._auth: CurveAuthenticator | None = None
+        self._opened = False
+        self._closed = False
+        self._bound_ipc: list[str] = []
+
+    def _bind(self, raw: zmq.Socket[bytes], address: str) -> str:
+        raw.bind(address)
+        if address.endswith((":0", ":*")):
+            address = str(raw.getsockopt_string(zmq.LAST_ENDPOINT))
+        if address.startswith("ipc://"):
+            secure_ipc_file(address)
+            self._bound_ipc.append(address)
+        return address
+
+    def _socket(self, kind: int) -> zmq.Socket[bytes]:
+        sock: zmq.Socket[bytes] = self.context.socket(kind)
+        self.options.apply(sock, self.codec.max_message_size)
+        return sock
+
+    def _setup(self) -> None:
+        raise NotImplementedError
+
+    def open(self) -> None:
+        """Create, configure and bind/connect the socket(s); idempotent."""
+        if self._closed:
+            raise TransportClosed("engine transport is closed")
+        if self._opened:
+            return
+        self._opened = True
+        try:
+            self._setup()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Close with the configured linger; idempotent; never hangs."""
+        if self._closed:
+            return
+        self._closed = True
+        for sock in {id(s): s for s in (self._recv, self._send) if s is not None}.values():
+            sock.close(self.options.linger_ms)
+        if self._auth is not None:
+            self._auth.stop()
+        if self._own_context:
+            self.context.term()
+        for address in self._bound_ipc:
+            remove_ipc_file(address)
+
+    async def __aenter__(self) -> Any:
+        self.open()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- receiving ---------------------------------------------------------------
+    def _event(self, msg: list[bytes]) -> TransportEvent:
+        if self.routed:
+            if len(msg) != 2:
+                return Dropped("framing", f"expected 2 frames, got {len(msg)}",
+                               sum(len(f) for f in msg), None, msg[0] if msg else None)
+            route, data = msg
+            self._note_route(route)
+            return decode_event(self.codec, data, None, route)
+        if len(msg) != 1:
+            return Dropped("framing", f"expected 1 frame, got {len(msg)}",
+                           sum(len(f) for f in msg))
+        return decode_event(self.codec, msg[0], None, None)
+
+    def _note_route(self, route: bytes) -> None:
+        pass
+
+    def _recv_sock(self) -> AsyncZmqSocket:
+        if self._recv is None or self._closed:
+            raise TransportClosed("engine transport is not open")
+        return self._recv
+
+    def try_receive(self) -> TransportEvent | None:
+        try:
+            msg = self._recv_sock().recv_multipart_nowait()
+        except SocketClosed:
+            raise TransportClosed("engine transport is closed") from None
+        return None if msg is None else self._event(msg)
+
+    def wait_readable(self, timeout: float) -> bool:
+        """Block this thread up to ``timeout`` s until a message can be received."""
+        sock = self._recv_sock()
+        try:
+            return bool(sock.socket.poll(int(timeout * 1000), zmq.POLLIN))
+        except zmq.ZMQError:
+            return False
+
+    async def receive(self) -> TransportEvent:
+        try:
+            msg = await self._recv_sock().recv_multipart()
+        except SocketClosed:
+            raise TransportClosed("engine transport is closed") from None
+        return self._event(msg)
+
+    # -- sending -----------------------------------------------------------------
+    def _frames(self, route: Route, envelope: Envelope) -> list[bytes]:
+        data = self.codec.encode(envelope)
+        if self.routed:
+            if not isinstance(route, bytes):
+                raise Unroutable(self.rank, f"no client route {route!r}")
+            return [route, data]
+        return [data]
+
+    def _send_sock(self) -> AsyncZmqSocket:
+        if self._send is None or self._closed:
+            raise TransportClosed("engine transport is not open")
+        return self._send
+
+    def send_nowait(self, route: Route, envelope: Envelope) -> None:
+        frames = self._frames(route, envelope)
+        try:
+            self._send_sock().send_multipart_nowait(frames)
+        except zmq.Again:
+            raise WouldBlock("high-water mark reached") from None
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                self._forget_route(route)
+                raise Unroutable(self.rank, "the client that asked is gone") from None
+            raise
+        except SocketClosed:
+            raise TransportClosed("engine transport is closed") from None
+
+    async def send(self, route: Route, envelope: Envelope) -> None:
+        frames = self._frames(route, envelope)
+        try:
+            await self._send_sock().send_multipart(frames)
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                self._forget_route(route)
+                raise Unroutable(self.rank, "the client that asked is gone") from None
+            raise
+        except SocketClosed:
+            raise TransportClosed("engine transport is closed") from None
+
+    def _forget_route(self, route: Route) -> None:
+        pass
+
+    def heartbeat_routes(self) -> Iterable[Route]:
+        return () if self._closed or not self._opened else (None,)
+
+
+class ZmqDealerEngineTransport(_ZmqEngineBase):
+    """A DEALER with identity ``rank-N`` connecting to the client's ROUTER at ``address``.
+
+    ``curve`` is a :class:`CurveClientConfig` when the client's ROUTER runs CURVE.
+    Pickle over tcp is refused without CURVE.
+    """
+
+    def __init__(self, address: str, rank: int, *, codec: Codec | None = None,
+                 options: ZmqOptions | None = None, curve: CurveClientConfig | None = None,
+                 context: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
+        super().__init__(rank, codec=codec, options=options, context=context)
+        self.address = address
+        self.curve = curve
+        check_pickle_allowed(self.codec, address, curve is not None)
+
+    def _setup(self) -> None:
+        raw = self._socket(zmq.DEALER)
+        raw.setsockopt(zmq.IDENTITY, rank_identity(self.rank))
+        if self.curve is not None:
+            self.curve.apply(raw)
+        raw.connect(self.address)
+        self._recv = self._send = AsyncZmqSocket(raw)
+
+
+class ZmqRouterEngineTransport(_ZmqEngineBase):
+    """The engine binds a ROUTER at ``address``; clients connect DEALERs.
+
+    Replies go back to the identity that sent the request; heartbeats go to
+    every client heard from (up to ``max_clients``, oldest forgotten first).
+    ``curve`` is a :class:`CurveServerConfig` allow-listing the clients' keys.
+    """
+
+    routed = True
+
+    def __init__(self, address: str, rank: int, *, codec: Codec | None = None,
+                 options: ZmqOptions | None = None, curve: CurveServerConfig | None = None,
+                 context: zmq.Context[zmq.Socket[bytes]] | None = None,
+                 allow_insecure_tcp: bool = False, max_clients: int = 64) -> None:
+        super().__init__(rank, codec=codec, options=options, context=context)
+        self.address = address
+        self.curve = curve
+        check_bind_address(address, curve=curve is not None,
+                           allow_insecure_tcp=allow_insecure_tcp)
+        check_pickle_allowed(self.codec, address, curve is not None)
+        self._clients: OrderedDict[bytes, None] = OrderedDict()
+        self.max_clients = max_clients
+
+    def _setup(self) -> None:
+        raw = self._socket(zmq.ROUTER)
+        if self.curve is not None:
+            self._auth = CurveAuthenticator(self.context, self.curve)
+            self._auth.start()
+            self.curve.apply(raw)
+        self.address = self._bind(raw, self.address)
+        self._recv = self._send = AsyncZmqSocket(raw)
+
+    def _note_route(self, route: bytes) -> None:
+        self._clients[route] = None
+        self._clients.move_to_end(route)
+        while len(self._clients) > self.max_clients:
+            self._clients.popitem(last=False)
+
+    def _forget_route(self, route: Route) -> None:
+        if isinstance(route, bytes):
+            self._clients.pop(route, None)
+
+    def heartbeat_routes(self) -> Iterable[Route]:
+        return list(self._clients) if not self._closed else ()
+
+
+class ZmqPushPullEngineTransport(_ZmqEngineBase):
+    """A PULL bound at ``request_address``, a PUSH connected to ``reply_address``."""
+
+    def __init__(self, request_address: str, reply_address: str, rank: int, *,
+                 codec: Codec | None = None, options: ZmqOptions | None = None,
+                 context: zmq.Context[zmq.Socket[bytes]] | None = None,
+                 allow_insecure_tcp: bool = False) -> None:
+        super().__init__(rank, codec=codec, options=options, context=context)
+        self.request_address = request_address
+        self.reply_address = reply_address
+        check_bind_address(request_address, curve=False, allow_insecure_tcp=allow_insecure_tcp)
+        check_pickle_allowed(self.codec, request_address, False)
+
+    def _setup(self) -> None:
+        pull = self._socket(zmq.PULL)
+        self.request_address = self._bind(pull, self.request_address)
+        self._recv = AsyncZmqSocket(pull)
+        push = self._socket(zmq.PUSH)
+        push.connect(self.reply_address)
+        self._send = AsyncZmqSocket(push)
+
+
+class ZmqPairEngineTransport(_ZmqEngineBase):
+    """An inproc PAIR connecting to the client's PAIR for this rank (same context)."""
+
+    def __init__(self, address: str, rank: int, *,
+                 context: zmq.Context[zmq.Socket[bytes]], codec: Codec | None = None,
+                 options: ZmqOptions | None = None) -> None:
+        super().__init__(rank, codec=codec, options=options, context=context)
+        self.address = address
+
+    def _setup(self) -> None:
+        raw = self._socket(zmq.PAIR)
+        raw.connect(self.address)
+        self._recv = self._send = AsyncZmqSocket(raw)
