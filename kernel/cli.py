@@ -33,6 +33,21 @@ def _cmd_diagrams(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from ctlwire.kernel import demo
+
+    return demo.main(demo.from_args(args), json_path=args.json)
+
+
+def _cmd_keys(args: argparse.Namespace) -> int:
+    from ctlwire.transports.curve import write_keypair
+
+    for name in args.names:
+        public, secret = write_keypair(args.dir, name)
+        print(f"{public}\n{secret}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ctlwire", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -41,6 +56,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="folder to write into (default: the checkout's diagrams/)")
     p.add_argument("--format", choices=["mermaid", "dot", "svg"], default="mermaid")
     p.set_defaults(func=_cmd_diagrams)
+
+    p = sub.add_parser("demo", help="the RL weight-update cycle against real engine processes")
+    from ctlwire.kernel.demo import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("keys", help="CURVE key pairs")
+    keys = p.add_subparsers(dest="keys_command", required=True)
+    g = keys.add_parser("generate", help="write NAME.key and NAME.key_secret (0600) into DIR")
+    g.add_argument("dir")
+    g.add_argument("names", nargs="*", default=["server", "client"])
+    g.set_defaults(func=_cmd_keys)
     return parser
 
 

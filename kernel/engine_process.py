@@ -8,7 +8,9 @@ Used by ``ctlwire demo``, the benchmarks and the multi-process tests::
 ``--connect ADDR`` dials the client's ROUTER (default orientation);
 ``--bind ADDR`` binds a ROUTER the client dials (reverse orientation);
 ``--pull ADDR --push ADDR`` uses a PUSH/PULL pair. ``--methods MODULE:FUNC``
-names a function ``FUNC(endpoint)`` that registers the engine's methods.
+names a function ``FUNC(endpoint)`` that registers the engine's methods and
+may return a step function (``() -> bool``, True when it did work) that the
+poll loop calls between polls, like a scheduler's generation step.
 ``--mode poll`` runs a synchronous loop (``EngineEndpoint.run_blocking``),
 ``--mode serve`` an anyio event loop (``--backend asyncio|trio``). CURVE:
 ``--curve-secret FILE`` (this engine's key pair) with ``--curve-server-key FILE``
@@ -91,7 +93,7 @@ def diagnostic_methods(ep: EngineEndpoint) -> None:
         raise RuntimeError(message)
 
 
-def load_methods(spec: str) -> Callable[[EngineEndpoint], None]:
+def load_methods(spec: str) -> Callable[[EngineEndpoint], Callable[[], bool] | None]:
     module, _, func = spec.partition(":")
     fn = getattr(importlib.import_module(module), func or "register")
     if not callable(fn):
@@ -147,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     transport = build_transport(args)
     endpoint = EngineEndpoint(transport, rank=args.rank, heartbeat_interval=args.heartbeat)
-    load_methods(args.methods)(endpoint)
+    step = load_methods(args.methods)(endpoint)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -160,8 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"READY {args.rank} {endpoint.incarnation}", flush=True)
         try:
             while not stop.is_set():
-                if endpoint.poll() == 0:
-                    transport.wait_readable(0.05)
+                worked = step() if step is not None else False
+                if endpoint.poll() == 0 and not worked:
+                    transport.wait_readable(0.01 if step is not None else 0.05)
         finally:
             endpoint.close()
         return 0

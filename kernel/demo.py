@@ -1,0 +1,344 @@
+"""``ctlwire demo``: the asynchronous-RL weight-update cycle against real engine processes.
+
+Starts N engine processes (:mod:`ctlwire.kernel.demo_engine`, each a
+synchronous step loop polling its :class:`EngineEndpoint`) over real ZeroMQ
+sockets, then runs ``pause → update_weights(v) → resume`` K times as fan-outs
+to every rank, while concurrent callers hammer ``get_server_info`` through the
+queueing mailbox and ``get_load`` in watching mode. ``--kill-one`` kills an
+engine with SIGKILL mid-run to show ``EngineDead`` surfacing in about a second
+while the other ranks carry on.
+
+It checks, and exits non-zero unless all hold: every cycle reached every live
+rank with the right version; the queueing mailbox served ``get_server_info``
+callers in arrival order on every rank; every call got exactly one outcome;
+the request map is empty at the end; a killed engine was detected in time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import platform
+import signal
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import anyio
+from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.demo_engine import Pause, UpdateWeights
+from ctlwire.kernel.engine_fleet import EngineFleet
+from ctlwire.kernel.errors import CtlwireError, EngineDead
+from ctlwire.transports.transport import ClientTransport
+from ctlwire.transports.zmq_client import ZmqDealerClientTransport, ZmqRouterClientTransport
+
+__all__ = ["DemoConfig", "DemoReport", "run_demo"]
+
+
+@dataclass
+class DemoConfig:
+    engines: int = 4
+    cycles: int = 20
+    transport: str = "ipc"
+    connect: list[str] = field(default_factory=list)
+    kill_one: bool = False
+    backend: str = "asyncio"
+    info_callers: int = 8
+    load_callers: int = 4
+    train_seconds: float = 0.1
+    timeout: float = 5.0
+
+
+@dataclass
+class DemoReport:
+    latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    errors: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
+    fifo_checked: int = 0
+    fifo_violations: list[str] = field(default_factory=list)
+    cycle_failures: list[str] = field(default_factory=list)
+    killed_rank: int | None = None
+    detection_seconds: float | None = None
+    final_versions: dict[int, int] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    wall_seconds: float = 0.0
+    address: str = ""
+    watch_joins: int = 0
+
+    def problems(self, cfg: DemoConfig) -> list[str]:
+        out = list(self.cycle_failures) + list(self.fifo_violations)
+        if self.metrics.get("live_requests", 1) != 0:
+            out.append(f"{self.metrics.get('live_requests')} request-map entries left behind")
+        if self.fifo_checked == 0:
+            out.append("no get_server_info call completed: FIFO order not verified")
+        unexpected = {m: e for m, e in self.errors.items()
+                      if any(k not in ("EngineDead",) for k in e)}
+        if unexpected:
+            out.append(f"unexpected errors: {unexpected}")
+        if cfg.kill_one:
+            if self.detection_seconds is None:
+                out.append("the killed engine was never detected")
+            elif self.detection_seconds > 3.0:
+                out.append(f"engine death took {self.detection_seconds:.2f} s to detect")
+        live = [v for r, v in self.final_versions.items() if r != self.killed_rank]
+        if any(v != cfg.cycles for v in live):
+            out.append(f"final weight versions {self.final_versions}, expected {cfg.cycles}")
+        return out
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+class _Progress:
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.tty = out.isatty()
+        self.last = ""
+
+    def show(self, line: str, *, final: bool = False) -> None:
+        if self.tty:
+            pad = max(0, len(self.last) - len(line))
+            self.out.write("\r" + line + " " * pad + ("\n" if final else ""))
+            self.out.flush()
+        elif final or line.split("]")[0] != self.last.split("]")[0]:
+            self.out.write(line + "\n")  # not a terminal: one line per cycle
+        self.last = line
+
+
+async def run_demo(cfg: DemoConfig, out: TextIO = sys.stdout) -> DemoReport:
+    """Run the demo; returns its report (see :meth:`DemoReport.problems`)."""
+    report = DemoReport()
+    start = time.perf_counter()
+    transport: ClientTransport
+    fleet: EngineFleet | None = None
+    if cfg.connect:
+        transport = ZmqDealerClientTransport(cfg.connect)
+        n = len(cfg.connect)
+        report.address = ", ".join(cfg.connect)
+    else:
+        address = "tcp://127.0.0.1:0" if cfg.transport == "tcp" else None
+        transport = ZmqRouterClientTransport(address)
+        n = cfg.engines
+    client = ControlClient(transport, ranks=n, default_timeout=cfg.timeout)
+    try:
+        async with client:
+            if not cfg.connect:
+                addr = transport.address  # type: ignore[attr-defined]
+                report.address = addr
+                fleet = EngineFleet(n, lambda r: ["--connect", addr, "--methods",
+                                                  "ctlwire.kernel.demo_engine:register"])
+                out.write(f"starting {n} engine processes over {addr} ...\n")
+                await anyio.to_thread.run_sync(fleet.start)
+            await client.wait_ready(timeout=30.0)
+            pids = list(fleet.pids().values()) if fleet else "-"
+            out.write(f"{n} engines ready (pids {pids}); {cfg.cycles} weight-update cycles, "
+                      f"{cfg.info_callers} get_server_info callers (queueing), "
+                      f"{cfg.load_callers} get_load callers (watching)\n")
+            await _drive(cfg, client, fleet, report, _Progress(out))
+            report.metrics = client.metrics()
+    finally:
+        # engines stop after the client has closed: nobody is left to report them lost
+        if fleet is not None:
+            await anyio.to_thread.run_sync(fleet.stop)
+    report.watch_joins = client.mailbox("get_load").watch_joins
+    report.wall_seconds = time.perf_counter() - start
+    return report
+
+
+def _record(report: DemoReport, method: str, seconds: float) -> None:
+    report.latencies[method].append(seconds)
+
+
+def _count_error(report: DemoReport, method: str, exc: BaseException) -> None:
+    errs = report.errors[method]
+    name = type(exc).__name__
+    errs[name] = errs.get(name, 0) + 1
+
+
+async def _drive(cfg: DemoConfig, client: ControlClient, fleet: EngineFleet | None,
+                 report: DemoReport, progress: _Progress) -> None:
+    ranks = list(client.ranks)
+    done = anyio.Event()
+    arrivals = itertools.count()
+    served: dict[int, list[tuple[int, int]]] = defaultdict(list)  # rank -> (arrival, seq)
+    cycle = [0]
+    kill_at = max(1, cfg.cycles // 3) if cfg.kill_one and fleet is not None else None
+    killed: dict[str, float] = {}
+
+    async def timed(method: str, coro: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return await coro
+        finally:
+            _record(report, method, time.perf_counter() - t)
+
+    async def rl_cycles() -> None:
+        try:
+            for k in range(1, cfg.cycles + 1):
+                cycle[0] = k
+                if kill_at == k and fleet is not None:
+                    victim = ranks[-1]
+                    report.killed_rank = victim
+                    killed["t"] = time.perf_counter()
+                    fleet.kill(victim, signal.SIGKILL)
+                for method, payload in (("pause", Pause("drain")),
+                                        ("update_weights", UpdateWeights(k, f"/ckpt/{k}")),
+                                        ("resume", None)):
+                    res = await timed(method, client.fan_out(method, payload))
+                    for rank, err in res.errors.items():
+                        _count_error(report, method, err)
+                        if not (isinstance(err, EngineDead) and rank == report.killed_rank):
+                            report.cycle_failures.append(f"cycle {k} {method} rank {rank}: {err}")
+                    if method == "update_weights":
+                        for rank, value in res.results.items():
+                            report.final_versions[rank] = int(value["version"])
+                await anyio.sleep(cfg.train_seconds)  # the trainer's step between updates
+        finally:
+            done.set()
+
+    async def info_caller() -> None:
+        while not done.is_set():
+            idx = next(arrivals)  # no await until the mailbox admits: arrival order
+            try:
+                res = await timed("get_server_info",
+                                  client.fan_out("get_server_info", idx))
+            except CtlwireError as exc:
+                _count_error(report, "get_server_info", exc)
+                continue
+            for rank, info in res.results.items():
+                served[rank].append((idx, int(info["seq"])))
+            for err in res.errors.values():
+                _count_error(report, "get_server_info", err)
+
+    async def load_caller() -> None:
+        while not done.is_set():
+            try:
+                res = await timed("get_load", client.fan_out("get_load", mode="watching"))
+            except CtlwireError as exc:
+                _count_error(report, "get_load", exc)
+                continue
+            for err in res.errors.values():
+                _count_error(report, "get_load", err)
+
+    async def watch_death() -> None:
+        while not done.is_set():
+            victim = report.killed_rank
+            if victim is not None and "t" in killed and client.peers.is_lost(victim):
+                report.detection_seconds = time.perf_counter() - killed["t"]
+                return
+            await anyio.sleep(0.005)
+
+    async def show_progress() -> None:
+        while True:
+            m = client.metrics()
+            calls = sum(len(v) for v in report.latencies.values())
+            dead = (f" | rank {report.killed_rank} dead, detected in "
+                    f"{report.detection_seconds:.2f} s" if report.detection_seconds else "")
+            progress.show(f"[cycle {cycle[0]:>3}/{cfg.cycles}] calls {calls:>6} | "
+                          f"info {len(report.latencies['get_server_info']):>5} | "
+                          f"load {len(report.latencies['get_load']):>5} | "
+                          f"live {m['live_requests']:>3} | queue "
+                          f"{client.mailbox('get_server_info').depth:>2}{dead}")
+            if done.is_set():
+                return
+            await anyio.sleep(0.2)
+
+    progress.last = ""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rl_cycles)
+        for _ in range(cfg.info_callers):
+            tg.start_soon(info_caller)
+        for _ in range(cfg.load_callers):
+            tg.start_soon(load_caller)
+        if kill_at is not None:
+            tg.start_soon(watch_death)
+        tg.start_soon(show_progress)
+    if progress.tty:
+        progress.show(progress.last, final=True)
+
+    for rank, pairs in served.items():
+        seqs = [seq for _, seq in sorted(pairs)]
+        report.fifo_checked += len(seqs)
+        if any(b <= a for a, b in itertools.pairwise(seqs)):
+            report.fifo_violations.append(f"rank {rank}: get_server_info served out of order")
+
+
+def format_report(cfg: DemoConfig, report: DemoReport) -> str:
+    m = report.metrics
+    reg = m.get("registry", {})
+    lines = ["", "ctlwire demo — summary", ""]
+    lines.append(f"  {'method':<18}{'calls':>8}{'p50 ms':>10}{'p99 ms':>10}  errors")
+    for method in ("pause", "update_weights", "resume", "get_server_info", "get_load"):
+        lat = report.latencies.get(method, [])
+        errs = report.errors.get(method) or {}
+        err_s = ", ".join(f"{k} {v}" for k, v in sorted(errs.items())) or "0"
+        lines.append(f"  {method:<18}{len(lat):>8}{_pct(lat, 0.5) * 1e3:>10.2f}"
+                     f"{_pct(lat, 0.99) * 1e3:>10.2f}  {err_s}")
+    lines.append("")
+    fifo = ("verified" if not report.fifo_violations else "VIOLATED")
+    lines.append(f"  FIFO order (get_server_info, queueing mailbox): {fifo} over "
+                 f"{report.fifo_checked} rank-replies")
+    lines.append(f"  watching mode (get_load): {report.watch_joins} callers shared an "
+                 "in-flight request")
+    lines.append(f"  replies dropped: late {reg.get('late', 0)}, duplicate "
+                 f"{reg.get('duplicate', 0)}, unknown {reg.get('unknown', 0)}, stale incarnation "
+                 f"{m.get('stale_incarnation', 0)}")
+    lines.append(f"  requests: {reg.get('registered', 0)} registered, {reg.get('cleaned', 0)} "
+                 f"cleaned; live registry entries: {m.get('live_requests')} "
+                 f"(tombstones {m.get('tombstones')})")
+    lines.append(f"  weight versions at the end: {dict(sorted(report.final_versions.items()))}")
+    if report.killed_rank is not None:
+        det = (f"{report.detection_seconds:.2f} s" if report.detection_seconds is not None
+               else "never")
+        lines.append(f"  engine death: rank {report.killed_rank} killed with SIGKILL, "
+                     f"EngineDead after {det}; the other ranks kept serving")
+    diagrams = Path(__file__).resolve().parent.parent / "diagrams"
+    where = diagrams if (diagrams / "README.md").exists() else "run 'ctlwire diagrams'"
+    lines.append(f"  state diagrams: {where}")
+    lines.append(f"  wall time {report.wall_seconds:.1f} s on {os.cpu_count()} cores, "
+                 f"Python {platform.python_version()}, backend {cfg.backend}")
+    problems = report.problems(cfg)
+    lines.append("")
+    lines.append("  OK: every invariant holds" if not problems
+                 else "  FAILED:\n" + "\n".join(f"    - {p}" for p in problems))
+    return "\n".join(lines) + "\n"
+
+
+def main(cfg: DemoConfig, json_path: str | None = None, out: TextIO = sys.stdout) -> int:
+    report = anyio.run(run_demo, cfg, out, backend=cfg.backend)
+    out.write(format_report(cfg, report))
+    if json_path:
+        data = {
+            "latency_ms": {k: {"calls": len(v), "p50": _pct(v, 0.5) * 1e3,
+                               "p99": _pct(v, 0.99) * 1e3} for k, v in report.latencies.items()},
+            "errors": report.errors,
+            "fifo_checked": report.fifo_checked,
+            "problems": report.problems(cfg),
+            "detection_seconds": report.detection_seconds,
+            "metrics": report.metrics,
+        }
+        Path(json_path).write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
+    return 0 if not report.problems(cfg) else 1
+
+
+def add_arguments(p: Any) -> None:
+    p.add_argument("--engines", type=int, default=4, help="engine processes to start (4)")
+    p.add_argument("--cycles", type=int, default=20, help="weight-update cycles (20)")
+    p.add_argument("--transport", choices=["ipc", "tcp"], default="ipc")
+    p.add_argument("--connect", nargs="+", default=[], metavar="ADDR",
+                   help="drive engines already running elsewhere, one ROUTER address per rank")
+    p.add_argument("--kill-one", action="store_true", help="SIGKILL one engine mid-run")
+    p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    p.add_argument("--json", help="also write the summary as JSON here")
+
+
+def from_args(args: Any) -> DemoConfig:
+    return DemoConfig(engines=args.engines, cycles=args.cycles, transport=args.transport,
+                      connect=list(args.connect), kill_one=args.kill_one, backend=args.backend)
