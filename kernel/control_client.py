@@ -65,6 +65,7 @@ from ctlwire.kernel.request_registry import (
     RequestRegistry,
     TransitionObserver,
 )
+from ctlwire.kernel.tracing import TraceProvider
 from ctlwire.states import RequestState
 from ctlwire.transports.codec import PayloadTypeError
 from ctlwire.transports.envelope import NO_DEADLINE, Heartbeat, Reply, Request
@@ -93,7 +94,10 @@ class ControlClient:
     ``default_timeout`` applies to methods without an entry in
     ``method_timeouts``; a call's ``timeout=`` overrides both.
     ``heartbeat_interval=None`` disables time-based liveness (disconnections
-    reported by the transport still fail pending requests).
+    reported by the transport still fail pending requests). ``observer`` is
+    called on every request transition (more can be appended to
+    ``registry.observers``); ``trace_provider`` supplies the opaque trace
+    carrier each request's envelope carries (see :mod:`ctlwire.kernel.tracing`).
     """
 
     def __init__(
@@ -107,6 +111,7 @@ class ControlClient:
         heartbeat_misses: int = 4,
         max_tombstones: int = 10_000,
         observer: TransitionObserver | None = None,
+        trace_provider: TraceProvider | None = None,
     ) -> None:
         self.transport = transport
         self.codec = transport.codec
@@ -114,6 +119,7 @@ class ControlClient:
             tuple(range(ranks)) if isinstance(ranks, int) else tuple(ranks))
         if not self.ranks:
             raise ValueError("a client needs at least one rank")
+        self.trace_provider = trace_provider
         self.default_timeout = default_timeout
         self.method_timeouts = dict(method_timeouts or {})
         self.registry = RequestRegistry(max_tombstones=max_tombstones, observer=observer)
@@ -303,10 +309,12 @@ class ControlClient:
         wall_deadline = time.time() + remaining if entry.timeout else NO_DEADLINE
         incarnation = self.registry.incarnation
         transport = self.transport
+        trace = self.trace_provider() if self.trace_provider is not None else None
         while (rank := core.next_send()) is not None:
             seq = self._seq.get(rank, 0) + 1
             self._seq[rank] = seq
-            env = Request(entry.id, rank, entry.method, raw, wall_deadline, seq, incarnation)
+            env = Request(entry.id, rank, entry.method, raw, wall_deadline, seq, incarnation,
+                          trace)
             error: Exception | None = None
             try:
                 try:

@@ -51,6 +51,7 @@ import anyio
 import anyio.abc
 from ctlwire.kernel.actor import Actor
 from ctlwire.kernel.errors import error_info
+from ctlwire.kernel.tracing import current_trace
 from ctlwire.states import INBOUND_REQUEST_TABLE, InboundEvent, InboundState
 from ctlwire.transports.codec import PayloadTypeError
 from ctlwire.transports.envelope import ErrorInfo, Heartbeat, Reply, Request
@@ -379,6 +380,7 @@ class EngineEndpoint:
             reply = self._exception_reply(work, _AsyncHandlerInPoll(
                 f"{spec.name!r} is async; serve it with EngineEndpoint.serve()"))
         else:
+            token = current_trace.set(work.request.trace)
             try:
                 result = (spec.handler(payload) if payload is not _NONE and spec.takes_payload
                           else spec.handler())
@@ -386,6 +388,8 @@ class EngineEndpoint:
                 reply = self._exception_reply(work, exc)
             else:
                 reply = self._result_reply(work, result)
+            finally:
+                current_trace.reset(token)
         self._send_sync(work.route, reply)
         return 1
 
@@ -486,6 +490,7 @@ class EngineEndpoint:
             return
         spec, payload = admitted
         args = (payload,) if spec.takes_payload and payload is not _NONE else ()
+        current_trace.set(item.request.trace)  # this task handles one request at a time
         try:
             if spec.is_async:
                 result = await spec.handler(*args)

@@ -5,9 +5,10 @@ seen from a rank under some incarnation, a disconnection — plus the passing
 of time (:meth:`PeerTable.tick` with a clock reading) and returns the ranks
 whose pending requests must now fail.
 
-* Connected → Suspect after one missed heartbeat interval; Lost after
-  ``misses_allowed`` consecutive missed intervals (default 4 x 0.25 s, about 1 s),
-  or at once on a disconnection.
+* Connected → Suspect after one missed heartbeat interval (plus half an
+  interval of grace); Lost after ``misses_allowed`` consecutive missed
+  intervals (default 4 x 0.25 s + 0.125 s, about 1.1 s), or at once on a
+  disconnection.
 * A rank heard from again after Lost rejoins. A *new incarnation* seen while
   Connected or Suspect is a restart: the old incarnation is Lost first (its
   requests fail with EngineDead), then the new one rejoins.
@@ -125,7 +126,8 @@ class PeerTable:
         for p in self.peers.values():
             if p.state not in _LIVE:
                 continue
-            missed = int((now - p.last_seen) / self.interval)
+            # half an interval of grace: a heartbeat due right now is not yet missed
+            missed = int((now - p.last_seen) / self.interval - 0.5)
             while p.misses < missed and p.state in _LIVE:
                 p.misses += 1
                 if p.misses >= self.misses_allowed:

@@ -1,0 +1,240 @@
+"""Observability: latency histograms, structured transition logs, snapshots, Prometheus.
+
+* :class:`RequestMetrics` — a transition observer that times every request
+  (from Sent to its outcome) into a per-method histogram and counts outcomes
+  per method. Add it with ``ControlClient(observer=...)`` or
+  ``client.registry.observers.append(...)``.
+* :class:`TransitionLog` — a transition observer that emits one structured
+  :mod:`logging` record per state transition, carrying ``request_id``,
+  ``method``, ``ranks``, ``old``, ``event`` and ``new`` as record attributes
+  (``extra``), at DEBUG level by default.
+* :func:`snapshot` — one dict of everything a dashboard wants: live requests,
+  tombstones, per-method latency histograms, counters per transition,
+  late/duplicate/unknown replies, peer link states, mailbox queue depths,
+  transport counters.
+* :class:`PrometheusExporter` — exposes the snapshot through
+  ``prometheus-client`` (the ``prometheus`` extra) as a custom collector, read
+  at scrape time; nothing is computed on the request path.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ctlwire.kernel.request_registry import PendingRequest
+from ctlwire.states import CONTROL_REQUEST_TABLE, RequestEvent, RequestState
+
+if TYPE_CHECKING:
+    from ctlwire.kernel.control_client import ControlClient
+
+__all__ = [
+    "DEFAULT_BUCKETS",
+    "LatencyHistogram",
+    "PrometheusExporter",
+    "RequestMetrics",
+    "TransitionLog",
+    "snapshot",
+]
+
+DEFAULT_BUCKETS: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0, 30.0, 60.0)
+_TERMINAL = CONTROL_REQUEST_TABLE.terminal
+
+
+@dataclass
+class LatencyHistogram:
+    """Cumulative-bucket histogram (Prometheus semantics) with sum and count."""
+
+    buckets: tuple[float, ...] = DEFAULT_BUCKETS
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.buckets) + 1)
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, seconds)] += 1
+        self.total += seconds
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """``(upper bound, observations <= bound)``, ending with ``(+inf, count)``."""
+        out, running = [], 0
+        for bound, n in zip((*self.buckets, float("inf")), self.counts, strict=True):
+            running += n
+            out.append((bound, running))
+        return out
+
+    def quantile(self, q: float) -> float:
+        """An upper bound of the ``q`` quantile (the bucket it falls in)."""
+        if not self.count:
+            return float("nan")
+        target = q * self.count
+        for bound, cum in self.cumulative():
+            if cum >= target:
+                return bound
+        return float("inf")  # pragma: no cover
+
+
+class RequestMetrics:
+    """Times requests per method and counts outcomes; a registry observer."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter,
+                 buckets: Sequence[float] = DEFAULT_BUCKETS) -> None:
+        self.clock = clock
+        self.buckets = tuple(buckets)
+        self.latency: dict[str, LatencyHistogram] = {}
+        self.outcomes: dict[tuple[str, str], int] = {}
+        self.peak_live = 0
+        self._started: dict[int, float] = {}
+
+    def __call__(self, entry: PendingRequest, old: RequestState, event: RequestEvent,
+                 new: RequestState) -> None:
+        if old is RequestState.REGISTERED:
+            self._started[entry.id] = self.clock()
+            self.peak_live = max(self.peak_live, len(self._started))
+        if new in _TERMINAL:
+            start = self._started.pop(entry.id, None)
+            key = (entry.method, new.name)
+            self.outcomes[key] = self.outcomes.get(key, 0) + 1
+            if start is not None:
+                hist = self.latency.get(entry.method)
+                if hist is None:
+                    hist = self.latency[entry.method] = LatencyHistogram(self.buckets)
+                hist.observe(self.clock() - start)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "latency": {m: {"count": h.count, "sum": h.total, "p50_le": h.quantile(0.5),
+                            "p99_le": h.quantile(0.99), "buckets": h.cumulative()}
+                        for m, h in self.latency.items()},
+            "outcomes": {f"{m}:{o}": n for (m, o), n in self.outcomes.items()},
+            "peak_in_flight": self.peak_live,
+        }
+
+
+class TransitionLog:
+    """Emits one structured log record per ControlRequest transition."""
+
+    def __init__(self, logger: logging.Logger | None = None, level: int = logging.DEBUG) -> None:
+        self.logger = logger or logging.getLogger("ctlwire.transitions")
+        self.level = level
+
+    def __call__(self, entry: PendingRequest, old: RequestState, event: RequestEvent,
+                 new: RequestState) -> None:
+        if not self.logger.isEnabledFor(self.level):
+            return
+        self.logger.log(
+            self.level, "request %d %s %s --%s--> %s", entry.id, entry.method, old.name,
+            event.value, new.name,
+            extra={"request_id": entry.id, "method": entry.method, "ranks": list(entry.ranks),
+                   "old": old.name, "event": event.value, "new": new.name,
+                   "state": new.name})
+
+
+def snapshot(client: ControlClient, request_metrics: RequestMetrics | None = None
+             ) -> dict[str, Any]:
+    """Everything observable about ``client`` right now (a plain, JSON-able dict)."""
+    reg = client.registry
+    stats = reg.stats
+    data: dict[str, Any] = {
+        "live_requests": reg.live_count,
+        "tombstones": reg.tombstone_count,
+        "tombstone_bound": reg.max_tombstones,
+        "transitions": {f"{s.name}--{e.value}": n for (s, e), n in stats.transitions.items()},
+        "outcomes": {s.name: n for s, n in stats.outcomes.items()},
+        "replies_dropped": {"late": stats.late, "duplicate": stats.duplicate,
+                            "unknown": stats.unknown, "stray": stats.stray,
+                            "stale_incarnation": client.counters.get("stale_incarnation", 0)},
+        "peers": client.peers.snapshot(),
+        "mailbox_depth": {m: b.depth for m, b in client._mailboxes.items()},
+        "client_counters": dict(client.counters),
+        "transport_counters": dict(getattr(client.transport, "counters", {}) or {}),
+    }
+    metrics = request_metrics or next(
+        (o for o in reg.observers if isinstance(o, RequestMetrics)), None)
+    if metrics is not None:
+        data["requests"] = metrics.snapshot()
+    return data
+
+
+class PrometheusExporter:
+    """A ``prometheus_client`` collector over :func:`snapshot` (read at scrape time).
+
+    ``PrometheusExporter(client).register()`` adds it to the default registry;
+    serve it with ``prometheus_client.start_http_server(port)``. Needs the
+    ``prometheus`` extra.
+    """
+
+    def __init__(self, client: ControlClient, request_metrics: RequestMetrics | None = None,
+                 namespace: str = "ctlwire") -> None:
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError as exc:  # pragma: no cover - depends on the extra
+            raise RuntimeError("PrometheusExporter needs: pip install 'ctlwire[prometheus]'"
+                               ) from exc
+        self.client = client
+        self.request_metrics = request_metrics
+        self.ns = namespace
+
+    def register(self, registry: Any = None) -> PrometheusExporter:
+        from prometheus_client import REGISTRY
+
+        (registry or REGISTRY).register(self)
+        return self
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        snap = snapshot(self.client, self.request_metrics)
+        ns = self.ns
+        yield GaugeMetricFamily(f"{ns}_live_requests", "Requests in the request map",
+                                value=snap["live_requests"])
+        yield GaugeMetricFamily(f"{ns}_tombstones", "Tombstones of cleaned requests",
+                                value=snap["tombstones"])
+        t = CounterMetricFamily(f"{ns}_transitions", "ControlRequest transitions",
+                                labels=["transition"])
+        for name, n in snap["transitions"].items():
+            t.add_metric([name], n)
+        yield t
+        d = CounterMetricFamily(f"{ns}_replies_dropped", "Replies dropped", labels=["reason"])
+        for reason, n in snap["replies_dropped"].items():
+            d.add_metric([reason], n)
+        yield d
+        p = GaugeMetricFamily(f"{ns}_peer_state", "1 for each rank's current link state",
+                              labels=["rank", "state"])
+        for rank, state in snap["peers"].items():
+            p.add_metric([str(rank), state], 1)
+        yield p
+        q = GaugeMetricFamily(f"{ns}_mailbox_depth", "Callers waiting for admission",
+                              labels=["method"])
+        for method, depth in snap["mailbox_depth"].items():
+            q.add_metric([method], depth)
+        yield q
+        req = snap.get("requests")
+        if req:
+            h = HistogramMetricFamily(f"{ns}_request_seconds", "Request latency, sent to outcome",
+                                      labels=["method"])
+            for method, lat in req["latency"].items():
+                buckets = [(("+Inf" if b == float("inf") else repr(b)), c)
+                           for b, c in lat["buckets"]]
+                h.add_metric([method], buckets, lat["sum"])
+            yield h
+            o = CounterMetricFamily(f"{ns}_requests", "Requests by method and outcome",
+                                    labels=["method", "outcome"])
+            for key, n in req["outcomes"].items():
+                method, outcome = key.rsplit(":", 1)
+                o.add_metric([method, outcome], n)
+            yield o

@@ -1,0 +1,52 @@
+"""PeerTable: the PeerLink machine driven by heartbeats, misses and disconnections."""
+
+from __future__ import annotations
+
+import pytest
+
+from ctlwire.kernel.peer_table import PeerTable
+from ctlwire.states import PeerState
+
+
+def test_suspect_then_lost_after_missed_heartbeats() -> None:
+    t = PeerTable([0], interval=0.25, misses_allowed=4)
+    assert t.state(0) is PeerState.UNKNOWN
+    assert t.seen(0, 7, now=0.0) == []
+    assert t.state(0) is PeerState.CONNECTED
+    assert t.tick(0.30) == [] and t.state(0) is PeerState.CONNECTED  # within grace
+    assert t.tick(0.40) == [] and t.state(0) is PeerState.SUSPECT
+    assert t.seen(0, 7, now=0.45) == [] and t.state(0) is PeerState.CONNECTED
+    assert t.tick(1.50) == []
+    assert t.tick(1.58) == [0] and t.state(0) is PeerState.LOST
+    assert t.tick(5.0) == []  # reported once
+    assert t.is_lost(0) and 0 not in t.live_ranks()
+
+
+def test_rejoin_after_lost_and_restart_detection() -> None:
+    t = PeerTable([0], interval=0.25)
+    t.seen(0, 7, now=0.0)
+    assert t.disconnected(0, now=0.1)
+    assert not t.disconnected(0, now=0.2)
+    assert t.seen(0, 7, now=0.3) == [] and t.state(0) is PeerState.CONNECTED
+    # a new incarnation while connected is a restart: the old one's requests must fail
+    assert t.seen(0, 9, now=0.4) == [0]
+    assert t.state(0) is PeerState.CONNECTED and t.peers[0].incarnation == 9
+    assert t.is_stale(0, 7) and not t.is_stale(0, 9)
+    assert t.peers[0].lost_count == 2 and t.peers[0].rejoin_count == 2
+
+
+def test_replies_refresh_liveness_but_do_not_change_incarnation() -> None:
+    t = PeerTable([0], interval=0.25)
+    t.seen(0, 7, now=0.0)
+    assert t.seen(0, 8, now=0.1, authoritative=False) == []
+    assert t.peers[0].incarnation == 7
+    t.disconnected(0, now=0.2)
+    assert t.seen(0, 8, now=0.3, authoritative=False) == []
+    assert t.state(0) is PeerState.LOST  # a stale reply does not resurrect the rank
+
+
+def test_invalid_configuration() -> None:
+    with pytest.raises(ValueError):
+        PeerTable(interval=0)
+    with pytest.raises(ValueError):
+        PeerTable(misses_allowed=0)
