@@ -117,6 +117,7 @@ async def run_demo(cfg: DemoConfig, out: TextIO = sys.stdout) -> DemoReport:
     report = DemoReport()
     start = time.perf_counter()
     transport: ClientTransport
+    router: ZmqRouterClientTransport | None = None
     fleet: EngineFleet | None = None
     if cfg.connect:
         transport = ZmqDealerClientTransport(cfg.connect)
@@ -124,13 +125,13 @@ async def run_demo(cfg: DemoConfig, out: TextIO = sys.stdout) -> DemoReport:
         report.address = ", ".join(cfg.connect)
     else:
         address = "tcp://127.0.0.1:0" if cfg.transport == "tcp" else None
-        transport = ZmqRouterClientTransport(address)
+        transport = router = ZmqRouterClientTransport(address)
         n = cfg.engines
     client = ControlClient(transport, ranks=n, default_timeout=cfg.timeout)
     try:
         async with client:
-            if not cfg.connect:
-                addr = transport.address  # type: ignore[attr-defined]
+            if router is not None:
+                addr = router.address  # bound by now (a tcp port is known)
                 report.address = addr
                 fleet = EngineFleet(n, lambda r: ["--connect", addr, "--methods",
                                                   "ctlwire.kernel.demo_engine:register"])
