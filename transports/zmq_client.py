@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -148,6 +149,13 @@ class _ZmqClientBase:
         for address, private in self._bound_ipc:
             remove_ipc_file(address, private_dir=private)
 
+    def _private_address(self, name: str) -> str:
+        """A fresh ipc address in a private directory, removed when this transport
+        closes, or when it is garbage-collected without ever being opened."""
+        address = private_ipc_address(name)
+        weakref.finalize(self, remove_ipc_file, address, private_dir=True)
+        return address
+
     def _bind(self, raw: zmq.Socket[bytes], address: str, private: bool = False) -> str:
         raw.bind(address)
         if address.endswith((":0", ":*")):
@@ -182,7 +190,7 @@ class ZmqRouterClientTransport(_ZmqClientBase):
                  allow_insecure_tcp: bool = False) -> None:
         super().__init__(codec=codec, options=options, context=context)
         self._private = address is None
-        self.address = address or private_ipc_address("control")
+        self.address = address or self._private_address("control")
         self.curve = curve
         check_bind_address(self.address, curve=curve is not None,
                            allow_insecure_tcp=allow_insecure_tcp)
@@ -486,7 +494,7 @@ class ZmqPushPullClientTransport(_PerRankClient):
         super().__init__(request_addresses, codec=codec, options=options, curve=None,
                          context=context)
         self._private_reply = reply_address is None
-        self.reply_address = reply_address or private_ipc_address("replies")
+        self.reply_address = reply_address or self._private_address("replies")
         check_bind_address(self.reply_address, curve=False,
                            allow_insecure_tcp=allow_insecure_tcp)
         self._pull: AsyncZmqSocket | None = None
