@@ -119,6 +119,7 @@ class ControlClient:
             tuple(range(ranks)) if isinstance(ranks, int) else tuple(ranks))
         if not self.ranks:
             raise ValueError("a client needs at least one rank")
+        self._rank_set = frozenset(self.ranks)
         self.trace_provider = trace_provider
         self.default_timeout = default_timeout
         self.method_timeouts = dict(method_timeouts or {})
@@ -202,6 +203,8 @@ class ControlClient:
         """
         if rank is None:
             rank = self.ranks[0]
+        elif rank not in self._rank_set:
+            raise ValueError(f"rank {rank} is not one of this client's ranks {self.ranks}")
         budget = self.timeout_for(method, timeout)
         raw = self._encode_payload(payload)
         core = self.call_core(method, (rank,), Policy.ALL, budget)
@@ -234,6 +237,8 @@ class ControlClient:
         """
         pol = policy if isinstance(policy, Policy) else Policy(policy)
         targets = tuple(ranks) if ranks is not None else self.ranks
+        if not targets or not self._rank_set.issuperset(targets):
+            raise ValueError(f"ranks {targets} must be a non-empty subset of {self.ranks}")
         budget = self.timeout_for(method, timeout)
         raw = self._encode_payload(payload)
         mailbox = self.mailbox(method)

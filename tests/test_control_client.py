@@ -474,3 +474,14 @@ async def test_transport_event_types_are_exhaustive() -> None:
         weird: TransportEvent = object()  # type: ignore[assignment]
         h.client._on_event(weird)
         assert (await h.client.call("resume")) is True
+
+
+async def test_ranks_outside_the_client_are_a_usage_error() -> None:
+    async with EngineHarness(ranks=2, setup=basic_methods) as h:
+        with pytest.raises(ValueError, match="rank 5"):
+            await h.client.call("resume", rank=5)
+        with pytest.raises(ValueError):
+            await h.client.fan_out("resume", ranks=[0, 7])
+        with pytest.raises(ValueError):
+            await h.client.fan_out("resume", ranks=[])
+        assert (await h.client.fan_out("resume", ranks=[1])).results == {1: True}
