@@ -79,9 +79,12 @@ class AsyncZmqSocket:
     * One task at a time may receive (:class:`anyio.BusyResourceError` otherwise); any
       number of tasks of the owner thread may send.
     * A message already queued is returned without suspending, except for one checkpoint
-      every 64 consecutive non-suspending operations (fairness); when that checkpoint
-      raises a cancellation nothing was received or sent.
-    * Waiting never blocks the event loop and never busy-spins.
+      every 64 consecutive non-suspending operations (fairness).
+    * Cancellation never loses or half-sends a message: a cancelled receive took nothing
+      off the socket, a cancelled send queued nothing.
+    * Waiting never blocks the event loop and never busy-spins. A send to a full peer of a
+      ``ROUTER_MANDATORY`` socket that other peers keep writable re-checks on a back-off
+      (1 ms doubling to 50 ms) as libzmq gives no per-peer readiness signal.
     * After :meth:`close`, waiting and new operations raise :class:`SocketClosed`.
     """
 
