@@ -33,6 +33,7 @@ from ctlwire.kernel.request_registry import PendingRequest
 from ctlwire.states import RequestEvent, RequestState
 from ctlwire.transports.codec import Codec
 from ctlwire.transports.memory import MemoryNetwork
+from ctlwire.transports.transport import ClientTransport, EngineTransport
 
 __all__ = [
     "EngineHarness",
@@ -85,21 +86,30 @@ class EngineHarness:
     ``setup(endpoint)`` registers methods on each rank's endpoint. Engines
     ``serve()`` in tasks of the harness; :meth:`stop_engine` closes one rank's
     transport (the client sees it disconnect), :meth:`start_engine` brings a
-    rank back under a new incarnation.
+    rank back under a new incarnation. ``wrap_client`` / ``wrap_engine`` wrap
+    the in-memory transports, e.g. in
+    :class:`~ctlwire.transports.fault_injection.FaultyClientTransport`.
     """
 
     def __init__(self, ranks: int = 1, setup: Callable[[EngineEndpoint], None] | None = None, *,
                  codec: Codec | None = None, client_kwargs: dict[str, Any] | None = None,
                  engine_kwargs: dict[str, Any] | None = None, buffer: int = 1024,
-                 observer: TransitionRecorder | None = None) -> None:
+                 observer: TransitionRecorder | None = None,
+                 wrap_client: Callable[[ClientTransport], ClientTransport] | None = None,
+                 wrap_engine: Callable[[EngineTransport], EngineTransport] | None = None
+                 ) -> None:
         self.network = MemoryNetwork(codec, buffer=buffer)
         self.setup = setup
         self.n = ranks
         self.engine_kwargs = engine_kwargs or {}
+        self.wrap_engine = wrap_engine
         kwargs = dict(client_kwargs or {})
         if observer is not None:
             kwargs["observer"] = observer
-        self.client = ControlClient(self.network.client_transport(), ranks=ranks, **kwargs)
+        transport: ClientTransport = self.network.client_transport()
+        if wrap_client is not None:
+            transport = wrap_client(transport)
+        self.client = ControlClient(transport, ranks=ranks, **kwargs)
         self.engines: dict[int, EngineEndpoint] = {}
         self._scopes: dict[int, anyio.CancelScope] = {}
         self._tg: TaskGroup | None = None
@@ -123,7 +133,10 @@ class EngineHarness:
         return await self.client.__aexit__(exc_type, exc, tb)
 
     def endpoint(self, rank: int) -> EngineEndpoint:
-        ep = EngineEndpoint(self.network.engine_transport(rank), **self.engine_kwargs)
+        transport: EngineTransport = self.network.engine_transport(rank)
+        if self.wrap_engine is not None:
+            transport = self.wrap_engine(transport)
+        ep = EngineEndpoint(transport, **self.engine_kwargs)
         if self.setup is not None:
             self.setup(ep)
         return ep

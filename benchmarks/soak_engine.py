@@ -1,0 +1,31 @@
+"""Engine methods for the soak, load and reliability runs (loaded in engine processes).
+
+``--methods ctlwire.benchmarks.soak_engine:methods``: the diagnostic methods
+(echo, sleep, nap, hang, pid, metrics, crash, fail) plus ``gate(path)``, an
+async handler that returns once ``path`` exists. Engines handle requests one
+at a time, so a gated engine queues everything behind the gate: that is how
+the load run holds thousands of requests in flight at once, deterministically.
+"""
+
+from __future__ import annotations
+
+import os
+
+import anyio
+from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine_process import diagnostic_methods
+
+__all__ = ["METHODS", "methods"]
+
+METHODS = "ctlwire.benchmarks.soak_engine:methods"
+
+
+def methods(ep: EngineEndpoint) -> None:
+    """Register the diagnostic methods and ``gate`` on ``ep``."""
+    diagnostic_methods(ep)
+
+    @ep.method()
+    async def gate(path: str) -> bool:
+        while not os.path.exists(path):
+            await anyio.sleep(0.005)
+        return True
