@@ -13,7 +13,9 @@ whose pending requests must now fail.
   Connected or Suspect is a restart: the old incarnation is Lost first (its
   requests fail with EngineDead), then the new one rejoins.
 * Frames from an incarnation other than the current one are stale
-  (:meth:`PeerTable.is_stale`) and must be dropped.
+  (:meth:`PeerTable.is_stale`) and must be dropped. Incarnations grow with
+  time, so a late heartbeat of a replaced process is ignored rather than
+  taken for yet another restart.
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ class PeerTable:
         incarnation); replies only refresh liveness."""
         p = self.peer(rank)
         lost: list[int] = []
+        if authoritative and incarnation and p.incarnation and incarnation < p.incarnation:
+            return lost  # a late heartbeat of a process this rank has already replaced
         if p.state is PeerState.LOST:
             if not authoritative and p.incarnation and incarnation != p.incarnation:
                 return lost

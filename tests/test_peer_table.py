@@ -50,3 +50,12 @@ def test_invalid_configuration() -> None:
         PeerTable(interval=0)
     with pytest.raises(ValueError):
         PeerTable(misses_allowed=0)
+
+
+def test_late_heartbeat_of_a_replaced_process_is_ignored() -> None:
+    t = PeerTable([0], interval=0.25)
+    t.seen(0, 100, now=0.0)
+    assert t.seen(0, 200, now=0.1) == [0]  # restart: the old incarnation's calls fail
+    assert t.seen(0, 100, now=0.2) == []   # a heartbeat of the old process, late
+    assert t.peers[0].incarnation == 200 and t.peers[0].lost_count == 1
+    assert t.is_stale(0, 100)
