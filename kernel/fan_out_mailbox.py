@@ -68,7 +68,9 @@ class FanOutMailbox:
                 ticket.waiter = anyio.Event()
                 with anyio.move_on_after(deadline - anyio.current_time()):
                     await ticket.waiter.wait()
-                if not core.admitted:
+                if not core.admitted or anyio.current_time() >= deadline:
+                    # timed out in the queue (possibly at the very moment of hand-off:
+                    # then nothing is sent, and finish() passes the mailbox on)
                     raise RequestTimedOut(self.method, budget)
             core.resume()
             entry = core.register(anyio.Event())
