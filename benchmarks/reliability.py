@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import anyio
+
 from ctlwire.benchmarks.soak import (
     DETECTION_BOUND,
     SoakConfig,

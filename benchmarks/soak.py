@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import anyio
+
 from ctlwire.benchmarks.soak_engine import METHODS
 from ctlwire.benchmarks.traffic import (
     EXPECTED,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 import anyio
+
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.engine_process import diagnostic_methods
 

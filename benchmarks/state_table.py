@@ -14,8 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ctlwire.states import CONTROL_REQUEST, CONTROL_REQUEST_TABLE, RequestEvent, RequestState
 from transitions import Machine
+
+from ctlwire.states import CONTROL_REQUEST, CONTROL_REQUEST_TABLE, RequestEvent, RequestState
 
 __all__ = ["LifecycleRow", "measure"]
 

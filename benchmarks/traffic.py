@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+
 from ctlwire.kernel.control_client import ControlClient
 from ctlwire.kernel.errors import (
     CtlwireError,

@@ -48,6 +48,22 @@ def _cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from ctlwire.benchmarks.report import print_table
+    from ctlwire.benchmarks.runner import run_bench
+
+    try:
+        report = run_bench(quick=args.quick, only=args.only)
+    except ValueError as exc:
+        print(f"ctlwire bench: {exc}", file=sys.stderr)
+        return 2
+    print_table(report)
+    if args.json:
+        report.write_json(args.json)
+        print(f"JSON written to {args.json}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ctlwire", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -69,6 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("dir")
     g.add_argument("names", nargs="*", default=["server", "client"])
     g.set_defaults(func=_cmd_keys)
+
+    p = sub.add_parser("bench", help="measure ctlwire against baselines, side by side",
+                       description="Measure ctlwire against the baselines a user would "
+                       "otherwise write, in one run, and print the ratios and targets.")
+    p.add_argument("--quick", action="store_true", help="a reduced run (under 30 s)")
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    p.add_argument("--only", nargs="+", metavar="GROUP",
+                   help="run only these groups: latency floor throughput fanout trio live "
+                   "memory state_table")
+    p.set_defaults(func=_cmd_bench)
     return parser
 
 

@@ -51,6 +51,27 @@ _OPEN = frozenset({_S.REGISTERED, _S.SENT, _S.AWAITING})
 _TERMINAL = CONTROL_REQUEST_TABLE.terminal
 
 
+class _Step:
+    """One legal ``(state, event) -> state`` of CONTROL_REQUEST_TABLE and how often it ran.
+
+    The registry looks each transition up once in a per-registry copy of the
+    table whose cells also carry the counter and the properties of the new
+    state: one lookup per transition instead of several hashed enum keys
+    (Enum hashing is a Python-level call; the hot path of a call makes four
+    transitions).
+    """
+
+    __slots__ = ("count", "event", "new", "old", "open", "terminal")
+
+    def __init__(self, old: RequestState, event: RequestEvent, new: RequestState) -> None:
+        self.old = old
+        self.event = event
+        self.new = new
+        self.open = new in _OPEN
+        self.terminal = new in _TERMINAL
+        self.count = 0
+
+
 class Waiter(Protocol):
     """What a shell hands in to be woken: ``anyio.Event`` fits."""
 
@@ -76,6 +97,7 @@ class PendingRequest:
         "deadline",
         "errors",
         "id",
+        "is_open",
         "late_ranks",
         "method",
         "ok",
@@ -100,6 +122,8 @@ class PendingRequest:
         self.timeout = timeout
         self.waiter = waiter
         self.state = _S.REGISTERED
+        # True while Registered, Sent or Awaiting; kept in step with ``state`` by the registry
+        self.is_open = True
         self.replies: dict[int, Reply] = {}
         self.errors: dict[int, Exception] = {}
         self.sent_ranks: list[int] = []
@@ -112,10 +136,6 @@ class PendingRequest:
     @property
     def settled(self) -> int:
         return len(self.replies) + len(self.errors)
-
-    @property
-    def is_open(self) -> bool:
-        return self.state in _OPEN
 
     @property
     def is_terminal(self) -> bool:
@@ -143,8 +163,22 @@ class RegistryStats:
     duplicate: int = 0
     unknown: int = 0
     stray: int = 0
-    transitions: dict[tuple[RequestState, RequestEvent], int] = field(default_factory=dict)
-    outcomes: dict[RequestState, int] = field(default_factory=dict)
+    # the registry's transition cells, which count as they run (see ``_Step``)
+    _steps: list[_Step] = field(default_factory=list, repr=False)
+
+    @property
+    def transitions(self) -> dict[tuple[RequestState, RequestEvent], int]:
+        """How often each ``(state, event)`` transition ran (those that ran at least once)."""
+        return {(s.old, s.event): s.count for s in self._steps if s.count}
+
+    @property
+    def outcomes(self) -> dict[RequestState, int]:
+        """How many entries reached each terminal state."""
+        out: dict[RequestState, int] = {}
+        for s in self._steps:
+            if s.terminal and s.count:
+                out[s.new] = out.get(s.new, 0) + s.count
+        return out
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -171,9 +205,12 @@ class RequestRegistry:
         self._by_rank: dict[int, dict[int, PendingRequest]] = {}
         self._tombstones: OrderedDict[int, set[int]] = OrderedDict()
         self.max_tombstones = max_tombstones
-        self.stats = RegistryStats()
         self.observers: list[TransitionObserver] = [observer] if observer else []
         self._apply = CONTROL_REQUEST_TABLE.apply
+        self._steps: dict[RequestState, dict[RequestEvent, _Step]] = {}
+        for (old, event), new in CONTROL_REQUEST_TABLE:
+            self._steps.setdefault(old, {})[event] = _Step(old, event, new)
+        self.stats = RegistryStats(_steps=[c for row in self._steps.values() for c in row.values()])
 
     # -- gauges --------------------------------------------------------------
     @property
@@ -200,14 +237,14 @@ class RequestRegistry:
     # -- transitions ---------------------------------------------------------
     def _go(self, entry: PendingRequest, event: RequestEvent) -> None:
         old = entry.state
-        new = self._apply(old, event, entry.id)
-        entry.state = new
-        key = (old, event)
-        counts = self.stats.transitions
-        counts[key] = counts.get(key, 0) + 1
-        if new in _TERMINAL:
-            outcomes = self.stats.outcomes
-            outcomes[new] = outcomes.get(new, 0) + 1
+        try:
+            step = self._steps[old][event]
+        except KeyError:
+            self._apply(old, event, entry.id)  # raises IllegalTransition
+            raise
+        new = entry.state = step.new
+        entry.is_open = step.open
+        step.count += 1
         for observer in self.observers:
             observer(entry, old, event, new)
 
@@ -400,6 +437,7 @@ class RequestRegistry:
             assert entry.id == rid
             assert entry.state is not _S.CLEANED, entry
             assert entry.refs > 0, entry
+            assert entry.is_open == (entry.state in _OPEN), entry
             for rank in entry.ranks:
                 assert self._by_rank[rank][rid] is entry
         indexed = sum(len(b) for b in self._by_rank.values())

@@ -32,9 +32,11 @@ from types import TracebackType
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import zmq
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
 from ctlwire.transports.codec import Codec, MsgpackCodec, check_pickle_allowed
 from ctlwire.transports.curve import (
     CurveAuthenticator,
@@ -61,7 +63,7 @@ from ctlwire.transports.zmq_config import (
     secure_ipc_file,
 )
 from ctlwire.transports.zmq_monitor import DOWN_EVENTS, UP_EVENTS, SocketMonitor
-from ctlwire.transports.zmq_socket import AsyncZmqSocket
+from ctlwire.transports.zmq_socket import AsyncZmqSocket, ReceiveInterrupted
 
 __all__ = [
     "ZmqDealerClientTransport",
@@ -197,7 +199,6 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         check_pickle_allowed(self.codec, self.address, curve is not None)
         self._sock: AsyncZmqSocket | None = None
         self._pending: deque[TransportEvent] = deque()
-        self._recv_scope: anyio.CancelScope | None = None
         self._known: set[int] = set()
         self._probe_hb = b""
 
@@ -266,14 +267,15 @@ class ZmqRouterClientTransport(_ZmqClientBase):
             try:
                 msg = sock.recv_multipart_nowait()
                 if msg is None:
-                    scope = anyio.CancelScope()
-                    self._recv_scope = scope
+                    # Nothing queued. Let the tasks the last events woke (a caller whose
+                    # reply just came) run before this one sets up its wait: that setup
+                    # then overlaps the next round trip instead of delaying the caller.
+                    await anyio.lowlevel.checkpoint()
+                    if self._pending:
+                        continue
                     try:
-                        with scope:
-                            msg = await sock.recv_multipart()
-                    finally:
-                        self._recv_scope = None
-                    if msg is None:
+                        msg = await sock.recv_multipart()
+                    except ReceiveInterrupted:
                         continue  # woken for a pending event
             except SocketClosed:
                 raise TransportClosed("transport is closed") from None
@@ -294,8 +296,9 @@ class ZmqRouterClientTransport(_ZmqClientBase):
 
     def _push(self, event: TransportEvent) -> None:
         self._pending.append(event)
-        if self._recv_scope is not None:
-            self._recv_scope.cancel()
+        sock = self._sock
+        if sock is not None and not sock.closed:
+            sock.interrupt_receive()  # a receive in progress returns to pick the event up
 
     async def _watch_disconnects(self) -> None:
         monitor = self._monitors[0]

@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Any
 
 import zmq
+
 from ctlwire.transports.codec import Codec, MsgpackCodec, check_pickle_allowed
 from ctlwire.transports.curve import CurveAuthenticator, CurveClientConfig, CurveServerConfig
 from ctlwire.transports.envelope import Envelope
@@ -158,8 +159,8 @@ class _ZmqEngineBase:
         """Block this thread up to ``timeout`` s until a message can be received."""
         sock = self._recv_sock()
         try:
-            return bool(sock.socket.poll(int(timeout * 1000), zmq.POLLIN))
-        except zmq.ZMQError:
+            return sock.poll_readable(timeout)
+        except (SocketClosed, zmq.ZMQError):
             return False
 
     async def receive(self) -> TransportEvent:

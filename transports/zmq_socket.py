@@ -39,12 +39,13 @@ import zmq.asyncio
 
 from .errors import ForeignThreadError, SocketClosed
 
-__all__ = ["AsyncZmqSocket", "ForeignThreadError", "Frames", "SocketClosed"]
+__all__ = ["AsyncZmqSocket", "ForeignThreadError", "Frames", "ReceiveInterrupted", "SocketClosed"]
 
 Frames = Sequence[bytes | bytearray | memoryview | zmq.Frame]
 """What :meth:`AsyncZmqSocket.send_multipart` accepts: one buffer per frame."""
 
 _NOBLOCK: Final = int(zmq.NOBLOCK)
+_NOBLOCK_SNDMORE: Final = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 _EVENTS: Final = int(zmq.EVENTS)
 _POLLIN: Final = int(zmq.POLLIN)
 _POLLOUT: Final = int(zmq.POLLOUT)
@@ -55,6 +56,47 @@ _FAIRNESS_BUDGET: Final = 64
 #: Back-off of a sender whose peer is full while POLLOUT is set (ROUTER_MANDATORY), seconds.
 _RETRY_MIN: Final = 0.001
 _RETRY_MAX: Final = 0.05
+
+
+class ReceiveInterrupted(Exception):
+    """:meth:`AsyncZmqSocket.recv_multipart` was woken by
+    :meth:`AsyncZmqSocket.interrupt_receive`; nothing was received."""
+
+
+def _recv_frames(socket: zmq.Socket[bytes]) -> list[bytes]:
+    """``socket.recv_multipart(NOBLOCK)``, reading each part's "more" flag from the
+    received frame (pyzmq's version asks ``getsockopt(RCVMORE)`` per part, which builds
+    a ``SocketOption`` enum member on every call). Raises ``zmq.Again`` when no message
+    is queued; the parts of a message arrive together, so only the first can."""
+    recv = socket.recv
+    frame = recv(_NOBLOCK, copy=False)
+    parts = [frame.bytes]
+    while frame.more:
+        frame = recv(_NOBLOCK, copy=False)
+        parts.append(frame.bytes)
+    return parts
+
+
+def _send_frames(socket: zmq.Socket[bytes], frames: Frames) -> None:
+    """``socket.send_multipart(frames, NOBLOCK)`` with plain int flags.
+
+    Same checks and the same libzmq calls as pyzmq's version (every frame is checked
+    before the first is queued; libzmq takes all parts or, at the first, none), minus
+    its per-frame ``SNDMORE | flags`` on ``IntFlag`` members, a Python-level enum
+    operation that costs more than the send itself.
+    """
+    for i, frame in enumerate(frames):
+        if not isinstance(frame, (bytes, zmq.Frame, memoryview)):
+            try:
+                memoryview(frame)
+            except Exception:
+                raise TypeError(f"Frame {i} ({repr(frame)[:32]}) does not support the "
+                                "buffer interface.") from None
+    send = socket.send
+    last = len(frames) - 1
+    for i in range(last):
+        send(frames[i], _NOBLOCK_SNDMORE)
+    send(frames[last], _NOBLOCK)
 
 
 def _socket_type_name(socket: zmq.Socket[bytes]) -> str:
@@ -94,9 +136,11 @@ class AsyncZmqSocket:
         "_fd",
         "_fd_scope",
         "_get",
+        "_interrupt",
         "_owner",
         "_pollout_waiters",
         "_receiving",
+        "_recv_missed",
         "_recv_streak",
         "_recv_waiting",
         "_send_streak",
@@ -127,6 +171,10 @@ class AsyncZmqSocket:
         self._changed: anyio.Event | None = None  # wakes the tasks that are not the fd waiter
         self._recv_streak = 0
         self._send_streak = 0
+        # the last receive attempt found the queue empty: ask EVENTS before recv next
+        # time (a miss costs a zmq.Again exception, which is several times dearer)
+        self._recv_missed = False
+        self._interrupt = False  # interrupt_receive() was called for the receive in progress
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -156,12 +204,17 @@ class AsyncZmqSocket:
         if self._receiving:
             raise anyio.BusyResourceError("receiving from")
         try:
-            return self._socket.recv_multipart(_NOBLOCK)
+            if self._recv_missed and not self._get(_EVENTS) & _POLLIN:
+                return None
+            msg = _recv_frames(self._socket)
         except zmq.Again:
+            self._recv_missed = True
             return None
         finally:
             if self._pollout_waiters:
                 self._after_io()
+        self._recv_missed = False
+        return msg
 
     async def recv_multipart(self) -> list[bytes]:
         """Receive the next message, suspending until one arrives.
@@ -176,14 +229,20 @@ class AsyncZmqSocket:
         if self._receiving:
             raise anyio.BusyResourceError("receiving from")
         self._receiving = True
+        self._interrupt = False
         try:
             if self._recv_streak >= _FAIRNESS_BUDGET:
                 self._recv_streak = 0
                 await anyio.lowlevel.checkpoint()
                 if self._closed:
                     self._raise_unusable()
+                if self._interrupt:
+                    raise ReceiveInterrupted("receive interrupted")
+            if self._recv_missed:  # just found empty: go straight to EVENTS and waiting
+                self._recv_streak = 0
+                return await self._recv_slow()
             try:
-                msg = self._socket.recv_multipart(_NOBLOCK)
+                msg = _recv_frames(self._socket)
             except zmq.Again:
                 self._recv_streak = 0
                 return await self._recv_slow()
@@ -200,9 +259,10 @@ class AsyncZmqSocket:
                 events = self._get(_EVENTS)  # drains the fd: a later edge means news
                 if events & _POLLIN:
                     try:
-                        msg = self._socket.recv_multipart(_NOBLOCK)
+                        msg = _recv_frames(self._socket)
                     except zmq.Again:
                         continue
+                    self._recv_missed = False
                     if self._pollout_waiters:
                         self._after_io()
                     return msg
@@ -213,8 +273,45 @@ class AsyncZmqSocket:
                     await self._wait(None)
                 finally:
                     self._recv_waiting = False
+                if self._interrupt:
+                    raise ReceiveInterrupted("receive interrupted")
         finally:
             self._hand_over()
+
+    def poll_readable(self, timeout: float) -> bool:
+        """Block the calling (owner) thread up to ``timeout`` seconds until a message can
+        be received: the wait of a synchronous engine loop, without an event loop. True
+        when one can (the next :meth:`recv_multipart_nowait` then takes it at once).
+
+        :raises ForeignThreadError: if called from a thread other than the owner.
+        :raises SocketClosed: if the socket is closed.
+        :raises anyio.BusyResourceError: if a task is suspended in :meth:`recv_multipart`.
+        """
+        if self._closed or self._socket.closed or threading.get_ident() != self._owner:
+            self._raise_unusable()
+        if self._receiving:
+            raise anyio.BusyResourceError("receiving from")
+        # zmq_poll itself: Socket.poll builds and registers a Poller on every call
+        ready = bool(zmq.zmq_poll([(self._socket, _POLLIN)], int(timeout * 1000)))
+        if ready:
+            self._recv_missed = False
+        return ready
+
+    def interrupt_receive(self) -> None:
+        """Wake the task suspended in :meth:`recv_multipart`, which then raises
+        :class:`ReceiveInterrupted` having received nothing (a message that is queued
+        stays queued). No effect when no receive is in progress.
+
+        Lets the owner of the receiving task hand it something other than a message
+        without wrapping every receive in a cancel scope of its own.
+
+        :raises ForeignThreadError: if called from a thread other than the owner.
+        """
+        if threading.get_ident() != self._owner:
+            self._raise_foreign()
+        if self._receiving and not self._closed:
+            self._interrupt = True
+            self._wake()
 
     # --------------------------------------------------------------------- send
 
@@ -230,7 +327,7 @@ class AsyncZmqSocket:
         if self._closed or threading.get_ident() != self._owner:
             self._raise_unusable()
         try:
-            self._socket.send_multipart(frames, _NOBLOCK)
+            _send_frames(self._socket, frames)
         finally:
             if self._recv_waiting or self._pollout_waiters:
                 self._after_io()
@@ -255,7 +352,7 @@ class AsyncZmqSocket:
             if self._closed:
                 self._raise_unusable()
         try:
-            self._socket.send_multipart(frames, _NOBLOCK)
+            _send_frames(self._socket, frames)
         except zmq.Again:
             pass
         else:
@@ -276,7 +373,7 @@ class AsyncZmqSocket:
                     self._wake()
                 if events & _POLLOUT:
                     try:
-                        self._socket.send_multipart(frames, _NOBLOCK)
+                        _send_frames(self._socket, frames)
                         return
                     except zmq.Again:
                         # Room for some peer but not this one (ROUTER_MANDATORY): no event

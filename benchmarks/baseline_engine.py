@@ -1,0 +1,98 @@
+"""The baselines' engine process: a plain pyzmq DEALER serving utility calls.
+
+``python -m ctlwire.benchmarks.baseline_engine --rank N --connect ADDR``
+
+What an engine written without ctlwire does for a utility call, in the style
+of vLLM's ``EngineCore``: receive a msgspec-msgpack frame ``[call_id, method,
+args]``, decode it, look the method up in a dict, call it, encode ``[call_id,
+ok, result]`` and send it back. No deadlines, no duplicate detection, no
+state machine, no heartbeats. The socket loop is the same shape as ctlwire's
+poll-mode engine (drain what is ready, then block in ``poll`` until input),
+so the two engines differ only in the work ctlwire adds per request.
+
+Prints ``READY <rank> 0`` once connected (the line :class:`EngineFleet`
+waits for) and exits cleanly on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+import zmq
+
+__all__ = ["HELLO_ID", "main"]
+
+HELLO_ID = 0
+"""The call id of the frame an engine sends when it starts (the client learns its route)."""
+
+
+def _methods() -> dict[str, Callable[..., Any]]:
+    def echo(value: Any = None) -> Any:
+        return value
+
+    def sleep(seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    return {"echo": echo, "sleep": sleep}
+
+
+def serve(address: str, rank: int, stop: Callable[[], bool]) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, b"rank-%d" % rank)
+    sock.setsockopt(zmq.LINGER, 200)
+    sock.setsockopt(zmq.SNDHWM, 10_000)
+    sock.setsockopt(zmq.RCVHWM, 10_000)
+    sock.connect(address)
+    encode = msgspec.msgpack.Encoder().encode
+    decode = msgspec.msgpack.Decoder().decode
+    methods = _methods()
+    sock.send(encode((HELLO_ID, True, rank)))
+    print(f"READY {rank} 0", flush=True)
+    try:
+        while not stop():
+            if not sock.poll(50, zmq.POLLIN):
+                continue
+            while True:
+                try:
+                    data = sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                call_id, method, args = decode(data)
+                try:
+                    result = methods[method](*args)
+                except Exception as exc:  # a failed call answers with the error's text
+                    reply = encode((call_id, False, f"{type(exc).__name__}: {exc}"))
+                else:
+                    reply = encode((call_id, True, result))
+                sock.send(reply)
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ctlwire.benchmarks.baseline_engine")
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--connect", required=True)
+    args = p.parse_args(argv)
+    stopped: list[int] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stopped.append(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    serve(args.connect, args.rank, lambda: bool(stopped))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""``ctlwire bench``: run the selected groups, turn their numbers into rows.
+
+Groups (``--only`` takes any of them; default: all, in this order):
+
+``latency``      sequential ``call`` p50/p99 to 1 engine vs raw pyzmq + dict of futures
+``floor``        the same p50 against libzmq's own sync ping-pong floor
+``throughput``   64 concurrent callers to 1 engine vs the same baseline
+``fanout``       queueing fan-out to 8 engines vs the asyncio.Lock + Event communicator
+``trio``         ctlwire on trio vs ctlwire on asyncio (the three scenarios above)
+``live``         cost of a call as live requests grow 10 -> 10,000 (vs itself at 10)
+``memory``       registry, tombstones and RSS after 100,000 calls with 10 % timeouts
+``state_table``  one request lifecycle: derived table vs a transitions model
+
+Every engine process is started by a :class:`FleetPool` and stopped in
+``finally``, whatever happens.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from . import scenarios, state_table
+from .fleets import FleetPool
+from .report import Report, Row, Target
+from .stats import median, percentile
+
+__all__ = ["GROUPS", "run_bench"]
+
+GROUPS = ("latency", "floor", "throughput", "fanout", "trio", "live", "memory", "state_table")
+FAN_ENGINES = 8
+_BASE1 = "raw pyzmq asyncio ROUTER + dict of futures (vLLM utility-call pattern)"
+_BASE_FAN = "asyncio.Lock + Event fan-out communicator (fixed SGLang design)"
+_MB = 1024 * 1024
+
+
+def _log(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def _lower(ctl: float, base: float) -> float:
+    return ctl / base if base else float("inf")
+
+
+def _single_engine_rows(r: scenarios.SingleEngineResult, groups: set[str]) -> list[Row]:
+    rows: list[Row] = []
+    ctl50, base50 = percentile(r.ctl_us, 50), percentile(r.base_us, 50)
+    if "latency" in groups:
+        ctl99, base99 = percentile(r.ctl_us, 99), percentile(r.base_us, 99)
+        detail = {"samples_each": len(r.ctl_us),
+                  "ctlwire_p90_us": percentile(r.ctl_us, 90),
+                  "baseline_p90_us": percentile(r.base_us, 90)}
+        rows.append(Row("latency", "sequential call p50, 1 engine", "µs", ctl50, base50, _BASE1,
+                        _lower(ctl50, base50), "ctlwire / baseline (lower is better)",
+                        Target("<=", 1.15, "<= 1.15x"), detail))
+        rows.append(Row("latency", "sequential call p99, 1 engine", "µs", ctl99, base99, _BASE1,
+                        _lower(ctl99, base99), "ctlwire / baseline (lower is better)",
+                        Target("info"), detail))
+    if "floor" in groups and r.floor_us:
+        floor50 = percentile(r.floor_us, 50)
+        base_x = _lower(base50, floor50)
+        rows.append(Row("floor", f"call p50 over libzmq floor (raw pyzmq stack: {base_x:.1f}x)",
+                        "µs", ctl50, floor50, "libzmq floor: sync pyzmq ROUTER/DEALER ping-pong "
+                        "between two processes", _lower(ctl50, floor50),
+                        "ctlwire p50 / floor p50", Target("info"),
+                        {"floor_p99_us": percentile(r.floor_us, 99),
+                         "baseline_p50_us": base50, "baseline_over_floor": base_x,
+                         "samples": len(r.floor_us)}))
+    if "throughput" in groups:
+        ctl, base = median(r.ctl_rate), median(r.base_rate)
+        rows.append(Row("throughput", f"{r.callers} concurrent callers, 1 engine", "calls/s",
+                        ctl, base, _BASE1, ctl / base, "ctlwire / baseline (higher is better)",
+                        Target(">=", 0.9, ">= 0.9x"),
+                        {"ctlwire_blocks": r.ctl_rate, "baseline_blocks": r.base_rate}))
+    return rows
+
+
+def _fan_out_rows(r: scenarios.FanOutResult) -> list[Row]:
+    ctl, base = median(r.ctl_rate), median(r.base_rate)
+    return [Row("fanout", f"queueing fan-out, {r.engines} engines, {r.callers} callers",
+                "fan-outs/s", ctl, base, _BASE_FAN, ctl / base,
+                "ctlwire / baseline (higher is better)", Target(">=", 1.0, ">= 1.0x"),
+                {"ctlwire_blocks": r.ctl_rate, "baseline_blocks": r.base_rate})]
+
+
+def _trio_rows(r: scenarios.BackendResult) -> list[Row]:
+    a50, t50 = percentile(r.seq_us["asyncio"], 50), percentile(r.seq_us["trio"], 50)
+    rows = [Row("trio", "sequential call p50, 1 engine", "µs", t50, a50, "ctlwire on asyncio",
+                a50 / t50, "asyncio p50 / trio p50 (trio's speed; higher is better)",
+                Target(">=", 0.9, ">= 0.9x"),
+                {"trio_p99_us": percentile(r.seq_us["trio"], 99),
+                 "asyncio_p99_us": percentile(r.seq_us["asyncio"], 99)})]
+    a, t = median(r.rate["asyncio"]), median(r.rate["trio"])
+    rows.append(Row("trio", "64 concurrent callers, 1 engine", "calls/s", t, a,
+                    "ctlwire on asyncio", t / a, "trio / asyncio (higher is better)",
+                    Target(">=", 0.9, ">= 0.9x"), {"blocks": r.rate}))
+    if r.fan_rate["trio"]:
+        a, t = median(r.fan_rate["asyncio"]), median(r.fan_rate["trio"])
+        rows.append(Row("trio", f"queueing fan-out, {FAN_ENGINES} engines, 8 callers",
+                        "fan-outs/s", t, a, "ctlwire on asyncio", t / a,
+                        "trio / asyncio (higher is better)", Target(">=", 0.9, ">= 0.9x"),
+                        {"blocks": r.fan_rate}))
+    return rows
+
+
+def _live_rows(r: scenarios.LiveResult) -> list[Row]:
+    base_level = r.levels[0]
+    base = r.p50_us[base_level]
+    return [Row("live", f"call p50 with {level:,} live requests", "µs", r.p50_us[level], base,
+                f"ctlwire with {base_level} live requests (measured before and after)",
+                r.p50_us[level] / base, f"p50 at N live / p50 at {base_level} live",
+                Target("<=", 1.2, "<= 1.2x (flat)"),
+                {"live_seen": r.live_seen.get(level), "p50_at_start_us": r.p50_first_base,
+                 "p50_at_end_us": r.p50_last_base, "leftover_live": r.leftover})
+            for level in r.levels[1:]]
+
+
+def _memory_rows(r: scenarios.MemoryResult) -> list[Row]:
+    detail = {"calls": r.calls, "warmup_calls": r.warmup, "ok": r.ok, "timeouts": r.timeouts,
+              "timeout_fraction": round(r.timeouts / max(1, r.calls), 4),
+              "other_errors": r.other_errors, "late_replies": r.late,
+              "duplicate_replies": r.duplicate, "seconds": round(r.seconds, 2),
+              "calls_per_s": round(r.calls / r.seconds) if r.seconds else None,
+              "registry": r.stats}
+    what = f"after {r.calls:,} calls, {r.timeouts / max(1, r.calls):.0%} timed out"
+    growth = (r.rss_after - r.rss_before) / _MB
+    return [
+        Row("memory", f"live registry entries {what}", "entries", r.live_after, None, "-",
+            r.live_after, "live entries", Target("<=", 0, "== 0"), detail, ratio_unit=""),
+        Row("memory", "tombstones vs their bound", "entries", r.tombstones, r.tombstone_bound,
+            "max_tombstones", r.tombstones / max(1, r.tombstone_bound), "tombstones / bound",
+            Target("<=", 1.0, "<= 1.0x")),
+        Row("memory", "RSS growth (after vs after warm-up)", "MB", r.rss_after / _MB,
+            r.rss_before / _MB, "RSS after the warm-up calls", growth, "RSS growth in MB",
+            Target("<=", 5.0, "<= 5 MB"), ratio_unit=" MB"),
+    ]
+
+
+def _state_table_rows(rows: Sequence[state_table.LifecycleRow]) -> list[Row]:
+    out = [Row("state_table", f"request lifecycle, {r.live:,} live requests", "µs", r.table_us,
+               r.transitions_us, "transitions: shared Machine, add_model + 4 triggers + "
+               "remove_model", r.table_us / r.transitions_us,
+               "derived table / transitions (lower is better)", Target("<=", 1.0, "<= 1.0x"))
+           for r in rows]
+    first, last = rows[0], rows[-1]
+    out.append(Row("state_table", f"table lifecycle at {last.live:,} vs {first.live} live",
+                   "µs", last.table_us, first.table_us, f"table at {first.live} live",
+                   last.table_us / first.table_us, f"cost at {last.live:,} / at {first.live}",
+                   Target("<=", 1.2, "<= 1.2x (flat)")))
+    return out
+
+
+def run_bench(*, quick: bool = False, only: Sequence[str] | None = None,
+              progress: Callable[[str], None] = _log) -> Report:
+    """Run the selected groups (all by default) and return their report."""
+    selected = set(only or GROUPS)
+    unknown = selected - set(GROUPS)
+    if unknown:
+        raise ValueError(f"unknown bench group(s) {sorted(unknown)}; choose from {GROUPS}")
+    report = Report(quick=quick)
+    report.groups = [g for g in GROUPS if g in selected]
+    p = scenarios.Params(quick)
+    started = time.perf_counter()
+
+    def step(name: str, fn: Callable[[], list[Row]]) -> None:
+        t0 = time.perf_counter()
+        progress(f"{name} ...")
+        rows = fn()
+        report.add(rows)
+        progress(f"{name}: {len(rows)} rows in {time.perf_counter() - t0:.1f} s")
+
+    with FleetPool() as pool:
+        one_engine = {"latency", "floor", "throughput", "trio", "memory"} & selected
+        if one_engine:
+            pool.ctlwire("ctl1", 1)
+        if {"latency", "floor", "throughput"} & selected:
+            pool.baseline("base1", 1)
+            if "floor" in selected:
+                pool.module("floor", "ctlwire.benchmarks.libzmq_floor",
+                            lambda r: ["--connect", pool.address("floor")])
+            pool.start("ctl1", "base1", *(["floor"] if "floor" in selected else []))
+
+            def single() -> list[Row]:
+                res = scenarios.single_engine(
+                    pool.address("ctl1"), pool.address("base1"),
+                    pool.address("floor") if "floor" in selected else None, p,
+                    latency=bool({"latency", "floor"} & selected),
+                    throughput="throughput" in selected)
+                return _single_engine_rows(res, selected)
+
+            step("latency/floor/throughput", single)
+            pool.stop("base1")
+            pool.stop("floor")
+        if {"fanout", "trio"} & selected:
+            pool.ctlwire("ctl8", FAN_ENGINES)
+        if "fanout" in selected:
+            pool.baseline("base8", FAN_ENGINES)
+            pool.start("ctl8", "base8")
+            step("fanout", lambda: _fan_out_rows(scenarios.fan_out(
+                pool.address("ctl8"), pool.address("base8"), FAN_ENGINES, p)))
+            pool.stop("base8")
+        if "trio" in selected:
+            pool.start("ctl1", "ctl8")
+            step("trio", lambda: _trio_rows(scenarios.trio_vs_asyncio(
+                pool.address("ctl1"), pool.address("ctl8"), FAN_ENGINES, p)))
+        pool.stop("ctl8")
+        if "live" in selected:
+            pool.ctlwire("live", 2, serve_ranks=(1,))
+            pool.start("live")
+            step("live", lambda: _live_rows(scenarios.live_requests(pool.address("live"), p)))
+            pool.stop("live")
+        if "memory" in selected:
+            pool.start("ctl1")
+            step("memory", lambda: _memory_rows(scenarios.memory(pool.address("ctl1"), p)))
+        pool.stop("ctl1")
+    if "state_table" in selected:
+        lives = (10, 1_000) if quick else (10, 10_000)
+        step("state_table", lambda: _state_table_rows(state_table.measure(quick, lives)))
+        if quick:
+            report.notes.append("--quick: state_table compares 10 vs 1,000 live requests "
+                                "(transitions' add_model is O(models); 10,000 takes long)")
+    report.elapsed_s = time.perf_counter() - started
+    return report

@@ -1,0 +1,478 @@
+"""The measured scenarios of ``ctlwire bench``; each returns raw numbers.
+
+Every comparison alternates the two sides block by block in the same event
+loop (A B B A A B ...: an ABBA order cancels a linear drift in machine load),
+so both see the same machine at nearly the same time; latencies are pooled
+per side, rates are the median of the blocks. Both sides send the same
+payload, encoded with msgspec msgpack, over ipc to engine processes that
+decode, dispatch and encode it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import anyio
+from anyio.abc import TaskGroup
+
+from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.errors import CtlwireError, RemoteError, RequestTimedOut
+from ctlwire.transports.zmq_client import ZmqRouterClientTransport
+
+from .baseline_lock_fanout import LockFanOutCommunicator
+from .baseline_pyzmq import PyzmqUtilityClient
+from .libzmq_floor import FloorPinger
+from .stats import median, percentile, rss_bytes
+
+__all__ = [
+    "PAYLOAD",
+    "BackendResult",
+    "FanOutResult",
+    "LiveResult",
+    "MemoryResult",
+    "Params",
+    "SingleEngineResult",
+    "fan_out",
+    "live_requests",
+    "memory",
+    "single_engine",
+    "trio_vs_asyncio",
+]
+
+PAYLOAD: dict[str, Any] = {"step": 123_456, "paused": False, "weights_version": 7,
+                           "note": "get_server_info"}
+"""What every call sends (and ``echo`` returns): a small control payload."""
+
+CallFn = Callable[[], Awaitable[Any]]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Params:
+    """Sizes of one bench run (``quick`` shrinks them)."""
+
+    quick: bool
+
+    @property
+    def rounds(self) -> int:
+        return 4 if self.quick else 10
+
+    @property
+    def seq_block(self) -> int:
+        return 150 if self.quick else 1_000
+
+    @property
+    def tput_rounds(self) -> int:
+        return 4 if self.quick else 8
+
+    @property
+    def tput_block(self) -> int:
+        return 1_280 if self.quick else 6_400
+
+    @property
+    def fan_rounds(self) -> int:
+        return 4 if self.quick else 8
+
+    @property
+    def fan_block(self) -> int:
+        return 64 if self.quick else 400
+
+    @property
+    def trio_rounds(self) -> int:
+        return 1 if self.quick else 3
+
+    @property
+    def floor_calls(self) -> int:
+        return 1_000 if self.quick else 5_000
+
+    @property
+    def live_levels(self) -> tuple[int, ...]:
+        return (10, 10_000) if self.quick else (10, 100, 1_000, 10_000)
+
+    @property
+    def live_calls(self) -> int:
+        return 200 if self.quick else 2_000
+
+    @property
+    def memory_calls(self) -> int:
+        return 10_000 if self.quick else 100_000
+
+    @property
+    def memory_warmup(self) -> int:
+        return 3_000 if self.quick else 12_000
+
+
+# -- measuring primitives -------------------------------------------------------------
+async def sequential(call: CallFn, n: int) -> list[float]:
+    """``n`` calls one after the other; each one's round trip in µs."""
+    clock = time.perf_counter_ns
+    samples: list[float] = []
+    append = samples.append
+    for _ in range(n):
+        t0 = clock()
+        await call()
+        append((clock() - t0) / 1000.0)
+    return samples
+
+
+async def concurrent_rate(call: CallFn, total: int, callers: int) -> float:
+    """``callers`` tasks sharing ``total`` calls; completed calls per second."""
+    per = max(1, total // callers)
+
+    async def worker() -> None:
+        for _ in range(per):
+            await call()
+
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(callers):
+            tg.start_soon(worker)
+    return per * callers / (time.perf_counter() - t0)
+
+
+async def alternate(sides: dict[str, Callable[[], Awaitable[T]]], rounds: int
+                    ) -> dict[str, list[T]]:
+    """Run each side's block ``rounds`` times, in ABBA order."""
+    names = list(sides)
+    out: dict[str, list[T]] = {n: [] for n in names}
+    for i in range(rounds):
+        for name in (names if i % 2 == 0 else names[::-1]):
+            out[name].append(await sides[name]())
+    return out
+
+
+def _ctl_client(address: str, ranks: int, **kwargs: Any) -> ControlClient:
+    return ControlClient(ZmqRouterClientTransport(address), ranks=ranks, default_timeout=30.0,
+                         **kwargs)
+
+
+def _check(value: Any, expected: Any, what: str) -> None:
+    if value != expected:
+        raise AssertionError(f"{what}: unexpected answer {value!r}")
+
+
+# -- single engine: sequential latency, throughput, libzmq floor ----------------------
+@dataclass
+class SingleEngineResult:
+    ctl_us: list[float] = field(default_factory=list)
+    base_us: list[float] = field(default_factory=list)
+    floor_us: list[float] = field(default_factory=list)
+    ctl_rate: list[float] = field(default_factory=list)
+    base_rate: list[float] = field(default_factory=list)
+    callers: int = 64
+
+
+def single_engine(ctl_address: str, base_address: str, floor_address: str | None,
+                  p: Params, *, latency: bool, throughput: bool) -> SingleEngineResult:
+    """ctlwire vs the raw pyzmq baseline against one engine process each."""
+    result = SingleEngineResult()
+
+    async def run(floor: FloorPinger | None) -> None:
+        async with (_ctl_client(ctl_address, 1) as ctl,
+                    PyzmqUtilityClient(base_address) as base):
+            await ctl.wait_ready(timeout=20)
+            await base.wait_ready([0], timeout=20)
+
+            async def ctl_call() -> Any:
+                return await ctl.call("echo", PAYLOAD, rank=0)
+
+            async def base_call() -> Any:
+                return await base.call(0, "echo", PAYLOAD)
+
+            _check(await ctl_call(), PAYLOAD, "ctlwire echo")
+            _check(await base_call(), PAYLOAD, "baseline echo")
+            await sequential(ctl_call, 300)
+            await sequential(base_call, 300)
+            if latency:
+                n = p.seq_block
+
+                async def ctl_block() -> list[float]:
+                    return await sequential(ctl_call, n)
+
+                async def base_block() -> list[float]:
+                    return await sequential(base_call, n)
+
+                sides: dict[str, Callable[[], Awaitable[list[float]]]] = {
+                    "base": base_block, "ctl": ctl_block}
+                if floor is not None:
+                    pinger = floor
+                    floor_n = max(50, p.floor_calls // p.rounds)
+                    pinger.block(200)
+
+                    async def floor_block() -> list[float]:
+                        # synchronous on purpose: the floor has no event loop under it
+                        return pinger.block(floor_n)
+
+                    sides["floor"] = floor_block
+                blocks = await alternate(sides, p.rounds)
+                result.ctl_us = [x for b in blocks["ctl"] for x in b]
+                result.base_us = [x for b in blocks["base"] for x in b]
+                result.floor_us = [x for b in blocks.get("floor", []) for x in b]
+            if throughput:
+                total, callers = p.tput_block, result.callers
+                await concurrent_rate(ctl_call, total // 4, callers)
+                await concurrent_rate(base_call, total // 4, callers)
+                rates = await alternate({
+                    "base": lambda: concurrent_rate(base_call, total, callers),
+                    "ctl": lambda: concurrent_rate(ctl_call, total, callers),
+                }, p.tput_rounds)
+                result.ctl_rate, result.base_rate = rates["ctl"], rates["base"]
+            assert ctl.registry.live_count == 0
+
+    floor = FloorPinger(floor_address) if floor_address is not None and latency else None
+    try:
+        anyio.run(run, floor, backend="asyncio")
+    finally:
+        if floor is not None:
+            floor.close()
+    return result
+
+
+# -- fan-out to 8 engines ---------------------------------------------------------------
+@dataclass
+class FanOutResult:
+    ctl_rate: list[float] = field(default_factory=list)
+    base_rate: list[float] = field(default_factory=list)
+    engines: int = 8
+    callers: int = 8
+
+
+def fan_out(ctl_address: str, base_address: str, engines: int, p: Params) -> FanOutResult:
+    """Queueing fan-outs by ``callers`` concurrent tasks: ctlwire's FIFO mailbox
+    vs the asyncio.Lock + Event communicator, each to its own ``engines`` processes."""
+    result = FanOutResult(engines=engines)
+
+    async def run() -> None:
+        async with (_ctl_client(ctl_address, engines) as ctl,
+                    PyzmqUtilityClient(base_address) as base):
+            await ctl.wait_ready(timeout=20)
+            await base.wait_ready(range(engines), timeout=20)
+            comm = LockFanOutCommunicator(base, "echo", range(engines))
+            expected = {r: PAYLOAD for r in range(engines)}
+
+            async def ctl_call() -> Any:
+                return await ctl.fan_out("echo", PAYLOAD, mode="queueing")
+
+            async def base_call() -> Any:
+                return await comm(PAYLOAD)
+
+            _check((await ctl_call()).results, expected, "ctlwire fan-out")
+            _check(await base_call(), expected, "baseline fan-out")
+            total, callers = p.fan_block, result.callers
+            await concurrent_rate(ctl_call, total // 2, callers)
+            await concurrent_rate(base_call, total // 2, callers)
+            rates = await alternate({
+                "base": lambda: concurrent_rate(base_call, total, callers),
+                "ctl": lambda: concurrent_rate(ctl_call, total, callers),
+            }, p.fan_rounds)
+            result.ctl_rate, result.base_rate = rates["ctl"], rates["base"]
+            assert ctl.registry.live_count == 0
+
+    anyio.run(run, backend="asyncio")
+    return result
+
+
+# -- trio vs asyncio ------------------------------------------------------------------------
+@dataclass
+class BackendResult:
+    seq_us: dict[str, list[float]] = field(default_factory=lambda: {"asyncio": [], "trio": []})
+    rate: dict[str, list[float]] = field(default_factory=lambda: {"asyncio": [], "trio": []})
+    fan_rate: dict[str, list[float]] = field(
+        default_factory=lambda: {"asyncio": [], "trio": []})
+
+
+def trio_vs_asyncio(one_address: str, fan_address: str | None, fan_engines: int,
+                    p: Params) -> BackendResult:
+    """The same ctlwire scenarios on both anyio backends, one ``anyio.run`` per round
+    (ABBA order); each round binds fresh clients, the engines reconnect."""
+    result = BackendResult()
+    seq_n, tput_n, fan_n = p.seq_block * 2, p.tput_block, p.fan_block
+
+    async def round_(backend: str) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            one = await stack.enter_async_context(_ctl_client(one_address, 1))
+            fan = (await stack.enter_async_context(_ctl_client(fan_address, fan_engines))
+                   if fan_address is not None else None)
+            await one.wait_ready(timeout=20)
+            if fan is not None:
+                await fan.wait_ready(timeout=20)
+
+            async def call() -> Any:
+                return await one.call("echo", PAYLOAD, rank=0)
+
+            _check(await call(), PAYLOAD, f"ctlwire echo on {backend}")
+            await sequential(call, 200)
+            result.seq_us[backend] += await sequential(call, seq_n)
+            result.rate[backend].append(await concurrent_rate(call, tput_n, 64))
+            if fan is not None:
+                fan_client = fan
+
+                async def fan_call() -> Any:
+                    return await fan_client.fan_out("echo", PAYLOAD, mode="queueing")
+
+                await concurrent_rate(fan_call, fan_n // 4, 8)
+                result.fan_rate[backend].append(await concurrent_rate(fan_call, fan_n, 8))
+
+    backends = ["asyncio", "trio"]
+    for i in range(p.trio_rounds * 2):
+        backend = backends[(i + i // 2) % 2]  # asyncio, trio, trio, asyncio, ...
+        anyio.run(round_, backend, backend=backend)
+    return result
+
+
+# -- cost per request as live requests grow -------------------------------------------------
+@dataclass
+class LiveResult:
+    levels: list[int] = field(default_factory=list)
+    p50_us: dict[int, float] = field(default_factory=dict)
+    p50_first_base: float = 0.0
+    p50_last_base: float = 0.0
+    live_seen: dict[int, int] = field(default_factory=dict)
+    leftover: int = -1
+
+
+def live_requests(address: str, p: Params) -> LiveResult:
+    """Keep N calls pending at rank 1 (an engine stuck in ``hang``, heartbeating from
+    its own task) and time sequential ``echo`` calls to rank 0 at each N; measure the
+    smallest N again at the end (A ... B ... A) so drift shows."""
+    result = LiveResult(levels=list(p.live_levels))
+    levels = p.live_levels
+    n = p.live_calls
+
+    async def run() -> None:
+        async with _ctl_client(address, 2) as ctl:
+            await ctl.wait_ready(timeout=20)
+            registry = ctl.registry
+
+            async def call() -> Any:
+                return await ctl.call("echo", PAYLOAD, rank=0)
+
+            async def pending() -> None:
+                with contextlib.suppress(CtlwireError):
+                    await ctl.call("hang", rank=1, timeout=600.0)
+
+            async def grow(tg: TaskGroup, to: int) -> None:
+                for _ in range(to - registry.live_count):
+                    tg.start_soon(pending)
+                with anyio.fail_after(60):
+                    while registry.live_count < to:
+                        await anyio.sleep(0.01)
+                await anyio.sleep(0.05)
+
+            _check(await call(), PAYLOAD, "ctlwire echo")
+            await sequential(call, 200)
+            async with anyio.create_task_group() as base_tg:
+                await grow(base_tg, levels[0])
+                result.live_seen[levels[0]] = registry.live_count
+                result.p50_first_base = percentile(await sequential(call, n), 50)
+                async with anyio.create_task_group() as extra_tg:
+                    for level in levels[1:]:
+                        await grow(extra_tg, level)
+                        result.live_seen[level] = registry.live_count
+                        result.p50_us[level] = percentile(await sequential(call, n), 50)
+                    extra_tg.cancel_scope.cancel()
+                with anyio.fail_after(30):
+                    while registry.live_count > levels[0]:
+                        await anyio.sleep(0.01)
+                await sequential(call, 100)
+                result.p50_last_base = percentile(await sequential(call, n), 50)
+                base_tg.cancel_scope.cancel()
+            result.leftover = registry.live_count
+            result.p50_us[levels[0]] = median([result.p50_first_base, result.p50_last_base])
+
+    anyio.run(run, backend="asyncio")
+    return result
+
+
+# -- memory after many calls with 10 % timeouts ------------------------------------------------
+@dataclass
+class MemoryResult:
+    calls: int = 0
+    warmup: int = 0
+    timeouts: int = 0
+    ok: int = 0
+    other_errors: int = 0
+    live_after: int = -1
+    tombstones: int = 0
+    tombstone_bound: int = 0
+    late: int = 0
+    duplicate: int = 0
+    rss_before: int = 0
+    rss_after: int = 0
+    seconds: float = 0.0
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def memory(address: str, p: Params, *, slow_every: int = 10, slow_seconds: float = 0.002,
+           slow_timeout: float = 0.001, callers: int = 64) -> MemoryResult:
+    """``calls`` calls by ``callers`` tasks; every ``slow_every``-th one asks the engine
+    to ``sleep`` longer than its own timeout (the reply, if any, arrives late). RSS is
+    taken after a warm-up of the same mix (which fills the tombstone set to its bound)
+    and after the measured calls, each time after a full garbage collection."""
+    result = MemoryResult(calls=p.memory_calls, warmup=p.memory_warmup)
+
+    async def run() -> None:
+        async with _ctl_client(address, 1) as ctl:
+            await ctl.wait_ready(timeout=20)
+            registry = ctl.registry
+            result.tombstone_bound = registry.max_tombstones
+
+            async def mix(total: int) -> tuple[int, int, int]:
+                counts = [0, 0, 0]  # ok, timeouts, other errors
+                per = total // callers
+
+                async def worker(w: int) -> None:
+                    for i in range(per):
+                        try:
+                            if (w * per + i) % slow_every == 0:
+                                await ctl.call("sleep", slow_seconds, rank=0,
+                                               timeout=slow_timeout)
+                            else:
+                                await ctl.call("echo", PAYLOAD, rank=0, timeout=10.0)
+                            counts[0] += 1
+                        except RequestTimedOut:
+                            counts[1] += 1
+                        except RemoteError as exc:  # expired at the engine: also a timeout
+                            counts[1 if exc.type_name == "DeadlineExpired" else 2] += 1
+
+                async with anyio.create_task_group() as tg:
+                    for w in range(callers):
+                        tg.start_soon(worker, w)
+                return counts[0], counts[1], counts[2]
+
+            async def settle() -> None:
+                # let the late replies of the timed-out calls arrive
+                last, quiet = -1, 0
+                with anyio.move_on_after(5):
+                    while quiet < 3:
+                        await anyio.sleep(0.05)
+                        now = registry.stats.late
+                        quiet = quiet + 1 if now == last else 0
+                        last = now
+
+            await mix(result.warmup)
+            await settle()
+            gc.collect()
+            result.rss_before = rss_bytes()
+            t0 = time.perf_counter()
+            result.ok, result.timeouts, result.other_errors = await mix(result.calls)
+            result.seconds = time.perf_counter() - t0
+            late0 = registry.stats.late
+            await settle()
+            gc.collect()
+            result.rss_after = rss_bytes()
+            result.live_after = registry.live_count
+            result.tombstones = registry.tombstone_count
+            result.late = registry.stats.late - late0
+            result.duplicate = registry.stats.duplicate
+            snap = registry.stats.snapshot()
+            result.stats = {"registered": snap["registered"], "cleaned": snap["cleaned"],
+                            "outcomes": snap["outcomes"]}
+
+    anyio.run(run, backend="asyncio")
+    return result
