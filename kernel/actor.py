@@ -25,6 +25,7 @@ from typing import Generic, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
 from ctlwire.kernel.errors import ActorStopped, AskTimeout, CtlwireError
 
 __all__ = ["Actor", "MailboxFull"]

@@ -38,13 +38,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
 import anyio
 import msgspec
+import sniffio
 from anyio.abc import TaskGroup
+
 from ctlwire.kernel.admission_queue import AdmissionQueue
 from ctlwire.kernel.call_core import CallCore
 from ctlwire.kernel.errors import (
@@ -66,9 +68,9 @@ from ctlwire.kernel.request_registry import (
     TransitionObserver,
 )
 from ctlwire.kernel.tracing import TraceProvider
-from ctlwire.states import RequestState
+from ctlwire.states import PeerState, RequestState
 from ctlwire.transports.codec import PayloadTypeError
-from ctlwire.transports.envelope import NO_DEADLINE, Heartbeat, Reply, Request
+from ctlwire.transports.envelope import NO_DEADLINE, ErrorInfo, Heartbeat, Reply, Request
 from ctlwire.transports.errors import (
     TransportClosed,
     TransportError,
@@ -81,6 +83,24 @@ __all__ = ["ControlClient", "ResultTypeError"]
 
 log = logging.getLogger("ctlwire.client")
 _S = RequestState
+_LIVE = (PeerState.CONNECTED, PeerState.SUSPECT)
+# a failed reply that carries no ErrorInfo (a buggy or hostile peer): still a typed error
+_NO_ERROR_INFO = ErrorInfo("UnknownRemoteError", "the engine replied ok=false without an error")
+
+
+def _event_loop_clock() -> Callable[[], float]:
+    """The running event loop's clock: what ``anyio.current_time()`` reads, without
+    anyio's per-call backend lookup (a call reads the clock several times)."""
+    library = sniffio.current_async_library()
+    if library == "asyncio":
+        import asyncio
+
+        return asyncio.get_running_loop().time
+    if library == "trio":
+        import trio
+
+        return trio.current_time
+    return anyio.current_time  # pragma: no cover - another anyio backend
 
 
 class ResultTypeError(CtlwireError):
@@ -133,6 +153,7 @@ class ControlClient:
         self._tg: TaskGroup | None = None
         self._closed = False
         self._peer_changed = anyio.Event()
+        self._now: Callable[[], float] = anyio.current_time  # the loop's own clock once entered
         self.counters: dict[str, int] = {
             "dropped_malformed": 0,
             "dropped_oversized": 0,
@@ -150,6 +171,7 @@ class ControlClient:
         if self._tg is not None or self._closed:
             raise RuntimeError("a ControlClient can be entered once")
         await self.transport.__aenter__()
+        self._now = _event_loop_clock()
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -293,7 +315,7 @@ class ControlClient:
         if self._closed:
             raise ClientClosed("client is closed")
         if deadline is None:
-            deadline = anyio.current_time() + budget
+            deadline = self._now() + budget
         return CallCore(self.registry, method, ranks, policy, deadline=deadline, timeout=budget,
                         queue=queue, is_lost=self.peers.is_lost)
 
@@ -310,7 +332,7 @@ class ControlClient:
         """
         entry = core.entry
         assert entry is not None
-        remaining = (entry.deadline or 0.0) - anyio.current_time()
+        remaining = (entry.deadline or 0.0) - self._now()
         wall_deadline = time.time() + remaining if entry.timeout else NO_DEADLINE
         incarnation = self.registry.incarnation
         transport = self.transport
@@ -363,9 +385,9 @@ class ControlClient:
         if core.begin_wait():
             waiter = entry.waiter
             assert waiter is not None
-            with anyio.move_on_after(deadline - anyio.current_time()):
+            with anyio.CancelScope(deadline=deadline):
                 await waiter.wait()  # type: ignore[attr-defined]
-            if entry.is_open and anyio.current_time() >= (entry.deadline or 0.0):
+            if entry.is_open and self._now() >= (entry.deadline or 0.0):
                 core.deadline_passed()
 
     def _wake(self, entry: PendingRequest) -> None:
@@ -386,8 +408,7 @@ class ControlClient:
                 except PayloadTypeError as exc:
                     raise ResultTypeError(f"{entry.method!r} result from rank {rank}: {exc}"
                                           ) from None
-            assert reply.error is not None
-            raise remote_error(reply.error, rank=rank, method=entry.method)
+            raise remote_error(reply.error or _NO_ERROR_INFO, rank=rank, method=entry.method)
         if state is _S.FAILED:
             error = entry.errors.get(rank)
             raise error if error is not None else EngineDead(rank, "failed")
@@ -406,8 +427,8 @@ class ControlClient:
                     result.errors[rank] = ResultTypeError(
                         f"{entry.method!r} result from rank {rank}: {exc}")
             else:
-                assert reply.error is not None
-                result.errors[rank] = remote_error(reply.error, rank=rank, method=entry.method)
+                result.errors[rank] = remote_error(reply.error or _NO_ERROR_INFO, rank=rank,
+                                                   method=entry.method)
         for rank, error in entry.errors.items():
             result.errors.setdefault(rank, error)
         result.pending = tuple(r for r in entry.ranks
@@ -442,6 +463,8 @@ class ControlClient:
             try:
                 event = await transport.receive()
             except TransportClosed:
+                # the transport closed under us: pending calls fail now, typed
+                await self.aclose()
                 return
             try:
                 self._on_event(event)
@@ -477,13 +500,12 @@ class ControlClient:
             self._wake(entry)
 
     def _peer_seen(self, rank: int, incarnation: int, *, authoritative: bool) -> None:
-        was_live = rank in self.peers.live_ranks()
-        restarted = self.peers.seen(rank, incarnation, anyio.current_time(),
-                                    authoritative=authoritative)
+        was_live = self.peers.state(rank) in _LIVE
+        restarted = self.peers.seen(rank, incarnation, self._now(), authoritative=authoritative)
         for r in restarted:
             self.counters["engine_restarted"] += 1
             self._fail_rank(r, "engine restarted (new incarnation)")
-        if not was_live and rank in self.peers.live_ranks():
+        if not was_live and self.peers.state(rank) in _LIVE:
             self._notify_peer_change()
 
     def _notify_peer_change(self) -> None:

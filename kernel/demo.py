@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import anyio
+
 from ctlwire.kernel.control_client import ControlClient
 from ctlwire.kernel.demo_engine import Pause, UpdateWeights
 from ctlwire.kernel.engine_fleet import EngineFleet

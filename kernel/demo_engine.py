@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 
 __all__ = ["Pause", "SimulatedEngine", "UpdateWeights", "WeightsUpdateRejected", "register"]

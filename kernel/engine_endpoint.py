@@ -49,6 +49,7 @@ from typing import Any, get_type_hints
 
 import anyio
 import anyio.abc
+
 from ctlwire.kernel.actor import Actor
 from ctlwire.kernel.errors import error_info
 from ctlwire.kernel.tracing import current_trace
@@ -56,6 +57,7 @@ from ctlwire.states import INBOUND_REQUEST_TABLE, InboundEvent, InboundState
 from ctlwire.transports.codec import PayloadTypeError
 from ctlwire.transports.envelope import ErrorInfo, Heartbeat, Reply, Request
 from ctlwire.transports.errors import (
+    OversizedFrame,
     TransportClosed,
     TransportError,
     Unroutable,
@@ -67,6 +69,15 @@ __all__ = ["EngineEndpoint", "ErrorCode", "MethodSpec"]
 
 log = logging.getLogger("ctlwire.engine")
 _NONE = object()
+
+
+def new_incarnation() -> int:
+    """An engine incarnation: milliseconds since the epoch, then 12 random bits.
+
+    Later processes get larger numbers (clocks permitting), so a client can tell
+    a heartbeat of an older, replaced process from one of a newer process.
+    """
+    return (time.time_ns() // 1_000_000) << 12 | secrets.randbits(12)
 
 
 class ErrorCode:
@@ -95,6 +106,13 @@ class MethodSpec:
     payload_optional: bool = False
 
 
+# INBOUND_REQUEST_TABLE's (state, event) -> state as nested dicts, read directly on the
+# per-request hot path (apply() is the same lookup behind a method call)
+_INBOUND_NEXT: dict[InboundState, dict[InboundEvent, InboundState]] = {}
+for (_state, _event), _next in INBOUND_REQUEST_TABLE:
+    _INBOUND_NEXT.setdefault(_state, {})[_event] = _next
+
+
 class _Inbound:
     """One received request moving through the InboundRequest table."""
 
@@ -106,7 +124,11 @@ class _Inbound:
         self.state = InboundState.RECEIVED
 
     def go(self, event: InboundEvent) -> None:
-        self.state = INBOUND_REQUEST_TABLE.apply(self.state, event, self.request.id)
+        try:
+            self.state = _INBOUND_NEXT[self.state][event]
+        except KeyError:
+            INBOUND_REQUEST_TABLE.apply(self.state, event, self.request.id)  # IllegalTransition
+            raise
 
 
 class _Dispatcher(Actor[_Inbound, None]):
@@ -137,7 +159,7 @@ class EngineEndpoint:
         self.transport = transport
         self.codec = transport.codec
         self.rank = transport.rank if rank is None else rank
-        self.incarnation = incarnation or (secrets.randbits(30) | (1 << 30))
+        self.incarnation = incarnation or new_incarnation()
         self.heartbeat_interval = heartbeat_interval
         self.mailbox_size = mailbox_size
         self.clock = clock
@@ -163,6 +185,7 @@ class EngineEndpoint:
             "dropped_wrong_type": 0,
             "error_replies_for_bad_frames": 0,
             "reply_send_failures": 0,
+            "replies_too_large": 0,
             "heartbeats_sent": 0,
             "heartbeats_received": 0,
             "internal_errors": 0,
@@ -220,6 +243,24 @@ class EngineEndpoint:
     def _error_reply(self, request_id: int, type_name: str, message: str, code: int) -> Reply:
         return Reply(request_id, self.rank, self.incarnation, False, self.codec.encode_value(None),
                      ErrorInfo(type_name, message, code))
+
+    def _fit(self, reply: Reply) -> Reply:
+        """A reply the codec would refuse as oversized (a huge result, or an error
+        message quoting a huge method name) becomes a small ReplyTooLarge error:
+        the caller gets an answer, not a timeout. Encodes only when a cheap size
+        bound says the reply might not fit."""
+        err = reply.error
+        bound = (len(reply.result) + 256 + reply.id.bit_length() // 3
+                 + (6 * (len(err.type) + len(err.message)) if err is not None else 0))
+        if bound <= self.codec.max_message_size:
+            return reply
+        try:
+            self.codec.encode(reply)
+        except OversizedFrame as exc:
+            self.counters["replies_too_large"] += 1
+            return self._error_reply(reply.id, "ReplyTooLarge", str(exc),
+                                     ErrorCode.OVERSIZED_FRAME)
+        return reply
 
     def _finish(self, item: _Inbound, event: InboundEvent, reply: Reply) -> Reply:
         item.go(event)
@@ -394,6 +435,7 @@ class EngineEndpoint:
         return 1
 
     def _send_sync(self, route: Route, reply: Reply) -> None:
+        reply = self._fit(reply)
         if self._outbox:
             self._outbox.append((route, reply))
             self._flush_outbox()
@@ -505,6 +547,7 @@ class EngineEndpoint:
         await self._send_async(item.route, reply)
 
     async def _send_async(self, route: Route, reply: Reply) -> None:
+        reply = self._fit(reply)
         try:
             try:
                 self.transport.send_nowait(route, reply)

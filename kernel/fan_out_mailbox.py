@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
+
 from ctlwire.kernel.admission_queue import AdmissionQueue
 from ctlwire.kernel.errors import RequestTimedOut
 from ctlwire.kernel.fan_out_policy import Policy

@@ -142,6 +142,7 @@ from types import BuiltinFunctionType, FunctionType, MethodType
 from typing import Any
 
 import msgspec
+
 from ctlwire.kernel.admission_queue import AdmissionQueue
 from ctlwire.kernel.call_core import CallCore
 from ctlwire.kernel.errors import EngineDead

@@ -86,8 +86,12 @@ class PeerTable:
         incarnation); replies only refresh liveness."""
         p = self.peer(rank)
         lost: list[int] = []
-        if authoritative and incarnation and p.incarnation and incarnation < p.incarnation:
-            return lost  # a late heartbeat of a process this rank has already replaced
+        if (authoritative and incarnation and p.incarnation and incarnation < p.incarnation
+                and p.state in _LIVE):
+            # a late heartbeat of a process this rank has already replaced; once the
+            # rank is Lost, any incarnation may rejoin (a restart on a host whose
+            # clock is behind, or after a garbled incarnation)
+            return lost
         if p.state is PeerState.LOST:
             if not authoritative and p.incarnation and incarnation != p.incarnation:
                 return lost

@@ -27,6 +27,7 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
+
 from ctlwire.kernel.control_client import ControlClient
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.request_registry import PendingRequest

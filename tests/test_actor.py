@@ -6,6 +6,7 @@ from typing import Any
 
 import anyio
 import pytest
+
 from ctlwire.kernel.actor import Actor, MailboxFull
 from ctlwire.kernel.errors import ActorStopped, AskTimeout
 from ctlwire.kernel.testing import virtual_backend

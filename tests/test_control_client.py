@@ -7,6 +7,7 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
+
 from ctlwire.kernel.control_client import ControlClient, ResultTypeError
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.errors import (
@@ -485,3 +486,28 @@ async def test_ranks_outside_the_client_are_a_usage_error() -> None:
         with pytest.raises(ValueError):
             await h.client.fan_out("resume", ranks=[])
         assert (await h.client.fan_out("resume", ranks=[1])).results == {1: True}
+
+
+async def test_transport_closed_underneath_fails_pending_calls_at_once() -> None:
+    gate = Gate()
+
+    def setup(ep: EngineEndpoint) -> None:
+        gate.install(ep)
+
+    async with EngineHarness(ranks=1, setup=setup) as h:
+        c = h.client
+        outcome: list[BaseException] = []
+
+        async def caller() -> None:
+            try:
+                await c.call("slow", timeout=600.0)
+            except ClientClosed as exc:
+                outcome.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(caller)
+            await anyio.wait_all_tasks_blocked()
+            start = anyio.current_time()
+            h.network._client._close_streams()  # type: ignore[union-attr]
+        assert anyio.current_time() - start < 0.1
+        assert len(outcome) == 1 and c.closed

@@ -11,12 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from ctlwire.kernel.admission_queue import AdmissionQueue, Ticket
-from ctlwire.kernel.errors import EngineDead
-from ctlwire.kernel.fan_out_policy import Policy
-from ctlwire.kernel.request_registry import PendingRequest, ReplyDisposition, RequestRegistry
-from ctlwire.states import RequestEvent, RequestState, TicketEvent, TicketState
-from ctlwire.transports.envelope import ErrorInfo, Reply
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -27,6 +21,13 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+
+from ctlwire.kernel.admission_queue import AdmissionQueue, Ticket
+from ctlwire.kernel.errors import EngineDead
+from ctlwire.kernel.fan_out_policy import Policy
+from ctlwire.kernel.request_registry import PendingRequest, ReplyDisposition, RequestRegistry
+from ctlwire.states import RequestEvent, RequestState, TicketEvent, TicketState
+from ctlwire.transports.envelope import ErrorInfo, Reply
 
 RANKS = (0, 1, 2)
 NIL = msgspec.Raw(b"\xc0")

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from ctlwire.kernel import demo
 from ctlwire.kernel.cli import main
 

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from ctlwire.kernel.cli import main
 from ctlwire.kernel.diagram_files import write_diagrams
 from ctlwire.states import CONTROL_REQUEST, MACHINES, RequestState

@@ -8,6 +8,7 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
+
 from ctlwire.kernel.engine_endpoint import EngineEndpoint, ErrorCode
 from ctlwire.kernel.errors import RemoteError
 from ctlwire.kernel.testing import EngineHarness, virtual_backend

@@ -6,6 +6,7 @@ from typing import Any
 
 import anyio
 import pytest
+
 from ctlwire.kernel.admission_queue import AdmissionQueue, Ticket
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.errors import FanOutFailed, RequestTimedOut

@@ -10,6 +10,7 @@ from typing import Any, Literal
 import anyio
 import msgspec
 import pytest
+
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.errors import ClientClosed, CtlwireError, EngineDead, RequestTimedOut
 from ctlwire.kernel.testing import EngineHarness, virtual_backend

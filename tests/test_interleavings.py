@@ -22,6 +22,7 @@ from broken_cores import (
     RegisterAfterSendCore,
     WakeupWindowQueue,
 )
+
 from ctlwire.kernel import interleaving as il
 from ctlwire.kernel.interleaving import (
     CHECKS,

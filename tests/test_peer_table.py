@@ -59,3 +59,11 @@ def test_late_heartbeat_of_a_replaced_process_is_ignored() -> None:
     assert t.seen(0, 100, now=0.2) == []   # a heartbeat of the old process, late
     assert t.peers[0].incarnation == 200 and t.peers[0].lost_count == 1
     assert t.is_stale(0, 100)
+
+
+def test_lost_rank_rejoins_even_with_an_older_incarnation() -> None:
+    t = PeerTable([0], interval=0.25)
+    t.seen(0, 500, now=0.0)
+    t.disconnected(0, now=0.1)
+    assert t.seen(0, 300, now=0.2) == []  # restarted on a host whose clock is behind
+    assert t.state(0) is PeerState.CONNECTED and t.peers[0].incarnation == 300

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from ctlwire.benchmarks.reliability import (
     ReliabilityReport,
     ScenarioRow,

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from transitions import MachineError
+
 from ctlwire.states import (
     CONTROL_REQUEST_TABLE,
     MACHINES,
@@ -21,7 +23,6 @@ from ctlwire.states import (
     StateTable,
     build_machine,
 )
-from transitions import MachineError
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIRS = [

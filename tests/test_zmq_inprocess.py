@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 import pytest
 import zmq
+
 from ctlwire.kernel.control_client import ControlClient
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.errors import EngineDead

@@ -12,6 +12,7 @@ import anyio
 import msgspec
 import pytest
 import zmq
+
 from ctlwire.kernel.control_client import ControlClient
 from ctlwire.kernel.engine_fleet import EngineFleet
 from ctlwire.kernel.errors import EngineDead, RemoteError, RequestTimedOut

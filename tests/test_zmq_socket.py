@@ -13,6 +13,7 @@ import anyio
 import pytest
 import zmq
 import zmq.asyncio
+
 from ctlwire.transports.errors import SocketClosed, TransportError
 from ctlwire.transports.zmq_socket import AsyncZmqSocket, ForeignThreadError
 

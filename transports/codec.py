@@ -19,6 +19,7 @@ import pickle
 from typing import Any, ClassVar, TypeVar
 
 import msgspec
+
 from ctlwire.transports.envelope import Envelope, Heartbeat, Reply, Request
 from ctlwire.transports.errors import MalformedFrame, OversizedFrame, PickleRefused
 
@@ -100,7 +101,8 @@ class Codec:
         """A payload or result value, encoded for an envelope's Raw field."""
         try:
             return msgspec.Raw(self._encode(value))
-        except (TypeError, ValueError, OverflowError) as exc:
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            # RecursionError: nested deeper than msgspec's limit (which depends on the stack)
             raise PayloadTypeError(f"cannot encode {type(value).__name__}: {exc}") from None
 
     def decode_value(self, raw: msgspec.Raw, tp: Any = Any) -> Any:
@@ -110,56 +112,49 @@ class Codec:
             return self._decode_raw(data, tp)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise PayloadTypeError(str(exc)) from None
+        except RecursionError as exc:  # a value that fit in its envelope can still be too deep
+            raise PayloadTypeError(f"value nested too deeply: {exc}") from None
 
 
-class MsgpackCodec(Codec):
+class _MsgspecCodec(Codec):
+    """A codec over one msgspec protocol module (``msgspec.msgpack`` or ``msgspec.json``):
+    one encoder, a typed envelope decoder, and one cached decoder per value type."""
+
+    _protocol: ClassVar[Any]
+
+    def __init__(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
+        super().__init__(max_message_size)
+        self._encoder = self._protocol.Encoder()
+        self._envelope_decoder = self._protocol.Decoder(Request | Reply | Heartbeat)
+        self._decoders: dict[Any, Any] = {}
+
+    def _encode(self, obj: Any) -> bytes:
+        data: bytes = self._encoder.encode(obj)
+        return data
+
+    def _decode_envelope(self, data: bytes | memoryview) -> Envelope:
+        env: Envelope = self._envelope_decoder.decode(data)
+        return env
+
+    def _decode_raw(self, data: bytes | memoryview, tp: Any) -> Any:
+        dec = self._decoders.get(tp)
+        if dec is None:
+            dec = self._decoders[tp] = self._protocol.Decoder(tp)
+        return dec.decode(data)
+
+
+class MsgpackCodec(_MsgspecCodec):
     """msgspec MessagePack (the default)."""
 
     name = "msgpack"
-
-    def __init__(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
-        super().__init__(max_message_size)
-        self._encoder = msgspec.msgpack.Encoder()
-        self._envelope_decoder = msgspec.msgpack.Decoder(Request | Reply | Heartbeat)
-        self._decoders: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
-
-    def _encode(self, obj: Any) -> bytes:
-        return self._encoder.encode(obj)
-
-    def _decode_envelope(self, data: bytes | memoryview) -> Envelope:
-        env: Envelope = self._envelope_decoder.decode(data)
-        return env
-
-    def _decode_raw(self, data: bytes | memoryview, tp: Any) -> Any:
-        dec = self._decoders.get(tp)
-        if dec is None:
-            dec = self._decoders[tp] = msgspec.msgpack.Decoder(tp)
-        return dec.decode(data)
+    _protocol: ClassVar[Any] = msgspec.msgpack
 
 
-class JsonCodec(Codec):
+class JsonCodec(_MsgspecCodec):
     """msgspec JSON: human-readable frames, same validation."""
 
     name = "json"
-
-    def __init__(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
-        super().__init__(max_message_size)
-        self._encoder = msgspec.json.Encoder()
-        self._envelope_decoder = msgspec.json.Decoder(Request | Reply | Heartbeat)
-        self._decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
-
-    def _encode(self, obj: Any) -> bytes:
-        return self._encoder.encode(obj)
-
-    def _decode_envelope(self, data: bytes | memoryview) -> Envelope:
-        env: Envelope = self._envelope_decoder.decode(data)
-        return env
-
-    def _decode_raw(self, data: bytes | memoryview, tp: Any) -> Any:
-        dec = self._decoders.get(tp)
-        if dec is None:
-            dec = self._decoders[tp] = msgspec.json.Decoder(tp)
-        return dec.decode(data)
+    _protocol: ClassVar[Any] = msgspec.json
 
 
 class PickleCodec(MsgpackCodec):
@@ -182,7 +177,7 @@ class PickleCodec(MsgpackCodec):
     def encode_value(self, value: Any) -> msgspec.Raw:
         try:
             blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as exc:
             raise PayloadTypeError(f"cannot pickle {type(value).__name__}: {exc}") from None
         return msgspec.Raw(self._encode(blob))
 
@@ -199,7 +194,7 @@ class PickleCodec(MsgpackCodec):
             return value
         try:
             return msgspec.convert(value, tp, from_attributes=True)
-        except msgspec.ValidationError as exc:
+        except (msgspec.ValidationError, RecursionError) as exc:
             raise PayloadTypeError(str(exc)) from None
 
 

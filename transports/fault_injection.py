@@ -77,6 +77,7 @@ from typing import Literal, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
 from ctlwire.transports.codec import Codec
 from ctlwire.transports.envelope import Envelope, Heartbeat, Reply, Request
 from ctlwire.transports.errors import TransportClosed, TransportError, Unroutable

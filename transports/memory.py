@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
 from ctlwire.transports.codec import Codec, MsgpackCodec
 from ctlwire.transports.envelope import Envelope
 from ctlwire.transports.errors import (

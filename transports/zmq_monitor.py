@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator
 from typing import Final
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
+
 from ctlwire.transports.errors import SocketClosed
 from ctlwire.transports.zmq_socket import AsyncZmqSocket
-from zmq.utils.monitor import parse_monitor_message
 
 __all__ = ["DOWN_EVENTS", "UP_EVENTS", "SocketMonitor"]
 
