@@ -17,8 +17,9 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
-from ctlwire.states.errors import IllegalTransition
 from transitions import Machine
+
+from ctlwire.states.errors import IllegalTransition
 
 __all__ = ["MachineSpec", "StateTable", "build_machine", "derive_table"]
 
