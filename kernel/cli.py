@@ -49,6 +49,14 @@ def _cmd_keys(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.reliability:
+        from ctlwire.benchmarks import reliability
+
+        return reliability.main(quick=args.quick, json_path=args.json)
+    if args.soak:
+        from ctlwire.benchmarks import soak
+
+        return soak.main(quick=args.quick, json_path=args.json)
     from ctlwire.benchmarks.report import print_table
     from ctlwire.benchmarks.runner import run_bench
 
@@ -94,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+", metavar="GROUP",
                    help="run only these groups: latency floor throughput fanout trio live "
                    "memory state_table")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--reliability", action="store_true",
+                      help="the fault matrix instead: outcomes, lost, leaked, detection times")
+    mode.add_argument("--soak", action="store_true",
+                      help="the soak (100,000 calls with faults) and the 10,000 in-flight load run")
     p.set_defaults(func=_cmd_bench)
     return parser
 
