@@ -36,6 +36,7 @@ One client runs inside one event loop thread; its tasks live in the client's
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -103,6 +104,23 @@ def _event_loop_clock() -> Callable[[], float]:
     return anyio.current_time  # pragma: no cover - another anyio backend
 
 
+def _event_loop_waiter() -> Callable[[], Any]:
+    """The running event loop's own event (anyio's wraps it and adds a checkpoint).
+
+    Not a bare future: cancelling a task that awaits a future cancels the future,
+    which would take the answer away from the other watchers sharing it."""
+    library = sniffio.current_async_library()
+    if library == "asyncio":
+        import asyncio
+
+        return asyncio.Event
+    if library == "trio":
+        import trio
+
+        return trio.Event
+    return anyio.Event  # pragma: no cover - another anyio backend
+
+
 class ResultTypeError(CtlwireError):
     """A result did not match the ``result_type`` the caller asked for."""
 
@@ -154,6 +172,11 @@ class ControlClient:
         self._closed = False
         self._peer_changed = anyio.Event()
         self._now: Callable[[], float] = anyio.current_time  # the loop's own clock once entered
+        self._new_waiter: Callable[[], Any] = anyio.Event  # the loop's own event once entered
+        # deadlines of waiting requests, expired by one reaper task instead of a cancel
+        # scope per call: (deadline, request id, entry); cleaned entries are skipped lazily
+        self._deadlines: list[tuple[float, int, PendingRequest]] = []
+        self._reaper_scope: anyio.CancelScope | None = None
         self.counters: dict[str, int] = {
             "dropped_malformed": 0,
             "dropped_oversized": 0,
@@ -172,10 +195,12 @@ class ControlClient:
             raise RuntimeError("a ControlClient can be entered once")
         await self.transport.__aenter__()
         self._now = _event_loop_clock()
+        self._new_waiter = _event_loop_waiter()
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
         tg.start_soon(self._receive_loop, name="ctlwire.client.receive")
+        tg.start_soon(self._deadline_loop, name="ctlwire.client.deadlines")
         if self.heartbeat_interval:
             tg.start_soon(self._liveness_loop, name="ctlwire.client.liveness")
         return self
@@ -231,7 +256,7 @@ class ControlClient:
         raw = self._encode_payload(payload)
         core = self.call_core(method, (rank,), Policy.ALL, budget)
         try:
-            entry = core.register(anyio.Event())
+            entry = core.register(self._new_waiter())
             await self.send_all(core, raw)
             await self.wait_outcome(core, core.deadline or 0.0)
             return self._single_outcome(entry, rank, result_type)
@@ -322,7 +347,8 @@ class ControlClient:
     def _register(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
                   deadline: float | None = None) -> PendingRequest:
         """Register a request outside a CallCore (watching mode's shared request)."""
-        return self.call_core(method, ranks, policy, budget, deadline).register(anyio.Event())
+        return self.call_core(method, ranks, policy, budget, deadline).register(
+            self._new_waiter())
 
     async def send_all(self, core: CallCore, raw: msgspec.Raw) -> None:
         """Hand ``core``'s request to the transport for each rank ``core`` releases.
@@ -382,13 +408,50 @@ class ControlClient:
         """
         entry = core.entry
         assert entry is not None
-        if core.begin_wait():
-            waiter = entry.waiter
-            assert waiter is not None
-            with anyio.CancelScope(deadline=deadline):
-                await waiter.wait()  # type: ignore[attr-defined]
-            if entry.is_open and self._now() >= (entry.deadline or 0.0):
-                core.deadline_passed()
+        if not core.begin_wait():
+            return
+        waiter: Any = entry.waiter  # an event of the running loop (set, wait)
+        assert waiter is not None
+        entry_deadline = entry.deadline if entry.deadline is not None else float("inf")
+        if deadline >= entry_deadline and self._reaper_scope is not None:
+            # the request's own deadline ends this wait: the reaper expires it and
+            # wakes us (no cancel scope and no timer per call)
+            self._arm_deadline(entry, entry_deadline)
+            await waiter.wait()
+            return
+        with anyio.CancelScope(deadline=deadline):
+            await waiter.wait()
+        if entry.is_open and self._now() >= entry_deadline:
+            core.deadline_passed()
+
+    def _arm_deadline(self, entry: PendingRequest, deadline: float) -> None:
+        heap = self._deadlines
+        heapq.heappush(heap, (deadline, entry.id, entry))
+        scope = self._reaper_scope
+        if scope is not None and deadline < scope.deadline:
+            scope.deadline = deadline  # the reaper wakes earlier
+        if len(heap) > 2 * self.registry.live_count + 1024:
+            # lazy deletion left too many cleaned entries behind: rebuild
+            self._deadlines = [item for item in heap if item[2].is_open]
+            heapq.heapify(self._deadlines)
+
+    async def _deadline_loop(self) -> None:
+        """Expire waiting requests at their deadlines (one task for all of them)."""
+        while True:
+            heap = self._deadlines
+            now = self._now()
+            while heap and heap[0][0] <= now:
+                _, _, entry = heapq.heappop(heap)
+                if entry.is_open and self.registry.expire(entry):
+                    self._wake(entry)
+            scope = anyio.CancelScope(deadline=heap[0][0] if heap else float("inf"))
+            self._reaper_scope = scope
+            try:
+                with scope:
+                    await anyio.sleep_forever()
+            except BaseException:
+                self._reaper_scope = None  # waits fall back to their own scopes
+                raise
 
     def _wake(self, entry: PendingRequest) -> None:
         waiter = entry.waiter
@@ -449,7 +512,7 @@ class ControlClient:
         """Register, send to every rank, wait, clean: one fan-out without admission."""
         core = self.call_core(method, ranks, policy, budget, deadline)
         try:
-            entry = core.register(anyio.Event())
+            entry = core.register(self._new_waiter())
             await self.send_all(core, raw)
             await self.wait_outcome(core, deadline)
             return self.fan_out_outcome(entry, result_type)

@@ -74,7 +74,7 @@ class FanOutMailbox:
                     # then nothing is sent, and finish() passes the mailbox on)
                     raise RequestTimedOut(self.method, budget)
             core.resume()
-            entry = core.register(anyio.Event())
+            entry = core.register(client._new_waiter())
             await client.send_all(core, raw)
             await client.wait_outcome(core, deadline)
             return client.fan_out_outcome(entry, result_type)
@@ -99,7 +99,7 @@ class FanOutMailbox:
             leader = False
         else:
             core = client.call_core(self.method, ranks, policy, budget)
-            entry = core.register(anyio.Event())
+            entry = core.register(client._new_waiter())
             self._watched[key] = entry
             leader = True
         deadline = core.deadline or 0.0

@@ -84,6 +84,13 @@ class PeerTable:
 
         ``authoritative`` is True for heartbeats (which announce the
         incarnation); replies only refresh liveness."""
+        p = self.peers.get(rank)
+        if (p is not None and p.state is PeerState.CONNECTED
+                and (incarnation == p.incarnation or not incarnation)):
+            # the common case, Connected --seen--> Connected: no state change
+            p.last_seen = now
+            p.misses = 0
+            return []
         p = self.peer(rank)
         lost: list[int] = []
         if (authoritative and incarnation and p.incarnation and incarnation < p.incarnation

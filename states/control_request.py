@@ -17,14 +17,13 @@ the state in which the request-map entry no longer exists.
 
 from __future__ import annotations
 
-from enum import Enum
-
+from ctlwire.states.identity_enum import IdentityEnum
 from ctlwire.states.transition_table import MachineSpec, StateTable, derive_table
 
 __all__ = ["CONTROL_REQUEST", "CONTROL_REQUEST_TABLE", "RequestEvent", "RequestState"]
 
 
-class RequestState(Enum):
+class RequestState(IdentityEnum):
     REGISTERED = "registered"
     SENT = "sent"
     AWAITING = "awaiting"
@@ -35,7 +34,7 @@ class RequestState(Enum):
     CLEANED = "cleaned"
 
 
-class RequestEvent(Enum):
+class RequestEvent(IdentityEnum):
     SEND = "send"
     WAIT = "wait"
     COMPLETE = "complete"

@@ -12,14 +12,13 @@ A handler that raises is ``Replied`` with an error reply.
 
 from __future__ import annotations
 
-from enum import Enum
-
+from ctlwire.states.identity_enum import IdentityEnum
 from ctlwire.states.transition_table import MachineSpec, StateTable, derive_table
 
 __all__ = ["INBOUND_REQUEST", "INBOUND_REQUEST_TABLE", "InboundEvent", "InboundState"]
 
 
-class InboundState(Enum):
+class InboundState(IdentityEnum):
     RECEIVED = "received"
     RUNNING = "running"
     REPLIED = "replied"
@@ -27,7 +26,7 @@ class InboundState(Enum):
     EXPIRED = "expired"
 
 
-class InboundEvent(Enum):
+class InboundEvent(IdentityEnum):
     START = "start"
     REPLY = "reply"
     REJECT = "reject"

@@ -12,21 +12,20 @@ wake-up window from overtaking a queued one.
 
 from __future__ import annotations
 
-from enum import Enum
-
+from ctlwire.states.identity_enum import IdentityEnum
 from ctlwire.states.transition_table import MachineSpec, StateTable, derive_table
 
 __all__ = ["MAILBOX_TICKET", "MAILBOX_TICKET_TABLE", "TicketEvent", "TicketState"]
 
 
-class TicketState(Enum):
+class TicketState(IdentityEnum):
     QUEUED = "queued"
     ADMITTED = "admitted"
     RELEASED = "released"
     ABANDONED = "abandoned"
 
 
-class TicketEvent(Enum):
+class TicketEvent(IdentityEnum):
     ADMIT = "admit"
     RELEASE = "release"
     ABANDON = "abandon"

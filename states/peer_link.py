@@ -15,21 +15,20 @@ requests are failed before the new one is served.
 
 from __future__ import annotations
 
-from enum import Enum
-
+from ctlwire.states.identity_enum import IdentityEnum
 from ctlwire.states.transition_table import MachineSpec, StateTable, derive_table
 
 __all__ = ["PEER_LINK", "PEER_LINK_TABLE", "PeerEvent", "PeerState"]
 
 
-class PeerState(Enum):
+class PeerState(IdentityEnum):
     UNKNOWN = "unknown"
     CONNECTED = "connected"
     SUSPECT = "suspect"
     LOST = "lost"
 
 
-class PeerEvent(Enum):
+class PeerEvent(IdentityEnum):
     SEEN = "seen"
     MISS = "miss"
     LOSE = "lose"

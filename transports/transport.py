@@ -22,9 +22,10 @@ Guarantees every implementation gives:
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+import msgspec
 
 from ctlwire.transports.codec import Codec
 from ctlwire.transports.envelope import Envelope
@@ -43,20 +44,18 @@ Route = Hashable
 """Where an engine sends a reply: opaque, chosen by the transport."""
 
 
-@dataclass(frozen=True, slots=True)
-class Received:
+class Received(msgspec.Struct, frozen=True, gc=False):
     """A decoded envelope. ``peer`` is the rank of the connection it came in on,
     when the transport knows it (client side); ``route`` is where a reply goes
     (engine side)."""
 
     envelope: Envelope
     peer: int | None = None
-    route: Route = None
+    route: Any = None  # a Route
     size: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Dropped:
+class Dropped(msgspec.Struct, frozen=True, gc=False):
     """A frame that was not delivered as an envelope.
 
     ``reason`` is one of ``"malformed"``, ``"oversized"``, ``"framing"`` (wrong
@@ -69,12 +68,11 @@ class Dropped:
     detail: str
     size: int
     peer: int | None = None
-    route: Route = None
+    route: Any = None  # a Route
     request_id: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class PeerDisconnected:
+class PeerDisconnected(msgspec.Struct, frozen=True, gc=False):
     """The transport saw a connection to ``rank`` end (socket monitor, closed pipe)."""
 
     rank: int | None
