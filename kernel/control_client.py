@@ -37,6 +37,7 @@ One client runs inside one event loop thread; its tasks live in the client's
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -48,7 +49,7 @@ import msgspec
 import sniffio
 from anyio.abc import TaskGroup
 
-from ctlwire.kernel.admission_queue import AdmissionQueue
+from ctlwire.kernel.admission_queue import AdmissionQueue, Ticket
 from ctlwire.kernel.call_core import CallCore
 from ctlwire.kernel.errors import (
     ClientClosed,
@@ -69,7 +70,7 @@ from ctlwire.kernel.request_registry import (
     TransitionObserver,
 )
 from ctlwire.kernel.tracing import TraceProvider
-from ctlwire.states import PeerState, RequestState
+from ctlwire.states import PeerState, RequestState, TicketState
 from ctlwire.transports.codec import PayloadTypeError
 from ctlwire.transports.envelope import NO_DEADLINE, ErrorInfo, Heartbeat, Reply, Request
 from ctlwire.transports.errors import (
@@ -119,6 +120,12 @@ def _event_loop_waiter() -> Callable[[], Any]:
 
         return trio.Event
     return anyio.Event  # pragma: no cover - another anyio backend
+
+
+def _still_waiting(item: PendingRequest | Ticket) -> bool:
+    if type(item) is PendingRequest:
+        return item.is_open
+    return item.state is TicketState.QUEUED
 
 
 class ResultTypeError(CtlwireError):
@@ -175,7 +182,8 @@ class ControlClient:
         self._new_waiter: Callable[[], Any] = anyio.Event  # the loop's own event once entered
         # deadlines of waiting requests, expired by one reaper task instead of a cancel
         # scope per call: (deadline, request id, entry); cleaned entries are skipped lazily
-        self._deadlines: list[tuple[float, int, PendingRequest]] = []
+        self._deadlines: list[tuple[float, int, PendingRequest | Ticket]] = []
+        self._deadline_seq = itertools.count()
         self._reaper_scope: anyio.CancelScope | None = None
         self.counters: dict[str, int] = {
             "dropped_malformed": 0,
@@ -424,26 +432,31 @@ class ControlClient:
         if entry.is_open and self._now() >= entry_deadline:
             core.deadline_passed()
 
-    def _arm_deadline(self, entry: PendingRequest, deadline: float) -> None:
+    def _arm_deadline(self, item: PendingRequest | Ticket, deadline: float) -> None:
+        """Have the reaper end ``item``'s wait at ``deadline``: a request is expired
+        (and its waiters woken), a ticket still queued has its waiter woken."""
         heap = self._deadlines
-        heapq.heappush(heap, (deadline, entry.id, entry))
+        heapq.heappush(heap, (deadline, next(self._deadline_seq), item))
         scope = self._reaper_scope
         if scope is not None and deadline < scope.deadline:
             scope.deadline = deadline  # the reaper wakes earlier
         if len(heap) > 2 * self.registry.live_count + 1024:
-            # lazy deletion left too many cleaned entries behind: rebuild
-            self._deadlines = [item for item in heap if item[2].is_open]
+            # lazy deletion left too many finished items behind: rebuild
+            self._deadlines = [i for i in heap if _still_waiting(i[2])]
             heapq.heapify(self._deadlines)
 
     async def _deadline_loop(self) -> None:
-        """Expire waiting requests at their deadlines (one task for all of them)."""
+        """End waits at their deadlines: one task for every request and ticket."""
         while True:
             heap = self._deadlines
             now = self._now()
             while heap and heap[0][0] <= now:
-                _, _, entry = heapq.heappop(heap)
-                if entry.is_open and self.registry.expire(entry):
-                    self._wake(entry)
+                item = heapq.heappop(heap)[2]
+                if type(item) is PendingRequest:
+                    if item.is_open and self.registry.expire(item):
+                        self._wake(item)
+                elif item.state is TicketState.QUEUED and item.waiter is not None:
+                    item.waiter.set()  # the caller finds itself not admitted: timed out
             scope = anyio.CancelScope(deadline=heap[0][0] if heap else float("inf"))
             self._reaper_scope = scope
             try:

@@ -399,7 +399,9 @@ class EngineEndpoint:
             while stop is None or not stop.is_set():
                 if step is not None:
                     step()
-                if self.poll() == 0 and step is None:
+                self.poll()
+                if step is None:
+                    # returns at once if more input is queued (level-triggered)
                     self.transport.wait_readable(wait)
         finally:
             self.close()

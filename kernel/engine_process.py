@@ -163,7 +163,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             while not stop.is_set():
                 worked = step() if step is not None else False
-                if endpoint.poll() == 0 and not worked:
+                endpoint.poll()
+                if not worked:
+                    # zmq_poll is level-triggered: it returns at once if more input
+                    # is already queued, so no second (empty) poll() is needed
                     transport.wait_readable(0.01 if step is not None else 0.05)
         finally:
             endpoint.close()

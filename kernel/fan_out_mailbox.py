@@ -66,9 +66,13 @@ class FanOutMailbox:
             if not core.arrive():
                 ticket = core.ticket
                 assert ticket is not None
-                ticket.waiter = anyio.Event()
-                with anyio.move_on_after(deadline - anyio.current_time()):
-                    await ticket.waiter.wait()
+                waiter = ticket.waiter = client._new_waiter()
+                if client._reaper_scope is not None:
+                    client._arm_deadline(ticket, deadline)  # woken by hand-off or deadline
+                    await waiter.wait()
+                else:
+                    with anyio.move_on_after(deadline - anyio.current_time()):
+                        await waiter.wait()
                 if not core.admitted or anyio.current_time() >= deadline:
                     # timed out in the queue (possibly at the very moment of hand-off:
                     # then nothing is sent, and finish() passes the mailbox on)
