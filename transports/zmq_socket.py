@@ -26,6 +26,7 @@ How waiting works (see :class:`AsyncZmqSocket`):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import threading
@@ -99,6 +100,11 @@ def _send_frames(socket: zmq.Socket[bytes], frames: Frames) -> None:
     send(frames[last], _NOBLOCK)
 
 
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def _socket_type_name(socket: zmq.Socket[bytes]) -> str:
     try:
         return zmq.SocketType(cast(int, socket.get(zmq.TYPE))).name
@@ -134,6 +140,7 @@ class AsyncZmqSocket:
         "_changed",
         "_closed",
         "_fd",
+        "_fd_future",
         "_fd_scope",
         "_get",
         "_interrupt",
@@ -168,6 +175,8 @@ class AsyncZmqSocket:
         self._recv_waiting = False  # ... and is suspended
         self._pollout_waiters = 0  # senders suspended until POLLOUT
         self._fd_scope: anyio.CancelScope | None = None  # scope of the current fd waiter
+        # ... or, on asyncio, the future it awaits (the reader callback resolves it)
+        self._fd_future: asyncio.Future[None] | None = None
         self._changed: anyio.Event | None = None  # wakes the tasks that are not the fd waiter
         self._recv_streak = 0
         self._send_streak = 0
@@ -413,6 +422,12 @@ class AsyncZmqSocket:
             with contextlib.suppress(RuntimeError):  # no running event loop after all
                 anyio.notify_closing(self._fd)
             self._fd_scope.cancel()
+        future = self._fd_future
+        if future is not None:
+            # an asyncio reader is registered on the fd: unregister before libzmq closes it
+            future.get_loop().remove_reader(self._fd)
+            if not future.done():
+                future.set_result(None)
         self._set_changed()
         self._socket.close(linger=linger_ms)
 
@@ -424,7 +439,13 @@ class AsyncZmqSocket:
         The caller must have read EVENTS (draining the fd) after its last socket call, and
         must re-check EVENTS afterwards: every wake-up may be spurious.
         """
-        if self._fd_scope is None:
+        if self._fd_scope is None and self._fd_future is None:
+            loop = asyncio._get_running_loop() if timeout is None else None
+            if loop is not None:
+                await self._wait_fd_asyncio(loop)
+                if self._closed:
+                    raise SocketClosed(f"{self._type_name} socket was closed")
+                return
             deadline = math.inf if timeout is None else anyio.current_time() + timeout
             scope = anyio.CancelScope(deadline=deadline)
             self._fd_scope = scope
@@ -452,6 +473,21 @@ class AsyncZmqSocket:
         if self._closed:
             raise SocketClosed(f"{self._type_name} socket was closed")
 
+    async def _wait_fd_asyncio(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The fd waiter on asyncio: a reader callback resolving a future of its own
+        (what ``anyio.wait_readable`` does, without a cancel scope around it; anyio's
+        cancellation still reaches the ``await``)."""
+        future: asyncio.Future[None] = loop.create_future()
+        self._fd_future = future
+        loop.add_reader(self._fd, _resolve, future)
+        try:
+            await future
+        finally:
+            if self._fd_future is future:
+                self._fd_future = None
+                loop.remove_reader(self._fd)
+        self._set_changed()
+
     def _after_io(self) -> None:
         """After a socket call made while others are suspended: wake them if they can go on.
 
@@ -469,6 +505,9 @@ class AsyncZmqSocket:
         """Make every suspended task re-check EVENTS."""
         if self._fd_scope is not None:
             self._fd_scope.cancel()
+        future = self._fd_future
+        if future is not None and not future.done():
+            future.set_result(None)
         self._set_changed()
         # The receiver is certain to run and re-check EVENTS itself: until it suspends
         # again, later socket calls need not re-read EVENTS on its behalf.
@@ -482,7 +521,7 @@ class AsyncZmqSocket:
 
     def _hand_over(self) -> None:
         """Leaving an operation: if others wait but none holds the fd, let one take it."""
-        if self._changed is not None and self._fd_scope is None:
+        if self._changed is not None and self._fd_scope is None and self._fd_future is None:
             self._set_changed()
 
     def _raise_unusable(self) -> None:
