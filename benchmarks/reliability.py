@@ -51,6 +51,7 @@ from ctlwire.benchmarks.traffic import (
     EXPECTED,
     Tally,
     Workload,
+    accounting_problems,
     drive,
     leaked_entries,
     private_dir,
@@ -103,16 +104,8 @@ class ScenarioRow:
     injected: dict[str, int] = field(default_factory=dict)
 
     def problems(self) -> list[str]:
-        out = []
-        settled = sum(self.outcomes.values()) + sum(self.unexpected.values()) + self.lost
-        if settled != self.sent:
-            out.append(f"{self.sent} sent, {settled} outcomes")
-        if self.lost:
-            out.append(f"{self.lost} lost")
-        if self.leaked:
-            out.append(f"{self.leaked} leaked")
-        if self.unexpected:
-            out.append(f"unexpected {self.unexpected} {self.samples[:3]}")
+        out = accounting_problems(self.sent, self.outcomes, self.unexpected, self.lost,
+                                  self.leaked, self.samples)
         if self.detection:
             if self.detection_s is None or self.detection_s > DETECTION_BOUND:
                 out.append(f"{self.detection} detected after {self.detection_s} s "

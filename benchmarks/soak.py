@@ -41,6 +41,7 @@ from ctlwire.benchmarks.traffic import (
     Gauges,
     Tally,
     Workload,
+    accounting_problems,
     drive,
     leaked_entries,
     private_dir,
@@ -129,16 +130,8 @@ class SoakReport:
 
     def problems(self) -> list[str]:
         cfg = self.config
-        out = []
-        settled = sum(self.outcomes.values()) + sum(self.unexpected.values()) + self.lost
-        if settled != self.sent:
-            out.append(f"{self.sent} calls sent but {settled} outcomes")
-        if self.lost:
-            out.append(f"{self.lost} calls lost (no outcome)")
-        if self.leaked:
-            out.append(f"{self.leaked} request-map entries leaked")
-        if self.unexpected:
-            out.append(f"unexpected outcomes {self.unexpected}: {self.samples[:3]}")
+        out = accounting_problems(self.sent, self.outcomes, self.unexpected, self.lost,
+                                  self.leaked, self.samples)
         if self.max_tombstones > cfg.max_tombstones:
             out.append(f"{self.max_tombstones} tombstones, bound {cfg.max_tombstones}")
         if self.max_live > cfg.workers + 1:

@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +35,7 @@ __all__ = [
     "Gauges",
     "Tally",
     "Workload",
+    "accounting_problems",
     "drive",
     "leaked_entries",
     "private_dir",
@@ -45,6 +46,23 @@ __all__ = [
 
 EXPECTED = ("ok", "RemoteError", "RequestTimedOut", "EngineDead", "FanOutFailed")
 """Outcomes a workload of echo/fail calls and echo fan-outs may legitimately see."""
+
+
+def accounting_problems(sent: int, outcomes: Mapping[str, int], unexpected: Mapping[str, int],
+                        lost: int, leaked: int, samples: Sequence[str]) -> list[str]:
+    """What is wrong with a run's accounting: every call sent must end in exactly
+    one outcome, none lost, none unexpected, no request-map entry left."""
+    out = []
+    settled = sum(outcomes.values()) + sum(unexpected.values()) + lost
+    if settled != sent:
+        out.append(f"{sent} calls sent but {settled} outcomes")
+    if lost:
+        out.append(f"{lost} calls lost (no outcome)")
+    if leaked:
+        out.append(f"{leaked} request-map entries leaked")
+    if unexpected:
+        out.append(f"unexpected outcomes {dict(unexpected)}: {list(samples[:3])}")
+    return out
 
 
 def rss_bytes() -> int:
