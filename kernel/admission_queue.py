@@ -38,13 +38,12 @@ __all__ = ["AdmissionQueue", "Ticket", "TicketObserver"]
 class Ticket:
     """One caller's place in a mailbox. Mutated only by its queue."""
 
-    __slots__ = ("seq", "state", "user", "waiter")
+    __slots__ = ("seq", "state", "waiter")
 
     def __init__(self, seq: int, waiter: Any) -> None:
         self.seq = seq
         self.state = TicketState.QUEUED
         self.waiter = waiter
-        self.user: Any = None
 
     def __repr__(self) -> str:
         return f"<Ticket #{self.seq} {self.state.name}>"

@@ -108,7 +108,6 @@ class PendingRequest:
         "sent_ranks",
         "state",
         "timeout",
-        "user",
         "waiter",
     )
 
@@ -131,7 +130,6 @@ class PendingRequest:
         self.ok = 0
         self.answered = 0
         self.refs = 1
-        self.user: Any = None
 
     @property
     def settled(self) -> int:
