@@ -91,7 +91,7 @@ class CallCore:
     def next_send(self) -> int | None:
         """The next rank to hand a frame to, already marked Sent; None when done.
 
-        Ranks known to be lost are failed here (EngineDead) instead of sent to.
+        Ranks known to be lost are failed here (NotDelivered) instead of sent to.
         Stops early once the request is decided.
         """
         entry = self.entry
@@ -103,9 +103,9 @@ class CallCore:
             rank = entry.ranks[self._next]
             self._next += 1
             if self.is_lost is not None and self.is_lost(rank):
-                from ctlwire.kernel.errors import EngineDead
+                from ctlwire.kernel.errors import NotDelivered
 
-                self.registry.rank_failed(entry, rank, EngineDead(rank, "lost"))
+                self.registry.rank_failed(entry, rank, NotDelivered(rank, "lost (not sent)"))
                 continue
             self.registry.mark_sent(entry, rank)
             return rank

@@ -54,8 +54,9 @@ from ctlwire.kernel.call_core import CallCore
 from ctlwire.kernel.errors import (
     ClientClosed,
     CtlwireError,
-    EngineDead,
     FanOutFailed,
+    NotDelivered,
+    OutcomeUnknown,
     RequestTimedOut,
     remote_error,
 )
@@ -384,11 +385,11 @@ class ControlClient:
                     if not await self._send_blocking(entry, rank, env):
                         break  # deadline passed, or the request was decided meanwhile
             except Unroutable as exc:
-                error = EngineDead(rank, exc.detail or "unroutable")
+                error = NotDelivered(rank, exc.detail or "unroutable")
             except TransportClosed as exc:
                 error = ClientClosed(str(exc))
             except TransportError as exc:
-                error = EngineDead(rank, repr(exc))
+                error = NotDelivered(rank, repr(exc))
             if error is not None and core.send_failed(rank, error):
                 self._wake(entry)
         if not entry.is_open:
@@ -487,7 +488,7 @@ class ControlClient:
             raise remote_error(reply.error or _NO_ERROR_INFO, rank=rank, method=entry.method)
         if state is _S.FAILED:
             error = entry.errors.get(rank)
-            raise error if error is not None else EngineDead(rank, "failed")
+            raise error if error is not None else OutcomeUnknown(rank, "failed")
         if state is _S.TIMED_OUT:
             raise RequestTimedOut(entry.method, entry.timeout, entry.id)
         raise RequestTimedOut(entry.method, entry.timeout, entry.id)  # still open: own deadline
@@ -595,7 +596,11 @@ class ControlClient:
         self._notify_peer_change()
 
     def _fail_rank(self, rank: int, detail: str) -> None:
-        for entry in self.registry.fail_rank(rank, lambda r: EngineDead(r, detail)):
+        blocked = self._blocked_sends
+        for entry in self.registry.fail_rank(
+                rank, lambda r: OutcomeUnknown(r, detail),
+                unsent=lambda r: NotDelivered(r, f"{detail} (not sent)"),
+                not_handed_over=lambda e: blocked.get(e.id, (None, -1))[1] == rank):
             self._wake(entry)
         for scope, blocked_rank in list(self._blocked_sends.values()):
             if blocked_rank == rank:

@@ -23,7 +23,10 @@ __all__ = [
     "CtlwireError",
     "EngineDead",
     "FanOutFailed",
+    "Fenced",
     "IllegalTransition",
+    "NotDelivered",
+    "OutcomeUnknown",
     "RemoteError",
     "RequestTimedOut",
     "error_info",
@@ -64,12 +67,36 @@ class RemoteError(CtlwireError):
 
 
 class EngineDead(CtlwireError):
-    """The engine for ``rank`` is gone (lost heartbeats, disconnected, unreachable)."""
+    """The engine for ``rank`` is gone (lost, disconnected, unreachable).
+
+    Raised as one of its two subclasses, which say whether the work ran:
+    :class:`NotDelivered` (it certainly did not: a retry is safe) and
+    :class:`OutcomeUnknown` (it may have run: retry only with an idempotency
+    key). ``except EngineDead`` catches both."""
+
+    retry_safe: bool = False
 
     def __init__(self, rank: int, detail: str = "") -> None:
         self.rank = rank
         self.detail = detail
         super().__init__(f"engine rank {rank} is dead" + (f": {detail}" if detail else ""))
+
+
+class NotDelivered(EngineDead):
+    """The request certainly did not reach the engine: it was never handed to
+    the transport (the rank was already lost, unroutable, or refused the
+    connection). The engine cannot run it. **A retry is safe.**"""
+
+    retry_safe = True
+
+
+class OutcomeUnknown(EngineDead):
+    """The request was handed to the transport, then the rank was lost or
+    restarted before it answered: the engine may have run it, may be running
+    it, or may never have received it. **A retry is safe only with an
+    idempotency key** (the engine then answers with the first run's result)."""
+
+    retry_safe = False
 
 
 class FanOutFailed(CtlwireError):
@@ -81,6 +108,12 @@ class FanOutFailed(CtlwireError):
         self.result = result
         errs = ", ".join(f"{r}: {type(e).__name__}" for r, e in sorted(result.errors.items()))
         super().__init__(f"{method!r} fan-out could not meet policy {policy!r} ({errs})")
+
+
+class Fenced(RemoteError):
+    """The engine refused the request: its fencing token is older than one the
+    engine has already accepted (a newer controller or operation took over).
+    The request did not run."""
 
 
 class ClientClosed(CtlwireError):
@@ -95,8 +128,12 @@ class AskTimeout(CtlwireError):
     """An actor did not answer an ``ask`` in time."""
 
 
+FENCED_CODE = 409
+
+
 def remote_error(info: ErrorInfo, *, rank: int | None = None, method: str = "") -> RemoteError:
-    return RemoteError(info.type, info.message, info.code, rank=rank, method=method)
+    cls = Fenced if info.code == FENCED_CODE and info.type == "Fenced" else RemoteError
+    return cls(info.type, info.message, info.code, rank=rank, method=method)
 
 
 def error_info(exc: BaseException) -> ErrorInfo:

@@ -369,16 +369,27 @@ class RequestRegistry:
             return True
         return False
 
-    def fail_rank(self, rank: int, error: Callable[[int], Exception]) -> list[PendingRequest]:
+    def fail_rank(self, rank: int, error: Callable[[int], Exception], *,
+                  unsent: Callable[[int], Exception] | None = None,
+                  not_handed_over: Callable[[PendingRequest], bool] | None = None,
+                  ) -> list[PendingRequest]:
         """``rank`` is lost: every open entry still waiting on it gets
-        ``error(rank)`` for that rank. Returns the entries this decided."""
+        ``error(rank)`` for that rank — or ``unsent(rank)`` when its frame was
+        never handed to the transport (not marked sent to ``rank``, or
+        ``not_handed_over(entry)`` says its send is still waiting for room).
+        Returns the entries this decided."""
         bucket = self._by_rank.get(rank)
         if not bucket:
             return []
         decided = []
         for entry in list(bucket.values()):
             if entry.is_open and rank not in entry.replies and rank not in entry.errors:
-                entry.errors[rank] = error(rank)
+                if unsent is not None and (
+                        rank not in entry.sent_ranks
+                        or (not_handed_over is not None and not_handed_over(entry))):
+                    entry.errors[rank] = unsent(rank)
+                else:
+                    entry.errors[rank] = error(rank)
                 if entry.state is _S.REGISTERED:
                     if entry.settled == len(entry.ranks):
                         self._go(entry, _E.FAIL)
