@@ -24,6 +24,16 @@ Guarantees:
 * **Deadline travels.** The envelope carries the wall-clock deadline so an
   engine can skip work whose caller has given up. A timeout does not cancel
   remote work: delivery is at most once.
+* **Busy is not dead.** Engines heartbeat from a thread of their own and say
+  what they are running; a rank that is busy (or stalled past its method's
+  stall limit) stays alive and its calls wait for their own deadlines. Only a
+  rank that stops heartbeating or disconnects is Lost. A stall of this
+  client's own loop is not counted against engines.
+* **Failures say whether the work ran.** :class:`~ctlwire.kernel.errors.NotDelivered`
+  (never handed to the transport: a retry is safe) or
+  :class:`~ctlwire.kernel.errors.OutcomeUnknown` (handed over, then the rank was
+  lost: it may have run). ``retry=`` retries the first kind always, the second
+  only with an idempotency key or for a method declared idempotent.
 * **Fan-out admission.** ``mode="queueing"`` admits concurrent callers of one
   method strictly first come, first served, one in flight
   (:class:`~ctlwire.kernel.fan_out_mailbox.FanOutMailbox`); ``mode="watching"``
@@ -36,11 +46,13 @@ One client runs inside one event loop thread; its tasks live in the client's
 
 from __future__ import annotations
 
+import contextvars
 import heapq
 import itertools
 import logging
+import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
@@ -54,16 +66,18 @@ from ctlwire.kernel.call_core import CallCore
 from ctlwire.kernel.errors import (
     ClientClosed,
     CtlwireError,
+    EngineDead,
     FanOutFailed,
     NotDelivered,
     OutcomeUnknown,
+    RemoteError,
     RequestTimedOut,
     remote_error,
 )
 from ctlwire.kernel.fan_out_mailbox import FanOutMailbox
 from ctlwire.kernel.fan_out_policy import Policy
 from ctlwire.kernel.fan_out_result import FanOutResult
-from ctlwire.kernel.peer_table import PeerTable
+from ctlwire.kernel.peer_table import PeerTable, Progress
 from ctlwire.kernel.request_registry import (
     PendingRequest,
     ReplyDisposition,
@@ -71,7 +85,7 @@ from ctlwire.kernel.request_registry import (
     TransitionObserver,
 )
 from ctlwire.kernel.tracing import TraceProvider
-from ctlwire.states import PeerState, RequestState, TicketState
+from ctlwire.states import LIVE_PEER_STATES, RequestState, TicketState
 from ctlwire.transports.codec import PayloadTypeError
 from ctlwire.transports.envelope import NO_DEADLINE, ErrorInfo, Heartbeat, Reply, Request
 from ctlwire.transports.errors import (
@@ -86,7 +100,14 @@ __all__ = ["ControlClient", "ResultTypeError"]
 
 log = logging.getLogger("ctlwire.client")
 _S = RequestState
-_LIVE = (PeerState.CONNECTED, PeerState.SUSPECT)
+_LIVE = LIVE_PEER_STATES
+ProgressCallback = Callable[[int, Progress], Any]
+"""``on_progress(rank, progress)``: what a rank's heartbeat says about the call's request."""
+# the idempotency key and fencing token of the calling task's request (set by call and
+# fan_out, read by send_all, which runs in the caller's task in every mode)
+_envelope_extras: contextvars.ContextVar[tuple[str, int]] = contextvars.ContextVar(
+    "ctlwire_envelope_extras", default=("", 0))
+_IN_PROGRESS = 425
 # a failed reply that carries no ErrorInfo (a buggy or hostile peer): still a typed error
 _NO_ERROR_INFO = ErrorInfo("UnknownRemoteError", "the engine replied ok=false without an error")
 
@@ -121,6 +142,14 @@ def _event_loop_waiter() -> Callable[[], Any]:
 
         return trio.Event
     return anyio.Event  # pragma: no cover - another anyio backend
+
+
+def new_fence() -> int:
+    """A fencing token that grows with time (ms since the epoch, then 12 random
+    bits), so a controller started later holds a higher token."""
+    import secrets
+
+    return (time.time_ns() // 1_000_000) << 12 | secrets.randbits(12)
 
 
 def _still_waiting(item: PendingRequest | Ticket) -> bool:
@@ -158,6 +187,10 @@ class ControlClient:
         max_tombstones: int = 10_000,
         observer: TransitionObserver | None = None,
         trace_provider: TraceProvider | None = None,
+        stall_limit: float = 300.0,
+        stall_limits: Mapping[str, float] | None = None,
+        idempotent_methods: Collection[str] = (),
+        fence: int | bool = False,
     ) -> None:
         self.transport = transport
         self.codec = transport.codec
@@ -172,7 +205,15 @@ class ControlClient:
         self.registry = RequestRegistry(max_tombstones=max_tombstones, observer=observer)
         self.heartbeat_interval = heartbeat_interval
         self.peers = PeerTable(self.ranks, interval=heartbeat_interval or 1.0,
-                               misses_allowed=heartbeat_misses)
+                               misses_allowed=heartbeat_misses, stall_limit=stall_limit,
+                               stall_limits=stall_limits)
+        self.idempotent_methods = frozenset(idempotent_methods)
+        # a fencing token for every request: engines refuse tokens older than the
+        # highest they accepted, so a replaced controller cannot act after its successor
+        self.fence = (new_fence() if fence is True else int(fence) if fence else 0)
+        self._key_seq = itertools.count(1)
+        self._progress_by_id: dict[int, ProgressCallback] = {}
+        self._progress_by_method: dict[str, list[ProgressCallback]] = {}
         self._mailboxes: dict[str, FanOutMailbox] = {}
         self._blocked_sends: dict[int, tuple[anyio.CancelScope, int]] = {}
         self._seq: dict[int, int] = {}
@@ -196,6 +237,10 @@ class ControlClient:
             "heartbeats_received": 0,
             "engine_lost": 0,
             "engine_restarted": 0,
+            "engine_stalled": 0,
+            "fenced_incarnation": 0,
+            "client_stalls": 0,
+            "retries": 0,
         }
 
     # -- lifetime ------------------------------------------------------------
@@ -244,18 +289,63 @@ class ControlClient:
     def closed(self) -> bool:
         return self._closed
 
+    def rank_status(self, rank: int) -> dict[str, Any]:
+        """What this client knows of ``rank``: its PeerLink state (CONNECTED,
+        BUSY, STALLED, SUSPECT, LOST, UNKNOWN), incarnation, and the request or
+        step it was last reported running, for how long, with its progress."""
+        peer = self.peers.peers.get(rank)
+        if peer is None:
+            raise ValueError(f"rank {rank} is not one of this client's ranks {self.ranks}")
+        return peer.describe()
+
     # -- public calls ----------------------------------------------------------
     def timeout_for(self, method: str, timeout: float | None = None) -> float:
         if timeout is not None:
             return timeout
         return self.method_timeouts.get(method, self.default_timeout)
 
+    def new_idempotency_key(self) -> str:
+        """A key no other call of any client uses (this client's incarnation and a counter)."""
+        return f"{self.registry.incarnation:x}-{next(self._key_seq)}"
+
+    def _retryable(self, error: BaseException, method: str, key: str) -> bool:
+        """May ``error`` be retried without risking a second run?"""
+        if isinstance(error, EngineDead):
+            return error.retry_safe or bool(key) or method in self.idempotent_methods
+        return isinstance(error, RemoteError) and error.code == _IN_PROGRESS
+
+    async def _before_retry(self, ranks: Sequence[int], deadline: float) -> bool:
+        """Wait (until ``deadline``) for ``ranks`` to be live again; False when time ran out."""
+        self.counters["retries"] += 1
+        while True:
+            if self._now() >= deadline or self._closed:
+                return False
+            if all(self.peers.is_live(r) for r in ranks):
+                # a short pause lets an InProgress run finish; it also paces retries
+                await anyio.sleep(min(self.heartbeat_interval or 0.05, 0.05))
+                return self._now() < deadline
+            event = self._peer_changed
+            with anyio.move_on_after(deadline - self._now()):
+                await event.wait()
+
     async def call(self, method: str, payload: Any = None, *, rank: int | None = None,
-                   timeout: float | None = None, result_type: Any = Any) -> Any:
+                   timeout: float | None = None, result_type: Any = Any,
+                   idempotency_key: str | None = None, fence: int | None = None,
+                   retry: int = 0, on_progress: ProgressCallback | None = None) -> Any:
         """Send ``method(payload)`` to one rank and return its decoded result.
 
-        Raises RemoteError, EngineDead, RequestTimedOut, ClientClosed, or
-        ResultTypeError when the result does not match ``result_type``.
+        ``idempotency_key``: the engine runs a request with a key it has already
+        run only once and answers a repeat with the first outcome (``""``: a
+        fresh key). ``fence``: this request's fencing token (default: the
+        client's). ``retry``: how many more attempts after a failure that is
+        safe to retry (NotDelivered; OutcomeUnknown with a key or for an
+        ``idempotent_methods`` method), all within the one ``timeout``.
+        ``on_progress(rank, progress)`` is called with what the rank's
+        heartbeats say about this request while it runs.
+
+        Raises RemoteError, NotDelivered or OutcomeUnknown (both EngineDead),
+        RequestTimedOut, ClientClosed, or ResultTypeError when the result does
+        not match ``result_type``.
         """
         if rank is None:
             rank = self.ranks[0]
@@ -263,13 +353,40 @@ class ControlClient:
             raise ValueError(f"rank {rank} is not one of this client's ranks {self.ranks}")
         budget = self.timeout_for(method, timeout)
         raw = self._encode_payload(payload)
-        core = self.call_core(method, (rank,), Policy.ALL, budget)
+        key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
+        extras = _envelope_extras.set((key, self.fence if fence is None else fence))
+        deadline = self._now() + budget
+        try:
+            while True:
+                remaining = deadline - self._now()
+                try:
+                    return await self._call_once(method, raw, rank, remaining, budget,
+                                                 result_type, on_progress)
+                except (EngineDead, RemoteError) as exc:
+                    if retry <= 0 or not self._retryable(exc, method, key):
+                        raise
+                    retry -= 1
+                    if not await self._before_retry((rank,), deadline):
+                        raise
+        finally:
+            _envelope_extras.reset(extras)
+
+    async def _call_once(self, method: str, raw: msgspec.Raw, rank: int, remaining: float,
+                         budget: float, result_type: Any,
+                         on_progress: ProgressCallback | None) -> Any:
+        core = self.call_core(method, (rank,), Policy.ALL, budget,
+                              deadline=self._now() + remaining)
+        entry = None
         try:
             entry = core.register(self._new_waiter())
+            if on_progress is not None:
+                self._progress_by_id[entry.id] = on_progress
             await self.send_all(core, raw)
             await self.wait_outcome(core, core.deadline or 0.0)
             return self._single_outcome(entry, rank, result_type)
         finally:
+            if entry is not None and on_progress is not None:
+                self._progress_by_id.pop(entry.id, None)
             core.finish()
 
     async def fan_out(
@@ -282,6 +399,10 @@ class ControlClient:
         mode: Literal["queueing", "watching", "concurrent"] = "queueing",
         policy: Literal["all", "quorum", "first"] | Policy = "all",
         result_type: Any = Any,
+        idempotency_key: str | None = None,
+        fence: int | None = None,
+        retry: int = 0,
+        on_progress: ProgressCallback | None = None,
     ) -> FanOutResult:
         """Send ``method(payload)`` to every rank in ``ranks`` (default: all).
 
@@ -290,6 +411,9 @@ class ControlClient:
         RequestTimedOut (with ``partial``) at the deadline, ClientClosed.
         ``mode``: ``queueing`` (FIFO, one in flight per method), ``watching``
         (share an identical in-flight request) or ``concurrent`` (no admission).
+        ``idempotency_key``, ``fence``, ``on_progress`` as for :meth:`call`;
+        ``retry`` re-sends to the ranks whose failure is safe to retry (and
+        only to them), within the one ``timeout``, and merges their outcomes.
         """
         pol = policy if isinstance(policy, Policy) else Policy(policy)
         targets = tuple(ranks) if ranks is not None else self.ranks
@@ -297,6 +421,49 @@ class ControlClient:
             raise ValueError(f"ranks {targets} must be a non-empty subset of {self.ranks}")
         budget = self.timeout_for(method, timeout)
         raw = self._encode_payload(payload)
+        key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
+        extras = _envelope_extras.set((key, self.fence if fence is None else fence))
+        if on_progress is not None:
+            self._progress_by_method.setdefault(method, []).append(on_progress)
+        deadline = self._now() + budget
+        try:
+            try:
+                result = await self._fan_out_once(method, raw, targets, pol, budget, mode,
+                                                  result_type)
+                failed = None
+            except FanOutFailed as exc:
+                result, failed = exc.result, exc
+            while retry > 0 and pol is Policy.ALL:
+                again = tuple(r for r, e in sorted(result.errors.items())
+                              if self._retryable(e, method, key))
+                if not again or not await self._before_retry(again, deadline):
+                    break
+                retry -= 1
+                try:
+                    more = await self._fan_out_once(method, raw, again, pol,
+                                                    deadline - self._now(), mode, result_type)
+                except FanOutFailed as exc:
+                    more = exc.result
+                for r in again:
+                    result.errors.pop(r, None)
+                result.results.update(more.results)
+                result.errors.update(more.errors)
+                failed = (FanOutFailed(method, pol.value, result)
+                          if any(not isinstance(e, RemoteError) for e in result.errors.values())
+                          else None)
+            if failed is not None:
+                raise failed
+            return result
+        finally:
+            _envelope_extras.reset(extras)
+            if on_progress is not None:
+                self._progress_by_method[method].remove(on_progress)
+                if not self._progress_by_method[method]:
+                    del self._progress_by_method[method]
+
+    async def _fan_out_once(self, method: str, raw: msgspec.Raw, targets: tuple[int, ...],
+                            pol: Policy, budget: float, mode: str,
+                            result_type: Any) -> FanOutResult:
         mailbox = self.mailbox(method)
         if mode == "queueing":
             return await mailbox.queueing(raw, targets, pol, budget, result_type)
@@ -372,11 +539,13 @@ class ControlClient:
         incarnation = self.registry.incarnation
         transport = self.transport
         trace = self.trace_provider() if self.trace_provider is not None else None
+        key, fence = _envelope_extras.get()
+        fence = fence or self.fence
         while (rank := core.next_send()) is not None:
             seq = self._seq.get(rank, 0) + 1
             self._seq[rank] = seq
             env = Request(entry.id, rank, entry.method, raw, wall_deadline, seq, incarnation,
-                          trace)
+                          trace, key, fence)
             error: Exception | None = None
             try:
                 try:
@@ -556,7 +725,7 @@ class ControlClient:
             elif type(env) is Heartbeat:
                 self.counters["heartbeats_received"] += 1
                 rank = env.rank if event.peer is None else event.peer
-                self._peer_seen(rank, env.incarnation, authoritative=True)
+                self._on_heartbeat(rank, env)
             else:
                 self.counters["dropped_wrong_type"] += 1
         elif type(event) is Dropped:
@@ -576,9 +745,45 @@ class ControlClient:
         if disposition is ReplyDisposition.COMPLETED and entry is not None:
             self._wake(entry)
 
-    def _peer_seen(self, rank: int, incarnation: int, *, authoritative: bool) -> None:
+    def _on_heartbeat(self, rank: int, hb: Heartbeat) -> None:
+        if not hb.method:
+            self._peer_seen(rank, hb.incarnation, authoritative=True)
+            return
+        busy_for = hb.busy_for if math.isfinite(hb.busy_for) else 0.0
+        progress = Progress(hb.busy, hb.method[:200], busy_for, hb.loops,
+                            hb.progress if math.isfinite(hb.progress) else -1.0, hb.note[:200])
+        peers = self.peers
+        stalls = peers.peers[rank].stall_count if rank in peers.peers else 0
+        self._peer_seen(rank, hb.incarnation, authoritative=True, progress=progress)
+        peer = peers.peers.get(rank)
+        if peer is None or peer.incarnation != hb.incarnation:
+            return
+        if peer.stall_count > stalls:
+            self.counters["engine_stalled"] += 1
+            log.warning("ctlwire: engine rank %d stalled: %s running for %.1f s (limit %.1f s)",
+                        rank, hb.method, busy_for, peers.stall_limit_for(hb.method))
+        if hb.busy and (self._progress_by_id or self._progress_by_method):
+            entry = self.registry.get(hb.busy)
+            if entry is None or not entry.is_open or rank not in entry.ranks:
+                return
+            callbacks = list(self._progress_by_method.get(entry.method, ()))
+            by_id = self._progress_by_id.get(entry.id)
+            if by_id is not None:
+                callbacks.append(by_id)
+            for callback in callbacks:
+                try:
+                    callback(rank, progress)
+                except Exception:  # a caller's callback must not break the receiver
+                    log.exception("ctlwire: progress callback failed")
+
+    def _peer_seen(self, rank: int, incarnation: int, *, authoritative: bool,
+                   progress: Progress | None = None) -> None:
         was_live = self.peers.state(rank) in _LIVE
-        restarted = self.peers.seen(rank, incarnation, self._now(), authoritative=authoritative)
+        fenced = self.peers.fenced
+        restarted = self.peers.seen(rank, incarnation, self._now(), authoritative=authoritative,
+                                    progress=progress)
+        if self.peers.fenced != fenced:
+            self.counters["fenced_incarnation"] += 1
         for r in restarted:
             self.counters["engine_restarted"] += 1
             self._fail_rank(r, "engine restarted (new incarnation)")
@@ -611,11 +816,22 @@ class ControlClient:
         assert interval
         hb_seq = 0
         incarnation = self.registry.incarnation
+        last = self._now()
         while True:
             await anyio.sleep(interval)
-            now = anyio.current_time()
-            for rank in self.peers.tick(now):
-                self._rank_lost(rank, f"no heartbeat for {self.peers.misses_allowed} intervals")
+            now = self._now()
+            lag = now - last - interval
+            last = now
+            if lag > interval / 2:
+                # this client's own loop was blocked (a blocking call, a GC pause):
+                # the engines' heartbeats of that time are still queued, unread.
+                # That time is not their silence; judge them once they are read.
+                self.counters["client_stalls"] += 1
+                self.peers.excuse(lag, now)
+            else:
+                for rank in self.peers.tick(now):
+                    self._rank_lost(rank,
+                                    f"no heartbeat for {self.peers.misses_allowed} intervals")
             hb_seq += 1
             live = set(self.peers.live_ranks())
             heartbeat = Heartbeat(-1, incarnation, hb_seq)
@@ -639,6 +855,7 @@ class ControlClient:
             "tombstones": self.registry.tombstone_count,
             "registry": self.registry.stats.snapshot(),
             "peers": self.peers.snapshot(),
+            "ranks": self.peers.describe(),
             "mailboxes": {m: b.depth for m, b in self._mailboxes.items()},
             **self.counters,
         }

@@ -30,13 +30,26 @@ Guarantees:
 * **Bad input is answered or counted, never fatal.** Malformed and oversized
   frames are answered with a typed error when their id can be read, else
   counted; nothing in the receive path can end the endpoint.
-* **Heartbeats** go out every ``heartbeat_interval`` (from :meth:`serve`'s own
-  task, or from :meth:`poll` when due: a synchronous engine must poll at
-  least that often to stay alive in the client's eyes).
+* **Liveness that does not depend on the handler's thread.** Heartbeats go
+  out every ``heartbeat_interval`` from the transport's liveness beacon (a
+  thread and a socket of their own, see :mod:`ctlwire.transports.zmq_beacon`),
+  so a sync handler or step may block for minutes and the rank stays alive.
+  Transports without a beacon (in-memory, inproc PAIR, fault-injecting
+  wrappers) get in-band heartbeats from :meth:`serve`'s task or :meth:`poll`.
+* **Progress.** Each heartbeat says what the engine is doing: the request
+  running (id, method, seconds so far), loop iterations, and what the handler
+  reported with :func:`report_progress`. A step that keeps :meth:`poll` from
+  being called for more than an interval is reported as method ``"(step)"``.
+* **Idempotency keys.** A request with a key (``Request.key``) whose
+  ``(method, key)`` already ran is answered with the first run's outcome
+  (:class:`~ctlwire.kernel.result_cache.ResultCache`); the handler runs once.
+* **Fencing.** A request whose fencing token is lower than the highest token
+  this engine has accepted is refused with ``Fenced`` (code 409) and not run.
 """
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import logging
 import secrets
@@ -49,9 +62,11 @@ from typing import Any, get_type_hints
 
 import anyio
 import anyio.abc
+import msgspec
 
 from ctlwire.kernel.actor import Actor
-from ctlwire.kernel.errors import error_info
+from ctlwire.kernel.errors import FENCED_CODE, error_info
+from ctlwire.kernel.result_cache import RUNNING, RecordedOutcome, ResultCache
 from ctlwire.kernel.tracing import current_trace
 from ctlwire.states import INBOUND_REQUEST_TABLE, InboundEvent, InboundState
 from ctlwire.transports.codec import PayloadTypeError
@@ -65,10 +80,27 @@ from ctlwire.transports.errors import (
 )
 from ctlwire.transports.transport import Dropped, EngineTransport, Received, Route
 
-__all__ = ["EngineEndpoint", "ErrorCode", "MethodSpec"]
+__all__ = ["EngineEndpoint", "ErrorCode", "MethodSpec", "report_progress"]
 
 log = logging.getLogger("ctlwire.engine")
 _NONE = object()
+STEP_METHOD = "(step)"
+"""The method a heartbeat names while the engine's own step keeps it from polling."""
+
+_current_request: contextvars.ContextVar[tuple[EngineEndpoint, int] | None] = (
+    contextvars.ContextVar("ctlwire_current_request", default=None))
+
+
+def report_progress(fraction: float, note: str = "") -> bool:
+    """Report the progress of the request the calling handler is running
+    (``fraction`` in 0..1, and a short note); the caller sees it with its next
+    heartbeat, while the handler still blocks. Callable from sync, threaded
+    and async handlers. False (nothing reported) outside a handler."""
+    current = _current_request.get()
+    if current is None:
+        return False
+    endpoint, request_id = current
+    return endpoint.report_progress(request_id, fraction, note)
 
 
 def new_incarnation() -> int:
@@ -91,6 +123,8 @@ class ErrorCode:
     WRONG_RANK = 421
     RESULT_NOT_ENCODABLE = 500
     ASYNC_HANDLER_IN_POLL = 501
+    FENCED = FENCED_CODE
+    IN_PROGRESS = 425
 
 
 @dataclass(frozen=True)
@@ -155,6 +189,8 @@ class EngineEndpoint:
         mailbox_size: int = 256,
         dedup_window: int = 4096,
         clock: Callable[[], float] = time.time,
+        beacon: bool = True,
+        result_cache: ResultCache | None = None,
     ) -> None:
         self.transport = transport
         self.codec = transport.codec
@@ -170,7 +206,18 @@ class EngineEndpoint:
         self._next_heartbeat = 0.0
         self._outbox: list[tuple[Route, Reply]] = []
         self.heartbeats_paused = False
+        self.use_beacon = beacon
+        self.beacon_active = False
         self.client_last_seen: float | None = None
+        # what the engine is doing, read by the beacon's thread: request id ->
+        # (method, monotonic start); handler-reported progress; loop iterations
+        self.running: dict[int, tuple[str, float]] = {}
+        self._progress: dict[int, tuple[float, str]] = {}
+        self.loops = 0
+        self._last_loop = time.monotonic()
+        self.results = result_cache if result_cache is not None else ResultCache()
+        self.fence_high = 0
+        self._polling = False
         self._nil = self.codec.encode_value(None)
         self.counters: dict[str, int] = {
             "received": 0,
@@ -189,6 +236,9 @@ class EngineEndpoint:
             "heartbeats_sent": 0,
             "heartbeats_received": 0,
             "internal_errors": 0,
+            "fenced": 0,
+            "idempotent_replays": 0,
+            "idempotent_in_progress": 0,
         }
         self.states: dict[InboundState, int] = {s: 0 for s in InboundState}
 
@@ -287,6 +337,28 @@ class EngineEndpoint:
                 req.id, "DeadlineExpired",
                 f"{req.method!r} arrived {self.clock() - req.deadline:.3f} s after its deadline",
                 ErrorCode.DEADLINE_EXPIRED))
+        if req.fence:
+            if req.fence < self.fence_high:
+                self.counters["fenced"] += 1
+                self.counters["rejected"] += 1
+                return self._finish(item, InboundEvent.REJECT, self._error_reply(
+                    req.id, "Fenced", f"{req.method!r}: fencing token {req.fence} is older than "
+                    f"{self.fence_high}, already accepted", ErrorCode.FENCED))
+            self.fence_high = req.fence
+        if req.key:
+            recorded = self.results.lookup(req.method, req.key)
+            if recorded is RUNNING:
+                self.counters["idempotent_in_progress"] += 1
+                self.counters["rejected"] += 1
+                return self._finish(item, InboundEvent.REJECT, self._error_reply(
+                    req.id, "InProgress", f"{req.method!r} with idempotency key {req.key!r} "
+                    "is still running", ErrorCode.IN_PROGRESS))
+            if recorded is not None:
+                self.counters["idempotent_replays"] += 1
+                item.go(InboundEvent.START)
+                return self._finish(item, InboundEvent.REPLY, Reply(
+                    req.id, self.rank, self.incarnation, recorded.ok,
+                    msgspec.Raw(recorded.result) if recorded.ok else self._nil, recorded.error))
         if spec.payload_optional and req.payload == self._nil:
             item.go(InboundEvent.START)
             return spec, _NONE  # no payload sent: the handler's default applies
@@ -323,6 +395,69 @@ class EngineEndpoint:
             item.request.id, self.rank, self.incarnation, False, self.codec.encode_value(None),
             info))
 
+    # -- what is running (read by the beacon's thread) ---------------------------
+    def _begin(self, req: Request) -> contextvars.Token[tuple[EngineEndpoint, int] | None]:
+        self.running[req.id] = (req.method, time.monotonic())
+        if req.key:
+            self.results.start(req.method, req.key)
+        return _current_request.set((self, req.id))
+
+    def _end(self, req: Request, reply: Reply | None,
+             token: contextvars.Token[tuple[EngineEndpoint, int] | None]) -> None:
+        _current_request.reset(token)
+        self.running.pop(req.id, None)
+        self._progress.pop(req.id, None)
+        self._last_loop = time.monotonic()
+        if req.key:
+            if reply is None:
+                self.results.abandon(req.method, req.key)
+            else:
+                self.results.finish(req.method, req.key,
+                                    RecordedOutcome(reply.ok, bytes(reply.result), reply.error))
+
+    def report_progress(self, request_id: int, fraction: float, note: str = "") -> bool:
+        """Record the progress of running request ``request_id`` (see
+        :func:`report_progress`); False when it is not running."""
+        if request_id not in self.running:
+            return False
+        self._progress[request_id] = (min(1.0, max(0.0, float(fraction))), str(note)[:200])
+        return True
+
+    def loop_came_round(self) -> None:
+        """The engine's loop made progress (called by :meth:`poll` and :meth:`serve`)."""
+        self.loops += 1
+        self._last_loop = time.monotonic()
+
+    def status_heartbeat(self) -> Heartbeat | None:
+        """This engine's next heartbeat: who it is and what it is doing. Safe to
+        call from the beacon's thread (reads only). None while
+        :attr:`heartbeats_paused`."""
+        if self.heartbeats_paused:
+            return None
+        self._hb_seq += 1
+        now = time.monotonic()
+        try:
+            running = list(self.running.items())
+        except RuntimeError:  # pragma: no cover - changed size while copied
+            running = []
+        if running:
+            rid, (method, since) = min(running, key=lambda item: item[1][1])
+            fraction, note = self._progress.get(rid, (-1.0, ""))
+            return Heartbeat(self.rank, self.incarnation, self._hb_seq, rid, method,
+                             now - since, self.loops, fraction, note)
+        idle_for = now - self._last_loop
+        if self.heartbeat_interval and idle_for > 2 * self.heartbeat_interval and \
+                self._polling:
+            # a sync engine that has not polled for two intervals is in its own step
+            return Heartbeat(self.rank, self.incarnation, self._hb_seq, 0, STEP_METHOD,
+                             idle_for, self.loops)
+        return Heartbeat(self.rank, self.incarnation, self._hb_seq, 0, "", 0.0, self.loops)
+
+    def _start_beacon(self) -> None:
+        start = getattr(self.transport, "start_beacon", None)
+        if self.use_beacon and self.heartbeat_interval and start is not None:
+            self.beacon_active = bool(start(self.heartbeat_interval, self.status_heartbeat))
+
     def _classify(self, event: Any) -> _Inbound | _BadFrameReply | None:
         """Turn a transport event into work (an _Inbound), an immediate reply, or nothing."""
         self.counters["received"] += 1
@@ -358,8 +493,12 @@ class EngineEndpoint:
 
     # -- synchronous embedding -------------------------------------------------
     def open(self) -> None:
-        """Open the transport (sync engines); sends the first heartbeat."""
+        """Open the transport (sync engines), start the liveness beacon where the
+        transport has one, and send the first heartbeat."""
         self.transport.open()
+        self._polling = True
+        self._last_loop = time.monotonic()
+        self._start_beacon()
         self._next_heartbeat = 0.0
         self._heartbeat_if_due()
 
@@ -370,6 +509,7 @@ class EngineEndpoint:
         """Handle up to ``max_messages`` ready requests without blocking; send a
         heartbeat if one is due. Returns how many requests were handled.
         Sync handlers only (an async handler gets an error reply)."""
+        self.loop_came_round()
         self._heartbeat_if_due()
         self._flush_outbox()
         handled = 0
@@ -424,14 +564,17 @@ class EngineEndpoint:
                 f"{spec.name!r} is async; serve it with EngineEndpoint.serve()"))
         else:
             token = current_trace.set(work.request.trace)
+            running = self._begin(work.request)
+            done: Reply | None = None
             try:
                 result = (spec.handler(payload) if payload is not _NONE and spec.takes_payload
                           else spec.handler())
             except Exception as exc:
-                reply = self._exception_reply(work, exc)
+                reply = done = self._exception_reply(work, exc)
             else:
-                reply = self._result_reply(work, result)
+                reply = done = self._result_reply(work, result)
             finally:
+                self._end(work.request, done, running)
                 current_trace.reset(token)
         self._send_sync(work.route, reply)
         return 1
@@ -465,7 +608,7 @@ class EngineEndpoint:
             self._outbox.pop(0)
 
     def _heartbeat_if_due(self) -> None:
-        if not self.heartbeat_interval:
+        if not self.heartbeat_interval or self.beacon_active:
             return
         now = time.monotonic()
         if now < self._next_heartbeat:
@@ -476,10 +619,9 @@ class EngineEndpoint:
     def send_heartbeat(self) -> None:
         """Announce this rank and incarnation to every client route now
         (nothing while :attr:`heartbeats_paused`, a hook for fault tests)."""
-        if self.heartbeats_paused:
+        hb = self.status_heartbeat()
+        if hb is None:
             return
-        self._hb_seq += 1
-        hb = Heartbeat(self.rank, self.incarnation, self._hb_seq)
         for route in list(self.transport.heartbeat_routes()):
             try:
                 self.transport.send_nowait(route, hb)
@@ -494,7 +636,10 @@ class EngineEndpoint:
         transport; runs heartbeats in a task of its own, so a long async
         handler does not make the engine look dead."""
         async with self.transport, _Dispatcher(self, self.mailbox_size) as dispatcher:
-            self.send_heartbeat()
+            self._polling = False
+            self._start_beacon()
+            if not self.beacon_active:
+                self.send_heartbeat()
             async with anyio.create_task_group() as tg:
                 if self.heartbeat_interval:
                     tg.start_soon(self._heartbeat_loop)
@@ -525,7 +670,9 @@ class EngineEndpoint:
         assert interval
         while True:
             await anyio.sleep(interval)
-            self.send_heartbeat()
+            self.loop_came_round()
+            if not self.beacon_active:
+                self.send_heartbeat()
 
     async def _run_async(self, item: _Inbound) -> None:
         admitted = self._admit(item)
@@ -535,17 +682,22 @@ class EngineEndpoint:
         spec, payload = admitted
         args = (payload,) if spec.takes_payload and payload is not _NONE else ()
         current_trace.set(item.request.trace)  # this task handles one request at a time
+        running = self._begin(item.request)
+        done: Reply | None = None
         try:
-            if spec.is_async:
-                result = await spec.handler(*args)
-            elif spec.threaded:
-                result = await anyio.to_thread.run_sync(spec.handler, *args)
+            try:
+                if spec.is_async:
+                    result = await spec.handler(*args)
+                elif spec.threaded:
+                    result = await anyio.to_thread.run_sync(spec.handler, *args)
+                else:
+                    result = spec.handler(*args)
+            except Exception as exc:
+                reply = done = self._exception_reply(item, exc)
             else:
-                result = spec.handler(*args)
-        except Exception as exc:
-            reply = self._exception_reply(item, exc)
-        else:
-            reply = self._result_reply(item, result)
+                reply = done = self._result_reply(item, result)
+        finally:
+            self._end(item.request, done, running)
         await self._send_async(item.route, reply)
 
     async def _send_async(self, route: Route, reply: Reply) -> None:
@@ -566,6 +718,12 @@ class EngineEndpoint:
             "incarnation": self.incarnation,
             "methods": self.methods,
             "states": {s.name: n for s, n in self.states.items()},
+            "beacon": self.beacon_active,
+            "running": {rid: m for rid, (m, _) in list(self.running.items())},
+            "loops": self.loops,
+            "fence_high": self.fence_high,
+            "idempotency_cache": {"entries": len(self.results), "bytes": self.results.bytes,
+                                  "hits": self.results.hits, "evicted": self.results.evicted},
             **self.counters,
         }
 

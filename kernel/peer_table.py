@@ -1,33 +1,60 @@
-"""Liveness of engine ranks: the ``PeerLink`` machine driven by heartbeats (sans-IO).
+"""Liveness and progress of engine ranks: the ``PeerLink`` machine (sans-IO).
 
-:class:`PeerTable` takes what the transports report — a frame or heartbeat
-seen from a rank under some incarnation, a disconnection — plus the passing
-of time (:meth:`PeerTable.tick` with a clock reading) and returns the ranks
-whose pending requests must now fail.
+:class:`PeerTable` takes what the transports report — a heartbeat (with the
+engine's progress) or a reply seen from a rank under some incarnation, a
+disconnection — plus the passing of time (:meth:`PeerTable.tick` with a clock
+reading) and returns the ranks whose pending requests must now fail.
 
-* Connected → Suspect after one missed heartbeat interval (plus half an
-  interval of grace); Lost after ``misses_allowed`` consecutive missed
+* **Liveness.** Live → Suspect after one missed heartbeat interval (plus half
+  an interval of grace); Lost after ``misses_allowed`` consecutive missed
   intervals (default 4 x 0.25 s + 0.125 s, about 1.1 s), or at once on a
-  disconnection.
-* A rank heard from again after Lost rejoins. A *new incarnation* seen while
-  Connected or Suspect is a restart: the old incarnation is Lost first (its
-  requests fail with EngineDead), then the new one rejoins.
-* Frames from an incarnation other than the current one are stale
-  (:meth:`PeerTable.is_stale`) and must be dropped. Incarnations grow with
-  time, so a late heartbeat of a replaced process is ignored rather than
-  taken for yet another restart.
+  disconnection. Engines send heartbeats from a thread of their own, so a
+  handler or step that blocks does not make a rank miss them.
+* **Progress.** A heartbeat says what the engine runs and for how long:
+  idle → Connected; running a request or a step → Busy; running it for longer
+  than the stall limit of its method (``stall_limits``, else ``stall_limit``)
+  → Stalled. Busy and Stalled ranks are alive: nothing here fails their calls.
+* **The client's own stalls do not count against engines.**
+  :meth:`excuse` moves every live rank's last-heard time forward by a period
+  in which the client could not read (its loop was blocked), so heartbeats
+  still queued in the socket are read before anyone is judged.
+* **Incarnations are fenced.** A new incarnation seen while live is a restart:
+  the old one is Lost first (its requests fail), then the new one rejoins.
+  Incarnations grow with time, and once an incarnation is admitted, frames of
+  older ones are stale for good: dropped and counted (:attr:`PeerTable.fenced`),
+  never re-admitted, even while the rank is Lost (a frozen process that thaws
+  after its replacement started). The admitted incarnation itself may rejoin
+  after Lost (the same process, thawed or reconnected).
+* **Bounded.** Only the ranks given at construction have entries; anything
+  else is counted in :attr:`PeerTable.foreign` and ignored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from ctlwire.states import PEER_LINK_TABLE, PeerEvent, PeerState
 
-__all__ = ["Peer", "PeerTable"]
+__all__ = ["Peer", "PeerTable", "Progress"]
 
-_LIVE = (PeerState.CONNECTED, PeerState.SUSPECT)
+_LIVE = (PeerState.CONNECTED, PeerState.BUSY, PeerState.STALLED, PeerState.SUSPECT)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What an engine's last heartbeat said it was doing."""
+
+    request_id: int = 0  # the request running (0: none, or a step)
+    method: str = ""  # its method; "(step)" for the engine's own step; "" when idle
+    busy_for: float = 0.0  # seconds it has run, on the engine's clock
+    loops: int = 0  # the engine loop's iterations so far
+    fraction: float = -1.0  # the handler's own report (0..1), negative when none
+    note: str = ""
+
+
+_IDLE = Progress()
 
 
 @dataclass
@@ -39,29 +66,38 @@ class Peer:
     misses: int = 0
     lost_count: int = 0
     rejoin_count: int = 0
+    stall_count: int = 0
     lost_at: float | None = None
+    progress: Progress = field(default=_IDLE)
+
+    def describe(self) -> dict[str, Any]:
+        p = self.progress
+        return {"state": self.state.name, "incarnation": self.incarnation,
+                "request": p.request_id, "method": p.method, "busy_for": round(p.busy_for, 3),
+                "loops": p.loops, "progress": p.fraction, "note": p.note}
 
 
 class PeerTable:
     """Per-rank PeerLink state; see the module docstring."""
 
     def __init__(self, ranks: Iterable[int] = (), *, interval: float = 0.25,
-                 misses_allowed: int = 4) -> None:
+                 misses_allowed: int = 4, stall_limit: float = 300.0,
+                 stall_limits: Mapping[str, float] | None = None) -> None:
         if interval <= 0 or misses_allowed < 1:
             raise ValueError("interval must be > 0 and misses_allowed >= 1")
+        if stall_limit <= 0:
+            raise ValueError("stall_limit must be > 0")
         self.interval = interval
         self.misses_allowed = misses_allowed
+        self.stall_limit = stall_limit
+        self.stall_limits = dict(stall_limits or {})
         self.peers: dict[int, Peer] = {r: Peer(r) for r in ranks}
+        self.fenced = 0  # frames of an incarnation older than the admitted one
+        self.foreign = 0  # frames naming a rank this table does not have
         self._apply = PEER_LINK_TABLE.apply
 
     def _go(self, peer: Peer, event: PeerEvent) -> None:
         peer.state = self._apply(peer.state, event, peer.rank)
-
-    def peer(self, rank: int) -> Peer:
-        p = self.peers.get(rank)
-        if p is None:
-            p = self.peers[rank] = Peer(rank)
-        return p
 
     def state(self, rank: int) -> PeerState:
         p = self.peers.get(rank)
@@ -71,56 +107,76 @@ class PeerTable:
         p = self.peers.get(rank)
         return p is not None and p.state is PeerState.LOST
 
+    def is_live(self, rank: int) -> bool:
+        p = self.peers.get(rank)
+        return p is not None and p.state in _LIVE
+
     def is_stale(self, rank: int, incarnation: int) -> bool:
-        """A frame from ``incarnation`` is not from the rank's current process."""
+        """A frame from ``incarnation`` is not from the rank's admitted process."""
         p = self.peers.get(rank)
         return (p is not None and p.incarnation != 0 and incarnation != 0
                 and incarnation != p.incarnation)
 
-    def seen(self, rank: int, incarnation: int, now: float, *, authoritative: bool = True
-             ) -> list[int]:
+    def stall_limit_for(self, method: str) -> float:
+        return self.stall_limits.get(method, self.stall_limit)
+
+    def _progress_event(self, progress: Progress | None) -> PeerEvent:
+        if progress is None or not progress.method:
+            return PeerEvent.IDLE
+        if progress.busy_for > self.stall_limit_for(progress.method):
+            return PeerEvent.STALL
+        return PeerEvent.WORK
+
+    def seen(self, rank: int, incarnation: int, now: float, *, authoritative: bool = True,
+             progress: Progress | None = None) -> list[int]:
         """``rank`` was heard from. Returns ``[rank]`` when this revealed a
         restart (its old incarnation's requests must fail), else ``[]``.
 
         ``authoritative`` is True for heartbeats (which announce the
-        incarnation); replies only refresh liveness."""
+        incarnation and carry ``progress``); replies only refresh liveness."""
         p = self.peers.get(rank)
-        if (p is not None and p.state is PeerState.CONNECTED
+        if p is None:
+            self.foreign += 1
+            return []
+        if (progress is None and p.state is PeerState.CONNECTED
                 and (incarnation == p.incarnation or not incarnation)):
-            # the common case, Connected --seen--> Connected: no state change
+            # the common case, Connected --idle--> Connected: no state change
             p.last_seen = now
             p.misses = 0
             return []
-        p = self.peer(rank)
         lost: list[int] = []
-        if (authoritative and incarnation and p.incarnation and incarnation < p.incarnation
-                and p.state in _LIVE):
-            # a late heartbeat of a process this rank has already replaced; once the
-            # rank is Lost, any incarnation may rejoin (a restart on a host whose
-            # clock is behind, or after a garbled incarnation)
-            return lost
-        if p.state is PeerState.LOST:
-            if not authoritative and p.incarnation and incarnation != p.incarnation:
+        if incarnation and p.incarnation and incarnation != p.incarnation:
+            if not authoritative:
+                return lost  # a reply of another process: the caller drops it as stale
+            if incarnation < p.incarnation:
+                self.fenced += 1  # an older process than the admitted one: fenced for good
                 return lost
+            # a newer incarnation: a restart
+            if p.state in _LIVE:
+                self._go(p, PeerEvent.LOSE)
+                p.lost_count += 1
+                lost.append(rank)
+            self._go(p, PeerEvent.REJOIN)
+            p.rejoin_count += 1
+            p.lost_at = None
+            p.incarnation = incarnation
+        elif p.state is PeerState.LOST:
             self._go(p, PeerEvent.REJOIN)
             p.rejoin_count += 1
             p.lost_at = None
             if incarnation:
                 p.incarnation = incarnation
-        elif (authoritative and incarnation and p.incarnation and incarnation != p.incarnation
-              and p.state in _LIVE):
-            self._go(p, PeerEvent.LOSE)
-            p.lost_count += 1
-            lost.append(rank)
-            self._go(p, PeerEvent.REJOIN)
-            p.rejoin_count += 1
+        elif incarnation and authoritative and not p.incarnation:
             p.incarnation = incarnation
-        else:
-            if not authoritative and p.incarnation and incarnation != p.incarnation:
-                return lost
-            self._go(p, PeerEvent.SEEN)
-            if incarnation and authoritative:
-                p.incarnation = incarnation
+        if authoritative:
+            event = self._progress_event(progress)
+            if event is PeerEvent.STALL and p.state is not PeerState.STALLED:
+                p.stall_count += 1
+            if not (event is PeerEvent.IDLE and p.state is PeerState.CONNECTED):
+                self._go(p, event)
+            p.progress = progress if progress is not None else _IDLE
+        elif p.state is PeerState.UNKNOWN or p.state is PeerState.SUSPECT:
+            self._go(p, PeerEvent.IDLE if p.progress.method == "" else PeerEvent.WORK)
         p.last_seen = now
         p.misses = 0
         return lost
@@ -133,7 +189,17 @@ class PeerTable:
         self._go(p, PeerEvent.LOSE)
         p.lost_count += 1
         p.lost_at = now
+        p.progress = _IDLE
         return True
+
+    def excuse(self, seconds: float, now: float) -> None:
+        """The client could not read for ``seconds`` (its own loop was blocked):
+        that time does not count as silence of any rank."""
+        if seconds <= 0:
+            return
+        for p in self.peers.values():
+            if p.state in _LIVE:
+                p.last_seen = min(now, p.last_seen + seconds)
 
     def tick(self, now: float) -> list[int]:
         """Account for time passing; returns ranks that just became Lost."""
@@ -149,8 +215,9 @@ class PeerTable:
                     self._go(p, PeerEvent.LOSE)
                     p.lost_count += 1
                     p.lost_at = now
+                    p.progress = _IDLE
                     lost.append(p.rank)
-                else:
+                elif p.state is not PeerState.SUSPECT:
                     self._go(p, PeerEvent.MISS)
         return lost
 
@@ -159,3 +226,7 @@ class PeerTable:
 
     def snapshot(self) -> dict[int, str]:
         return {r: p.state.name for r, p in sorted(self.peers.items())}
+
+    def describe(self) -> dict[int, dict[str, Any]]:
+        """Every rank's state and what it was last doing."""
+        return {r: p.describe() for r, p in sorted(self.peers.items())}

@@ -31,7 +31,13 @@ from ctlwire.states.mailbox_ticket import (
     TicketEvent,
     TicketState,
 )
-from ctlwire.states.peer_link import PEER_LINK, PEER_LINK_TABLE, PeerEvent, PeerState
+from ctlwire.states.peer_link import (
+    LIVE_PEER_STATES,
+    PEER_LINK,
+    PEER_LINK_TABLE,
+    PeerEvent,
+    PeerState,
+)
 from ctlwire.states.transition_table import MachineSpec, StateTable, build_machine, derive_table
 
 MACHINES: tuple[MachineSpec[Any, Any], ...] = (
@@ -52,6 +58,7 @@ __all__ = [
     "CONTROL_REQUEST_TABLE",
     "INBOUND_REQUEST",
     "INBOUND_REQUEST_TABLE",
+    "LIVE_PEER_STATES",
     "MACHINES",
     "MAILBOX_TICKET",
     "MAILBOX_TICKET_TABLE",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ctlwire.kernel.peer_table import PeerTable
+from ctlwire.kernel.peer_table import PeerTable, Progress
 from ctlwire.states import PeerState
 
 
@@ -61,9 +61,46 @@ def test_late_heartbeat_of_a_replaced_process_is_ignored() -> None:
     assert t.is_stale(0, 100)
 
 
-def test_lost_rank_rejoins_even_with_an_older_incarnation() -> None:
+def test_older_incarnation_is_fenced_even_after_lost() -> None:
+    """Once an incarnation is admitted, an older one (a frozen process that thaws
+    after its replacement started) is never admitted again."""
     t = PeerTable([0], interval=0.25)
-    t.seen(0, 500, now=0.0)
-    t.disconnected(0, now=0.1)
-    assert t.seen(0, 300, now=0.2) == []  # restarted on a host whose clock is behind
-    assert t.state(0) is PeerState.CONNECTED and t.peers[0].incarnation == 300
+    t.seen(0, 300, now=0.0)
+    assert t.seen(0, 500, now=0.1) == [0]  # the replacement is admitted
+    t.disconnected(0, now=0.2)
+    assert t.seen(0, 300, now=0.3) == []  # the old process thaws
+    assert t.state(0) is PeerState.LOST and t.peers[0].incarnation == 500
+    assert t.fenced == 1 and t.is_stale(0, 300)
+    assert t.seen(0, 500, now=0.4) == [] and t.state(0) is PeerState.CONNECTED  # same one back
+
+
+def test_busy_and_stalled_ranks_stay_alive() -> None:
+    t = PeerTable([0], interval=0.25, stall_limit=5.0, stall_limits={"update_weights": 60.0})
+    t.seen(0, 7, now=0.0)
+    busy = Progress(11, "update_weights", 30.0, 3, 0.5, "half")
+    assert t.seen(0, 7, now=0.1, progress=busy) == []
+    assert t.state(0) is PeerState.BUSY and t.peers[0].progress.fraction == 0.5
+    # its own stall limit (60 s) applies, not the default (5 s)
+    assert t.seen(0, 7, now=0.2, progress=Progress(11, "update_weights", 61.0)) == []
+    assert t.state(0) is PeerState.STALLED and t.peers[0].stall_count == 1
+    assert t.tick(0.3) == [] and 0 in t.live_ranks() and not t.is_lost(0)
+    assert t.seen(0, 7, now=0.4, progress=Progress(0, "get_load", 6.0)) == []
+    assert t.state(0) is PeerState.STALLED and t.peers[0].stall_count == 1  # one episode
+    assert t.seen(0, 7, now=0.5, progress=Progress()) == []
+    assert t.state(0) is PeerState.CONNECTED
+
+
+def test_a_stall_of_the_client_itself_is_excused() -> None:
+    t = PeerTable([0, 1], interval=0.25, misses_allowed=4)
+    t.seen(0, 7, now=0.0)
+    t.seen(1, 8, now=0.0)
+    t.excuse(2.0, now=2.0)  # the client's loop was blocked for 2 s
+    assert t.tick(2.0) == [] and t.live_ranks() == [0, 1]
+    assert t.tick(3.2) == [0, 1]  # silence after the stall still counts
+
+
+def test_frames_of_ranks_outside_the_table_are_counted_not_added() -> None:
+    t = PeerTable([0], interval=0.25)
+    for rank in range(1, 1001):
+        assert t.seen(rank, 1, now=0.0) == []
+    assert list(t.peers) == [0] and t.foreign == 1000

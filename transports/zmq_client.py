@@ -52,11 +52,13 @@ from ctlwire.transports.errors import (
     WouldBlock,
 )
 from ctlwire.transports.memory import decode_event
-from ctlwire.transports.transport import Dropped, PeerDisconnected, TransportEvent
+from ctlwire.transports.transport import Dropped, PeerDisconnected, Received, TransportEvent
 from ctlwire.transports.zmq_config import (
     ZmqOptions,
+    beacon_address_for,
     check_bind_address,
     private_ipc_address,
+    rank_from_beacon_identity,
     rank_from_identity,
     rank_identity,
     remove_ipc_file,
@@ -289,8 +291,17 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         identity, data = msg
         rank = rank_from_identity(identity)
         if rank is None:
-            self.counters["unknown_peer"] += 1
-            return Dropped("unknown_peer", f"identity {identity[:32]!r} is not a rank", len(data))
+            rank = rank_from_beacon_identity(identity)
+            if rank is None:
+                self.counters["unknown_peer"] += 1
+                return Dropped("unknown_peer", f"identity {identity[:32]!r} is not a rank",
+                               len(data))
+            event = decode_event(self.codec, data, rank, identity)
+            if type(event) is Received and type(event.envelope) is not Heartbeat:
+                # a beacon carries heartbeats only
+                self.counters["unknown_peer"] += 1
+                return Dropped("wrong_type", "a beacon sent something else", len(data), rank)
+            return event
         self._known.add(rank)
         return decode_event(self.codec, data, rank, identity)
 
@@ -457,16 +468,62 @@ class _PerRankClient(_ZmqClientBase):
 
 class ZmqDealerClientTransport(_PerRankClient):
     """Reverse orientation: each engine binds a ROUTER at ``addresses[rank]``; the
-    client connects one DEALER per rank. ``curve`` is a :class:`CurveClientConfig`
-    (the engines are the CURVE servers)."""
+    client connects one DEALER per rank, and one SUB per rank to the engine's
+    liveness beacon at ``beacon_addresses[rank]`` (default
+    :func:`~ctlwire.transports.zmq_config.beacon_address_for` of the rank's
+    address; a rank without one relies on in-band heartbeats). ``curve`` is a
+    :class:`CurveClientConfig` (the engines are the CURVE servers)."""
 
     send_kind = zmq.DEALER
 
     def __init__(self, addresses: Mapping[int, str] | Sequence[str], *,
                  codec: Codec | None = None, options: ZmqOptions | None = None,
                  curve: CurveClientConfig | None = None,
-                 context: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
+                 context: zmq.Context[zmq.Socket[bytes]] | None = None,
+                 beacon_addresses: Mapping[int, str] | None = None) -> None:
         super().__init__(addresses, codec=codec, options=options, curve=curve, context=context)
+        self.beacon_addresses: dict[int, str] = {}
+        for rank, address in self.addresses.items():
+            beacon = (beacon_addresses or {}).get(rank) or beacon_address_for(address)
+            if beacon is not None:
+                self.beacon_addresses[rank] = beacon
+        self._beacons: dict[int, AsyncZmqSocket] = {}
+
+    def _open(self) -> None:
+        super()._open()
+        for rank, address in self.beacon_addresses.items():
+            raw = self.context.socket(zmq.SUB)
+            raw.setsockopt(zmq.RCVHWM, 16)
+            raw.setsockopt(zmq.LINGER, 0)
+            raw.setsockopt(zmq.MAXMSGSIZE, 4096)
+            raw.setsockopt(zmq.RECONNECT_IVL, self.options.reconnect_ivl_ms)
+            raw.setsockopt(zmq.RECONNECT_IVL_MAX, self.options.reconnect_ivl_max_ms)
+            raw.setsockopt(zmq.SUBSCRIBE, b"")
+            if self.curve is not None:
+                self.curve.apply(raw)
+            raw.connect(address)
+            self._beacons[rank] = self._wrap(raw)
+
+    def _start_tasks(self, tg: TaskGroup) -> None:
+        super()._start_tasks(tg)
+        for rank, sock in self._beacons.items():
+            tg.start_soon(self._read_beacon, rank, sock)
+
+    async def _read_beacon(self, rank: int, sock: AsyncZmqSocket) -> None:
+        """Heartbeats of ``rank``'s beacon; anything else is dropped and counted."""
+        while True:
+            try:
+                msg = await sock.recv_multipart()
+            except SocketClosed:
+                return
+            event = (decode_event(self.codec, msg[0], rank, rank) if len(msg) == 1
+                     else Dropped("framing", "beacon frame", sum(map(len, msg)), rank))
+            if type(event) is Received and type(event.envelope) is not Heartbeat:
+                event = Dropped("wrong_type", "a beacon sent something else", event.size, rank)
+            try:
+                await self._events_in.send(event)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return
 
 
 class ZmqPairClientTransport(_PerRankClient):

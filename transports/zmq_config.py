@@ -26,9 +26,12 @@ import zmq
 __all__ = [
     "InsecureBind",
     "ZmqOptions",
+    "beacon_address_for",
+    "beacon_identity",
     "check_bind_address",
     "ipc_path",
     "private_ipc_address",
+    "rank_from_beacon_identity",
     "rank_from_identity",
     "rank_identity",
     "remove_ipc_file",
@@ -75,10 +78,44 @@ def rank_identity(rank: int) -> bytes:
     return b"rank-%d" % rank
 
 
+def _canonical_rank(identity: bytes, prefix: bytes) -> int | None:
+    digits = identity[len(prefix):]
+    if not identity.startswith(prefix) or not digits.isdigit() or len(digits) > 9:
+        return None
+    rank = int(digits)
+    # one spelling per rank: "rank-00" or "rank-+0" are not rank 0
+    return rank if digits == b"%d" % rank else None
+
+
 def rank_from_identity(identity: bytes) -> int | None:
-    """The rank an identity names, or None for anything else."""
-    if identity.startswith(b"rank-") and identity[5:].isdigit():
-        return int(identity[5:])
+    """The rank a request-socket identity names (exactly ``rank-N``), else None."""
+    return _canonical_rank(identity, b"rank-")
+
+
+def beacon_identity(rank: int) -> bytes:
+    """The ZeroMQ routing identity of an engine rank's liveness beacon."""
+    if rank < 0:
+        raise ValueError("rank must be >= 0")
+    return b"beat-%d" % rank
+
+
+def rank_from_beacon_identity(identity: bytes) -> int | None:
+    """The rank a beacon identity names (exactly ``beat-N``), else None."""
+    return _canonical_rank(identity, b"beat-")
+
+
+def beacon_address_for(address: str) -> str | None:
+    """Where an engine that binds ``address`` binds its liveness beacon (a PUB),
+    and where a client connecting to ``address`` finds it: ``ipc://P`` →
+    ``ipc://P.beat``, ``inproc://N`` → ``inproc://N.beat``, ``tcp://H:PORT`` →
+    ``tcp://H:PORT+1``. None where it cannot be derived (an ephemeral port):
+    give the address explicitly then."""
+    if address.startswith(("ipc://", "inproc://")):
+        return address + ".beat"
+    if address.startswith("tcp://"):
+        host, sep, port = address[len("tcp://"):].rpartition(":")
+        if sep and port.isdigit() and 0 < int(port) < 65535:
+            return f"tcp://{host}:{int(port) + 1}"
     return None
 
 

@@ -20,7 +20,7 @@ id, so the endpoint can answer them.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any
 
@@ -32,8 +32,11 @@ from ctlwire.transports.envelope import Envelope
 from ctlwire.transports.errors import SocketClosed, TransportClosed, Unroutable, WouldBlock
 from ctlwire.transports.memory import decode_event
 from ctlwire.transports.transport import Dropped, Route, TransportEvent
+from ctlwire.transports.zmq_beacon import BeaconStatus, LivenessBeacon, configure_beacon_socket
 from ctlwire.transports.zmq_config import (
     ZmqOptions,
+    beacon_address_for,
+    beacon_identity,
     check_bind_address,
     rank_identity,
     remove_ipc_file,
@@ -69,6 +72,7 @@ class _ZmqEngineBase:
         self._opened = False
         self._closed = False
         self._bound_ipc: list[str] = []
+        self._beacon: LivenessBeacon | None = None
 
     def _bind(self, raw: zmq.Socket[bytes], address: str) -> str:
         raw.bind(address)
@@ -86,6 +90,38 @@ class _ZmqEngineBase:
 
     def _setup(self) -> None:
         raise NotImplementedError
+
+    # -- liveness beacon -----------------------------------------------------------
+    def _beacon_socket(self) -> Callable[[], zmq.Socket[bytes]] | None:
+        """A factory of this transport's beacon socket (run in the beacon's
+        thread), or None where this transport has no beacon."""
+        return None
+
+    def start_beacon(self, interval: float, status: BeaconStatus) -> bool:
+        """Send ``status()`` heartbeats every ``interval`` s from a thread and a
+        socket of their own (:class:`~ctlwire.transports.zmq_beacon.LivenessBeacon`),
+        so they keep flowing while the engine's thread blocks. True when
+        started; False where this transport has none (the engine then sends
+        heartbeats in-band). Call after :meth:`open`; stopped by :meth:`close`."""
+        if self._closed or not self._opened or self._beacon is not None:
+            return self._beacon is not None
+        make = self._beacon_socket()
+        if make is None:
+            return False
+        beacon = LivenessBeacon(make, self.codec, interval, status,
+                                name=f"ctlwire-beacon-{self.rank}")
+        beacon.start()
+        self._beacon = beacon
+        return True
+
+    @property
+    def beacon(self) -> LivenessBeacon | None:
+        return self._beacon
+
+    def _new_beacon_socket(self, kind: int) -> zmq.Socket[bytes]:
+        raw: zmq.Socket[bytes] = self.context.socket(kind)
+        configure_beacon_socket(raw)
+        return raw
 
     def open(self) -> None:
         """Create, configure and bind/connect the socket(s); idempotent."""
@@ -105,6 +141,8 @@ class _ZmqEngineBase:
         if self._closed:
             return
         self._closed = True
+        if self._beacon is not None:
+            self._beacon.stop()
         for sock in {id(s): s for s in (self._recv, self._send) if s is not None}.values():
             sock.close(self.options.linger_ms)
         if self._auth is not None:
@@ -240,12 +278,26 @@ class ZmqDealerEngineTransport(_ZmqEngineBase):
         raw.connect(self.address)
         self._recv = self._send = AsyncZmqSocket(raw)
 
+    def _beacon_socket(self) -> Callable[[], zmq.Socket[bytes]] | None:
+        def make() -> zmq.Socket[bytes]:
+            raw = self._new_beacon_socket(zmq.DEALER)
+            raw.setsockopt(zmq.IDENTITY, beacon_identity(self.rank))
+            if self.curve is not None:
+                self.curve.apply(raw)
+            raw.connect(self.address)
+            return raw
+
+        return make
+
 
 class ZmqRouterEngineTransport(_ZmqEngineBase):
     """The engine binds a ROUTER at ``address``; clients connect DEALERs.
 
-    Replies go back to the identity that sent the request; heartbeats go to
-    every client heard from (up to ``max_clients``, oldest forgotten first).
+    Replies go back to the identity that sent the request. The liveness
+    beacon binds a PUB at ``beacon_address`` (default
+    :func:`~ctlwire.transports.zmq_config.beacon_address_for` ``(address)``)
+    that clients subscribe to; without one, heartbeats go in-band to every
+    client heard from (up to ``max_clients``).
     ``curve`` is a :class:`CurveServerConfig` allow-listing the clients' keys.
     """
 
@@ -254,9 +306,14 @@ class ZmqRouterEngineTransport(_ZmqEngineBase):
     def __init__(self, address: str, rank: int, *, codec: Codec | None = None,
                  options: ZmqOptions | None = None, curve: CurveServerConfig | None = None,
                  context: zmq.Context[zmq.Socket[bytes]] | None = None,
-                 allow_insecure_tcp: bool = False, max_clients: int = 64) -> None:
+                 allow_insecure_tcp: bool = False, max_clients: int = 64,
+                 beacon_address: str | None = None) -> None:
         super().__init__(rank, codec=codec, options=options, context=context)
         self.address = address
+        self.beacon_address = beacon_address or beacon_address_for(address)
+        if self.beacon_address is not None:
+            check_bind_address(self.beacon_address, curve=curve is not None,
+                               allow_insecure_tcp=allow_insecure_tcp)
         self.curve = curve
         check_bind_address(address, curve=curve is not None,
                            allow_insecure_tcp=allow_insecure_tcp)
@@ -272,6 +329,24 @@ class ZmqRouterEngineTransport(_ZmqEngineBase):
             self.curve.apply(raw)
         self.address = self._bind(raw, self.address)
         self._recv = self._send = AsyncZmqSocket(raw)
+
+    def _beacon_socket(self) -> Callable[[], zmq.Socket[bytes]] | None:
+        address = self.beacon_address
+        if address is None:
+            return None
+
+        def make() -> zmq.Socket[bytes]:
+            raw = self._new_beacon_socket(zmq.PUB)
+            if self.curve is not None:
+                self.curve.apply(raw)
+            try:
+                self.beacon_address = self._bind(raw, address)
+            except BaseException:
+                raw.close(0)
+                raise
+            return raw
+
+        return make
 
     def _note_route(self, route: bytes) -> None:
         self._clients[route] = None
@@ -307,6 +382,14 @@ class ZmqPushPullEngineTransport(_ZmqEngineBase):
         push = self._socket(zmq.PUSH)
         push.connect(self.reply_address)
         self._send = AsyncZmqSocket(push)
+
+    def _beacon_socket(self) -> Callable[[], zmq.Socket[bytes]] | None:
+        def make() -> zmq.Socket[bytes]:
+            raw = self._new_beacon_socket(zmq.PUSH)
+            raw.connect(self.reply_address)
+            return raw
+
+        return make
 
 
 class ZmqPairEngineTransport(_ZmqEngineBase):
