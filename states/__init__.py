@@ -4,8 +4,8 @@ Each machine is declared once with transitions (:mod:`ctlwire.states.control_req
 :mod:`~ctlwire.states.mailbox_ticket`, :mod:`~ctlwire.states.peer_link`,
 :mod:`~ctlwire.states.inbound_request`, :mod:`~ctlwire.states.operation`); an
 immutable ``(state, event) -> state`` table is derived from each at import and is
-what the kernel drives. Nothing in this package does IO, reads a clock, or imports anyio, zmq, the kernel or the
-transports.
+what the kernel drives. Nothing in this package does IO, reads a clock, or
+imports anyio, zmq, the kernel or the transports.
 """
 
 from __future__ import annotations
