@@ -24,7 +24,7 @@ OperationRank (one rank's part)::
     Pending | Applied | Failed | Unknown --compensate--> Compensating
     Compensating --undo--> Compensating   (one compensating step done)
     Compensating --restore--> Compensated (every applied step undone)
-    Pending | Applied | Failed --skip--> Aborted        (nothing to undo)
+    Pending | Applied | Failed | Unknown --skip--> Aborted   (nothing declared to undo)
     Failed | Unknown | Compensating --quarantine--> Quarantined  (cannot be brought back)
     any open state --supersede--> Superseded  (refused by fencing: a newer operation owns it)
 
@@ -137,7 +137,7 @@ OPERATION_RANK: MachineSpec[RankState, RankEvent] = MachineSpec(
         (_RE.COMPENSATE, (_R.PENDING, _R.APPLIED, _R.FAILED, _R.UNKNOWN), _R.COMPENSATING),
         (_RE.UNDO, (_R.COMPENSATING,), _R.COMPENSATING),
         (_RE.RESTORE, (_R.COMPENSATING,), _R.COMPENSATED),
-        (_RE.SKIP, (_R.PENDING, _R.APPLIED, _R.FAILED), _R.ABORTED),
+        (_RE.SKIP, (_R.PENDING, _R.APPLIED, _R.FAILED, _R.UNKNOWN), _R.ABORTED),
         (_RE.QUARANTINE, (_R.FAILED, _R.UNKNOWN, _R.COMPENSATING), _R.QUARANTINED),
         (_RE.SUPERSEDE, (_R.PENDING, _R.APPLYING, _R.APPLIED, _R.FAILED, _R.UNKNOWN,
                          _R.COMPENSATING), _R.SUPERSEDED),

@@ -183,7 +183,7 @@ def test_operation_rank_ends_only_in_a_named_outcome() -> None:
     ends = {RankState.COMMITTED, RankState.COMPENSATED, RankState.ABORTED,
             RankState.QUARANTINED, RankState.SUPERSEDED}
     assert OPERATION_RANK_TABLE.final == ends
-    # a rank whose step may have applied can only end compensated, quarantined or superseded
+    # a rank whose step may have applied never ends committed
     seen = {RankState.UNKNOWN}
     frontier = [RankState.UNKNOWN]
     while frontier:
@@ -191,7 +191,8 @@ def test_operation_rank_ends_only_in_a_named_outcome() -> None:
             if nxt not in seen:
                 seen.add(nxt)
                 frontier.append(nxt)
-    assert seen & ends == {RankState.COMPENSATED, RankState.QUARANTINED, RankState.SUPERSEDED}
+    assert seen & ends == {RankState.COMPENSATED, RankState.ABORTED, RankState.QUARANTINED,
+                           RankState.SUPERSEDED}
 
 
 def test_operation_commits_only_from_running() -> None:
