@@ -146,12 +146,14 @@ class OperationCore:
         return dict(self._rank)
 
     def snapshot(self) -> dict[str, Any]:
-        """The live view: operation state, the step in flight, each rank's state."""
-        d = self._inflight
+        """The live view: operation state, the latest step dispatched (and whether it
+        is still in flight), each rank's state."""
+        d = self.dispatches[-1] if self.dispatches else None
         return {"op_id": self.op_id, "plan": self.plan.name, "fence": self.fence,
                 "state": self.state.value,
                 "step": None if d is None else d.step,
                 "phase": None if d is None else d.phase,
+                "in_flight": self._inflight is not None,
                 "ranks": {r: s.value for r, s in self._rank.items()}}
 
     # -- transitions -------------------------------------------------------------
