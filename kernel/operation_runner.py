@@ -86,7 +86,8 @@ def classify(error: Exception | None) -> tuple[StepOutcome, str]:
     """A rank's outcome of a dispatch from its fan-out error (None: it answered ok)."""
     if error is None:
         return StepOutcome.OK, ""
-    detail = f"{type(error).__name__}: {error}"
+    # a remote error reads as the engine's exception: "InjectedFault: ... (code 500 ...)"
+    detail = str(error) if isinstance(error, RemoteError) else f"{type(error).__name__}: {error}"
     if isinstance(error, Fenced):
         return StepOutcome.FENCED, detail
     if isinstance(error, NotDelivered):
