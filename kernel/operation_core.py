@@ -130,6 +130,18 @@ class OperationCore:
         other.__class__ = self.__class__
         return other
 
+    def state_key(self) -> tuple[Any, ...]:
+        """Everything that decides what this core does next, hashable (for explorers)."""
+        return (self.state, tuple(self._rank.items()), self._index, self._undo_index,
+                self._inflight, tuple(sorted(self._outcomes.items())),
+                tuple((r, tuple(v)) for r, v in self._applied.items()),
+                tuple((r, tuple(v)) for r, v in sorted(self._to_undo.items())),
+                tuple(sorted(self._quarantine_now)))
+
+    def has_outcome(self, rank: int) -> bool:
+        """Whether ``rank`` already has an outcome for the dispatch in flight."""
+        return self._inflight is not None and rank in self._outcomes
+
     # -- queries ---------------------------------------------------------------
     @property
     def done(self) -> bool:

@@ -1,4 +1,4 @@
-"""The sans-IO operation coordinator, explored exhaustively.
+"""The sans-IO operation coordinator, explored exhaustively (kernel.operation_explorer).
 
 With k <= 3 ranks and, for every dispatch, every rank's outcome chosen among
 ok / error / not delivered / unknown (which really applied, or really did not)
@@ -11,19 +11,16 @@ caught, so the explorer can fail.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 import pytest
 
-from ctlwire.kernel.operation_core import Dispatch, OperationCore, StepOutcome
+from ctlwire.kernel.operation_core import OperationCore, StepOutcome
+from ctlwire.kernel.operation_explorer import OperationViolation, explore, main
 from ctlwire.kernel.operation_plan import (
     OperationPlan,
     OperationStep,
     StepCall,
     new_fence,
     new_operation_id,
-    step_key,
 )
 from ctlwire.kernel.operation_result import ProgressEvent
 from ctlwire.states import IllegalTransition, OperationState, RankState
@@ -47,171 +44,6 @@ def with_benign_step() -> OperationPlan:
         OperationStep("info", "get_server_info"),  # nothing to undo
         OperationStep("flush", "flush_cache", compensation=StepCall("noop")),
     ))
-
-
-# outcome choices: (what the core is told, whether the engine really applied it)
-CHOICES: tuple[tuple[StepOutcome, bool], ...] = (
-    (StepOutcome.OK, True),
-    (StepOutcome.ERROR, False),
-    (StepOutcome.NOT_DELIVERED, False),
-    (StepOutcome.UNKNOWN, True),
-    (StepOutcome.UNKNOWN, False),
-    (StepOutcome.FENCED, False),
-)
-
-
-@dataclass
-class World:
-    core: OperationCore
-    applied: dict[int, set[int]]                 # what really changed on each engine
-    maybe: dict[int, set[int]]                   # steps the core was told ok or unknown
-    fault: bool = False                          # some rank had a non-ok apply outcome
-    fenced: bool = False
-    faulty_ranks: set[int] = field(default_factory=set)
-    undo_order: dict[int, list[int]] = field(default_factory=dict)
-    events: list[ProgressEvent] = field(default_factory=list)
-
-
-class Violation(AssertionError):
-    pass
-
-
-def check_dispatch(w: World, d: Dispatch) -> None:
-    core = w.core
-    if w.fenced:
-        raise Violation(f"dispatch {d.key} after a rank fenced the operation out")
-    if d.fence != core.fence or d.op_id != core.op_id:
-        raise Violation(f"dispatch {d.key} carries the wrong fence or operation")
-    index = core.plan.index(d.step)
-    if d.phase == "apply":
-        if w.fault:
-            raise Violation(f"forward step {d.step} dispatched after a fault")
-        if d.ranks != core.ranks or d.key != step_key(core.op_id, d.step):
-            raise Violation(f"forward step {d.step}: ranks {d.ranks}, key {d.key}")
-        if any(index - 1 not in w.maybe[r] for r in d.ranks if index > 0):
-            raise Violation(f"step {d.step} sent before the previous applied everywhere")
-    else:
-        if d.key != step_key(core.op_id, d.step, undo=True):
-            raise Violation(f"compensation key {d.key}")
-        comp = core.plan.steps[index].compensation
-        if comp is None or d.method != comp.method:
-            raise Violation(f"compensation of {d.step} sends {d.method}")
-        for r in d.ranks:
-            if index not in w.maybe[r]:
-                raise Violation(f"undo of {d.step} sent to rank {r}, where it never applied")
-            order = w.undo_order.setdefault(r, [])
-            if order and order[-1] <= index:
-                raise Violation(f"rank {r}: undo order {[*order, index]} is not newest first")
-            order.append(index)
-
-
-def check_final(w: World) -> None:
-    core = w.core
-    if not core.done:
-        raise Violation(f"no dispatch left but the operation is {core.state}")
-    res = core.result()
-    states = {r: rep.state for r, rep in res.ranks.items()}
-    assert set(states) == set(core.ranks)
-    ends = {_R.COMMITTED, _R.COMPENSATED, _R.ABORTED, _R.QUARANTINED, _R.SUPERSEDED}
-    if not set(states.values()) <= ends:
-        raise Violation(f"ranks not in an end state: {states}")
-    committed = [r for r, s in states.items() if s is _R.COMMITTED]
-    if committed and len(committed) != len(states):
-        raise Violation(f"mixed: committed {committed} but {states}")
-    if res.state is _O.COMMITTED:
-        n = len(core.plan.steps)
-        if committed != list(core.ranks) or any(w.applied[r] != set(range(n)) for r in committed):
-            raise Violation(f"committed but applied {w.applied}")
-    for r, s in states.items():
-        if s in (_R.COMPENSATED, _R.ABORTED):
-            left = {j for j in w.applied[r] if core.plan.steps[j].compensation is not None}
-            if left:
-                raise Violation(f"rank {r} reported {s.name} but still has {left} applied")
-    if res.state is _O.ABORTED and not set(states.values()) <= {_R.COMPENSATED, _R.ABORTED}:
-        raise Violation(f"aborted but {states}")
-    if res.state is _O.DEGRADED and _R.QUARANTINED not in states.values():
-        raise Violation(f"degraded without a quarantined rank: {states}")
-    if res.state is _O.SUPERSEDED and _R.SUPERSEDED not in states.values():
-        raise Violation(f"superseded without a superseded rank: {states}")
-    if res.state is not _O.COMMITTED and not w.fenced and not w.faulty_ranks <= set(
-            res.failed_ranks):
-        raise Violation(f"faulty ranks {w.faulty_ranks} not all named in {res.failed_ranks}")
-    last = {}
-    for ev in w.events:
-        last[ev.rank] = ev.state
-    if last != states:
-        raise Violation(f"progress ended at {last}, result says {states}")
-
-
-def clone(w: World) -> World:
-    events = list(w.events)
-    core = w.core.clone()
-    core.observer = events.append
-    return World(core, {r: set(s) for r, s in w.applied.items()},
-                 {r: set(s) for r, s in w.maybe.items()}, w.fault, w.fenced,
-                 set(w.faulty_ranks), {r: list(v) for r, v in w.undo_order.items()}, events)
-
-
-def key(w: World) -> tuple[Any, ...]:
-    c = w.core
-    return (c.state, tuple(sorted(c.rank_states().items())), tuple(c.dispatches),
-            tuple(sorted((r, tuple(sorted(s))) for r, s in w.applied.items())),
-            tuple(sorted(c._outcomes.items())), w.fenced, w.fault,
-            tuple(sorted((r, tuple(v)) for r, v in c._applied.items())),
-            tuple(sorted((r, tuple(v)) for r, v in c._to_undo.items())),
-            tuple(sorted((r, tuple(sorted(v))) for r, v in w.maybe.items())),
-            tuple(sorted(w.faulty_ranks)))
-
-
-def explore(plan: OperationPlan, k: int, core_cls: type[OperationCore] = OperationCore,
-            choices: tuple[tuple[StepOutcome, bool], ...] = CHOICES, *,
-            every_order: bool = True) -> int:
-    """Every path; returns the number of distinct states visited. Raises Violation.
-
-    ``every_order``: outcomes of one dispatch arrive in every order (else in rank order)."""
-    ranks = tuple(range(k))
-    fence = new_fence()
-    events: list[ProgressEvent] = []
-    core = core_cls(plan, ranks, op_id=new_operation_id(plan.name, fence), fence=fence,
-                    observer=events.append)
-    root = World(core, {r: set() for r in ranks}, {r: set() for r in ranks}, events=events)
-    seen: set[tuple[Any, ...]] = set()
-
-    def visit(w: World) -> None:
-        k_ = key(w)
-        if k_ in seen:
-            return
-        seen.add(k_)
-        d = w.core.inflight
-        if d is None:
-            d = w.core.next_dispatch()
-            if d is None:
-                check_final(w)
-                return
-            check_dispatch(w, d)
-        index = w.core.plan.index(d.step)
-        waiting = [r for r in d.ranks if r not in w.core._outcomes]
-        for rank in waiting if every_order else waiting[:1]:
-            for outcome, really in choices:
-                child = clone(w)
-                if d.phase == "apply":
-                    if really:
-                        child.applied[rank].add(index)
-                    if outcome in (StepOutcome.OK, StepOutcome.UNKNOWN):
-                        child.maybe[rank].add(index)
-                    if outcome is not StepOutcome.OK:
-                        child.fault = child.fault or outcome is not StepOutcome.FENCED
-                        if outcome is not StepOutcome.FENCED:
-                            child.faulty_ranks.add(rank)
-                elif really and outcome in (StepOutcome.OK, StepOutcome.UNKNOWN):
-                    child.applied[rank].discard(index)  # the undo ran
-                if outcome is StepOutcome.FENCED:
-                    child.fenced = True
-                child.core.record(rank, outcome, f"{outcome.value} at {d.key}")
-                visit(child)
-
-    visit(root)
-    return len(seen)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
@@ -240,7 +72,7 @@ class ForgetsUnknownOutcomes(OperationCore):
 
 
 def test_explorer_catches_a_core_that_forgets_unknown_outcomes() -> None:
-    with pytest.raises(Violation, match="still has"):
+    with pytest.raises(OperationViolation, match="still has"):
         explore(weight_sync(), 2, ForgetsUnknownOutcomes)
 
 
@@ -254,7 +86,7 @@ class CommitsDespiteErrors(OperationCore):
 
 
 def test_explorer_catches_a_core_that_commits_despite_errors() -> None:
-    with pytest.raises(Violation, match="committed but applied"):
+    with pytest.raises(OperationViolation, match=r"committed but applied|still has"):
         explore(weight_sync(), 2, CommitsDespiteErrors)
 
 
@@ -344,3 +176,8 @@ def test_fences_increase() -> None:
     a, b = new_fence(), new_fence()
     assert b > a > 0
     assert new_operation_id("x", a) != new_operation_id("x", b)
+
+
+def test_explorer_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--ranks", "2"]) == 0
+    assert "every invariant holds" in capsys.readouterr().out
