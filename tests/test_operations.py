@@ -196,3 +196,46 @@ async def test_retry_after_controller_restart_applies_nothing_twice(
         for n in (await counts(c2)).values():
             assert n["runs"] == {"pause": 1, "update_weights": 1, "resume": 1}
             assert n["replayed"] == 5
+
+
+async def test_stale_controller_mid_operation_cannot_apply_after_its_successor(
+        fleet: tuple[str, EngineFleet]) -> None:
+    """Controller A pauses every rank, stalls; B runs a whole update; A wakes up and
+    tries to apply its weights: every engine refuses, and A compensates nothing."""
+    import anyio
+
+    from ctlwire.kernel.operation_core import Dispatch, StepOutcome
+
+    address, _ = fleet
+    paused = anyio.Event()
+    go_on = anyio.Event()
+
+    class StallingRunner(OperationRunner):
+        async def _dispatch(self, d: Dispatch) -> dict[int, tuple[StepOutcome, str]]:
+            if d.step == "update":
+                paused.set()
+                await go_on.wait()  # A freezes here (a GC pause, a partition, ...)
+            return await super()._dispatch(d)
+
+    async with client_for(address) as c:
+        await c.wait_ready(timeout=10)
+        a, b = StallingRunner(c), OperationRunner(c)
+        results = {}
+
+        async def run_a() -> None:
+            results["a"] = await a.run(weight_update_plan(1, 0))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run_a)
+            await paused.wait()
+            results["b"] = await b.run(weight_update_plan(2, 0))  # the successor
+            go_on.set()
+        assert results["b"].ok and results["b"].fence > results["a"].fence
+        stale = results["a"]
+        assert stale.state is OperationState.SUPERSEDED, stale.summary()
+        assert all(rep.applied == ("pause",) and rep.undone == () for rep in
+                   stale.ranks.values())
+        assert await info(c) == {r: (2, False) for r in range(N)}  # B's weights, running
+        for n in (await counts(c)).values():
+            assert n["fenced"] == 1
+            assert n["runs"] == {"pause": 2, "update_weights": 1, "resume": 1}
