@@ -203,3 +203,29 @@ async def test_a_stopped_engine_is_quarantined() -> None:
             await runner.run(plan, ranks=(1,))
         with pytest.raises(ValueError):
             await runner.run(plan, ranks=(7,))
+
+
+@anyio_test
+async def test_quarantine_is_visible_in_the_snapshot_and_prometheus() -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    CollectorRegistry = prometheus_client.CollectorRegistry
+
+    from ctlwire.kernel.metrics import PrometheusExporter, snapshot
+
+    async with EngineHarness(ranks=2, setup=lambda ep: register(ep)) as h:
+        runner = OperationRunner(h.client)
+        await h.client.call("arm_fault", Fault("update_weights"), rank=1)
+        result = await runner.run(weight_update_plan(1, 0, quarantine_on_error=True))
+        assert result.quarantined == (1,)
+        snap = snapshot(h.client, operations=runner)
+        assert snap["operations"]["quarantined"] == {
+            1: {"op": result.op_id, "step": "update", "detail": result.ranks[1].detail}}
+        assert snap["operations"]["routable"] == [0] and snap["operations"]["degraded"] == 1
+        registry = CollectorRegistry()
+        PrometheusExporter(h.client, operations=runner).register(registry)
+        assert registry.get_sample_value(
+            "ctlwire_rank_quarantined", {"rank": "1", "op": result.op_id, "step": "update"}) == 1
+        assert registry.get_sample_value("ctlwire_operations_total", {"state": "degraded"}) == 1
+        runner.release(1)
+        assert registry.get_sample_value(
+            "ctlwire_rank_quarantined", {"rank": "1", "op": result.op_id, "step": "update"}) is None
