@@ -100,7 +100,8 @@ def classify(error: Exception | None) -> tuple[StepOutcome, str]:
 class OperationRunner:
     """Runs operations over ``client``, keeps the quarantine set; see the module docstring."""
 
-    def __init__(self, client: ControlClient, *, history: int = 32) -> None:
+    def __init__(self, client: ControlClient, *, history: int = 32,
+                 envelope_fields: bool = False) -> None:
         self.client = client
         self.quarantined: dict[int, Quarantine] = {}
         self.active: dict[str, OperationCore] = {}
@@ -108,9 +109,14 @@ class OperationRunner:
         self.counters: dict[str, int] = {"operations": 0, "committed": 0, "aborted": 0,
                                          "degraded": 0, "superseded": 0, "quarantines": 0,
                                          "released": 0}
-        # once ControlClient.fan_out takes them, the envelope carries key and fence too
+        # envelope_fields: also put each step's key and fence into the request envelope
+        # (Request.key / Request.fence, checked by the endpoint itself) where
+        # ControlClient.fan_out takes them. Off by default: the engine's endpoint keeps
+        # one highest fence for every request, so operation tokens (microseconds since
+        # the epoch) must not share it with tokens from another scheme.
         params = inspect.signature(client.fan_out).parameters
-        self._envelope_fields = "idempotency_key" in params and "fence" in params
+        self._envelope_fields = (envelope_fields and "idempotency_key" in params
+                                 and "fence" in params)
 
     # -- routing -----------------------------------------------------------------
     def routable_ranks(self) -> tuple[int, ...]:
@@ -140,7 +146,9 @@ class OperationRunner:
 
         ``op_id``/``fence`` default to fresh ones; pass a recovered pair to finish an
         operation a previous controller started. Raises ValueError for quarantined
-        or unknown ranks, ClientClosed if the client closes meanwhile.
+        or unknown ranks, ClientClosed if the client closes meanwhile. An exception
+        raised by ``on_progress`` (or a cancellation) ends the run like a crash of
+        the controller: the operation is left undecided (see :meth:`recover`).
         """
         targets = tuple(ranks) if ranks is not None else self.routable_ranks()
         if not targets:
