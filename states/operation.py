@@ -21,12 +21,14 @@ OperationRank (one rank's part)::
     Pending | Applied --send--> Applying --ok--> Applied --commit--> Committed
     Applying --refuse--> Failed           (the step answered an error: it did not apply)
     Applying --lose--> Unknown            (rank lost or timed out: the step may have applied)
-    Pending | Applied | Failed | Unknown --compensate--> Compensating
+    Applied | Failed | Unknown --compensate--> Compensating   (something to undo)
     Compensating --undo--> Compensating   (one compensating step done)
     Compensating --restore--> Compensated (every applied step undone)
-    Pending | Applied | Failed | Unknown --skip--> Aborted   (nothing declared to undo)
-    Failed | Unknown | Compensating --quarantine--> Quarantined  (cannot be brought back)
-    any open state --supersede--> Superseded  (refused by fencing: a newer operation owns it)
+    Applied | Failed | Unknown --skip--> Aborted   (nothing declared to undo)
+    Failed --quarantine--> Quarantined    (its step raised, declared quarantine_on_error)
+    Compensating --quarantine--> Quarantined  (an undo failed: cannot be brought back)
+    Applying | Applied | Failed | Unknown | Compensating --supersede--> Superseded
+                                          (refused by fencing: a newer operation owns it)
 
 ``Committed``, ``Compensated``, ``Aborted``, ``Quarantined`` and ``Superseded``
 are the only ways a rank's part ends; a result lists every rank in one of them.
@@ -134,13 +136,13 @@ OPERATION_RANK: MachineSpec[RankState, RankEvent] = MachineSpec(
         (_RE.REFUSE, (_R.APPLYING,), _R.FAILED),
         (_RE.LOSE, (_R.APPLYING,), _R.UNKNOWN),
         (_RE.COMMIT, (_R.APPLIED,), _R.COMMITTED),
-        (_RE.COMPENSATE, (_R.PENDING, _R.APPLIED, _R.FAILED, _R.UNKNOWN), _R.COMPENSATING),
+        (_RE.COMPENSATE, (_R.APPLIED, _R.FAILED, _R.UNKNOWN), _R.COMPENSATING),
         (_RE.UNDO, (_R.COMPENSATING,), _R.COMPENSATING),
         (_RE.RESTORE, (_R.COMPENSATING,), _R.COMPENSATED),
-        (_RE.SKIP, (_R.PENDING, _R.APPLIED, _R.FAILED, _R.UNKNOWN), _R.ABORTED),
-        (_RE.QUARANTINE, (_R.FAILED, _R.UNKNOWN, _R.COMPENSATING), _R.QUARANTINED),
-        (_RE.SUPERSEDE, (_R.PENDING, _R.APPLYING, _R.APPLIED, _R.FAILED, _R.UNKNOWN,
-                         _R.COMPENSATING), _R.SUPERSEDED),
+        (_RE.SKIP, (_R.APPLIED, _R.FAILED, _R.UNKNOWN), _R.ABORTED),
+        (_RE.QUARANTINE, (_R.FAILED, _R.COMPENSATING), _R.QUARANTINED),
+        (_RE.SUPERSEDE, (_R.APPLYING, _R.APPLIED, _R.FAILED, _R.UNKNOWN, _R.COMPENSATING),
+         _R.SUPERSEDED),
     ),
     terminal=_RANK_ENDS,
     final=_RANK_ENDS,
