@@ -80,6 +80,8 @@ class Recovery:
     op_id: str
     fence: int
     steps: dict[int, tuple[str, ...]]  # per rank that reported it: the steps applied there
+    complete: bool = False      # every reporting rank applied the plan's last step
+    compensated: bool = False   # some rank ran a compensation: it cannot be replayed forward
 
 
 def classify(error: Exception | None) -> tuple[StepOutcome, str]:
@@ -239,7 +241,10 @@ class OperationRunner:
             return None
         newest = max(lasts, key=lambda v: v.fence)
         steps = {v.rank: tuple(v.applied) for v in lasts if v.op == newest.op}
-        return Recovery(newest.op, newest.fence, steps)
+        last = plan.steps[-1].name
+        return Recovery(newest.op, newest.fence, steps,
+                        complete=all(s and s[-1] == last for s in steps.values()),
+                        compensated=any(n.endswith(":undo") for s in steps.values() for n in s))
 
     # -- observability ---------------------------------------------------------------
     def progress(self) -> dict[str, dict[str, Any]]:

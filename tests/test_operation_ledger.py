@@ -229,3 +229,23 @@ async def test_quarantine_is_visible_in_the_snapshot_and_prometheus() -> None:
         runner.release(1)
         assert registry.get_sample_value(
             "ctlwire_rank_quarantined", {"rank": "1", "op": result.op_id, "step": "update"}) is None
+
+
+@anyio_test
+async def test_a_compensated_operation_cannot_be_replayed_forward() -> None:
+    async with EngineHarness(ranks=2, setup=lambda ep: register(ep)) as h:
+        runner = OperationRunner(h.client)
+        plan = weight_update_plan(1, 0)
+        await h.client.call("arm_fault", Fault("update_weights"), rank=1)
+        first = await runner.run(plan)
+        assert first.state is OperationState.ABORTED
+        before = (await h.client.fan_out("op_counts", mode="concurrent")).results
+        recovery = await runner.recover(plan)
+        assert recovery is not None and recovery.op_id == first.op_id
+        assert recovery.compensated and not recovery.complete
+        again = await runner.run(plan, op_id=recovery.op_id, fence=recovery.fence)
+        assert again.state is OperationState.ABORTED, again.summary()
+        assert all("OperationAborted" in rep.detail for rep in again.ranks.values())
+        after = (await h.client.fan_out("op_counts", mode="concurrent")).results
+        assert {r: n["runs"] for r, n in after.items()} == {
+            r: n["runs"] for r, n in before.items()}  # nothing ran again

@@ -184,6 +184,7 @@ async def test_retry_after_controller_restart_applies_nothing_twice(
         recovery = await runner.recover(plan)
         assert recovery is not None
         assert recovery.steps == {r: ("pause", "update") for r in range(N)}
+        assert not recovery.complete and not recovery.compensated
         result = await runner.run(plan, op_id=recovery.op_id, fence=recovery.fence)
         assert result.ok and result.op_id == recovery.op_id, result.summary()
         assert await info(c2) == {r: (1, False) for r in range(N)}
@@ -193,6 +194,8 @@ async def test_retry_after_controller_restart_applies_nothing_twice(
         # and the whole operation once more: every step replays, nothing runs
         again = await runner.run(plan, op_id=recovery.op_id, fence=recovery.fence)
         assert again.ok
+        done = await runner.recover(plan)
+        assert done is not None and done.complete and done.op_id == recovery.op_id
         for n in (await counts(c2)).values():
             assert n["runs"] == {"pause": 1, "update_weights": 1, "resume": 1}
             assert n["replayed"] == 5
