@@ -242,3 +242,20 @@ async def test_stale_controller_mid_operation_cannot_apply_after_its_successor(
         for n in (await counts(c)).values():
             assert n["fenced"] == 1
             assert n["runs"] == {"pause": 2, "update_weights": 1, "resume": 1}
+
+
+async def test_serve_mode_engines_compensate_too(tmp_path: Path) -> None:
+    """The same ledger on engines running an anyio event loop (--mode serve)."""
+    os.chmod(tmp_path, 0o700)
+    address = f"ipc://{tmp_path}/control.sock"
+    with EngineFleet(N, lambda r: ["--connect", address, "--methods", METHODS,
+                                   "--mode", "serve"]):
+        async with client_for(address) as c:
+            await c.wait_ready(timeout=10)
+            runner = OperationRunner(c)
+            await c.call("arm_fault", Fault("update_weights"), rank=2)
+            result = await runner.run(weight_update_plan(1, 0))
+            assert result.state is OperationState.ABORTED and result.failed_ranks == (2,)
+            assert await info(c) == {r: (0, False) for r in range(N)}
+            assert (await runner.run(weight_update_plan(1, 0))).ok
+            assert await info(c) == {r: (1, False) for r in range(N)}
