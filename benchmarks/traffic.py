@@ -179,7 +179,8 @@ async def _one(client: ControlClient, work: Workload, tally: Tally, n: int) -> N
                 return
             kind = "RemoteError"
         except (RequestTimedOut, EngineDead, FanOutFailed) as exc:
-            kind = type(exc).__name__
+            # NotDelivered and OutcomeUnknown are the two kinds of EngineDead
+            kind = "EngineDead" if isinstance(exc, EngineDead) else type(exc).__name__
         except CtlwireError as exc:
             tally.odd(type(exc).__name__, str(exc))
             return

@@ -2,16 +2,22 @@
 
 Starts N engine processes (:mod:`ctlwire.kernel.demo_engine`, each a
 synchronous step loop polling its :class:`EngineEndpoint`) over real ZeroMQ
-sockets, then runs ``pause → update_weights(v) → resume`` K times as fan-outs
-to every rank, while concurrent callers hammer ``get_server_info`` through the
-queueing mailbox and ``get_load`` in watching mode. ``--kill-one`` kills an
+sockets, then runs ``pause → update_weights(v) → resume`` K times, each cycle one
+coordinated operation (:class:`~ctlwire.kernel.operation_runner.OperationRunner`,
+progress shown live per step and rank), while concurrent callers hammer
+``get_server_info`` through the queueing mailbox and ``get_load`` in watching
+mode. ``--kill-one`` kills an
 engine with SIGKILL mid-run to show ``EngineDead`` surfacing in about a second
-while the other ranks carry on.
+while the other ranks carry on (the cycle it broke is retried on the live
+ranks). ``--fault update`` makes one rank's ``update_weights`` raise in the
+middle cycle: that operation aborts, every rank is compensated (old weights,
+resumed) and the failed rank is named.
 
 It checks, and exits non-zero unless all hold: every cycle reached every live
 rank with the right version; the queueing mailbox served ``get_server_info``
 callers in arrival order on every rank; every call got exactly one outcome;
-the request map is empty at the end; a killed engine was detected in time.
+the request map is empty at the end; a killed engine was detected in time; an
+injected update fault left every rank compensated on its old weights.
 """
 
 from __future__ import annotations
@@ -31,9 +37,12 @@ from typing import Any, TextIO
 import anyio
 
 from ctlwire.kernel.control_client import ControlClient
-from ctlwire.kernel.demo_engine import Pause, UpdateWeights
 from ctlwire.kernel.engine_fleet import EngineFleet
-from ctlwire.kernel.errors import CtlwireError, EngineDead
+from ctlwire.kernel.errors import CtlwireError
+from ctlwire.kernel.operation_engine import Fault, weight_update_plan
+from ctlwire.kernel.operation_result import ProgressEvent
+from ctlwire.kernel.operation_runner import OperationRunner
+from ctlwire.states import RankState
 from ctlwire.transports.transport import ClientTransport
 from ctlwire.transports.zmq_client import ZmqDealerClientTransport, ZmqRouterClientTransport
 
@@ -52,6 +61,7 @@ class DemoConfig:
     load_callers: int = 4
     train_seconds: float = 0.1
     timeout: float = 5.0
+    fault: str = ""  # "update": one rank's update_weights raises in the middle cycle
 
 
 @dataclass
@@ -68,6 +78,11 @@ class DemoReport:
     wall_seconds: float = 0.0
     address: str = ""
     watch_joins: int = 0
+    operations: dict[str, int] = field(default_factory=dict)
+    aborted: list[str] = field(default_factory=list)
+    fault: str = ""
+    fault_verified: bool = False
+    quarantined: list[int] = field(default_factory=list)
 
     def problems(self, cfg: DemoConfig) -> list[str]:
         out = list(self.cycle_failures) + list(self.fifo_violations)
@@ -75,8 +90,11 @@ class DemoReport:
             out.append(f"{self.metrics.get('live_requests')} request-map entries left behind")
         if self.fifo_checked == 0:
             out.append("no get_server_info call completed: FIFO order not verified")
+        expected = {"EngineDead", "NotDelivered", "OutcomeUnknown"}
+        if cfg.fault:
+            expected.add("InjectedFault")
         unexpected = {m: e for m, e in self.errors.items()
-                      if any(k not in ("EngineDead",) for k in e)}
+                      if any(k not in expected for k in e)}
         if unexpected:
             out.append(f"unexpected errors: {unexpected}")
         if cfg.kill_one:
@@ -84,6 +102,11 @@ class DemoReport:
                 out.append("the killed engine was never detected")
             elif self.detection_seconds > 3.0:
                 out.append(f"engine death took {self.detection_seconds:.2f} s to detect")
+        if cfg.fault and not self.fault_verified:
+            out.append(f"injected {cfg.fault} fault: compensation not verified ({self.fault})")
+        stuck = [r for r in self.quarantined if r != self.killed_rank]
+        if stuck:
+            out.append(f"ranks {stuck} quarantined")
         live = [v for r, v in self.final_versions.items() if r != self.killed_rank]
         if any(v != cfg.cycles for v in live):
             out.append(f"final weight versions {self.final_versions}, expected {cfg.cycles}")
@@ -135,7 +158,7 @@ async def run_demo(cfg: DemoConfig, out: TextIO = sys.stdout) -> DemoReport:
                 addr = router.address  # bound by now (a tcp port is known)
                 report.address = addr
                 fleet = EngineFleet(n, lambda r: ["--connect", addr, "--methods",
-                                                  "ctlwire.kernel.demo_engine:register"])
+                                                  "ctlwire.kernel.operation_engine:register"])
                 out.write(f"starting {n} engine processes over {addr} ...\n")
                 await anyio.to_thread.run_sync(fleet.start)
             await client.wait_ready(timeout=30.0)
@@ -173,6 +196,9 @@ async def _drive(cfg: DemoConfig, client: ControlClient, fleet: EngineFleet | No
     cycle = [0]
     kill_at = max(1, cfg.cycles // 3) if cfg.kill_one and fleet is not None else None
     killed: dict[str, float] = {}
+    fault_at = max(1, cfg.cycles // 2) if cfg.fault else None
+    fault_rank = [-1]
+    runner = OperationRunner(client)
 
     async def timed(method: str, coro: Any) -> Any:
         t = time.perf_counter()
@@ -183,6 +209,7 @@ async def _drive(cfg: DemoConfig, client: ControlClient, fleet: EngineFleet | No
 
     async def rl_cycles() -> None:
         try:
+            version = 0
             for k in range(1, cfg.cycles + 1):
                 cycle[0] = k
                 if kill_at == k and fleet is not None:
@@ -190,20 +217,73 @@ async def _drive(cfg: DemoConfig, client: ControlClient, fleet: EngineFleet | No
                     report.killed_rank = victim
                     killed["t"] = time.perf_counter()
                     fleet.kill(victim, signal.SIGKILL)
-                for method, payload in (("pause", Pause("drain")),
-                                        ("update_weights", UpdateWeights(k, f"/ckpt/{k}")),
-                                        ("resume", None)):
-                    res = await timed(method, client.fan_out(method, payload))
-                    for rank, err in res.errors.items():
-                        _count_error(report, method, err)
-                        if not (isinstance(err, EngineDead) and rank == report.killed_rank):
-                            report.cycle_failures.append(f"cycle {k} {method} rank {rank}: {err}")
-                    if method == "update_weights":
-                        for rank, value in res.results.items():
-                            report.final_versions[rank] = int(value["version"])
+                if fault_at == k:
+                    fault_rank[0] = ranks[len(ranks) // 2]
+                    await client.call("arm_fault", Fault("update_weights"), rank=fault_rank[0])
+                    report.fault = f"rank {fault_rank[0]} update_weights raises in cycle {k}"
+                for _attempt in range(2):  # a cycle broken by the killed rank: once more
+                    version, retry = await weight_update(k, version, fault_at == k)
+                    if not retry:
+                        break
+                else:
+                    report.cycle_failures.append(f"cycle {k}: failed again without the "
+                                                 f"killed rank")
                 await anyio.sleep(cfg.train_seconds)  # the trainer's step between updates
         finally:
+            report.quarantined = sorted(runner.quarantined)
             done.set()
+
+    async def weight_update(k: int, version: int, faulty: bool) -> tuple[int, bool]:
+        """One cycle as one operation; (the fleet's version after it, retry?)."""
+        plan = weight_update_plan(k, version, timeout=cfg.timeout)
+        methods = {s.name: s.method for s in plan.steps}
+        started: dict[str, float] = {}
+        waiting: dict[str, set[int]] = defaultdict(set)
+
+        def on_progress(ev: ProgressEvent) -> None:  # per-step latency, as fan-outs had
+            if ev.phase != "apply":
+                return
+            if ev.state is RankState.APPLYING:
+                started.setdefault(ev.step, time.perf_counter())
+                waiting[ev.step].add(ev.rank)
+            elif ev.rank in waiting[ev.step]:
+                waiting[ev.step].discard(ev.rank)
+                if not waiting[ev.step]:
+                    _record(report, methods[ev.step], time.perf_counter() - started[ev.step])
+
+        targets = [r for r in runner.routable_ranks() if not client.peers.is_lost(r)]
+        result = await runner.run(plan, ranks=targets, on_progress=on_progress)
+        ops = report.operations
+        ops[result.state.value] = ops.get(result.state.value, 0) + 1
+        for rank in result.failed_ranks:
+            rep = result.ranks[rank]
+            step = (rep.failed_step or "").split(":")[0]
+            errs = report.errors[methods.get(step, step)]
+            name = rep.detail.split(":")[0].split()[-1] if rep.detail else "Unknown"
+            errs[name] = errs.get(name, 0) + 1
+        if result.ok:
+            for rank in result.committed:
+                report.final_versions[rank] = k
+            return k, False
+        report.aborted.append(result.summary())
+        if faulty:
+            infos = await client.fan_out("get_server_info", -1, ranks=targets,
+                                         mode="concurrent")
+            back = {r: (v["version"], v["paused"]) for r, v in infos.results.items()}
+            report.fault_verified = (result.failed_ranks == (fault_rank[0],)
+                                     and result.compensated == tuple(targets)
+                                     and back == {r: (version, False) for r in targets})
+            report.fault += (f" -> {result.state.value}, compensated "
+                             f"{list(result.compensated)}, (version, paused) after {back}")
+            return version, False
+        dead = report.killed_rank
+        if dead is not None and set(result.failed_ranks) == {dead}:
+            if dead not in runner.quarantined:  # dead: out of routing from now on
+                rep = result.ranks[dead]
+                runner.quarantine(dead, result.op_id, rep.failed_step or "", rep.detail)
+            return version, True
+        report.cycle_failures.append(f"cycle {k}: {result.summary()}")
+        return version, False
 
     async def info_caller() -> None:
         while not done.is_set():
@@ -243,6 +323,12 @@ async def _drive(cfg: DemoConfig, client: ControlClient, fleet: EngineFleet | No
             calls = sum(len(v) for v in report.latencies.values())
             dead = (f" | rank {report.killed_rank} dead, detected in "
                     f"{report.detection_seconds:.2f} s" if report.detection_seconds else "")
+            for op in runner.progress().values():
+                states: dict[str, int] = defaultdict(int)
+                for st in op["ranks"].values():
+                    states[st] += 1
+                dead += (f" | op {op['step']} " + " ".join(
+                    f"{st}x{n}" for st, n in sorted(states.items())))
             progress.show(f"[cycle {cycle[0]:>3}/{cfg.cycles}] calls {calls:>6} | "
                           f"info {len(report.latencies['get_server_info']):>5} | "
                           f"load {len(report.latencies['get_load']):>5} | "
@@ -296,6 +382,15 @@ def format_report(cfg: DemoConfig, report: DemoReport) -> str:
                  f"cleaned; live registry entries: {m.get('live_requests')} "
                  f"(tombstones {m.get('tombstones')})")
     lines.append(f"  weight versions at the end: {dict(sorted(report.final_versions.items()))}")
+    ops = ", ".join(f"{n} {state}" for state, n in sorted(report.operations.items()))
+    lines.append(f"  operations (pause -> update_weights -> resume): {ops or 'none'}")
+    for summary in report.aborted:
+        lines.append(f"    not committed: {summary}")
+    if report.fault:
+        verdict = "verified" if report.fault_verified else "NOT verified"
+        lines.append(f"  injected fault: {report.fault}: compensation {verdict}")
+    if report.quarantined:
+        lines.append(f"  quarantined ranks (out of routing): {report.quarantined}")
     if report.killed_rank is not None:
         det = (f"{report.detection_seconds:.2f} s" if report.detection_seconds is not None
                else "never")
@@ -338,9 +433,12 @@ def add_arguments(p: Any) -> None:
                    help="drive engines already running elsewhere, one ROUTER address per rank")
     p.add_argument("--kill-one", action="store_true", help="SIGKILL one engine mid-run")
     p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    p.add_argument("--fault", choices=["update"], default="",
+                   help="update: one rank's update_weights raises mid-run (compensated)")
     p.add_argument("--json", help="also write the summary as JSON here")
 
 
 def from_args(args: Any) -> DemoConfig:
     return DemoConfig(engines=args.engines, cycles=args.cycles, transport=args.transport,
-                      connect=list(args.connect), kill_one=args.kill_one, backend=args.backend)
+                      connect=list(args.connect), kill_one=args.kill_one, backend=args.backend,
+                      fault=args.fault)

@@ -11,7 +11,8 @@
 * :func:`snapshot` — one dict of everything a dashboard wants: live requests,
   tombstones, per-method latency histograms, counters per transition,
   late/duplicate/unknown replies, peer link states, mailbox queue depths,
-  transport counters.
+  transport counters; with an :class:`~ctlwire.kernel.operation_runner.OperationRunner`,
+  its quarantined ranks, operations in flight and outcome counters.
 * :class:`PrometheusExporter` — exposes the snapshot through
   ``prometheus-client`` (the ``prometheus`` extra) as a custom collector, read
   at scrape time; nothing is computed on the request path.
@@ -31,6 +32,7 @@ from ctlwire.states import CONTROL_REQUEST_TABLE, RequestEvent, RequestState
 
 if TYPE_CHECKING:
     from ctlwire.kernel.control_client import ControlClient
+    from ctlwire.kernel.operation_runner import OperationRunner
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -140,8 +142,8 @@ class TransitionLog:
                    "state": new.name})
 
 
-def snapshot(client: ControlClient, request_metrics: RequestMetrics | None = None
-             ) -> dict[str, Any]:
+def snapshot(client: ControlClient, request_metrics: RequestMetrics | None = None,
+             operations: OperationRunner | None = None) -> dict[str, Any]:
     """Everything observable about ``client`` right now (a plain, JSON-able dict)."""
     reg = client.registry
     stats = reg.stats
@@ -163,6 +165,8 @@ def snapshot(client: ControlClient, request_metrics: RequestMetrics | None = Non
         (o for o in reg.observers if isinstance(o, RequestMetrics)), None)
     if metrics is not None:
         data["requests"] = metrics.snapshot()
+    if operations is not None:
+        data["operations"] = operations.metrics()
     return data
 
 
@@ -175,7 +179,8 @@ class PrometheusExporter:
     """
 
     def __init__(self, client: ControlClient, request_metrics: RequestMetrics | None = None,
-                 namespace: str = "ctlwire") -> None:
+                 namespace: str = "ctlwire", operations: OperationRunner | None = None
+                 ) -> None:
         try:
             import prometheus_client  # noqa: F401
         except ImportError as exc:  # pragma: no cover - depends on the extra
@@ -183,6 +188,7 @@ class PrometheusExporter:
                                ) from exc
         self.client = client
         self.request_metrics = request_metrics
+        self.operations = operations
         self.ns = namespace
 
     def register(self, registry: Any = None) -> PrometheusExporter:
@@ -198,7 +204,7 @@ class PrometheusExporter:
             HistogramMetricFamily,
         )
 
-        snap = snapshot(self.client, self.request_metrics)
+        snap = snapshot(self.client, self.request_metrics, self.operations)
         ns = self.ns
         yield GaugeMetricFamily(f"{ns}_live_requests", "Requests in the request map",
                                 value=snap["live_requests"])
@@ -223,6 +229,19 @@ class PrometheusExporter:
         for method, depth in snap["mailbox_depth"].items():
             q.add_metric([method], depth)
         yield q
+        ops = snap.get("operations")
+        if ops is not None:
+            qr = GaugeMetricFamily(f"{ns}_rank_quarantined",
+                                   "1 for each rank out of routing after an operation",
+                                   labels=["rank", "op", "step"])
+            for rank, why in ops["quarantined"].items():
+                qr.add_metric([str(rank), why["op"], why["step"]], 1)
+            yield qr
+            oc = CounterMetricFamily(f"{ns}_operations", "Operations by final state",
+                                     labels=["state"])
+            for state in ("committed", "aborted", "degraded", "superseded"):
+                oc.add_metric([state], ops.get(state, 0))
+            yield oc
         req = snap.get("requests")
         if req:
             h = HistogramMetricFamily(f"{ns}_request_seconds", "Request latency, sent to outcome",

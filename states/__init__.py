@@ -2,10 +2,10 @@
 
 Each machine is declared once with transitions (:mod:`ctlwire.states.control_request`,
 :mod:`~ctlwire.states.mailbox_ticket`, :mod:`~ctlwire.states.peer_link`,
-:mod:`~ctlwire.states.inbound_request`); an immutable ``(state, event) -> state``
-table is derived from each at import and is what the kernel drives. Nothing in
-this package does IO, reads a clock, or imports anyio, zmq, the kernel or the
-transports.
+:mod:`~ctlwire.states.inbound_request`, :mod:`~ctlwire.states.operation`); an
+immutable ``(state, event) -> state`` table is derived from each at import and is
+what the kernel drives. Nothing in this package does IO, reads a clock, or
+imports anyio, zmq, the kernel or the transports.
 """
 
 from __future__ import annotations
@@ -31,6 +31,16 @@ from ctlwire.states.mailbox_ticket import (
     TicketEvent,
     TicketState,
 )
+from ctlwire.states.operation import (
+    OPERATION,
+    OPERATION_RANK,
+    OPERATION_RANK_TABLE,
+    OPERATION_TABLE,
+    OperationEvent,
+    OperationState,
+    RankEvent,
+    RankState,
+)
 from ctlwire.states.peer_link import (
     LIVE_PEER_STATES,
     PEER_LINK,
@@ -45,12 +55,16 @@ MACHINES: tuple[MachineSpec[Any, Any], ...] = (
     MAILBOX_TICKET,
     PEER_LINK,
     INBOUND_REQUEST,
+    OPERATION,
+    OPERATION_RANK,
 )
 TABLES: tuple[StateTable[Any, Any], ...] = (
     CONTROL_REQUEST_TABLE,
     MAILBOX_TICKET_TABLE,
     PEER_LINK_TABLE,
     INBOUND_REQUEST_TABLE,
+    OPERATION_TABLE,
+    OPERATION_RANK_TABLE,
 )
 
 __all__ = [
@@ -62,6 +76,10 @@ __all__ = [
     "MACHINES",
     "MAILBOX_TICKET",
     "MAILBOX_TICKET_TABLE",
+    "OPERATION",
+    "OPERATION_RANK",
+    "OPERATION_RANK_TABLE",
+    "OPERATION_TABLE",
     "PEER_LINK",
     "PEER_LINK_TABLE",
     "TABLES",
@@ -69,8 +87,12 @@ __all__ = [
     "InboundEvent",
     "InboundState",
     "MachineSpec",
+    "OperationEvent",
+    "OperationState",
     "PeerEvent",
     "PeerState",
+    "RankEvent",
+    "RankState",
     "RequestEvent",
     "RequestState",
     "StateTable",

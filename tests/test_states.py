@@ -175,3 +175,29 @@ def test_importing_states_loads_no_io_library() -> None:
 def test_machines_and_tables_line_up() -> None:
     assert [t.spec for t in TABLES] == list(MACHINES)
     assert len({spec.name for spec in MACHINES}) == len(MACHINES)
+
+
+def test_operation_rank_ends_only_in_a_named_outcome() -> None:
+    from ctlwire.states import OPERATION_RANK_TABLE, RankState
+
+    ends = {RankState.COMMITTED, RankState.COMPENSATED, RankState.ABORTED,
+            RankState.QUARANTINED, RankState.SUPERSEDED}
+    assert OPERATION_RANK_TABLE.final == ends
+    # a rank whose step may have applied never ends committed
+    seen = {RankState.UNKNOWN}
+    frontier = [RankState.UNKNOWN]
+    while frontier:
+        for nxt in OPERATION_RANK_TABLE.allowed(frontier.pop()).values():
+            if nxt not in seen:
+                seen.add(nxt)
+                frontier.append(nxt)
+    assert seen & ends == {RankState.COMPENSATED, RankState.ABORTED, RankState.QUARANTINED,
+                           RankState.SUPERSEDED}
+
+
+def test_operation_commits_only_from_running() -> None:
+    from ctlwire.states import OPERATION_TABLE, OperationEvent, OperationState
+
+    sources = {s for (s, e), _ in OPERATION_TABLE if e is OperationEvent.COMMIT}
+    assert sources == {OperationState.RUNNING}
+    assert not OPERATION_TABLE.can(OperationState.ABORTING, OperationEvent.COMMIT)

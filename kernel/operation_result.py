@@ -1,0 +1,92 @@
+"""What an operation reports: per rank, the state it ended in; and its progress on the way."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ctlwire.states import OperationState, RankState
+
+__all__ = ["OperationResult", "Phase", "ProgressEvent", "RankReport"]
+
+Phase = Literal["apply", "compensate"]
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """One rank's part of an operation changed: ``state`` after ``step`` in ``phase``.
+
+    ``detail`` names the error or loss for Failed / Unknown / Quarantined."""
+
+    op_id: str
+    rank: int
+    step: str
+    phase: Phase
+    state: RankState
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """How one rank's part ended.
+
+    ``applied``: the steps that applied on it (or may have: outcome unknown),
+    in order; ``undone``: the steps whose compensation ran on it, in the order
+    run; ``failed_step``/``detail``: the step (or compensation) that failed
+    there and why."""
+
+    rank: int
+    state: RankState
+    applied: tuple[str, ...] = ()
+    undone: tuple[str, ...] = ()
+    failed_step: str | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class OperationResult:
+    """The outcome of one operation: its final state and every rank's report.
+
+    ``ok`` only when the operation committed on every rank. Otherwise
+    ``failed_ranks`` names the ranks where a step (or its compensation) failed,
+    ``quarantined`` those that could not be brought back (the runner excludes
+    them from later operations until released) and ``superseded`` those where a
+    newer operation fenced this one out."""
+
+    op_id: str
+    fence: int
+    plan: str
+    state: OperationState
+    ranks: dict[int, RankReport] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.state is OperationState.COMMITTED
+
+    def _with(self, *states: RankState) -> tuple[int, ...]:
+        return tuple(sorted(r for r, rep in self.ranks.items() if rep.state in states))
+
+    @property
+    def committed(self) -> tuple[int, ...]:
+        return self._with(RankState.COMMITTED)
+
+    @property
+    def compensated(self) -> tuple[int, ...]:
+        return self._with(RankState.COMPENSATED)
+
+    @property
+    def quarantined(self) -> tuple[int, ...]:
+        return self._with(RankState.QUARANTINED)
+
+    @property
+    def superseded(self) -> tuple[int, ...]:
+        return self._with(RankState.SUPERSEDED)
+
+    @property
+    def failed_ranks(self) -> tuple[int, ...]:
+        return tuple(sorted(r for r, rep in self.ranks.items() if rep.failed_step is not None))
+
+    def summary(self) -> str:
+        """One line: the state and each rank's, e.g. ``aborted: 0=compensated 1=quarantined``."""
+        ranks = " ".join(f"{r}={rep.state.value}" for r, rep in sorted(self.ranks.items()))
+        return f"{self.op_id} {self.state.value}: {ranks}"

@@ -1,0 +1,264 @@
+"""Run a coordinated multi-rank operation through a ControlClient (the anyio shell).
+
+::
+
+    runner = OperationRunner(client)
+    result = await runner.run(plan, on_progress=print)      # OperationResult
+    if not result.ok:
+        print(result.summary(), result.failed_ranks, result.quarantined)
+    await client.fan_out("get_load", ranks=runner.routable_ranks())   # skips quarantined
+    runner.release(2)                                       # back in routing
+
+:class:`OperationRunner` drives an :class:`~ctlwire.kernel.operation_core.OperationCore`:
+each dispatch is one ``concurrent`` fan-out of ``ctlwire.step`` (see
+:mod:`~ctlwire.kernel.operation_ledger`) with the step's own timeout, and each
+rank's typed outcome is fed back -- a result is OK, ``Fenced`` is FENCED,
+``NotDelivered`` is NOT_DELIVERED (did not run), any other ``EngineDead``, a
+timeout or a missing outcome is UNKNOWN (may have run), any other remote error
+is ERROR (did not apply).
+
+Guarantees, on top of the core's:
+
+* **Quarantine.** A rank the operation could not bring back is quarantined:
+  listed in :meth:`metrics`, left out of :meth:`routable_ranks` and of every
+  later operation (naming it explicitly raises ValueError) until
+  :meth:`release`.
+* **Observable.** ``on_progress`` receives every per-rank, per-step change as it
+  happens; :meth:`progress` is a snapshot of the operations in flight.
+* **Restart, honestly.** A run that is cancelled, or whose controller dies,
+  leaves the operation undecided. A new controller calls :meth:`recover` (each
+  rank's last applied operation and step) and runs the same plan again with the
+  recovered ``op_id`` and ``fence``: steps already applied answer their
+  recorded results and do not run twice. A rank that was restarted itself has
+  lost its ledger; an operation that was compensated cannot be replayed forward.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.errors import (
+    FanOutFailed,
+    Fenced,
+    NotDelivered,
+    RemoteError,
+    RequestTimedOut,
+)
+from ctlwire.kernel.fan_out_result import FanOutResult
+from ctlwire.kernel.operation_core import Dispatch, OperationCore, StepOutcome
+from ctlwire.kernel.operation_ledger import (
+    LAST_OPERATION_METHOD,
+    STEP_METHOD,
+    LastOperation,
+    StepRequest,
+)
+from ctlwire.kernel.operation_plan import OperationPlan, new_fence, new_operation_id
+from ctlwire.kernel.operation_result import OperationResult, ProgressEvent
+
+__all__ = ["OperationRunner", "Quarantine", "Recovery", "classify"]
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """Why a rank is out of routing: the operation, the step that failed there, the detail."""
+
+    rank: int
+    op_id: str
+    step: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """The newest operation of a plan the ranks report having applied steps of."""
+
+    op_id: str
+    fence: int
+    steps: dict[int, tuple[str, ...]]  # per rank that reported it: the steps applied there
+    complete: bool = False      # every reporting rank applied the plan's last step
+    compensated: bool = False   # some rank ran a compensation: it cannot be replayed forward
+
+
+def classify(error: Exception | None) -> tuple[StepOutcome, str]:
+    """A rank's outcome of a dispatch from its fan-out error (None: it answered ok)."""
+    if error is None:
+        return StepOutcome.OK, ""
+    # a remote error reads as the engine's exception: "InjectedFault: ... (code 500 ...)"
+    detail = str(error) if isinstance(error, RemoteError) else f"{type(error).__name__}: {error}"
+    if isinstance(error, Fenced):
+        return StepOutcome.FENCED, detail
+    if isinstance(error, NotDelivered):
+        return StepOutcome.NOT_DELIVERED, detail
+    if isinstance(error, RemoteError):
+        return StepOutcome.ERROR, detail
+    return StepOutcome.UNKNOWN, detail  # EngineDead, timeouts, anything else: may have run
+
+
+class OperationRunner:
+    """Runs operations over ``client``, keeps the quarantine set; see the module docstring."""
+
+    def __init__(self, client: ControlClient, *, history: int = 32,
+                 envelope_fields: bool = False) -> None:
+        self.client = client
+        self.quarantined: dict[int, Quarantine] = {}
+        self.active: dict[str, OperationCore] = {}
+        self.history: deque[OperationResult] = deque(maxlen=history)
+        self.counters: dict[str, int] = {"operations": 0, "committed": 0, "aborted": 0,
+                                         "degraded": 0, "superseded": 0, "quarantines": 0,
+                                         "released": 0}
+        # envelope_fields: also put each step's key and fence into the request envelope
+        # (Request.key / Request.fence, checked by the endpoint itself) where
+        # ControlClient.fan_out takes them. Off by default: the engine's endpoint keeps
+        # one highest fence for every request, so operation tokens (microseconds since
+        # the epoch) must not share it with tokens from another scheme.
+        params = inspect.signature(client.fan_out).parameters
+        self._envelope_fields = (envelope_fields and "idempotency_key" in params
+                                 and "fence" in params)
+
+    # -- routing -----------------------------------------------------------------
+    def routable_ranks(self) -> tuple[int, ...]:
+        """The client's ranks minus the quarantined ones."""
+        return tuple(r for r in self.client.ranks if r not in self.quarantined)
+
+    def quarantine(self, rank: int, op_id: str = "", step: str = "", detail: str = "") -> None:
+        """Take ``rank`` out of routing (operations do this themselves when needed)."""
+        if rank not in self.client.ranks:
+            raise ValueError(f"rank {rank} is not one of {self.client.ranks}")
+        if rank not in self.quarantined:
+            self.counters["quarantines"] += 1
+        self.quarantined[rank] = Quarantine(rank, op_id, step, detail)
+
+    def release(self, rank: int) -> Quarantine:
+        """Put a quarantined ``rank`` back in routing; KeyError when it is not quarantined."""
+        record = self.quarantined.pop(rank)
+        self.counters["released"] += 1
+        return record
+
+    # -- running -----------------------------------------------------------------
+    async def run(self, plan: OperationPlan, *, ranks: Sequence[int] | None = None,
+                  op_id: str | None = None, fence: int | None = None,
+                  on_progress: Callable[[ProgressEvent], None] | None = None
+                  ) -> OperationResult:
+        """Run ``plan`` on ``ranks`` (default: :meth:`routable_ranks`) as one operation.
+
+        ``op_id``/``fence`` default to fresh ones; pass a recovered pair to finish an
+        operation a previous controller started. Raises ValueError for quarantined
+        or unknown ranks, ClientClosed if the client closes meanwhile. An exception
+        raised by ``on_progress`` (or a cancellation) ends the run like a crash of
+        the controller: the operation is left undecided (see :meth:`recover`).
+        """
+        targets = tuple(ranks) if ranks is not None else self.routable_ranks()
+        if not targets:
+            raise ValueError("no routable rank to run the operation on")
+        unknown = set(targets) - set(self.client.ranks)
+        if unknown:
+            raise ValueError(f"ranks {sorted(unknown)} are not one of {self.client.ranks}")
+        held = sorted(set(targets) & set(self.quarantined))
+        if held:
+            raise ValueError(f"ranks {held} are quarantined; release() them first")
+        fence = fence if fence is not None else new_fence()
+        op_id = op_id or new_operation_id(plan.name, fence)
+        if op_id in self.active:
+            raise ValueError(f"operation {op_id!r} is already running")
+        core = OperationCore(plan, targets, op_id=op_id, fence=fence, observer=on_progress)
+        self.active[op_id] = core
+        self.counters["operations"] += 1
+        try:
+            while (d := core.next_dispatch()) is not None:
+                outcomes = await self._dispatch(d)
+                for rank in d.ranks:
+                    core.record(rank, *outcomes[rank])
+        finally:
+            del self.active[op_id]
+        result = core.result()
+        for rank in result.quarantined:
+            rep = result.ranks[rank]
+            self.quarantine(rank, op_id, rep.failed_step or "", rep.detail)
+        self.counters[result.state.value] = self.counters.get(result.state.value, 0) + 1
+        self.history.append(result)
+        return result
+
+    async def _dispatch(self, d: Dispatch) -> dict[int, tuple[StepOutcome, str]]:
+        client = self.client
+        payload = StepRequest(d.op_id, d.step, d.phase, d.fence, d.key, d.method,
+                              client.codec.encode_value(d.payload))
+        extra: dict[str, Any] = (
+            {"idempotency_key": d.key, "fence": d.fence} if self._envelope_fields else {})
+        res: FanOutResult | None
+        try:
+            res = await client.fan_out(STEP_METHOD, payload, ranks=d.ranks, timeout=d.timeout,
+                                       mode="concurrent", **extra)
+        except FanOutFailed as exc:
+            res = exc.result
+        except RequestTimedOut as exc:
+            res = exc.partial
+        outcomes: dict[int, tuple[StepOutcome, str]] = {}
+        for rank in d.ranks:
+            if res is not None and rank in res.results:
+                outcomes[rank] = classify(None)
+            elif res is not None and rank in res.errors:
+                outcomes[rank] = classify(res.errors[rank])
+            else:
+                outcomes[rank] = (StepOutcome.UNKNOWN, f"no outcome of {d.key!r} in time")
+        return outcomes
+
+    # -- restart recovery ----------------------------------------------------------
+    async def last_operations(self, ranks: Sequence[int] | None = None, timeout: float = 5.0
+                              ) -> dict[int, LastOperation | Exception]:
+        """Ask each rank (default: all) which operation and step it last applied."""
+        targets = tuple(ranks) if ranks is not None else self.client.ranks
+        try:
+            res = await self.client.fan_out(LAST_OPERATION_METHOD, ranks=targets,
+                                            timeout=timeout, mode="concurrent",
+                                            result_type=LastOperation)
+        except FanOutFailed as exc:
+            res = exc.result
+        except RequestTimedOut as exc:
+            if exc.partial is None:
+                raise
+            res = exc.partial
+        out: dict[int, LastOperation | Exception] = {}
+        for rank in targets:
+            if rank in res.results:
+                out[rank] = res.results[rank]
+            else:
+                out[rank] = res.errors.get(rank) or RequestTimedOut(LAST_OPERATION_METHOD,
+                                                                    timeout)
+        return out
+
+    async def recover(self, plan: OperationPlan, ranks: Sequence[int] | None = None,
+                      timeout: float = 5.0) -> Recovery | None:
+        """The newest operation of ``plan`` some rank applied steps of, or None."""
+        prefix = f"{plan.name}@"
+        lasts = [v for v in (await self.last_operations(ranks, timeout)).values()
+                 if isinstance(v, LastOperation) and v.op.startswith(prefix)]
+        if not lasts:
+            return None
+        newest = max(lasts, key=lambda v: v.fence)
+        steps = {v.rank: tuple(v.applied) for v in lasts if v.op == newest.op}
+        last = plan.steps[-1].name
+        return Recovery(newest.op, newest.fence, steps,
+                        complete=all(s and s[-1] == last for s in steps.values()),
+                        compensated=any(n.endswith(":undo") for s in steps.values() for n in s))
+
+    # -- observability ---------------------------------------------------------------
+    def progress(self) -> dict[str, dict[str, Any]]:
+        """Each operation in flight: its state, step and per-rank states."""
+        return {op_id: core.snapshot() for op_id, core in self.active.items()}
+
+    def metrics(self) -> dict[str, Any]:
+        """Quarantined ranks (with why), operations in flight, counters, recent results."""
+        return {
+            "quarantined": {r: {"op": q.op_id, "step": q.step, "detail": q.detail}
+                            for r, q in sorted(self.quarantined.items())},
+            "routable": list(self.routable_ranks()),
+            "active": self.progress(),
+            "recent": [r.summary() for r in self.history],
+            **self.counters,
+        }
+
