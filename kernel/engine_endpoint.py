@@ -40,6 +40,7 @@ from __future__ import annotations
 import inspect
 import logging
 import secrets
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -194,12 +195,19 @@ class EngineEndpoint:
 
     # -- registration ----------------------------------------------------------
     def register(self, name: str, handler: Callable[..., Any], *, payload_type: Any = _NONE,
-                 threaded: bool = False) -> MethodSpec:
+                 threaded: bool = False, _caller_frame: int = 1) -> MethodSpec:
         """Allow ``name``, served by ``handler``.
 
         ``handler`` takes no argument or one (the payload, decoded as its
         annotation or ``payload_type``). Async handlers run in :meth:`serve`;
         sync ones run inline, or in a worker thread with ``threaded=True``.
+
+        The payload annotation is resolved here, string annotations
+        (``from __future__ import annotations``) included, in the handler's
+        module and then in the scope that registers it (a ``msgspec.Struct``
+        defined in the same function works). An annotation that cannot be
+        resolved raises TypeError now: validation is never silently turned off
+        (pass ``payload_type=`` to say the type explicitly).
         """
         if not name or not isinstance(name, str):
             raise ValueError("method name must be a non-empty string")
@@ -214,11 +222,7 @@ class EngineEndpoint:
         if payload_type is _NONE:
             payload_type = Any
             if takes_payload:
-                try:
-                    hints = get_type_hints(handler)
-                except Exception:  # unresolvable annotations: accept anything
-                    hints = {}
-                payload_type = hints.get(params[0].name, Any)
+                payload_type = _payload_annotation(name, handler, params[0], _caller_frame)
         optional = bool(params) and params[0].default is not params[0].empty
         spec = MethodSpec(name, handler, payload_type, takes_payload,
                           inspect.iscoroutinefunction(handler), threaded, optional)
@@ -230,7 +234,8 @@ class EngineEndpoint:
         """Decorator form of :meth:`register` (name defaults to the function's)."""
 
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-            self.register(name or fn.__name__, fn, payload_type=payload_type, threaded=threaded)
+            self.register(name or fn.__name__, fn, payload_type=payload_type, threaded=threaded,
+                          _caller_frame=2)  # the scope applying the decorator
             return fn
 
         return deco
@@ -568,6 +573,35 @@ class EngineEndpoint:
             "states": {s.name: n for s, n in self.states.items()},
             **self.counters,
         }
+
+
+def _payload_annotation(name: str, handler: Callable[..., Any], param: inspect.Parameter,
+                        caller_frame: int) -> Any:
+    """The resolved annotation of ``handler``'s payload parameter (Any if none).
+
+    Tries ``get_type_hints`` (the handler's module), then the parameter's own
+    string annotation evaluated with the registering scope's locals. Raises
+    TypeError when neither resolves it."""
+    annotation = param.annotation
+    if annotation is inspect.Parameter.empty:
+        return Any
+    if not isinstance(annotation, str):
+        return annotation
+    try:
+        return get_type_hints(handler).get(param.name, Any)
+    except Exception:
+        pass  # a local name: try the registering scope next
+    frame = sys._getframe(caller_frame + 1)  # register's caller (or the decorator's)
+    try:
+        namespace = {**getattr(handler, "__globals__", {}), **frame.f_locals}
+        return eval(annotation, namespace)  # an annotation the handler's author wrote
+    except Exception as exc:
+        raise TypeError(
+            f"cannot resolve the payload annotation {annotation!r} of handler {name!r} "
+            f"({exc}); define the type where the handler's module can see it, or pass "
+            "payload_type=... explicitly") from None
+    finally:
+        del frame
 
 
 class _AsyncHandlerInPoll(Exception):

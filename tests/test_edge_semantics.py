@@ -492,3 +492,54 @@ async def _flush_after_skew(h: EngineHarness, skew: dict[str, float]) -> None:
     await anyio.wait_all_tasks_blocked()  # the engine has handled B
     skew["s"] = 0.0
     await _flush(h)
+
+
+# -- 3. payload validation is never silently off -----------------------------------------------
+async def test_a_locally_defined_struct_annotation_is_resolved_and_validated() -> None:
+    import msgspec
+
+    from ctlwire.kernel.errors import RemoteError
+
+    seen: list[Any] = []
+
+    def setup(ep: EngineEndpoint) -> None:
+        class Version(msgspec.Struct):  # local: invisible to get_type_hints
+            version: int
+
+        @ep.method()
+        def update_weights(req: Version) -> int:
+            seen.append(req)
+            return req.version
+
+        def set_version(req: Version) -> int:
+            seen.append(req)
+            return req.version
+
+        ep.register("set_version", set_version)
+        assert ep._methods["update_weights"].payload_type is Version
+        assert ep._methods["set_version"].payload_type is Version
+
+    async with EngineHarness(ranks=1, setup=setup) as h:
+        for method in ("update_weights", "set_version"):
+            with pytest.raises(RemoteError) as info:
+                await h.client.call(method, {"version": "not-an-int"}, rank=0, timeout=5)
+            assert info.value.type_name == "InvalidPayload"
+            assert await h.client.call(method, {"version": 3}, rank=0, timeout=5) == 3
+        assert [type(v).__name__ for v in seen] == ["Version", "Version"]
+
+
+def test_an_unresolvable_payload_annotation_raises_at_registration() -> None:
+    from ctlwire.transports.memory import MemoryNetwork
+
+    ep = EngineEndpoint(MemoryNetwork().engine_transport(0))
+
+    def handler(req: NoSuchType) -> int:  # type: ignore[name-defined] # noqa: F821
+        return 0
+
+    with pytest.raises(TypeError, match="NoSuchType"):
+        ep.register("h", handler)
+    with pytest.raises(TypeError, match="NoSuchType"):
+        ep.method("h2")(handler)
+    assert ep.methods == []
+    ep.register("h3", handler, payload_type=int)  # explicit: fine
+    assert ep._methods["h3"].payload_type is int
