@@ -171,6 +171,8 @@ class EngineEndpoint:
         self._next_heartbeat = 0.0
         self._outbox: list[tuple[Route, Reply]] = []
         self.heartbeats_paused = False
+        self._opened = False
+        self._closed = False
         self.client_last_seen: float | None = None
         self._nil = self.codec.encode_value(None)
         self.counters: dict[str, int] = {
@@ -363,18 +365,31 @@ class EngineEndpoint:
 
     # -- synchronous embedding -------------------------------------------------
     def open(self) -> None:
-        """Open the transport (sync engines); sends the first heartbeat."""
+        """Open the transport (sync engines); sends the first heartbeat.
+        Idempotent; :meth:`poll` calls it when it was not called."""
         self.transport.open()
-        self._next_heartbeat = 0.0
-        self._heartbeat_if_due()
+        if not self._opened:
+            self._opened = True
+            self._next_heartbeat = 0.0
+            self._heartbeat_if_due()
 
     def close(self) -> None:
+        self._closed = True
         self.transport.close()
 
     def poll(self, max_messages: int = 64) -> int:
         """Handle up to ``max_messages`` ready requests without blocking; send a
         heartbeat if one is due. Returns how many requests were handled.
-        Sync handlers only (an async handler gets an error reply)."""
+        Sync handlers only (an async handler gets an error reply).
+
+        The first ``poll()`` opens the endpoint (:meth:`open`) if that was not
+        done yet, so a loop of ``poll()`` alone serves requests; after
+        :meth:`close` it raises TransportClosed instead of returning 0 for ever.
+        """
+        if self._closed:
+            raise TransportClosed(f"engine {self.rank}: poll() after close()")
+        if not self._opened:
+            self.open()
         self._heartbeat_if_due()
         self._flush_outbox()
         handled = 0

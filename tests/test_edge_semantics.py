@@ -543,3 +543,29 @@ def test_an_unresolvable_payload_annotation_raises_at_registration() -> None:
     assert ep.methods == []
     ep.register("h3", handler, payload_type=int)  # explicit: fine
     assert ep._methods["h3"].payload_type is int
+
+
+# -- 8. poll() before open() ------------------------------------------------------------------------
+async def test_poll_before_open_opens_the_endpoint_and_serves() -> None:
+    from ctlwire.transports.errors import TransportClosed
+    from ctlwire.transports.memory import MemoryNetwork
+
+    net = MemoryNetwork()
+    ep = EngineEndpoint(net.engine_transport(0))
+    Counting().install(ep)
+    async with ControlClient(net.client_transport(), ranks=1) as client:
+        async with anyio.create_task_group() as tg:
+            handled: list[int] = []
+
+            async def engine_loop() -> None:
+                while True:
+                    handled.append(ep.poll())  # never opened explicitly
+                    await anyio.sleep(0.01)
+
+            tg.start_soon(engine_loop)
+            assert await client.call("act", "polled", rank=0, timeout=5) == "polled"
+            tg.cancel_scope.cancel()
+        assert sum(handled) == 1
+    ep.close()
+    with pytest.raises(TransportClosed, match="after close"):
+        ep.poll()
