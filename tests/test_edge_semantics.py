@@ -545,7 +545,7 @@ def test_an_unresolvable_payload_annotation_raises_at_registration() -> None:
     assert ep._methods["h3"].payload_type is int
 
 
-# -- 8. poll() before open() ------------------------------------------------------------------------
+# -- 8. poll() before open() -------------------------------------------------------------
 async def test_poll_before_open_opens_the_endpoint_and_serves() -> None:
     from ctlwire.transports.errors import TransportClosed
     from ctlwire.transports.memory import MemoryNetwork
