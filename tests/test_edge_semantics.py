@@ -569,3 +569,46 @@ async def test_poll_before_open_opens_the_endpoint_and_serves() -> None:
     ep.close()
     with pytest.raises(TransportClosed, match="after close"):
         ep.poll()
+
+
+# -- 10. a deeply nested request is answered like any malformed frame ---------------------
+class NestingSends(BlockingSends):
+    """Replaces the payload of every Request with one nested 200,000 levels deep."""
+
+    def send_nowait(self, rank: int, envelope: Envelope) -> None:
+        if type(envelope) is Request:
+            import msgspec
+
+            nested = b"\x91" * 200_000 + b"\xc0"
+            envelope = msgspec.structs.replace(envelope, payload=msgspec.Raw(nested))
+        self.inner.send_nowait(rank, envelope)
+
+
+async def test_a_deeply_nested_request_gets_a_typed_error_reply() -> None:
+    from ctlwire.kernel.errors import RemoteError
+
+    eng = Counting()
+    async with EngineHarness(ranks=1, setup=eng.install, wrap_client=NestingSends) as h:
+        start = anyio.current_time()
+        with pytest.raises(RemoteError) as info:
+            await h.client.call("act", "x", rank=0, timeout=600)
+        assert info.value.type_name == "MalformedFrame"
+        assert anyio.current_time() == start  # answered, not left to time out
+        assert h.engines[0].counters["error_replies_for_bad_frames"] == 1
+        assert eng.runs == []
+
+
+@pytest.mark.parametrize("codec_name", ["msgpack", "json"])
+def test_salvage_id_reads_the_head_of_a_frame_too_deep_to_decode(codec_name: str) -> None:
+    import msgspec
+
+    from ctlwire.transports.codec import codec_by_name
+
+    codec = codec_by_name(codec_name)
+    depth = 200_000
+    nested = (b"\x91" * depth + b"\xc0" if codec_name == "msgpack"
+              else b"[" * depth + b"]" * depth)
+    for rid in (5, 300, 70_000, 12_345_678_901, 2**63 - 1):
+        data = codec.encode(Request(rid, 0, "m", msgspec.Raw(nested)))
+        assert codec.salvage_id(data) == rid
+    assert codec.salvage_id(b"\x00" * 10) == 0
