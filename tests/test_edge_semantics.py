@@ -612,3 +612,21 @@ def test_salvage_id_reads_the_head_of_a_frame_too_deep_to_decode(codec_name: str
         data = codec.encode(Request(rid, 0, "m", msgspec.Raw(nested)))
         assert codec.salvage_id(data) == rid
     assert codec.salvage_id(b"\x00" * 10) == 0
+
+
+# -- 13. keys generate does not overwrite ---------------------------------------------------------
+def test_keys_generate_refuses_to_overwrite_without_force(
+        tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from ctlwire.kernel.cli import main
+
+    assert main(["keys", "generate", str(tmp_path), "api"]) == 0
+    public = (tmp_path / "api.key").read_bytes()
+    secret = (tmp_path / "api.key_secret").read_bytes()
+    capsys.readouterr()
+    assert main(["keys", "generate", str(tmp_path), "engine", "api"]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert (tmp_path / "api.key").read_bytes() == public
+    assert (tmp_path / "api.key_secret").read_bytes() == secret
+    assert not (tmp_path / "engine.key").exists()  # nothing written at all
+    assert main(["keys", "generate", str(tmp_path), "api", "--force"]) == 0
+    assert (tmp_path / "api.key").read_bytes() != public
