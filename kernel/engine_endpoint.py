@@ -20,11 +20,20 @@ Guarantees:
   and the handler never sees it.
 * **Deadlines.** A request whose deadline has already passed is Expired with
   ``DeadlineExpired`` and not run.
-* **One at a time, in arrival order.** Requests are handled sequentially in
-  the order they were received, through the ``InboundRequest`` table
-  (Received → Running → Replied, or Rejected / Expired). Every request gets
-  exactly one reply; a handler that raises gets an error reply carrying its
-  class name, message and ``code`` attribute.
+* **Ordering.** Every request moves through the ``InboundRequest`` table
+  (Received → Running → Replied, or Rejected / Expired) and gets exactly one
+  reply; a handler that raises gets an error reply carrying its class name,
+  message and ``code`` attribute. With :meth:`poll` (sync handlers) requests
+  run one at a time in arrival order. With :meth:`serve`, requests are taken
+  in arrival order; sync inline handlers run one at a time on the event loop,
+  while async and ``threaded`` handlers run in a lane per method: **per
+  method, requests start in arrival order, at most ``concurrency`` at a time
+  (default 1, so each method stays serial)**, and different methods run
+  concurrently — ``get_server_info`` is answered while a long
+  ``update_weights`` runs, and a hung handler blocks only its own method.
+  Across methods there is no ordering. The deadline is checked when a request
+  starts, not when it is queued. :attr:`EngineEndpoint.running` maps each
+  request id being handled to its method and start time (``time.monotonic``).
 * **At most once.** A request id already seen from the same client (a
   duplicated frame) is dropped and counted, never run twice.
 * **Bad input is answered or counted, never fatal.** Malformed and oversized
@@ -50,6 +59,7 @@ from typing import Any, get_type_hints
 
 import anyio
 import anyio.abc
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ctlwire.kernel.actor import Actor
 from ctlwire.kernel.errors import error_info
@@ -105,6 +115,7 @@ class MethodSpec:
     is_async: bool
     threaded: bool
     payload_optional: bool = False
+    concurrency: int = 1
 
 
 # INBOUND_REQUEST_TABLE's (state, event) -> state as nested dicts, read directly on the
@@ -133,14 +144,49 @@ class _Inbound:
 
 
 class _Dispatcher(Actor[_Inbound, None]):
-    """The actor that runs requests one at a time for :meth:`EngineEndpoint.serve`."""
+    """The actor that takes requests in arrival order for :meth:`EngineEndpoint.serve`:
+    sync inline handlers run here, one at a time; async and threaded ones are
+    passed to their method's lane."""
 
-    def __init__(self, endpoint: EngineEndpoint, mailbox_size: int) -> None:
+    def __init__(self, endpoint: EngineEndpoint, mailbox_size: int,
+                 lanes: anyio.abc.TaskGroup) -> None:
         super().__init__(mailbox_size=mailbox_size, name=f"engine-{endpoint.rank}")
         self.endpoint = endpoint
+        self.lanes_tg = lanes
+        self.lanes: dict[str, MemoryObjectSendStream[_Inbound]] = {}
 
     async def handle(self, message: _Inbound) -> None:
-        await self.endpoint._run_async(message)
+        endpoint = self.endpoint
+        spec = endpoint._methods.get(message.request.method)
+        if spec is None or not (spec.is_async or spec.threaded):
+            await endpoint._run_async(message)
+            return
+        lane = self.lanes.get(spec.name)
+        if lane is None:
+            lane = self.lanes[spec.name] = self._open_lane(spec)
+        await lane.send(message)  # waits while the lane is full (backpressure)
+
+    def _open_lane(self, spec: MethodSpec) -> MemoryObjectSendStream[_Inbound]:
+        send, recv = anyio.create_memory_object_stream[_Inbound](self.endpoint.mailbox_size)
+        with recv:
+            for i in range(spec.concurrency):
+                self.lanes_tg.start_soon(self._lane_worker, recv.clone(),
+                                         name=f"engine-{self.endpoint.rank}.{spec.name}.{i}")
+        return send
+
+    def close_lanes(self) -> None:
+        for send in self.lanes.values():
+            send.close()
+
+    async def _lane_worker(self, recv: MemoryObjectReceiveStream[_Inbound]) -> None:
+        endpoint = self.endpoint
+        with recv:
+            async for item in recv:  # workers take items in arrival order
+                try:
+                    await endpoint._run_async(item)
+                except Exception:  # pragma: no cover - never let one request end the lane
+                    endpoint.counters["internal_errors"] += 1
+                    log.exception("engine %d: internal error handling %r", endpoint.rank, item)
 
 
 class EngineEndpoint:
@@ -194,15 +240,21 @@ class EngineEndpoint:
             "internal_errors": 0,
         }
         self.states: dict[InboundState, int] = {s: 0 for s in InboundState}
+        #: requests being handled now: request id -> (method, time.monotonic() at start)
+        self.running: dict[int, tuple[str, float]] = {}
 
     # -- registration ----------------------------------------------------------
     def register(self, name: str, handler: Callable[..., Any], *, payload_type: Any = _NONE,
-                 threaded: bool = False, _caller_frame: int = 1) -> MethodSpec:
+                 threaded: bool = False, concurrency: int = 1,
+                 _caller_frame: int = 1) -> MethodSpec:
         """Allow ``name``, served by ``handler``.
 
         ``handler`` takes no argument or one (the payload, decoded as its
         annotation or ``payload_type``). Async handlers run in :meth:`serve`;
         sync ones run inline, or in a worker thread with ``threaded=True``.
+        Under :meth:`serve`, async and threaded handlers of one method run at
+        most ``concurrency`` at a time (default 1: serial, in arrival order),
+        concurrently with other methods.
 
         The payload annotation is resolved here, string annotations
         (``from __future__ import annotations``) included, in the handler's
@@ -215,6 +267,8 @@ class EngineEndpoint:
             raise ValueError("method name must be a non-empty string")
         if name in self._methods:
             raise ValueError(f"method {name!r} is already registered")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency of {name!r} must be an int >= 1, not {concurrency!r}")
         params = [p for p in inspect.signature(handler).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         required = [p for p in params if p.default is p.empty]
@@ -227,16 +281,18 @@ class EngineEndpoint:
                 payload_type = _payload_annotation(name, handler, params[0], _caller_frame)
         optional = bool(params) and params[0].default is not params[0].empty
         spec = MethodSpec(name, handler, payload_type, takes_payload,
-                          inspect.iscoroutinefunction(handler), threaded, optional)
+                          inspect.iscoroutinefunction(handler), threaded, optional, concurrency)
         self._methods[name] = spec
         return spec
 
     def method(self, name: str | None = None, *, payload_type: Any = _NONE,
-               threaded: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+               threaded: bool = False, concurrency: int = 1
+               ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator form of :meth:`register` (name defaults to the function's)."""
 
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
             self.register(name or fn.__name__, fn, payload_type=payload_type, threaded=threaded,
+                          concurrency=concurrency,
                           _caller_frame=2)  # the scope applying the decorator
             return fn
 
@@ -444,6 +500,8 @@ class EngineEndpoint:
                 f"{spec.name!r} is async; serve it with EngineEndpoint.serve()"))
         else:
             token = current_trace.set(work.request.trace)
+            rid = work.request.id
+            self.running[rid] = (spec.name, time.monotonic())
             try:
                 result = (spec.handler(payload) if payload is not _NONE and spec.takes_payload
                           else spec.handler())
@@ -452,6 +510,7 @@ class EngineEndpoint:
             else:
                 reply = self._result_reply(work, result)
             finally:
+                self.running.pop(rid, None)
                 current_trace.reset(token)
         self._send_sync(work.route, reply)
         return 1
@@ -512,33 +571,44 @@ class EngineEndpoint:
                     ) -> None:
         """Serve until cancelled or the transport closes. Opens and closes the
         transport; runs heartbeats in a task of its own, so a long async
-        handler does not make the engine look dead."""
-        async with self.transport, _Dispatcher(self, self.mailbox_size) as dispatcher:
-            self.send_heartbeat()
-            async with anyio.create_task_group() as tg:
-                if self.heartbeat_interval:
-                    tg.start_soon(self._heartbeat_loop)
-                task_status.started()
-                try:
-                    while True:
-                        try:
-                            event = await self.transport.receive()
-                        except TransportClosed:
-                            break
-                        try:
-                            work = self._classify(event)
-                        except Exception:  # pragma: no cover
-                            self.counters["internal_errors"] += 1
-                            log.exception("engine %d: cannot classify %r", self.rank, event)
-                            continue
-                        if work is None:
-                            continue
-                        if isinstance(work, _BadFrameReply):
-                            await self._send_async(work.route, work.reply)
-                            continue
-                        await dispatcher.tell(work)
-                finally:
-                    tg.cancel_scope.cancel()
+        handler does not make the engine look dead. Async and threaded
+        handlers run in one lane per method (see the module docstring's
+        ordering guarantee), so a long or hung handler delays only requests
+        of its own method."""
+        async with self.transport, anyio.create_task_group() as lanes:
+            dispatcher = _Dispatcher(self, self.mailbox_size, lanes)
+            async with dispatcher:
+                await self._serve_loop(dispatcher, lanes, task_status)
+
+    async def _serve_loop(self, dispatcher: _Dispatcher, lanes: anyio.abc.TaskGroup,
+                          task_status: anyio.abc.TaskStatus[None]) -> None:
+        self.send_heartbeat()
+        async with anyio.create_task_group() as tg:
+            if self.heartbeat_interval:
+                tg.start_soon(self._heartbeat_loop)
+            task_status.started()
+            try:
+                while True:
+                    try:
+                        event = await self.transport.receive()
+                    except TransportClosed:
+                        break
+                    try:
+                        work = self._classify(event)
+                    except Exception:  # pragma: no cover
+                        self.counters["internal_errors"] += 1
+                        log.exception("engine %d: cannot classify %r", self.rank, event)
+                        continue
+                    if work is None:
+                        continue
+                    if isinstance(work, _BadFrameReply):
+                        await self._send_async(work.route, work.reply)
+                        continue
+                    await dispatcher.tell(work)
+            finally:
+                tg.cancel_scope.cancel()
+                lanes.cancel_scope.cancel()
+                dispatcher.close_lanes()
 
     async def _heartbeat_loop(self) -> None:
         interval = self.heartbeat_interval
@@ -555,6 +625,8 @@ class EngineEndpoint:
         spec, payload = admitted
         args = (payload,) if spec.takes_payload and payload is not _NONE else ()
         current_trace.set(item.request.trace)  # this task handles one request at a time
+        rid = item.request.id
+        self.running[rid] = (spec.name, time.monotonic())
         try:
             if spec.is_async:
                 result = await spec.handler(*args)
@@ -566,6 +638,8 @@ class EngineEndpoint:
             reply = self._exception_reply(item, exc)
         else:
             reply = self._result_reply(item, result)
+        finally:
+            self.running.pop(rid, None)
         await self._send_async(item.route, reply)
 
     async def _send_async(self, route: Route, reply: Reply) -> None:

@@ -477,8 +477,8 @@ async def test_an_engine_skips_work_whose_deadline_passed_end_to_end() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(functools.partial(h.client.call, "hold", "A", rank=0, timeout=600))
             await anyio.wait_all_tasks_blocked()
-            with pytest.raises(RequestTimedOut):
-                await h.client.call("act", "B", rank=0, timeout=5)
+            with pytest.raises(RequestTimedOut):  # B waits behind A (one method: serial)
+                await h.client.call("hold", "B", rank=0, timeout=5)
             skew["s"] = 3600.0  # the engine's clock is now far past B's deadline
             eng.release()
         await _flush_after_skew(h, skew)
@@ -630,3 +630,100 @@ def test_keys_generate_refuses_to_overwrite_without_force(
     assert not (tmp_path / "engine.key").exists()  # nothing written at all
     assert main(["keys", "generate", str(tmp_path), "api", "--force"]) == 0
     assert (tmp_path / "api.key").read_bytes() != public
+
+
+# -- 9. serve mode: async handlers concurrent across methods, serial per method ----------
+class Lanes:
+    """update_weights (async, blocks on a gate per call), get_server_info (sync),
+    get_load (async, concurrency 2); records starts and ends."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        self.gates: list[anyio.Event] = []
+        self.endpoint: EngineEndpoint | None = None
+
+    def install(self, ep: EngineEndpoint) -> None:
+        self.endpoint = ep
+
+        async def update_weights(version: int) -> int:
+            self.log.append(f"start {version}")
+            gate = anyio.Event()
+            self.gates.append(gate)
+            await gate.wait()
+            self.log.append(f"end {version}")
+            return version
+
+        def get_server_info() -> dict[str, Any]:
+            return {"running": sorted(m for m, _ in ep.running.values())}
+
+        async def get_load(n: int) -> int:
+            self.log.append(f"load {n}")
+            gate = anyio.Event()
+            self.gates.append(gate)
+            await gate.wait()
+            return n
+
+        ep.register("update_weights", update_weights)
+        ep.register("get_server_info", get_server_info)
+        ep.register("get_load", get_load, concurrency=2)
+
+
+async def test_a_long_async_handler_does_not_delay_other_methods() -> None:
+    lanes = Lanes()
+    async with EngineHarness(ranks=1, setup=lanes.install) as h:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(h.client.call, "update_weights", 1, timeout=600))
+            await anyio.wait_all_tasks_blocked()
+            assert lanes.log == ["start 1"]
+            # answered while update_weights still runs (would time out before)
+            info = await h.client.call("get_server_info", rank=0, timeout=5)
+            assert info == {"running": ["get_server_info", "update_weights"]}
+            assert next(iter(h.engines[0].running.values()))[0] == "update_weights"
+            lanes.gates[0].set()
+        assert h.engines[0].running == {}
+
+
+async def test_requests_of_one_method_stay_serial_and_in_arrival_order() -> None:
+    lanes = Lanes()
+    async with EngineHarness(ranks=1, setup=lanes.install) as h:
+        results: list[int] = []
+
+        async def update(v: int) -> None:
+            results.append(await h.client.call("update_weights", v, timeout=600))
+
+        async with anyio.create_task_group() as tg:
+            for v in (1, 2, 3):
+                tg.start_soon(update, v)
+                await anyio.wait_all_tasks_blocked()
+            assert lanes.log == ["start 1"]  # 2 and 3 wait behind 1
+            for expected in (1, 2, 3):
+                await anyio.wait_all_tasks_blocked()
+                assert lanes.log[-1] == f"start {expected}"
+                lanes.gates[expected - 1].set()
+        assert lanes.log == ["start 1", "end 1", "start 2", "end 2", "start 3", "end 3"]
+        assert results == [1, 2, 3]
+
+
+async def test_a_method_runs_up_to_its_concurrency() -> None:
+    lanes = Lanes()
+    async with EngineHarness(ranks=1, setup=lanes.install) as h, \
+            anyio.create_task_group() as tg:
+        for n in (1, 2, 3):
+            tg.start_soon(functools.partial(h.client.call, "get_load", n, timeout=600))
+            await anyio.wait_all_tasks_blocked()
+        assert lanes.log == ["load 1", "load 2"]  # the third waits for a slot
+        assert sorted(m for m, _ in h.engines[0].running.values()) == ["get_load"] * 2
+        lanes.gates[0].set()
+        await anyio.wait_all_tasks_blocked()
+        assert lanes.log == ["load 1", "load 2", "load 3"]
+        for gate in lanes.gates[1:]:
+            gate.set()
+
+
+def test_concurrency_must_be_a_positive_int() -> None:
+    from ctlwire.transports.memory import MemoryNetwork
+
+    ep = EngineEndpoint(MemoryNetwork().engine_transport(0))
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError):
+            ep.register("m", lambda: None, concurrency=bad)  # type: ignore[arg-type]
