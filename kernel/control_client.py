@@ -53,6 +53,7 @@ from anyio.abc import TaskGroup
 from ctlwire.kernel.admission_queue import AdmissionQueue, Ticket
 from ctlwire.kernel.call_core import CallCore
 from ctlwire.kernel.errors import (
+    AuthenticationFailed,
     ClientClosed,
     CtlwireError,
     FanOutFailed,
@@ -76,6 +77,7 @@ from ctlwire.kernel.tracing import TraceProvider
 from ctlwire.states import PeerState, RequestState, TicketState
 from ctlwire.transports.codec import PayloadTypeError
 from ctlwire.transports.envelope import NO_DEADLINE, ErrorInfo, Heartbeat, Reply, Request
+from ctlwire.transports.errors import AuthenticationFailed as TransportAuthFailed
 from ctlwire.transports.errors import (
     TransportClosed,
     TransportError,
@@ -469,8 +471,9 @@ class ControlClient:
                 except WouldBlock:
                     waited = True
                     await self._send_blocking(entry, rank, env)
-                except Unroutable:
-                    if self.peers.state(rank) is not PeerState.UNKNOWN:
+                except Unroutable as exc:
+                    if (self.peers.state(rank) is not PeerState.UNKNOWN
+                            or isinstance(exc, TransportAuthFailed)):
                         raise
                     # never heard from: an engine still starting. Wait for its first
                     # contact within the deadline, then hand the frame over.
@@ -478,6 +481,8 @@ class ControlClient:
                     if (not await self._send_after_first_contact(entry, rank, env)
                             and self.peers.state(rank) is PeerState.UNKNOWN):
                         error = NotDelivered(rank, "never heard from within the deadline")
+            except TransportAuthFailed as exc:
+                error = AuthenticationFailed(rank, exc.detail)
             except Unroutable as exc:
                 error = NotDelivered(rank, exc.detail or "unroutable")
             except TransportClosed as exc:
@@ -516,19 +521,27 @@ class ControlClient:
         True when the frame was handed over."""
         scope = anyio.CancelScope(deadline=entry.deadline or float("inf"))
         self._blocked_sends[entry.id] = (scope, rank)
+        retry = self.heartbeat_interval or 0.25
         try:
             with scope:
                 while True:
                     changed = self._peer_changed
                     if self._closed:
                         raise TransportClosed("client is closed")
-                    if self.peers.state(rank) is not PeerState.UNKNOWN:
-                        try:
-                            self.transport.send_nowait(rank, env)
-                        except WouldBlock:
-                            await self.transport.send(rank, env)
+                    # on contact, or every `retry` s (a connection may come up, or its
+                    # handshake fail, without the rank being heard from)
+                    try:
+                        self.transport.send_nowait(rank, env)
                         return True
-                    await changed.wait()
+                    except WouldBlock:
+                        await self.transport.send(rank, env)
+                        return True
+                    except Unroutable as exc:
+                        if (self.peers.state(rank) is not PeerState.UNKNOWN
+                                or isinstance(exc, TransportAuthFailed)):
+                            raise
+                    with anyio.move_on_after(retry):
+                        await changed.wait()
         finally:
             self._blocked_sends.pop(entry.id, None)
         return False
@@ -766,5 +779,7 @@ class ControlClient:
             "registry": self.registry.stats.snapshot(),
             "peers": self.peers.snapshot(),
             "mailboxes": {m: b.depth for m, b in self._mailboxes.items()},
+            # CURVE handshakes lost because an engine refused our key
+            "auth_failures": int(getattr(self.transport, "auth_failures", 0)),
             **self.counters,
         }

@@ -660,6 +660,8 @@ class EngineEndpoint:
             "incarnation": self.incarnation,
             "methods": self.methods,
             "states": {s.name: n for s, n in self.states.items()},
+            # client keys this engine's CURVE authenticator refused (engines that bind)
+            "auth_rejections": int(getattr(self.transport, "auth_rejections", 0)),
             **self.counters,
         }
 

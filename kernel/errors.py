@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ActorStopped",
     "AskTimeout",
+    "AuthenticationFailed",
     "ClientClosed",
     "CtlwireError",
     "EngineDead",
@@ -116,6 +117,13 @@ class NotDelivered(EngineDead):
     connection). The engine cannot run it. **A retry is safe.**"""
 
     retry_safe = True
+
+
+class AuthenticationFailed(NotDelivered):
+    """The engine refused this client's CURVE key (not in its authenticator's
+    allow-list): nothing was delivered, and nothing will be until the key is
+    allowed. Counted in ``ControlClient.metrics()["auth_failures"]`` and, on an
+    engine that binds, ``EngineEndpoint.metrics()["auth_rejections"]``."""
 
 
 class OutcomeUnknown(EngineDead):
