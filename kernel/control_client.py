@@ -381,11 +381,14 @@ class ControlClient:
     async def wait_ready(self, ranks: Sequence[int] | None = None, timeout: float = 10.0) -> None:
         """Wait until every rank in ``ranks`` (default: all) has been heard from.
 
-        Raises RequestTimedOut naming the ranks still missing.
+        Raises RequestTimedOut naming the ranks still missing, ClientClosed
+        when the client closes meanwhile.
         """
         targets = tuple(ranks) if ranks is not None else self.ranks
         with anyio.move_on_after(timeout):
             while True:
+                if self._closed:
+                    raise ClientClosed("client is closed")
                 missing = [r for r in targets if r not in self.peers.live_ranks()]
                 if not missing:
                     return

@@ -727,3 +727,41 @@ def test_concurrency_must_be_a_positive_int() -> None:
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError):
             ep.register("m", lambda: None, concurrency=bad)  # type: ignore[arg-type]
+
+
+async def test_close_ends_wait_ready_with_client_closed() -> None:
+    from ctlwire.transports.memory import MemoryNetwork
+
+    client = ControlClient(MemoryNetwork().client_transport(), ranks=1)
+
+    async def closer() -> None:
+        await anyio.wait_all_tasks_blocked()
+        await client.aclose()
+
+    async with client, anyio.create_task_group() as tg:
+        tg.start_soon(closer)
+        with pytest.raises(ClientClosed):
+            await client.wait_ready(timeout=600)
+
+
+# -- 14. policy "all": remote errors are results, local failures raise ---------------------
+async def test_policy_all_returns_remote_errors_and_raises_only_when_no_rank_answered() -> None:
+    from ctlwire.kernel.errors import FanOutFailed, RemoteError
+
+    def setup(ep: EngineEndpoint) -> None:
+        def fail() -> None:
+            raise RuntimeError(f"rank {ep.rank} refuses")
+
+        ep.register("fail", fail)
+
+    async with EngineHarness(ranks=2, setup=setup) as h:
+        res = await h.client.fan_out("fail", timeout=5)  # every rank raised: returns
+        assert res.results == {} and sorted(res.errors) == [0, 1]
+        assert all(isinstance(e, RemoteError) for e in res.errors.values())
+        with pytest.raises(RemoteError, match="rank 0 refuses"):
+            res.raise_for_errors()
+        h.stop_engine(0)
+        h.stop_engine(1)
+        await anyio.wait_all_tasks_blocked()
+        with pytest.raises(FanOutFailed):  # no rank could answer at all
+            await h.client.fan_out("fail", timeout=5)
