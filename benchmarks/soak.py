@@ -313,7 +313,8 @@ async def load_on(address: str, cfg: LoadConfig, gate_dir: str) -> LoadReport:
                 await anyio.sleep(0.001)
             start = anyio.current_time()
             for i in range(cfg.requests):
-                tg.start_soon(call, "echo", i, client.ranks[i % cfg.engines])
+                # queued at the engine behind the gate (one gated_echo at a time)
+                tg.start_soon(call, "gated_echo", (gate, i), client.ranks[i % cfg.engines])
                 if i % 500 == 499:
                     await anyio.sleep(0)  # a server admits requests over time, not in one step
             want = cfg.requests + cfg.engines

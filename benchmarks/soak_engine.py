@@ -2,9 +2,11 @@
 
 ``--methods ctlwire.benchmarks.soak_engine:methods``: the diagnostic methods
 (echo, sleep, nap, hang, pid, metrics, crash, fail) plus ``gate(path)``, an
-async handler that returns once ``path`` exists. Engines handle requests one
-at a time, so a gated engine queues everything behind the gate: that is how
-the load run holds thousands of requests in flight at once, deterministically.
+async handler that returns once ``path`` exists, and ``gated_echo((path, i))``,
+which returns ``i`` once ``path`` exists. An engine runs each async method
+serially in arrival order (other methods run concurrently), so a gated engine
+queues every ``gated_echo`` behind the first: that is how the load run holds
+thousands of requests in flight at once, deterministically.
 """
 
 from __future__ import annotations
@@ -30,3 +32,10 @@ def methods(ep: EngineEndpoint) -> None:
         while not os.path.exists(path):
             await anyio.sleep(0.005)
         return True
+
+    @ep.method()
+    async def gated_echo(args: tuple[str, int]) -> int:
+        path, value = args
+        while not os.path.exists(path):
+            await anyio.sleep(0.005)
+        return value

@@ -17,7 +17,8 @@ Guarantees:
 * **No hang.** Whatever way a holder leaves (return, exception, cancellation,
   even cancellation after being admitted but before resuming), its
   :meth:`leave` passes the mailbox on. Abandoning a queued ticket never
-  changes the order of the others.
+  changes the order of the others. A holder cancelled before it resumed sends
+  nothing (the shell checks for cancellation before its first send).
 
 The shell calls :meth:`arrive`, waits on the ticket's waiter if it is queued,
 calls :meth:`resumed` when its task runs again, and calls :meth:`leave` in a

@@ -42,6 +42,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_keys(args: argparse.Namespace) -> int:
     from ctlwire.transports.curve import write_keypair
 
+    existing = [p for name in args.names
+                for p in (Path(args.dir) / f"{name}.key", Path(args.dir) / f"{name}.key_secret")
+                if p.exists()]
+    if existing and not args.force:
+        # a key pair in use (allow-lists name its public key) is never replaced silently
+        print("ctlwire keys generate: refusing to overwrite existing key files "
+              f"(pass --force to replace them): {', '.join(map(str, existing))}",
+              file=sys.stderr)
+        return 2
     for name in args.names:
         public, secret = write_keypair(args.dir, name)
         print(f"{public}\n{secret}")
@@ -89,9 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("keys", help="CURVE key pairs")
     keys = p.add_subparsers(dest="keys_command", required=True)
-    g = keys.add_parser("generate", help="write NAME.key and NAME.key_secret (0600) into DIR")
+    g = keys.add_parser("generate", help="write NAME.key and NAME.key_secret (0600) into DIR; "
+                        "refuses to overwrite existing ones without --force")
     g.add_argument("dir")
     g.add_argument("names", nargs="*", default=["server", "client"])
+    g.add_argument("--force", action="store_true", help="replace existing key pairs")
     g.set_defaults(func=_cmd_keys)
 
     p = sub.add_parser("bench", help="measure ctlwire against baselines, side by side",

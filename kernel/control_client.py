@@ -64,6 +64,7 @@ from anyio.abc import TaskGroup
 from ctlwire.kernel.admission_queue import AdmissionQueue, Ticket
 from ctlwire.kernel.call_core import CallCore
 from ctlwire.kernel.errors import (
+    AuthenticationFailed,
     ClientClosed,
     CtlwireError,
     EngineDead,
@@ -72,6 +73,7 @@ from ctlwire.kernel.errors import (
     OutcomeUnknown,
     RemoteError,
     RequestTimedOut,
+    RequestTooLarge,
     remote_error,
 )
 from ctlwire.kernel.fan_out_mailbox import FanOutMailbox
@@ -88,6 +90,7 @@ from ctlwire.kernel.tracing import TraceProvider
 from ctlwire.states import LIVE_PEER_STATES, RequestState, TicketState
 from ctlwire.transports.codec import PayloadTypeError
 from ctlwire.transports.envelope import NO_DEADLINE, ErrorInfo, Heartbeat, Reply, Request
+from ctlwire.transports.errors import AuthenticationFailed as TransportAuthFailed
 from ctlwire.transports.errors import (
     TransportClosed,
     TransportError,
@@ -158,6 +161,33 @@ def _still_waiting(item: PendingRequest | Ticket) -> bool:
     return item.state is TicketState.QUEUED
 
 
+# generous stand-ins for the header fields when sizing a request envelope
+_MAX_ID = 2**63 - 1
+_ENVELOPE_SLACK = 512
+
+
+def _checked_timeout(timeout: Any, what: str = "timeout") -> float:
+    """``timeout`` as a float: a positive number of seconds, ``inf`` for none.
+
+    TypeError for anything that is not a real number (``"5"``, ``None``,
+    ``True``); ValueError for 0, negative numbers and NaN. A call with such a
+    timeout sends nothing.
+    """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, not {type(timeout).__name__}")
+    value = float(timeout)
+    if math.isnan(value) or value <= 0:
+        raise ValueError(f"{what} must be > 0 seconds (math.inf for no timeout), got {timeout!r}")
+    return value
+
+
+def _check_method(method: Any) -> None:
+    if not isinstance(method, str):
+        raise TypeError(f"method must be a str, not {type(method).__name__}")
+    if not method:
+        raise ValueError("method must be a non-empty str")
+
+
 class ResultTypeError(CtlwireError):
     """A result did not match the ``result_type`` the caller asked for."""
 
@@ -200,8 +230,9 @@ class ControlClient:
             raise ValueError("a client needs at least one rank")
         self._rank_set = frozenset(self.ranks)
         self.trace_provider = trace_provider
-        self.default_timeout = default_timeout
-        self.method_timeouts = dict(method_timeouts or {})
+        self.default_timeout = _checked_timeout(default_timeout, "default_timeout")
+        self.method_timeouts = {m: _checked_timeout(t, f"method_timeouts[{m!r}]")
+                                for m, t in (method_timeouts or {}).items()}
         self.registry = RequestRegistry(max_tombstones=max_tombstones, observer=observer)
         self.heartbeat_interval = heartbeat_interval
         self.peers = PeerTable(self.ranks, interval=heartbeat_interval or 1.0,
@@ -275,7 +306,13 @@ class ControlClient:
         return None
 
     async def aclose(self) -> None:
-        """Fail every pending call with ClientClosed; further calls raise it."""
+        """End every call with ClientClosed, now; further calls raise it.
+
+        That covers calls in flight (their request fails, a send blocked at the
+        high-water mark is abandoned), fan-out callers still queued for
+        admission (whatever their timeout, ``inf`` included), watchers of a
+        shared request and calls waiting for a rank's first contact.
+        """
         if self._closed:
             return
         self._closed = True
@@ -284,6 +321,11 @@ class ControlClient:
                 self.registry.rank_failed(entry, rank, ClientClosed("client closed"))
             self.registry.fail(entry)
             self._wake(entry)
+        for box in self._mailboxes.values():
+            for ticket in box.queue.queued():
+                if ticket.waiter is not None:
+                    ticket.waiter.set()  # the caller finds the client closed
+        self._notify_peer_change()  # first-contact waits and wait_ready() re-check
 
     @property
     def closed(self) -> bool:
@@ -300,8 +342,14 @@ class ControlClient:
 
     # -- public calls ----------------------------------------------------------
     def timeout_for(self, method: str, timeout: float | None = None) -> float:
+        """The budget of a call: ``timeout``, else the method's, else the default.
+
+        A timeout is a positive number of seconds (``math.inf`` for none).
+        Raises TypeError for a non-number and ValueError for zero, a negative
+        number or NaN, before anything is registered or sent.
+        """
         if timeout is not None:
-            return timeout
+            return _checked_timeout(timeout)
         return self.method_timeouts.get(method, self.default_timeout)
 
     def new_idempotency_key(self) -> str:
@@ -346,13 +394,24 @@ class ControlClient:
         Raises RemoteError, NotDelivered or OutcomeUnknown (both EngineDead),
         RequestTimedOut, ClientClosed, or ResultTypeError when the result does
         not match ``result_type``.
+
+        Raises before anything is sent: TypeError/ValueError for a bad
+        ``timeout`` or ``method``, RequestTooLarge when the envelope would
+        exceed the codec's size limit, and the caller's own cancellation when
+        its scope is already cancelled (nothing is ever sent on behalf of a
+        cancelled caller).
+
+        A rank that has never been heard from (an engine still starting) is
+        waited for within the call's deadline; a rank that was connected and
+        is lost fails at once with NotDelivered.
         """
+        _check_method(method)
         if rank is None:
             rank = self.ranks[0]
         elif rank not in self._rank_set:
             raise ValueError(f"rank {rank} is not one of this client's ranks {self.ranks}")
         budget = self.timeout_for(method, timeout)
-        raw = self._encode_payload(payload)
+        raw = self._encode_payload(payload, method)
         key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
         extras = _envelope_extras.set((key, self.fence if fence is None else fence))
         deadline = self._now() + budget
@@ -414,13 +473,18 @@ class ControlClient:
         ``idempotency_key``, ``fence``, ``on_progress`` as for :meth:`call`;
         ``retry`` re-sends to the ranks whose failure is safe to retry (and
         only to them), within the one ``timeout``, and merges their outcomes.
+        Argument errors, size errors, cancellation and first contact as for
+        :meth:`call`. Policy ``"all"`` returns normally even when every rank
+        answered with an error: read ``errors`` or call ``raise_for_errors()``;
+        FanOutFailed means ranks could not answer at all (lost, unreachable).
         """
+        _check_method(method)
         pol = policy if isinstance(policy, Policy) else Policy(policy)
         targets = tuple(ranks) if ranks is not None else self.ranks
         if not targets or not self._rank_set.issuperset(targets):
             raise ValueError(f"ranks {targets} must be a non-empty subset of {self.ranks}")
         budget = self.timeout_for(method, timeout)
-        raw = self._encode_payload(payload)
+        raw = self._encode_payload(payload, method)
         key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
         extras = _envelope_extras.set((key, self.fence if fence is None else fence))
         if on_progress is not None:
@@ -484,11 +548,14 @@ class ControlClient:
     async def wait_ready(self, ranks: Sequence[int] | None = None, timeout: float = 10.0) -> None:
         """Wait until every rank in ``ranks`` (default: all) has been heard from.
 
-        Raises RequestTimedOut naming the ranks still missing.
+        Raises RequestTimedOut naming the ranks still missing, ClientClosed
+        when the client closes meanwhile.
         """
         targets = tuple(ranks) if ranks is not None else self.ranks
         with anyio.move_on_after(timeout):
             while True:
+                if self._closed:
+                    raise ClientClosed("client is closed")
                 missing = [r for r in targets if r not in self.peers.live_ranks()]
                 if not missing:
                     return
@@ -497,16 +564,24 @@ class ControlClient:
         raise RequestTimedOut(f"wait_ready (ranks {missing} not connected)", timeout)
 
     # -- the pieces the mailbox and the explorer share -------------------------
-    def _encode_payload(self, payload: Any) -> msgspec.Raw:
+    def _encode_payload(self, payload: Any, method: str = "") -> msgspec.Raw:
+        """The payload encoded once for every rank; raises RequestTooLarge when
+        the whole request envelope (header, method name, payload) cannot fit."""
         if self._closed:
             raise ClientClosed("client is closed")
         try:
             raw = self.codec.encode_value(payload)
         except PayloadTypeError as exc:
             raise TypeError(f"payload cannot be encoded: {exc}") from None
-        if len(raw) > self.codec.max_message_size:
-            raise ValueError(f"payload of {len(raw)} bytes exceeds the maximum message size "
-                             f"of {self.codec.max_message_size}")
+        limit = self.codec.max_message_size
+        # cheap bound first: a header of ids and floats, a trace carrier, the name
+        if len(raw) + 4 * len(method) + _ENVELOPE_SLACK > limit:
+            trace = self.trace_provider() if self.trace_provider is not None else None
+            probe = Request(_MAX_ID, _MAX_ID, method, raw, time.time() + 1e9, _MAX_ID, _MAX_ID,
+                            trace)
+            size = len(self.codec._encode(probe))
+            if size > limit:
+                raise RequestTooLarge(method, size, limit)
         return raw
 
     def call_core(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
@@ -531,11 +606,25 @@ class ControlClient:
 
         ``core.next_send()`` only names a rank once the request is registered
         and marked Sent: a reply can never beat the registration.
+
+        Nothing is sent on behalf of a caller whose scope is already cancelled
+        (its cancellation is raised here, before the first frame), nor after
+        the client was closed (ClientClosed). A send waiting at the high-water
+        mark, or for a rank's first contact, is bounded by the request's
+        deadline and abandoned when that rank is lost or the request decided;
+        the other ranks are still sent to.
         """
+        # the only checkpoint before the first frame: a caller cancelled before it
+        # got here (even one handed the mailbox, then cancelled before it resumed)
+        # raises now, and its finish() passes the mailbox on
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        if self._closed:
+            raise ClientClosed("client is closed")
         entry = core.entry
         assert entry is not None
         remaining = (entry.deadline or 0.0) - self._now()
-        wall_deadline = time.time() + remaining if entry.timeout else NO_DEADLINE
+        wall_deadline = (time.time() + remaining if entry.timeout and math.isfinite(remaining)
+                         else NO_DEADLINE)
         incarnation = self.registry.incarnation
         transport = self.transport
         trace = self.trace_provider() if self.trace_provider is not None else None
@@ -547,12 +636,25 @@ class ControlClient:
             env = Request(entry.id, rank, entry.method, raw, wall_deadline, seq, incarnation,
                           trace, key, fence)
             error: Exception | None = None
+            waited = False
             try:
                 try:
                     transport.send_nowait(rank, env)
                 except WouldBlock:
-                    if not await self._send_blocking(entry, rank, env):
-                        break  # deadline passed, or the request was decided meanwhile
+                    waited = True
+                    await self._send_blocking(entry, rank, env)
+                except Unroutable as exc:
+                    if (self.peers.state(rank) is not PeerState.UNKNOWN
+                            or isinstance(exc, TransportAuthFailed)):
+                        raise
+                    # never heard from: an engine still starting. Wait for its first
+                    # contact within the deadline, then hand the frame over.
+                    waited = True
+                    if (not await self._send_after_first_contact(entry, rank, env)
+                            and self.peers.state(rank) is PeerState.UNKNOWN):
+                        error = NotDelivered(rank, "never heard from within the deadline")
+            except TransportAuthFailed as exc:
+                error = AuthenticationFailed(rank, exc.detail)
             except Unroutable as exc:
                 error = NotDelivered(rank, exc.detail or "unroutable")
             except TransportClosed as exc:
@@ -561,19 +663,57 @@ class ControlClient:
                 error = NotDelivered(rank, repr(exc))
             if error is not None and core.send_failed(rank, error):
                 self._wake(entry)
+            if (waited and entry.is_open and entry.deadline is not None
+                    and self._now() >= entry.deadline):
+                break  # the deadline passed while a send waited: the request expires
         if not entry.is_open:
             self._wake(entry)
 
     async def _send_blocking(self, entry: PendingRequest, rank: int, env: Request) -> bool:
         """Wait for room to send (high-water mark), bounded by the request's
-        deadline and abandoned as soon as the request is decided (e.g. the rank
-        was lost). True when the frame was handed over."""
+        deadline and abandoned as soon as the request is decided or ``rank`` is
+        lost. True when the frame was handed over."""
         scope = anyio.CancelScope(deadline=entry.deadline or float("inf"))
         self._blocked_sends[entry.id] = (scope, rank)
         try:
             with scope:
                 await self.transport.send(rank, env)
                 return True
+        finally:
+            self._blocked_sends.pop(entry.id, None)
+        return False
+
+    async def _send_after_first_contact(self, entry: PendingRequest, rank: int,
+                                        env: Request) -> bool:
+        """``rank`` refused the frame because it has never been heard from. Wait
+        until it is (then send), within the request's deadline; abandoned when
+        the request is decided or the client closes. While waiting, the frame
+        counts as not handed over (a loss means NotDelivered). Re-raises
+        Unroutable if the rank is heard from yet still refuses the frame.
+        True when the frame was handed over."""
+        scope = anyio.CancelScope(deadline=entry.deadline or float("inf"))
+        self._blocked_sends[entry.id] = (scope, rank)
+        retry = self.heartbeat_interval or 0.25
+        try:
+            with scope:
+                while True:
+                    changed = self._peer_changed
+                    if self._closed:
+                        raise TransportClosed("client is closed")
+                    # on contact, or every `retry` s (a connection may come up, or its
+                    # handshake fail, without the rank being heard from)
+                    try:
+                        self.transport.send_nowait(rank, env)
+                        return True
+                    except WouldBlock:
+                        await self.transport.send(rank, env)
+                        return True
+                    except Unroutable as exc:
+                        if (self.peers.state(rank) is not PeerState.UNKNOWN
+                                or isinstance(exc, TransportAuthFailed)):
+                            raise
+                    with anyio.move_on_after(retry):
+                        await changed.wait()
         finally:
             self._blocked_sends.pop(entry.id, None)
         return False
@@ -686,6 +826,8 @@ class ControlClient:
         if entry.state is _S.DONE:
             return result
         if entry.state is _S.FAILED:
+            if self._closed and any(type(e) is ClientClosed for e in entry.errors.values()):
+                raise ClientClosed("client closed")  # close ends every call the same way
             raise FanOutFailed(entry.method, entry.policy.value, result)
         raise RequestTimedOut(entry.method, entry.timeout, entry.id, partial=result)
 
@@ -857,5 +999,7 @@ class ControlClient:
             "peers": self.peers.snapshot(),
             "ranks": self.peers.describe(),
             "mailboxes": {m: b.depth for m, b in self._mailboxes.items()},
+            # CURVE handshakes lost because an engine refused our key
+            "auth_failures": int(getattr(self.transport, "auth_failures", 0)),
             **self.counters,
         }

@@ -20,11 +20,20 @@ Guarantees:
   and the handler never sees it.
 * **Deadlines.** A request whose deadline has already passed is Expired with
   ``DeadlineExpired`` and not run.
-* **One at a time, in arrival order.** Requests are handled sequentially in
-  the order they were received, through the ``InboundRequest`` table
-  (Received → Running → Replied, or Rejected / Expired). Every request gets
-  exactly one reply; a handler that raises gets an error reply carrying its
-  class name, message and ``code`` attribute.
+* **Ordering.** Every request moves through the ``InboundRequest`` table
+  (Received → Running → Replied, or Rejected / Expired) and gets exactly one
+  reply; a handler that raises gets an error reply carrying its class name,
+  message and ``code`` attribute. With :meth:`poll` (sync handlers) requests
+  run one at a time in arrival order. With :meth:`serve`, requests are taken
+  in arrival order; sync inline handlers run one at a time on the event loop,
+  while async and ``threaded`` handlers run in a lane per method: **per
+  method, requests start in arrival order, at most ``concurrency`` at a time
+  (default 1, so each method stays serial)**, and different methods run
+  concurrently — ``get_server_info`` is answered while a long
+  ``update_weights`` runs, and a hung handler blocks only its own method.
+  Across methods there is no ordering. The deadline is checked when a request
+  starts, not when it is queued. :attr:`EngineEndpoint.running` maps each
+  request id being handled to its method and start time (``time.monotonic``).
 * **At most once.** A request id already seen from the same client (a
   duplicated frame) is dropped and counted, never run twice.
 * **Bad input is answered or counted, never fatal.** Malformed and oversized
@@ -53,6 +62,7 @@ import contextvars
 import inspect
 import logging
 import secrets
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -63,6 +73,7 @@ from typing import Any, get_type_hints
 import anyio
 import anyio.abc
 import msgspec
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ctlwire.kernel.actor import Actor
 from ctlwire.kernel.errors import FENCED_CODE, error_info
@@ -138,6 +149,7 @@ class MethodSpec:
     is_async: bool
     threaded: bool
     payload_optional: bool = False
+    concurrency: int = 1
 
 
 # INBOUND_REQUEST_TABLE's (state, event) -> state as nested dicts, read directly on the
@@ -166,14 +178,49 @@ class _Inbound:
 
 
 class _Dispatcher(Actor[_Inbound, None]):
-    """The actor that runs requests one at a time for :meth:`EngineEndpoint.serve`."""
+    """The actor that takes requests in arrival order for :meth:`EngineEndpoint.serve`:
+    sync inline handlers run here, one at a time; async and threaded ones are
+    passed to their method's lane."""
 
-    def __init__(self, endpoint: EngineEndpoint, mailbox_size: int) -> None:
+    def __init__(self, endpoint: EngineEndpoint, mailbox_size: int,
+                 lanes: anyio.abc.TaskGroup) -> None:
         super().__init__(mailbox_size=mailbox_size, name=f"engine-{endpoint.rank}")
         self.endpoint = endpoint
+        self.lanes_tg = lanes
+        self.lanes: dict[str, MemoryObjectSendStream[_Inbound]] = {}
 
     async def handle(self, message: _Inbound) -> None:
-        await self.endpoint._run_async(message)
+        endpoint = self.endpoint
+        spec = endpoint._methods.get(message.request.method)
+        if spec is None or not (spec.is_async or spec.threaded):
+            await endpoint._run_async(message)
+            return
+        lane = self.lanes.get(spec.name)
+        if lane is None:
+            lane = self.lanes[spec.name] = self._open_lane(spec)
+        await lane.send(message)  # waits while the lane is full (backpressure)
+
+    def _open_lane(self, spec: MethodSpec) -> MemoryObjectSendStream[_Inbound]:
+        send, recv = anyio.create_memory_object_stream[_Inbound](self.endpoint.mailbox_size)
+        with recv:
+            for i in range(spec.concurrency):
+                self.lanes_tg.start_soon(self._lane_worker, recv.clone(),
+                                         name=f"engine-{self.endpoint.rank}.{spec.name}.{i}")
+        return send
+
+    def close_lanes(self) -> None:
+        for send in self.lanes.values():
+            send.close()
+
+    async def _lane_worker(self, recv: MemoryObjectReceiveStream[_Inbound]) -> None:
+        endpoint = self.endpoint
+        with recv:
+            async for item in recv:  # workers take items in arrival order
+                try:
+                    await endpoint._run_async(item)
+                except Exception:  # pragma: no cover - never let one request end the lane
+                    endpoint.counters["internal_errors"] += 1
+                    log.exception("engine %d: internal error handling %r", endpoint.rank, item)
 
 
 class EngineEndpoint:
@@ -208,6 +255,8 @@ class EngineEndpoint:
         self.heartbeats_paused = False
         self.use_beacon = beacon
         self.beacon_active = False
+        self._opened = False
+        self._closed = False
         self.client_last_seen: float | None = None
         # what the engine is doing, read by the beacon's thread: request id ->
         # (method, monotonic start); handler-reported progress; loop iterations
@@ -241,20 +290,35 @@ class EngineEndpoint:
             "idempotent_in_progress": 0,
         }
         self.states: dict[InboundState, int] = {s: 0 for s in InboundState}
+        #: requests being handled now: request id -> (method, time.monotonic() at start)
+        self.running: dict[int, tuple[str, float]] = {}
 
     # -- registration ----------------------------------------------------------
     def register(self, name: str, handler: Callable[..., Any], *, payload_type: Any = _NONE,
-                 threaded: bool = False) -> MethodSpec:
+                 threaded: bool = False, concurrency: int = 1,
+                 _caller_frame: int = 1) -> MethodSpec:
         """Allow ``name``, served by ``handler``.
 
         ``handler`` takes no argument or one (the payload, decoded as its
         annotation or ``payload_type``). Async handlers run in :meth:`serve`;
         sync ones run inline, or in a worker thread with ``threaded=True``.
+        Under :meth:`serve`, async and threaded handlers of one method run at
+        most ``concurrency`` at a time (default 1: serial, in arrival order),
+        concurrently with other methods.
+
+        The payload annotation is resolved here, string annotations
+        (``from __future__ import annotations``) included, in the handler's
+        module and then in the scope that registers it (a ``msgspec.Struct``
+        defined in the same function works). An annotation that cannot be
+        resolved raises TypeError now: validation is never silently turned off
+        (pass ``payload_type=`` to say the type explicitly).
         """
         if not name or not isinstance(name, str):
             raise ValueError("method name must be a non-empty string")
         if name in self._methods:
             raise ValueError(f"method {name!r} is already registered")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency of {name!r} must be an int >= 1, not {concurrency!r}")
         params = [p for p in inspect.signature(handler).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         required = [p for p in params if p.default is p.empty]
@@ -264,23 +328,22 @@ class EngineEndpoint:
         if payload_type is _NONE:
             payload_type = Any
             if takes_payload:
-                try:
-                    hints = get_type_hints(handler)
-                except Exception:  # unresolvable annotations: accept anything
-                    hints = {}
-                payload_type = hints.get(params[0].name, Any)
+                payload_type = _payload_annotation(name, handler, params[0], _caller_frame)
         optional = bool(params) and params[0].default is not params[0].empty
         spec = MethodSpec(name, handler, payload_type, takes_payload,
-                          inspect.iscoroutinefunction(handler), threaded, optional)
+                          inspect.iscoroutinefunction(handler), threaded, optional, concurrency)
         self._methods[name] = spec
         return spec
 
     def method(self, name: str | None = None, *, payload_type: Any = _NONE,
-               threaded: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+               threaded: bool = False, concurrency: int = 1
+               ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator form of :meth:`register` (name defaults to the function's)."""
 
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-            self.register(name or fn.__name__, fn, payload_type=payload_type, threaded=threaded)
+            self.register(name or fn.__name__, fn, payload_type=payload_type, threaded=threaded,
+                          concurrency=concurrency,
+                          _caller_frame=2)  # the scope applying the decorator
             return fn
 
         return deco
@@ -494,21 +557,34 @@ class EngineEndpoint:
     # -- synchronous embedding -------------------------------------------------
     def open(self) -> None:
         """Open the transport (sync engines), start the liveness beacon where the
-        transport has one, and send the first heartbeat."""
+        transport has one, and send the first heartbeat. Idempotent;
+        :meth:`poll` calls it when it was not called."""
         self.transport.open()
-        self._polling = True
-        self._last_loop = time.monotonic()
-        self._start_beacon()
-        self._next_heartbeat = 0.0
-        self._heartbeat_if_due()
+        if not self._opened:
+            self._opened = True
+            self._polling = True
+            self._last_loop = time.monotonic()
+            self._start_beacon()
+            self._next_heartbeat = 0.0
+            self._heartbeat_if_due()
 
     def close(self) -> None:
+        self._closed = True
         self.transport.close()
 
     def poll(self, max_messages: int = 64) -> int:
         """Handle up to ``max_messages`` ready requests without blocking; send a
         heartbeat if one is due. Returns how many requests were handled.
-        Sync handlers only (an async handler gets an error reply)."""
+        Sync handlers only (an async handler gets an error reply).
+
+        The first ``poll()`` opens the endpoint (:meth:`open`) if that was not
+        done yet, so a loop of ``poll()`` alone serves requests; after
+        :meth:`close` it raises TransportClosed instead of returning 0 for ever.
+        """
+        if self._closed:
+            raise TransportClosed(f"engine {self.rank}: poll() after close()")
+        if not self._opened:
+            self.open()
         self.loop_came_round()
         self._heartbeat_if_due()
         self._flush_outbox()
@@ -634,36 +710,47 @@ class EngineEndpoint:
                     ) -> None:
         """Serve until cancelled or the transport closes. Opens and closes the
         transport; runs heartbeats in a task of its own, so a long async
-        handler does not make the engine look dead."""
-        async with self.transport, _Dispatcher(self, self.mailbox_size) as dispatcher:
-            self._polling = False
-            self._start_beacon()
-            if not self.beacon_active:
-                self.send_heartbeat()
-            async with anyio.create_task_group() as tg:
-                if self.heartbeat_interval:
-                    tg.start_soon(self._heartbeat_loop)
-                task_status.started()
-                try:
-                    while True:
-                        try:
-                            event = await self.transport.receive()
-                        except TransportClosed:
-                            break
-                        try:
-                            work = self._classify(event)
-                        except Exception:  # pragma: no cover
-                            self.counters["internal_errors"] += 1
-                            log.exception("engine %d: cannot classify %r", self.rank, event)
-                            continue
-                        if work is None:
-                            continue
-                        if isinstance(work, _BadFrameReply):
-                            await self._send_async(work.route, work.reply)
-                            continue
-                        await dispatcher.tell(work)
-                finally:
-                    tg.cancel_scope.cancel()
+        handler does not make the engine look dead. Async and threaded
+        handlers run in one lane per method (see the module docstring's
+        ordering guarantee), so a long or hung handler delays only requests
+        of its own method."""
+        async with self.transport, anyio.create_task_group() as lanes:
+            dispatcher = _Dispatcher(self, self.mailbox_size, lanes)
+            async with dispatcher:
+                await self._serve_loop(dispatcher, lanes, task_status)
+
+    async def _serve_loop(self, dispatcher: _Dispatcher, lanes: anyio.abc.TaskGroup,
+                          task_status: anyio.abc.TaskStatus[None]) -> None:
+        self._polling = False
+        self._start_beacon()
+        if not self.beacon_active:
+            self.send_heartbeat()
+        async with anyio.create_task_group() as tg:
+            if self.heartbeat_interval:
+                tg.start_soon(self._heartbeat_loop)
+            task_status.started()
+            try:
+                while True:
+                    try:
+                        event = await self.transport.receive()
+                    except TransportClosed:
+                        break
+                    try:
+                        work = self._classify(event)
+                    except Exception:  # pragma: no cover
+                        self.counters["internal_errors"] += 1
+                        log.exception("engine %d: cannot classify %r", self.rank, event)
+                        continue
+                    if work is None:
+                        continue
+                    if isinstance(work, _BadFrameReply):
+                        await self._send_async(work.route, work.reply)
+                        continue
+                    await dispatcher.tell(work)
+            finally:
+                tg.cancel_scope.cancel()
+                lanes.cancel_scope.cancel()
+                dispatcher.close_lanes()
 
     async def _heartbeat_loop(self) -> None:
         interval = self.heartbeat_interval
@@ -724,8 +811,39 @@ class EngineEndpoint:
             "fence_high": self.fence_high,
             "idempotency_cache": {"entries": len(self.results), "bytes": self.results.bytes,
                                   "hits": self.results.hits, "evicted": self.results.evicted},
+            # client keys this engine's CURVE authenticator refused (engines that bind)
+            "auth_rejections": int(getattr(self.transport, "auth_rejections", 0)),
             **self.counters,
         }
+
+
+def _payload_annotation(name: str, handler: Callable[..., Any], param: inspect.Parameter,
+                        caller_frame: int) -> Any:
+    """The resolved annotation of ``handler``'s payload parameter (Any if none).
+
+    Tries ``get_type_hints`` (the handler's module), then the parameter's own
+    string annotation evaluated with the registering scope's locals. Raises
+    TypeError when neither resolves it."""
+    annotation = param.annotation
+    if annotation is inspect.Parameter.empty:
+        return Any
+    if not isinstance(annotation, str):
+        return annotation
+    try:
+        return get_type_hints(handler).get(param.name, Any)
+    except Exception:
+        pass  # a local name: try the registering scope next
+    frame = sys._getframe(caller_frame + 1)  # register's caller (or the decorator's)
+    try:
+        namespace = {**getattr(handler, "__globals__", {}), **frame.f_locals}
+        return eval(annotation, namespace)  # an annotation the handler's author wrote
+    except Exception as exc:
+        raise TypeError(
+            f"cannot resolve the payload annotation {annotation!r} of handler {name!r} "
+            f"({exc}); define the type where the handler's module can see it, or pass "
+            "payload_type=... explicitly") from None
+    finally:
+        del frame
 
 
 class _AsyncHandlerInPoll(Exception):

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ActorStopped",
     "AskTimeout",
+    "AuthenticationFailed",
     "ClientClosed",
     "CtlwireError",
     "EngineDead",
@@ -29,6 +30,7 @@ __all__ = [
     "OutcomeUnknown",
     "RemoteError",
     "RequestTimedOut",
+    "RequestTooLarge",
     "error_info",
     "remote_error",
 ]
@@ -41,15 +43,42 @@ class CtlwireError(Exception):
 class RequestTimedOut(CtlwireError):
     """No outcome before the deadline. The remote work is not cancelled: a
     request is delivered at most once and may still run; its late reply is
-    dropped and counted. ``partial`` holds what had arrived (fan-out)."""
+    dropped and counted. ``partial`` holds what had arrived (fan-out).
+
+    ``admission=True`` (``request_id`` 0): the caller was still queued in a
+    fan-out mailbox at its deadline; no request was registered and nothing
+    was sent, so a retry is safe."""
 
     def __init__(self, method: str, timeout: float, request_id: int = 0,
-                 partial: FanOutResult | None = None) -> None:
+                 partial: FanOutResult | None = None, *, admission: bool = False) -> None:
         self.method = method
         self.timeout = timeout
         self.request_id = request_id
         self.partial = partial
-        super().__init__(f"{method!r} got no outcome within {timeout:g} s (request {request_id})")
+        self.admission = admission
+        if admission:
+            text = (f"timed out waiting for admission to {method!r} after {timeout:g} s "
+                    "(queued behind other callers; nothing was sent)")
+        elif request_id:
+            text = f"{method!r} got no outcome within {timeout:g} s (request {request_id})"
+        else:
+            text = f"{method!r} got no outcome within {timeout:g} s"
+        super().__init__(text)
+
+
+class RequestTooLarge(CtlwireError, ValueError):
+    """The request's whole envelope (method name, payload, header) would exceed
+    the codec's ``max_message_size``. Raised by the call before anything is
+    registered or sent (a ``ValueError`` too, for callers that caught the
+    earlier untyped error)."""
+
+    def __init__(self, method: str, size: int, limit: int) -> None:
+        self.method = method
+        self.size = size
+        self.limit = limit
+        shown = method if len(method) <= 64 else method[:61] + "..."
+        super().__init__(f"request {shown!r} of at least {size} bytes exceeds the maximum "
+                         f"message size of {limit}")
 
 
 class RemoteError(CtlwireError):
@@ -88,6 +117,13 @@ class NotDelivered(EngineDead):
     connection). The engine cannot run it. **A retry is safe.**"""
 
     retry_safe = True
+
+
+class AuthenticationFailed(NotDelivered):
+    """The engine refused this client's CURVE key (not in its authenticator's
+    allow-list): nothing was delivered, and nothing will be until the key is
+    allowed. Counted in ``ControlClient.metrics()["auth_failures"]`` and, on an
+    engine that binds, ``EngineEndpoint.metrics()["auth_rejections"]``."""
 
 
 class OutcomeUnknown(EngineDead):

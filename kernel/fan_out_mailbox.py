@@ -6,7 +6,12 @@ admitted strictly in arrival order, one in flight at a time, through the
 hand-off done by the leaving holder, so a caller arriving in the wake-up
 window queues behind, a queued caller's cancellation or timeout removes only
 its own ticket, and an exception or cancellation in the holder still passes
-the mailbox on. The whole call, queueing included, is bounded by its timeout.
+the mailbox on. The whole call, queueing included, is bounded by its timeout;
+a caller still queued at its deadline gets RequestTimedOut with
+``admission=True`` ("timed out waiting for admission", nothing sent), and a
+caller still queued when the client closes gets ClientClosed at once. A caller
+cancelled after being handed the mailbox but before it resumed sends nothing
+and passes the mailbox on.
 
 Watching mode (:meth:`FanOutMailbox.watching`): a caller whose request
 (same payload, ranks and policy) is already in flight joins it instead of
@@ -23,7 +28,7 @@ import anyio
 import msgspec
 
 from ctlwire.kernel.admission_queue import AdmissionQueue
-from ctlwire.kernel.errors import RequestTimedOut
+from ctlwire.kernel.errors import ClientClosed, RequestTimedOut
 from ctlwire.kernel.fan_out_policy import Policy
 from ctlwire.kernel.fan_out_result import FanOutResult
 from ctlwire.kernel.request_registry import PendingRequest
@@ -73,10 +78,12 @@ class FanOutMailbox:
                 else:
                     with anyio.move_on_after(deadline - anyio.current_time()):
                         await waiter.wait()
+                if client.closed:
+                    raise ClientClosed("client closed")  # woken by aclose(): nothing sent
                 if not core.admitted or anyio.current_time() >= deadline:
                     # timed out in the queue (possibly at the very moment of hand-off:
                     # then nothing is sent, and finish() passes the mailbox on)
-                    raise RequestTimedOut(self.method, budget)
+                    raise RequestTimedOut(self.method, budget, admission=True)
             core.resume()
             entry = core.register(client._new_waiter())
             await client.send_all(core, raw)

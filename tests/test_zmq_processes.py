@@ -190,8 +190,8 @@ async def test_curve_allow_listed_engine_works_unknown_key_gets_nothing(tmp_path
             assert await c.call("echo", "secret", rank=0) == "secret"
             with pytest.raises(RequestTimedOut):
                 await c.wait_ready([1], timeout=1.0)
-            with pytest.raises(EngineDead):
-                await c.call("echo", "x", rank=1)
+            with pytest.raises(EngineDead):  # never heard from: waited for, up to the deadline
+                await c.call("echo", "x", rank=1, timeout=1.0)
             assert transport.auth_rejections >= 1
             assert c.peers.state(1).name == "UNKNOWN"
 

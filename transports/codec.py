@@ -16,6 +16,7 @@ when a value does not match the expected type.
 from __future__ import annotations
 
 import pickle
+import re
 from typing import Any, ClassVar, TypeVar
 
 import msgspec
@@ -92,9 +93,18 @@ class Codec:
         try:
             obj = self._decode_raw(data, Any)
         except Exception:
-            return 0
+            # too deep to decode (or truncated further on): the id sits in the head
+            try:
+                return self._salvage_head(bytes(data[:64]))
+            except Exception:
+                return 0
         if isinstance(obj, list) and len(obj) >= 2 and obj[0] == "q" and type(obj[1]) is int:
             return int(obj[1])
+        return 0
+
+    def _salvage_head(self, head: bytes) -> int:
+        """The request id read from the first bytes of a frame, without decoding
+        the rest (which may be nested too deeply to decode at all); else 0."""
         return 0
 
     def encode_value(self, value: Any) -> msgspec.Raw:
@@ -114,6 +124,9 @@ class Codec:
             raise PayloadTypeError(str(exc)) from None
         except RecursionError as exc:  # a value that fit in its envelope can still be too deep
             raise PayloadTypeError(f"value nested too deeply: {exc}") from None
+
+
+_JSON_HEAD = re.compile(rb'\s*\[\s*"q"\s*,\s*(\d{1,20})\s*[,\]]')
 
 
 class _MsgspecCodec(Codec):
@@ -149,12 +162,41 @@ class MsgpackCodec(_MsgspecCodec):
     name = "msgpack"
     _protocol: ClassVar[Any] = msgspec.msgpack
 
+    def _salvage_head(self, head: bytes) -> int:
+        # a Request is an array whose first items are the tag "q" and the id
+        pos = 1
+        if 0x90 <= head[0] <= 0x9F:
+            pass
+        elif head[0] == 0xDC:
+            pos = 3
+        elif head[0] == 0xDD:
+            pos = 5
+        else:
+            return 0
+        if head[pos:pos + 2] == b"\xa1q":
+            pos += 2
+        elif head[pos:pos + 3] == b"\xd9\x01q":
+            pos += 3
+        else:
+            return 0
+        tag = head[pos]
+        if tag <= 0x7F:
+            return tag
+        width = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}.get(tag)
+        if width is None or len(head) < pos + 1 + width:
+            return 0
+        return int.from_bytes(head[pos + 1:pos + 1 + width], "big")
+
 
 class JsonCodec(_MsgspecCodec):
     """msgspec JSON: human-readable frames, same validation."""
 
     name = "json"
     _protocol: ClassVar[Any] = msgspec.json
+
+    def _salvage_head(self, head: bytes) -> int:
+        match = _JSON_HEAD.match(head)
+        return int(match.group(1)) if match else 0
 
 
 class PickleCodec(MsgpackCodec):

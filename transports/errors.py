@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "AuthenticationFailed",
     "ForeignThreadError",
     "MalformedFrame",
     "OversizedFrame",
@@ -34,6 +35,12 @@ class Unroutable(TransportError):
         self.rank = rank
         self.detail = detail
         super().__init__(f"rank {rank} is not reachable" + (f": {detail}" if detail else ""))
+
+
+class AuthenticationFailed(Unroutable):
+    """The peer refused this side's CURVE key during the handshake (its
+    authenticator's allow-list does not hold it): nothing can be delivered
+    until the key is allowed."""
 
 
 class WouldBlock(TransportError):

@@ -45,6 +45,7 @@ from ctlwire.transports.curve import (
 )
 from ctlwire.transports.envelope import Envelope, Heartbeat
 from ctlwire.transports.errors import (
+    AuthenticationFailed,
     SocketClosed,
     TransportClosed,
     TransportError,
@@ -130,6 +131,11 @@ class _ZmqClientBase:
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         await self.aclose()
+
+    @property
+    def auth_failures(self) -> int:
+        """CURVE handshakes this side lost: a peer refused our key (monitor events)."""
+        return sum(m.auth_failures for m in self._monitors)
 
     async def aclose(self) -> None:
         tg, self._tg = self._tg, None
@@ -357,6 +363,7 @@ class _PerRankClient(_ZmqClientBase):
             check_pickle_allowed(self.codec, addr, curve is not None)
         self._by_rank: dict[int, AsyncZmqSocket] = {}
         self._up: dict[int, bool] = {}
+        self._auth_failed: set[int] = set()  # ranks whose CURVE server refused our key
         send, recv = anyio.create_memory_object_stream[TransportEvent](self.options.rcvhwm)
         self._events_in: MemoryObjectSendStream[TransportEvent] = send
         self._events_out: MemoryObjectReceiveStream[TransportEvent] = recv
@@ -404,17 +411,27 @@ class _PerRankClient(_ZmqClientBase):
     async def _watch(self, rank: int, monitor: SocketMonitor) -> None:
         async for event, _value, _endpoint in monitor.events():
             if event & UP_EVENTS:
+                if event & zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self._auth_failed.discard(rank)
                 if not self._up.get(rank):
                     self._up[rank] = True
                     # announce ourselves so an engine that binds learns our route
                     with contextlib.suppress(zmq.ZMQError, SocketClosed):
                         self._by_rank[rank].send_multipart_nowait([self._hello])
+            elif event & zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self._auth_failed.add(rank)
             elif event & DOWN_EVENTS and self._up.get(rank):
                 self._up[rank] = False
                 try:
                     await self._events_in.send(PeerDisconnected(rank, "connection closed"))
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                     return
+
+    def _not_connected(self, rank: int) -> Unroutable:
+        if rank in self._auth_failed:
+            return AuthenticationFailed(
+                rank, "CURVE authentication failed: the engine refused this client's key")
+        return Unroutable(rank, "not connected")
 
     def _sock_for(self, rank: int) -> AsyncZmqSocket:
         if self._closed:
@@ -431,7 +448,7 @@ class _PerRankClient(_ZmqClientBase):
             sock.send_multipart_nowait([data])
         except zmq.Again:
             if not self._up.get(rank):
-                raise Unroutable(rank, "not connected") from None
+                raise self._not_connected(rank) from None
             raise WouldBlock(f"rank {rank}: high-water mark reached") from None
         except SocketClosed:
             raise TransportClosed("transport is closed") from None
@@ -444,7 +461,7 @@ class _PerRankClient(_ZmqClientBase):
             try:
                 sock.send_multipart_nowait([data])
             except zmq.Again:
-                raise Unroutable(rank, "not connected") from None
+                raise self._not_connected(rank) from None
             except SocketClosed:
                 raise TransportClosed("transport is closed") from None
         else:

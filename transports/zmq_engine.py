@@ -164,6 +164,11 @@ class _ZmqEngineBase:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def auth_rejections(self) -> int:
+        """Client keys this engine's CURVE authenticator refused (engines that bind)."""
+        return self._auth.rejected if self._auth is not None else 0
+
     # -- receiving ---------------------------------------------------------------
     def _event(self, msg: list[bytes]) -> TransportEvent:
         if self.routed:
