@@ -87,7 +87,7 @@ from ctlwire.kernel.request_registry import (
     TransitionObserver,
 )
 from ctlwire.kernel.tracing import TraceProvider
-from ctlwire.states import LIVE_PEER_STATES, RequestState, TicketState
+from ctlwire.states import LIVE_PEER_STATES, PeerState, RequestState, TicketState
 from ctlwire.transports.codec import PayloadTypeError
 from ctlwire.transports.envelope import NO_DEADLINE, ErrorInfo, Heartbeat, Reply, Request
 from ctlwire.transports.errors import AuthenticationFailed as TransportAuthFailed
@@ -883,6 +883,7 @@ class ControlClient:
             self.counters["stale_incarnation"] += 1
             return
         self._peer_seen(rank, reply.incarnation, authoritative=False)
+        self.peers.finished(rank, reply.id)
         disposition, entry = self.registry.on_reply(reply, peer)
         if disposition is ReplyDisposition.COMPLETED and entry is not None:
             self._wake(entry)

@@ -400,7 +400,7 @@ class EngineEndpoint:
                 req.id, "DeadlineExpired",
                 f"{req.method!r} arrived {self.clock() - req.deadline:.3f} s after its deadline",
                 ErrorCode.DEADLINE_EXPIRED))
-        if req.fence:
+        if req.fence > 0:  # 0 (or a nonsensical negative token): unfenced
             if req.fence < self.fence_high:
                 self.counters["fenced"] += 1
                 self.counters["rejected"] += 1

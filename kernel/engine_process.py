@@ -47,7 +47,7 @@ from ctlwire.transports.zmq_engine import (
     ZmqRouterEngineTransport,
 )
 
-__all__ = ["build_transport", "diagnostic_methods", "main"]
+__all__ = ["build_transport", "diagnostic_methods", "main", "stepping_methods"]
 
 
 def diagnostic_methods(ep: EngineEndpoint) -> None:
@@ -91,6 +91,55 @@ def diagnostic_methods(ep: EngineEndpoint) -> None:
     @ep.method()
     def fail(message: str = "requested failure") -> None:
         raise RuntimeError(message)
+
+    marks: list[str] = []
+    applied: dict[str, int] = {}
+
+    @ep.method()
+    def mark(token: str) -> int:
+        """Record that this request ran (tests of what did and did not run)."""
+        marks.append(token)
+        return len(marks)
+
+    @ep.method(name="marks")
+    def get_marks() -> list[str]:
+        return list(marks)
+
+    @ep.method()
+    def slow_update(seconds: float) -> int:
+        """A blocking, weight-load-like handler that reports its progress."""
+        from ctlwire.kernel.engine_endpoint import report_progress
+
+        steps = 20
+        for i in range(steps):
+            time.sleep(seconds / steps)
+            report_progress((i + 1) / steps, f"shard {i + 1}/{steps}")
+        applied["slow_update"] = applied.get("slow_update", 0) + 1
+        return applied["slow_update"]
+
+    @ep.method()
+    def applied_counts() -> dict[str, int]:
+        """How many times each counting handler actually ran."""
+        return dict(applied)
+
+
+def stepping_methods(ep: EngineEndpoint) -> Callable[[], bool]:
+    """:func:`diagnostic_methods` plus a scheduler-like step that blocks the
+    engine's thread for the seconds given to ``block_next_step`` (once)."""
+    diagnostic_methods(ep)
+    pending: list[float] = []
+
+    @ep.method()
+    def block_next_step(seconds: float) -> None:
+        pending.append(seconds)
+
+    def step() -> bool:
+        if pending:
+            time.sleep(pending.pop())
+            return True
+        return False
+
+    return step
 
 
 def load_methods(spec: str) -> Callable[[EngineEndpoint], Callable[[], bool] | None]:

@@ -181,6 +181,15 @@ class PeerTable:
         p.misses = 0
         return lost
 
+    def finished(self, rank: int, request_id: int) -> None:
+        """A reply to ``request_id`` came from ``rank``: if its last heartbeat said
+        it was running that request, it no longer is (Busy/Stalled → Connected)."""
+        p = self.peers.get(rank)
+        if (p is not None and p.progress.request_id == request_id and request_id
+                and p.state in (PeerState.BUSY, PeerState.STALLED)):
+            self._go(p, PeerEvent.IDLE)
+            p.progress = _IDLE
+
     def disconnected(self, rank: int, now: float) -> bool:
         """The transport saw the connection end. True when this made it Lost."""
         p = self.peers.get(rank)

@@ -62,7 +62,9 @@ async def test_snapshot_counts_outcomes_latency_and_peers(caplog: pytest.LogCapt
                 await c.call("hang", timeout=1.0)
         snap = snapshot(c)
         assert snap["live_requests"] == 0 and snap["tombstones"] == 7
-        assert snap["peers"] == {0: "CONNECTED", 1: "CONNECTED"}
+        # rank 0 still runs the hung handler the caller gave up on: alive and busy
+        assert snap["peers"] == {0: "BUSY", 1: "CONNECTED"}
+        assert c.rank_status(0)["method"] == "hang" and c.rank_status(1)["method"] == ""
         assert snap["outcomes"] == {"DONE": 6, "TIMED_OUT": 1}
         assert snap["transitions"]["TIMED_OUT--clean"] == 1
         req = snap["requests"]
