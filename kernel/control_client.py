@@ -644,15 +644,19 @@ class ControlClient:
                     waited = True
                     await self._send_blocking(entry, rank, env)
                 except Unroutable as exc:
-                    if (self.peers.state(rank) is not PeerState.UNKNOWN
+                    if (self.peers.state(rank) is PeerState.LOST
                             or isinstance(exc, TransportAuthFailed)):
                         raise
-                    # never heard from: an engine still starting. Wait for its first
-                    # contact within the deadline, then hand the frame over.
+                    # never heard from (an engine still starting), or heard from by its
+                    # beacon while its request connection is (re)connecting: wait for
+                    # it within the deadline, then hand the frame over
                     waited = True
                     if (not await self._send_after_first_contact(entry, rank, env)
-                            and self.peers.state(rank) is PeerState.UNKNOWN):
-                        error = NotDelivered(rank, "never heard from within the deadline")
+                            and self.peers.state(rank) is not PeerState.LOST):
+                        error = NotDelivered(rank, (
+                            "never heard from within the deadline"
+                            if self.peers.state(rank) is PeerState.UNKNOWN
+                            else "request connection not up within the deadline"))
             except TransportAuthFailed as exc:
                 error = AuthenticationFailed(rank, exc.detail)
             except Unroutable as exc:
@@ -709,7 +713,7 @@ class ControlClient:
                         await self.transport.send(rank, env)
                         return True
                     except Unroutable as exc:
-                        if (self.peers.state(rank) is not PeerState.UNKNOWN
+                        if (self.peers.state(rank) is PeerState.LOST
                                 or isinstance(exc, TransportAuthFailed)):
                             raise
                     with anyio.move_on_after(retry):
@@ -985,7 +989,11 @@ class ControlClient:
                     self.transport.send_nowait(rank, heartbeat)
                     self.counters["heartbeats_sent"] += 1
                 except Unroutable:
-                    if rank in live and self.peers.disconnected(rank, now):
+                    # unroutable and silent: gone. (Unroutable while its beacon is
+                    # heard: the request connection is being re-established.)
+                    peer = self.peers.peers[rank]
+                    if (rank in live and now - peer.last_seen > interval
+                            and self.peers.disconnected(rank, now)):
                         self._rank_lost(rank, "unroutable")
                 except (WouldBlock, TransportError):
                     pass
