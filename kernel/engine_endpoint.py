@@ -290,8 +290,6 @@ class EngineEndpoint:
             "idempotent_in_progress": 0,
         }
         self.states: dict[InboundState, int] = {s: 0 for s in InboundState}
-        #: requests being handled now: request id -> (method, time.monotonic() at start)
-        self.running: dict[int, tuple[str, float]] = {}
 
     # -- registration ----------------------------------------------------------
     def register(self, name: str, handler: Callable[..., Any], *, payload_type: Any = _NONE,
