@@ -11,7 +11,10 @@ engine with SIGKILL mid-run to show ``EngineDead`` surfacing in about a second
 while the other ranks carry on (the cycle it broke is retried on the live
 ranks). ``--fault update`` makes one rank's ``update_weights`` raise in the
 middle cycle: that operation aborts, every rank is compensated (old weights,
-resumed) and the failed rank is named.
+resumed) and the failed rank is named. The last cycle's ``update_weights`` is a
+slow one (``--slow-update SECONDS``, 2 s by default): each engine's thread
+blocks as in a real weight load, its liveness beacon keeps the rank alive
+(Busy, never Lost), and the load's progress is shown live per rank.
 
 It checks, and exits non-zero unless all hold: every cycle reached every live
 rank with the right version; the queueing mailbox served ``get_server_info``
@@ -62,6 +65,7 @@ class DemoConfig:
     train_seconds: float = 0.1
     timeout: float = 5.0
     fault: str = ""  # "update": one rank's update_weights raises in the middle cycle
+    slow_update: float = 2.0  # seconds the last cycle's update_weights blocks each engine
 
 
 @dataclass
@@ -83,6 +87,9 @@ class DemoReport:
     fault: str = ""
     fault_verified: bool = False
     quarantined: list[int] = field(default_factory=list)
+    slow_progress: dict[int, float] = field(default_factory=dict)  # rank -> highest fraction
+    slow_busy: set[int] = field(default_factory=set)  # ranks seen Busy during the slow load
+    slow_lost: int = 0  # ranks lost while the slow update ran
 
     def problems(self, cfg: DemoConfig) -> list[str]:
         out = list(self.cycle_failures) + list(self.fifo_violations)
@@ -107,6 +114,13 @@ class DemoReport:
         stuck = [r for r in self.quarantined if r != self.killed_rank]
         if stuck:
             out.append(f"ranks {stuck} quarantined")
+        if cfg.slow_update > 0 and cfg.cycles > 0:
+            if self.slow_lost:
+                out.append(f"{self.slow_lost} ranks declared lost while busy loading weights")
+            live_ranks = [r for r in self.final_versions if r != self.killed_rank]
+            unseen = [r for r in live_ranks if self.slow_progress.get(r, -1.0) <= 0]
+            if unseen:
+                out.append(f"no load progress seen from ranks {unseen}")
         live = [v for r, v in self.final_versions.items() if r != self.killed_rank]
         if any(v != cfg.cycles for v in live):
             out.append(f"final weight versions {self.final_versions}, expected {cfg.cycles}")
@@ -221,21 +235,26 @@ async def _drive(cfg: DemoConfig, client: ControlClient, fleet: EngineFleet | No
                     fault_rank[0] = ranks[len(ranks) // 2]
                     await client.call("arm_fault", Fault("update_weights"), rank=fault_rank[0])
                     report.fault = f"rank {fault_rank[0]} update_weights raises in cycle {k}"
+                slow = cfg.slow_update if k == cfg.cycles else 0.0
+                lost_before = client.counters["engine_lost"]
                 for _attempt in range(2):  # a cycle broken by the killed rank: once more
-                    version, retry = await weight_update(k, version, fault_at == k)
+                    version, retry = await weight_update(k, version, fault_at == k, slow)
                     if not retry:
                         break
                 else:
                     report.cycle_failures.append(f"cycle {k}: failed again without the "
                                                  f"killed rank")
+                if slow:
+                    report.slow_lost = client.counters["engine_lost"] - lost_before
                 await anyio.sleep(cfg.train_seconds)  # the trainer's step between updates
         finally:
             report.quarantined = sorted(runner.quarantined)
             done.set()
 
-    async def weight_update(k: int, version: int, faulty: bool) -> tuple[int, bool]:
+    async def weight_update(k: int, version: int, faulty: bool,
+                            slow: float = 0.0) -> tuple[int, bool]:
         """One cycle as one operation; (the fleet's version after it, retry?)."""
-        plan = weight_update_plan(k, version, timeout=cfg.timeout)
+        plan = weight_update_plan(k, version, timeout=cfg.timeout, load_seconds=slow)
         methods = {s.name: s.method for s in plan.steps}
         started: dict[str, float] = {}
         waiting: dict[str, set[int]] = defaultdict(set)
@@ -329,6 +348,18 @@ async def _drive(cfg: DemoConfig, client: ControlClient, fleet: EngineFleet | No
                     states[st] += 1
                 dead += (f" | op {op['step']} " + " ".join(
                     f"{st}x{n}" for st, n in sorted(states.items())))
+            loading = []
+            for rank in ranks:
+                status = client.rank_status(rank)
+                if status["progress"] >= 0 and status["method"] == "ctlwire.step":
+                    fraction = float(status["progress"])
+                    best = report.slow_progress.get(rank, 0.0)
+                    report.slow_progress[rank] = max(best, fraction)
+                    loading.append(f"{rank}:{fraction:4.0%}")
+                if status["state"] == "BUSY" and cycle[0] == cfg.cycles and cfg.slow_update:
+                    report.slow_busy.add(rank)
+            if loading:
+                dead += " | loading weights " + " ".join(loading)
             progress.show(f"[cycle {cycle[0]:>3}/{cfg.cycles}] calls {calls:>6} | "
                           f"info {len(report.latencies['get_server_info']):>5} | "
                           f"load {len(report.latencies['get_load']):>5} | "
@@ -336,7 +367,7 @@ async def _drive(cfg: DemoConfig, client: ControlClient, fleet: EngineFleet | No
                           f"{client.mailbox('get_server_info').depth:>2}{dead}")
             if done.is_set():
                 return
-            await anyio.sleep(0.2)
+            await anyio.sleep(0.1)
 
     progress.last = ""
     async with anyio.create_task_group() as tg:
@@ -391,6 +422,11 @@ def format_report(cfg: DemoConfig, report: DemoReport) -> str:
         lines.append(f"  injected fault: {report.fault}: compensation {verdict}")
     if report.quarantined:
         lines.append(f"  quarantined ranks (out of routing): {report.quarantined}")
+    if cfg.slow_update > 0 and report.slow_progress:
+        seen = " ".join(f"{r}:{f:.0%}" for r, f in sorted(report.slow_progress.items()))
+        lines.append(f"  slow update_weights ({cfg.slow_update:g} s blocking each engine): "
+                     f"progress seen live {seen}; busy ranks {sorted(report.slow_busy)}, "
+                     f"lost {report.slow_lost}")
     if report.killed_rank is not None:
         det = (f"{report.detection_seconds:.2f} s" if report.detection_seconds is not None
                else "never")
@@ -435,10 +471,13 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     p.add_argument("--fault", choices=["update"], default="",
                    help="update: one rank's update_weights raises mid-run (compensated)")
+    p.add_argument("--slow-update", type=float, default=2.0, metavar="SECONDS",
+                   help="the last cycle's update_weights blocks each engine this long, "
+                        "reporting progress (2; 0 turns it off)")
     p.add_argument("--json", help="also write the summary as JSON here")
 
 
 def from_args(args: Any) -> DemoConfig:
     return DemoConfig(engines=args.engines, cycles=args.cycles, transport=args.transport,
                       connect=list(args.connect), kill_one=args.kill_one, backend=args.backend,
-                      fault=args.fault)
+                      fault=args.fault, slow_update=args.slow_update)

@@ -37,6 +37,7 @@ class Pause(msgspec.Struct, frozen=True):
 class UpdateWeights(msgspec.Struct, frozen=True):
     version: int
     path: str = ""
+    load_seconds: float = 0.0  # a real load blocks the engine's thread this long
 
 
 class WeightsUpdateRejected(RuntimeError):
@@ -74,6 +75,15 @@ class SimulatedEngine:
             raise WeightsUpdateRejected(f"rank {self.rank}: update_weights needs a paused engine")
         if req.version <= self.version:
             raise ValueError(f"version {req.version} is not newer than {self.version}")
+        if req.load_seconds > 0:
+            # like a real weight load or NCCL broadcast: the thread blocks (the
+            # liveness beacon keeps the rank alive) and reports how far it got
+            from ctlwire.kernel.engine_endpoint import report_progress
+
+            shards = 20
+            for i in range(shards):
+                time.sleep(req.load_seconds / shards)
+                report_progress((i + 1) / shards, f"shard {i + 1}/{shards}")
         self.version = req.version
         return {"rank": self.rank, "version": self.version}
 

@@ -88,12 +88,15 @@ class OperationEngine(SimulatedEngine):
 
 
 def weight_update_plan(version: int, old_version: int, *, timeout: float = 10.0,
-                       quarantine_on_error: bool = False) -> OperationPlan:
-    """pause -> update_weights(version) -> resume; undo: restore old_version, resume."""
+                       quarantine_on_error: bool = False,
+                       load_seconds: float = 0.0) -> OperationPlan:
+    """pause -> update_weights(version) -> resume; undo: restore old_version, resume.
+    ``load_seconds``: how long each rank's update blocks (reporting progress)."""
     return OperationPlan("weight-update", (
         OperationStep("pause", "pause", Pause("drain"), timeout,
                       compensation=StepCall("resume")),
-        OperationStep("update", "update_weights", UpdateWeights(version), timeout,
+        OperationStep("update", "update_weights", UpdateWeights(version, "", load_seconds),
+                      max(timeout, 3 * load_seconds),
                       compensation=StepCall("restore_weights", RestoreWeights(old_version)),
                       quarantine_on_error=quarantine_on_error),
         OperationStep("resume", "resume", None, timeout),
