@@ -264,3 +264,38 @@ async def test_without_a_key_outcome_unknown_is_not_retried(ipc_dir: str) -> Non
                 fleet.kill(0)
             assert isinstance(outcome[0], OutcomeUnknown) and c.counters["retries"] == 0
 
+
+
+async def test_report_progress_from_inline_threaded_and_async_handlers() -> None:
+    """report_progress reaches the running request from every kind of handler
+    (the context travels into worker threads), and is False outside one."""
+    from ctlwire.kernel.engine_endpoint import EngineEndpoint, report_progress
+    from ctlwire.kernel.testing import EngineHarness
+
+    endpoints: list[EngineEndpoint] = []
+
+    def setup(ep: EngineEndpoint) -> None:
+        endpoints.append(ep)
+
+        def inline() -> tuple[bool, float]:
+            ok = report_progress(0.25, "inline")
+            return ok, ep._progress[next(iter(ep.running))][0]
+
+        def threaded() -> tuple[bool, float]:
+            ok = report_progress(0.5, "threaded")
+            return ok, ep._progress[next(iter(ep.running))][0]
+
+        async def asynchronous() -> tuple[bool, float]:
+            ok = report_progress(2.0, "async")  # clamped to 1.0
+            return ok, ep._progress[next(iter(ep.running))][0]
+
+        ep.register("inline", inline)
+        ep.register("threaded", threaded, threaded=True)
+        ep.register("asynchronous", asynchronous)
+
+    async with EngineHarness(ranks=1, setup=setup) as h:
+        assert await h.client.call("inline") == [True, 0.25]
+        assert await h.client.call("threaded") == [True, 0.5]
+        assert await h.client.call("asynchronous") == [True, 1.0]
+        assert endpoints[0].running == {} and endpoints[0]._progress == {}
+    assert report_progress(0.5) is False
