@@ -3,9 +3,18 @@
 Defaults are defensive: explicit high-water marks, a bounded ``LINGER``,
 ``MAXMSGSIZE`` as a hard cap (libzmq drops the connection of a peer that
 exceeds it) above the codec's own limit (which answers with a typed error),
-ZMTP heartbeats so dead TCP connections are noticed by libzmq too,
 ``ROUTER_MANDATORY`` so an unroutable message is an error, ``ROUTER_HANDOVER``
 so a restarted engine can take its identity back at once.
+
+ZMTP heartbeats (``HEARTBEAT_IVL``) are **off** by default: with them on, a peer
+that fills a socket's receive pipe past ``RCVHWM`` while the owner is busy and
+then disconnects makes libzmq 4.3.x abort the whole process
+(``Assertion failed: !_io_error (stream_engine_base.cpp:310)``, libzmq issues
+#4364 and #4767). Dead tcp connections are instead found by the kernel: TCP
+keepalive probes on an idle connection and ``TCP_MAXRT`` (``TCP_USER_TIMEOUT``
+on Linux) on unacknowledged data, which libzmq sees as an ordinary connection
+error (the same path as a peer closing, which cannot abort). Process and link
+liveness is the kernel's job (heartbeat envelopes), not libzmq's.
 
 Addresses default to ipc in a private ``0700`` directory; ipc socket files are
 made ``0600`` right after bind; tcp binds that are not loopback are refused
@@ -48,8 +57,18 @@ class ZmqOptions:
     rcvhwm: int = 10_000
     linger_ms: int = 200
     hard_max_message_size: int | None = None  # default: twice the codec's limit
-    zmtp_heartbeat_ivl_ms: int = 1_000
+    #: ZMTP heartbeats: 0 (the default) leaves them off. Turning them on re-opens
+    #: libzmq's abort on a full receive pipe plus a disconnect (see the module doc).
+    zmtp_heartbeat_ivl_ms: int = 0
     zmtp_heartbeat_timeout_ms: int = 3_000
+    #: tcp only: kernel keepalive on idle connections (first probe after
+    #: ``tcp_keepalive_idle_s``, then every ``tcp_keepalive_intvl_s``, dead after
+    #: ``tcp_keepalive_cnt`` unanswered) and ``TCP_MAXRT``: a connection whose sent
+    #: data stays unacknowledged this long is dropped (the dialer redials). 0: off.
+    tcp_keepalive_idle_s: int = 1
+    tcp_keepalive_intvl_s: int = 1
+    tcp_keepalive_cnt: int = 3
+    tcp_max_retransmit_ms: int = 5_000
     reconnect_ivl_ms: int = 100
     reconnect_ivl_max_ms: int = 1_000
 
@@ -59,8 +78,16 @@ class ZmqOptions:
         sock.setsockopt(zmq.RCVHWM, self.rcvhwm)
         sock.setsockopt(zmq.LINGER, self.linger_ms)
         sock.setsockopt(zmq.MAXMSGSIZE, hard)
-        sock.setsockopt(zmq.HEARTBEAT_IVL, self.zmtp_heartbeat_ivl_ms)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.zmtp_heartbeat_timeout_ms)
+        if self.zmtp_heartbeat_ivl_ms > 0:
+            sock.setsockopt(zmq.HEARTBEAT_IVL, self.zmtp_heartbeat_ivl_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.zmtp_heartbeat_timeout_ms)
+        if self.tcp_keepalive_idle_s > 0:
+            sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+            sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, self.tcp_keepalive_idle_s)
+            sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, self.tcp_keepalive_intvl_s)
+            sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, self.tcp_keepalive_cnt)
+        if self.tcp_max_retransmit_ms > 0:
+            sock.setsockopt(zmq.TCP_MAXRT, self.tcp_max_retransmit_ms)
         sock.setsockopt(zmq.RECONNECT_IVL, self.reconnect_ivl_ms)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, self.reconnect_ivl_max_ms)
         if sock.type == zmq.ROUTER:
