@@ -10,16 +10,36 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 import zmq
 
 from ctlwire.kernel.engine_fleet import EngineFleet
-from ctlwire.transports.codec import MsgpackCodec
-from ctlwire.transports.envelope import Reply, Request
+from ctlwire.transports.codec import MsgpackCodec, PickleCodec
+from ctlwire.transports.curve import CurveClientConfig, generate_keypair
+from ctlwire.transports.envelope import Heartbeat, Reply, Request
+from ctlwire.transports.errors import EndpointError, PickleRefused
+from ctlwire.transports.ipc_path import IpcPathUnsafe, secure_ipc_file
+from ctlwire.transports.transport import Received
+from ctlwire.transports.zmq_client import (
+    ZmqDealerClientTransport,
+    ZmqPairClientTransport,
+    ZmqPushPullClientTransport,
+    ZmqRouterClientTransport,
+)
+from ctlwire.transports.zmq_config import InsecureBind
+from ctlwire.transports.zmq_engine import (
+    ZmqDealerEngineTransport,
+    ZmqPairEngineTransport,
+    ZmqPushPullEngineTransport,
+    ZmqRouterEngineTransport,
+)
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -127,3 +147,245 @@ def test_flood_past_rcvhwm_then_disconnect_does_not_abort_the_engine(
         assert engine.alive, f"engine exited with {engine.proc.returncode}"
         fresh.close(linger=0)
     assert engine.proc.returncode == 0  # a clean exit on SIGTERM, not SIGABRT (-6)
+
+
+# -- finding 2: pickle only where every peer is authenticated ----------------------------
+
+def _pickle_codec() -> PickleCodec:
+    return PickleCodec(allow_pickle=True)
+
+
+def _every_class(address: str, other: str) -> list[Callable[[], object]]:
+    """One constructor per transport class and socket, ``address`` in the position
+    under test (``other`` a harmless inproc address elsewhere)."""
+    ctx = zmq.Context.instance()
+    c = _pickle_codec
+    return [
+        lambda: ZmqRouterClientTransport(address, codec=c()),
+        lambda: ZmqDealerClientTransport([address], codec=c()),
+        lambda: ZmqPushPullClientTransport([address], other, codec=c()),
+        lambda: ZmqPushPullClientTransport([other], address, codec=c()),
+        lambda: ZmqPairClientTransport([address], context=ctx, codec=c()),
+        lambda: ZmqDealerEngineTransport(address, 0, codec=c()),
+        lambda: ZmqRouterEngineTransport(address, 0, codec=c()),
+        lambda: ZmqPushPullEngineTransport(address, other, 0, codec=c()),
+        lambda: ZmqPushPullEngineTransport(other, address, 0, codec=c()),
+        lambda: ZmqPairEngineTransport(address, 0, context=ctx, codec=c()),
+    ]
+
+
+def _unsafe_addresses(tmp_path: Path) -> dict[str, str]:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o755)  # others may traverse: the socket file is not private
+    return {
+        "abstract ipc": "ipc://@ctlwire-hostile-test",
+        "tcp loopback": f"tcp://127.0.0.1:{free_tcp_port()}",
+        "tcp ipv6 loopback": f"tcp://[::1]:{free_tcp_port()}",
+        "tipc": "tipc://{5560,0,0}",
+        "ipc in a 0755 directory": f"ipc://{shared}/s.sock",
+    }
+
+
+def test_pickle_refused_on_every_unauthenticated_channel_of_every_class(tmp_path: Path) -> None:
+    """Before: pickle was accepted on abstract ipc, the PushPull reply address and the
+    Pair engine over tcp, and tipc; the client would unpickle any PUSH."""
+    refused = 0
+    for what, address in _unsafe_addresses(tmp_path).items():
+        for i, make in enumerate(_every_class(address, "inproc://ctlwire-other")):
+            with pytest.raises(PickleRefused):
+                transport = make()
+                raise AssertionError(f"{what}, constructor {i}: accepted {transport!r}")
+            refused += 1
+    assert refused == 50
+
+
+def test_pickle_allowed_where_every_peer_is_authenticated(tmp_path: Path) -> None:
+    os.chmod(tmp_path, 0o700)
+    codec = _pickle_codec()
+    for address in (f"ipc://{tmp_path}/p.sock", "inproc://ctlwire-pickle-ok"):
+        for make in _every_class(address, "inproc://ctlwire-other"):
+            transport = make()
+            close = getattr(transport, "close", None)
+            if close is not None:
+                close()
+    curve = CurveClientConfig(generate_keypair(), generate_keypair().public)
+    ZmqDealerEngineTransport(f"tcp://127.0.0.1:{free_tcp_port()}", 0, codec=codec,
+                             curve=curve).close()
+
+
+# -- finding 5: a failed bind or connect raises a typed error and never hangs ------------
+
+def _close_returns(close: Callable[[], object]) -> None:
+    """``close`` (which terminates the transport's own context) must return; before,
+    ``Context.term()`` blocked for ever on the socket the failed bind left open."""
+    done = threading.Event()
+
+    def run() -> None:
+        close()
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert done.wait(30), "close() hung: a socket was left open"
+
+
+def test_engine_bind_on_a_port_in_use_raises_and_closes(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
+        for engine in (ZmqRouterEngineTransport(address, 0),
+                       ZmqPushPullEngineTransport(address, "inproc://x", 0)):
+            with pytest.raises(EndpointError) as info:
+                engine.open()
+            assert info.value.operation == "bind" and info.value.address == address
+            _close_returns(engine.close)
+            assert engine.closed
+
+
+def test_engine_connect_without_a_port_raises_and_closes() -> None:
+    engine = ZmqDealerEngineTransport("tcp://127.0.0.1", 0)
+    with pytest.raises(EndpointError) as info:
+        engine.open()
+    assert info.value.operation == "connect"
+    _close_returns(engine.close)
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_client_bind_or_connect_failure_raises_typed_without_freezing_the_loop(
+        anyio_backend: str) -> None:
+    """Before: the PushPull client's reply bind on a port in use, and the Dealer client
+    with no port, froze the whole event loop in ``Context.term()``."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
+        clients = [ZmqPushPullClientTransport(["inproc://ctlwire-r0"], address),
+                   ZmqRouterClientTransport(address),
+                   ZmqDealerClientTransport(["tcp://127.0.0.1"])]
+        for client in clients:
+            with pytest.raises(EndpointError):
+                async with client:
+                    raise AssertionError("opened")
+            assert client.closed
+
+
+@pytest.mark.anyio
+async def test_ipv6_loopback_works(anyio_backend: str) -> None:
+    """Before: IPv6 was never enabled on the sockets, so ``tcp://[::1]:PORT`` failed."""
+    async with ZmqRouterClientTransport("tcp://[::1]:0") as client:
+        assert client.address.startswith("tcp://[::1]:")
+        engine = ZmqDealerEngineTransport(client.address, 3)
+        engine.open()
+        try:
+            engine.send_nowait(None, Heartbeat(3, 7))
+            with anyio.fail_after(30):
+                event = await client.receive()
+            assert isinstance(event, Received) and event.peer == 3
+            client.send_nowait(3, Request(11, 3, "echo", CODEC.encode_value(None)))
+            assert engine.wait_readable(30)
+            got = engine.try_receive()
+            assert isinstance(got, Received) and isinstance(got.envelope, Request)
+            assert got.envelope.id == 11
+        finally:
+            engine.close()
+
+
+# -- finding 8: the Pair client uses the same bind check as every other class ------------
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "*", "[::]"])
+def test_pair_client_refuses_a_wildcard_tcp_bind_without_curve(host: str) -> None:
+    address = f"tcp://{host}:{free_tcp_port()}"
+    with pytest.raises(InsecureBind):
+        ZmqPairClientTransport([address], context=zmq.Context.instance())
+    ZmqPairClientTransport([address], context=zmq.Context.instance(), allow_insecure_tcp=True)
+
+
+# -- finding 9: ipc paths given by the caller --------------------------------------------
+
+def _binders(address: str) -> list[Callable[[], object]]:
+    return [lambda: ZmqRouterEngineTransport(address, 0).open(),
+            lambda: ZmqPushPullEngineTransport(address, "inproc://x", 0).open()]
+
+
+def test_ipc_bind_in_a_world_writable_directory_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)  # like /tmp: another user could create or replace the socket
+    address = f"ipc://{shared}/engine.sock"
+    for bind in _binders(address):
+        with pytest.raises(IpcPathUnsafe, match="mode 1777"):
+            bind()
+    assert not list(shared.iterdir())
+
+
+@pytest.mark.anyio
+async def test_ipc_client_bind_and_dial_in_unsafe_directories_are_refused(
+        tmp_path: Path, anyio_backend: str) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.raises(IpcPathUnsafe):
+        async with ZmqRouterClientTransport(f"ipc://{shared}/control.sock"):
+            pass
+    with pytest.raises(IpcPathUnsafe):  # a dialer could reach an impostor's socket
+        async with ZmqDealerClientTransport([f"ipc://{shared}/e0.sock"]):
+            pass
+    engine = ZmqDealerEngineTransport(f"ipc://{shared}/control.sock", 0)
+    with pytest.raises(IpcPathUnsafe):
+        engine.open()
+    # a directory that does not exist yet, under a world-writable one: refused too
+    engine = ZmqDealerEngineTransport(f"ipc://{shared}/later/control.sock", 0)
+    with pytest.raises(IpcPathUnsafe, match="could create it first"):
+        engine.open()
+
+
+@pytest.mark.parametrize("kind", ["regular file", "symlink", "directory"])
+def test_ipc_bind_never_deletes_what_is_not_our_socket(tmp_path: Path, kind: str) -> None:
+    """Before: libzmq unlinked a regular file at the path on bind."""
+    os.chmod(tmp_path, 0o700)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    path = tmp_path / "engine.sock"
+    if kind == "regular file":
+        path.write_text("precious")
+    elif kind == "symlink":
+        path.symlink_to(victim)
+    else:
+        path.mkdir()
+    for bind in _binders(f"ipc://{path}"):
+        with pytest.raises(IpcPathUnsafe, match="it would be deleted"):
+            bind()
+    assert os.path.lexists(path) and victim.read_text() == "precious"
+    if kind == "regular file":
+        assert path.read_text() == "precious"
+
+
+def test_stale_socket_of_ours_is_replaced(tmp_path: Path) -> None:
+    os.chmod(tmp_path, 0o700)
+    path = tmp_path / "engine.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))
+    stale.close()  # the file stays behind, like after a crash
+    engine = ZmqRouterEngineTransport(f"ipc://{path}", 0)
+    engine.open()
+    try:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    finally:
+        engine.close()
+    assert not path.exists()
+
+
+def test_chmod_after_bind_never_follows_a_link(tmp_path: Path) -> None:
+    """Before: ``os.chmod`` after bind followed a symbolic link that another user swapped
+    in for the socket (a race won in 23-46 binds chmod'ed a root-owned file). The race
+    is reproduced deterministically: the link is already there when the chmod runs."""
+    os.chmod(tmp_path, 0o700)
+    target = tmp_path / "target"
+    target.write_text("x")
+    os.chmod(target, 0o644)
+    link = tmp_path / "engine.sock"
+    link.symlink_to(target)
+    secure_ipc_file(f"ipc://{link}")
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o644

@@ -3,8 +3,8 @@
 * :class:`MsgpackCodec` (default) and :class:`JsonCodec` — msgspec, typed,
   validating; decoding never executes code.
 * :class:`PickleCodec` — envelopes stay msgpack, payload values are pickled.
-  Only constructed with ``allow_pickle=True``; transports refuse it on tcp
-  without CURVE (see :func:`check_pickle_allowed`).
+  Only constructed with ``allow_pickle=True``; transports refuse it on every
+  channel whose peers are not all authenticated (see :func:`check_pickle_allowed`).
 
 Every codec enforces ``max_message_size``: :meth:`Codec.decode` raises
 :class:`~ctlwire.transports.errors.OversizedFrame` before parsing a larger frame,
@@ -162,7 +162,8 @@ class PickleCodec(MsgpackCodec):
 
     Construct with ``allow_pickle=True`` or it raises :class:`PickleRefused`.
     Unpickling runs arbitrary code from the peer; transports refuse this codec
-    on tcp unless CURVE authentication is on.
+    unless every peer is authenticated (CURVE, inproc, an ipc socket in a 0700
+    directory: :mod:`ctlwire.transports.channel_security`).
     """
 
     name = "pickle"
@@ -199,12 +200,11 @@ class PickleCodec(MsgpackCodec):
 
 
 def check_pickle_allowed(codec: Codec, address: str, curve: bool) -> None:
-    """Raise PickleRefused when ``codec`` pickles over tcp without CURVE."""
-    if codec.uses_pickle and address.startswith("tcp://") and not curve:
-        raise PickleRefused(
-            f"refusing pickle over {address} without CURVE: any peer that can connect could "
-            "run code in this process; enable CURVE or use the msgpack codec"
-        )
+    """Raise PickleRefused when ``codec`` pickles over a channel where a peer could be
+    unauthenticated (the rule of :mod:`ctlwire.transports.channel_security`)."""
+    from ctlwire.transports.channel_security import check_pickle_channel
+
+    check_pickle_channel(codec.uses_pickle, (address,), curve=curve)
 
 
 def codec_by_name(name: str, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,

@@ -55,12 +55,13 @@ from ctlwire.transports.memory import decode_event
 from ctlwire.transports.transport import Dropped, PeerDisconnected, TransportEvent
 from ctlwire.transports.zmq_config import (
     ZmqOptions,
+    bind_socket,
     check_bind_address,
+    connect_socket,
     private_ipc_address,
     rank_from_identity,
     rank_identity,
     remove_ipc_file,
-    secure_ipc_file,
 )
 from ctlwire.transports.zmq_monitor import DOWN_EVENTS, UP_EVENTS, SocketMonitor
 from ctlwire.transports.zmq_socket import AsyncZmqSocket, ReceiveInterrupted
@@ -86,6 +87,7 @@ class _ZmqClientBase:
         self._own_context = context is None
         self.context: zmq.Context[zmq.Socket[bytes]] = context or zmq.Context()
         self._sockets: list[AsyncZmqSocket] = []
+        self._raw: list[zmq.Socket[bytes]] = []  # every socket made, closed on close
         self._monitors: list[SocketMonitor] = []
         self._auth: CurveAuthenticator | None = None
         self._tg: TaskGroup | None = None
@@ -96,6 +98,7 @@ class _ZmqClientBase:
 
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self.context.socket(kind)
+        self._raw.append(sock)
         self.options.apply(sock, self.codec.max_message_size)
         return sock
 
@@ -144,6 +147,9 @@ class _ZmqClientBase:
             mon.close()
         for sock in self._sockets:
             sock.close(self.options.linger_ms)
+        for raw in self._raw:  # one a failed bind/connect left unwrapped
+            if not raw.closed:
+                raw.close(self.options.linger_ms)
         if self._auth is not None:
             self._auth.stop()
         if self._own_context:
@@ -159,11 +165,8 @@ class _ZmqClientBase:
         return address
 
     def _bind(self, raw: zmq.Socket[bytes], address: str, private: bool = False) -> str:
-        raw.bind(address)
-        if address.endswith((":0", ":*")):
-            address = str(raw.getsockopt_string(zmq.LAST_ENDPOINT))
+        address = bind_socket(raw, address)
         if address.startswith("ipc://"):
-            secure_ipc_file(address)
             self._bound_ipc.append((address, private))
         return address
 
@@ -363,7 +366,7 @@ class _PerRankClient(_ZmqClientBase):
             if self.bind_per_rank:
                 self._bind(raw, addr)
             else:
-                raw.connect(addr)
+                connect_socket(raw, addr)
             self._by_rank[rank] = self._wrap(raw)
             self._up[rank] = self.bind_per_rank and addr.startswith("inproc://")
 
@@ -478,8 +481,10 @@ class ZmqPairClientTransport(_PerRankClient):
 
     def __init__(self, addresses: Mapping[int, str] | Sequence[str], *,
                  context: zmq.Context[zmq.Socket[bytes]], codec: Codec | None = None,
-                 options: ZmqOptions | None = None) -> None:
+                 options: ZmqOptions | None = None, allow_insecure_tcp: bool = False) -> None:
         super().__init__(addresses, codec=codec, options=options, curve=None, context=context)
+        for addr in self.addresses.values():
+            check_bind_address(addr, curve=False, allow_insecure_tcp=allow_insecure_tcp)
 
 
 class ZmqPushPullClientTransport(_PerRankClient):
@@ -500,6 +505,7 @@ class ZmqPushPullClientTransport(_PerRankClient):
         self.reply_address = reply_address or self._private_address("replies")
         check_bind_address(self.reply_address, curve=False,
                            allow_insecure_tcp=allow_insecure_tcp)
+        check_pickle_allowed(self.codec, self.reply_address, False)
         self._pull: AsyncZmqSocket | None = None
 
     def _open(self) -> None:

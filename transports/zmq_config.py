@@ -16,9 +16,13 @@ on Linux) on unacknowledged data, which libzmq sees as an ordinary connection
 error (the same path as a peer closing, which cannot abort). Process and link
 liveness is the kernel's job (heartbeat envelopes), not libzmq's.
 
-Addresses default to ipc in a private ``0700`` directory; ipc socket files are
-made ``0600`` right after bind; tcp binds that are not loopback are refused
-unless CURVE is on or ``allow_insecure_tcp`` is set.
+Addresses default to ipc in a private ``0700`` directory; ipc paths given by
+the caller must be safe (:mod:`ctlwire.transports.ipc_path`); ipc socket files
+are made ``0600`` right after bind (never through a link); tcp binds that are
+not loopback are refused unless CURVE is on or ``allow_insecure_tcp`` is set.
+Every bind and connect goes through :func:`bind_socket` / :func:`connect_socket`:
+a refusal is an :class:`~ctlwire.transports.errors.EndpointError`, IPv6 is
+enabled for IPv6 hosts (``tcp://[::1]:PORT``).
 """
 
 from __future__ import annotations
@@ -32,10 +36,20 @@ from dataclasses import dataclass
 
 import zmq
 
+from ctlwire.transports.errors import EndpointError
+from ctlwire.transports.ipc_path import (
+    check_ipc_connect,
+    ipc_path,
+    prepare_ipc_bind,
+    secure_ipc_file,
+)
+
 __all__ = [
     "InsecureBind",
     "ZmqOptions",
+    "bind_socket",
     "check_bind_address",
+    "connect_socket",
     "ipc_path",
     "private_ipc_address",
     "rank_from_identity",
@@ -109,23 +123,11 @@ def rank_from_identity(identity: bytes) -> int | None:
     return None
 
 
-def ipc_path(address: str) -> str | None:
-    """The file of an ``ipc://`` address, else None."""
-    return address[len("ipc://"):] if address.startswith("ipc://") else None
-
-
 def private_ipc_address(name: str = "ctlwire") -> str:
     """A fresh ``ipc://`` address inside a new ``0700`` directory."""
     directory = tempfile.mkdtemp(prefix="ctlwire-")
     os.chmod(directory, 0o700)
     return f"ipc://{directory}/{name}.sock"
-
-
-def secure_ipc_file(address: str) -> None:
-    """Make a just-bound ipc socket file owner-only (``0600``)."""
-    path = ipc_path(address)
-    if path and not path.startswith("@") and os.path.exists(path):
-        os.chmod(path, 0o600)
 
 
 def remove_ipc_file(address: str, *, private_dir: bool = False) -> None:
@@ -161,3 +163,50 @@ def check_bind_address(address: str, *, curve: bool, allow_insecure_tcp: bool) -
         f"refusing to bind {address} without CURVE: anyone on the network could send control "
         "requests; bind to 127.0.0.1, enable CURVE, or pass allow_insecure_tcp=True"
     )
+
+
+def _tcp_host(address: str) -> str | None:
+    if not address.startswith("tcp://"):
+        return None
+    rest = address[len("tcp://"):]
+    if rest.startswith("["):
+        return rest[1:rest.find("]")] if "]" in rest else rest[1:]
+    host = rest.rsplit(":", 1)[0] if rest.count(":") == 1 else rest
+    return host.split(";", 1)[-1]
+
+
+def _enable_ipv6_if_needed(sock: zmq.Socket[bytes], address: str) -> None:
+    host = _tcp_host(address)
+    if host is not None and ":" in host:
+        sock.setsockopt(zmq.IPV6, 1)
+
+
+def bind_socket(sock: zmq.Socket[bytes], address: str) -> str:
+    """Bind ``sock`` at ``address`` and return the address actually bound (the port
+    libzmq chose for ``:0``/``:*``). ipc: the path is checked first
+    (:func:`~ctlwire.transports.ipc_path.prepare_ipc_bind`) and the socket file made
+    ``0600`` after. Raises :class:`EndpointError` (or ``IpcPathUnsafe``) and leaves
+    ``sock`` for the caller to close."""
+    prepare_ipc_bind(address)
+    _enable_ipv6_if_needed(sock, address)
+    try:
+        sock.bind(address)
+    except zmq.ZMQError as exc:
+        raise EndpointError("bind", address, exc.errno or 0, exc.strerror) from None
+    if address.endswith((":0", ":*")):
+        address = str(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+    secure_ipc_file(address)
+    return address
+
+
+def connect_socket(sock: zmq.Socket[bytes], address: str) -> None:
+    """Connect ``sock`` to ``address``; ipc: the path's directory is checked first
+    (:func:`~ctlwire.transports.ipc_path.check_ipc_connect`). Raises
+    :class:`EndpointError` (or ``IpcPathUnsafe``) and leaves ``sock`` for the caller
+    to close."""
+    check_ipc_connect(address)
+    _enable_ipv6_if_needed(sock, address)
+    try:
+        sock.connect(address)
+    except zmq.ZMQError as exc:
+        raise EndpointError("connect", address, exc.errno or 0, exc.strerror) from None
