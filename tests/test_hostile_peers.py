@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
@@ -21,6 +23,7 @@ import anyio
 import pytest
 import zmq
 
+from ctlwire.kernel.control_client import ControlClient
 from ctlwire.kernel.engine_fleet import EngineFleet
 from ctlwire.transports.codec import JsonCodec, MsgpackCodec, PickleCodec
 from ctlwire.transports.curve import CurveClientConfig, generate_keypair
@@ -35,7 +38,7 @@ from ctlwire.transports.zmq_client import (
     ZmqPushPullClientTransport,
     ZmqRouterClientTransport,
 )
-from ctlwire.transports.zmq_config import InsecureBind
+from ctlwire.transports.zmq_config import InsecureBind, ZmqOptions
 from ctlwire.transports.zmq_engine import (
     ZmqDealerEngineTransport,
     ZmqPairEngineTransport,
@@ -426,3 +429,104 @@ def test_salvaging_the_id_of_a_16_mb_malformed_frame_is_bounded(codec_name: str)
     assert isinstance(event, Dropped) and event.reason == "malformed"
     assert event.request_id == 4242  # still answerable
     assert peak < 3 * len(frame), peak
+
+
+# -- finding 7 (transport part): what a peer can make libzmq buffer is bounded in bytes ---
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+FLOODER = """
+import sys, zmq
+ctx = zmq.Context()
+s = ctx.socket(zmq.DEALER)
+s.setsockopt(zmq.SNDHWM, 0)  # unbounded on the hostile side
+s.setsockopt(zmq.LINGER, 0)
+s.connect(sys.argv[1])
+frame = b"\\x00" * int(sys.argv[2])
+for _ in range(int(sys.argv[3])):
+    s.send(frame)
+print("SENT", flush=True)
+sys.stdin.read()  # stay connected until told to go
+"""
+
+
+def test_default_options_bound_buffered_bytes_per_peer() -> None:
+    options = ZmqOptions()
+    limit = MsgpackCodec().max_message_size
+    assert options.effective_rcvhwm(limit) * options.hard_limit(limit) <= options.max_queued_bytes
+    assert options.hard_limit(limit) > limit  # a frame just over the limit is answered
+
+
+def test_flood_of_large_frames_at_a_peer_that_does_not_read_is_bounded(tmp_path: Path) -> None:
+    """A peer sends 1 MiB frames without end to an engine that does not read. Before,
+    libzmq queued up to RCVHWM (10,000) frames of up to twice the codec's limit per peer:
+    here the whole flood (320 MiB). Now at most ``max_queued_bytes``; the peak is printed."""
+    os.chmod(tmp_path, 0o700)
+    frame_size, frames = 1024 * 1024 - 1024, 320
+    codec = MsgpackCodec(max_message_size=1024 * 1024)
+    options = ZmqOptions(max_queued_bytes=16 * 1024 * 1024)
+    engine = ZmqRouterEngineTransport(f"ipc://{tmp_path}/e.sock", 0, codec=codec,
+                                      options=options)
+    engine.open()
+    flooder = subprocess.Popen([sys.executable, "-c", FLOODER, engine.address,
+                                str(frame_size), str(frames)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        base = _rss()
+        assert flooder.stdout is not None and flooder.stdout.readline().strip() == "SENT"
+        peak = 0
+        for _ in range(30):  # let libzmq take in whatever it will
+            peak = max(peak, _rss() - base)
+            time.sleep(0.1)
+        print(f"\nflood: {frames} x {frame_size / 2**20:.2f} MiB at an engine that does not "
+              f"read: RSS peak +{peak / 2**20:.1f} MiB (bound {options.max_queued_bytes >> 20}"
+              f" MiB + one frame in decoding)")
+        assert peak < options.max_queued_bytes + 16 * 1024 * 1024, peak
+        # the engine still takes what was queued, in order, and answers nothing it must not
+        got = 0
+        while engine.try_receive() is not None:
+            got += 1
+        assert 1 <= got <= options.effective_rcvhwm(codec.max_message_size) + 2
+    finally:
+        if flooder.stdin is not None:
+            flooder.stdin.close()
+        flooder.wait(30)
+        engine.close()
+
+
+@pytest.mark.anyio
+async def test_push_pull_replies_from_ranks_not_configured_are_dropped_and_counted(
+        tmp_path: Path, anyio_backend: str) -> None:
+    """A PULL cannot tell who sent a frame: the rank is whatever the envelope claims.
+    Before, 1M frames with made-up ranks made 1M peers. Now only configured ranks pass."""
+    os.chmod(tmp_path, 0o700)
+    transport = ZmqPushPullClientTransport({0: f"ipc://{tmp_path}/r0.sock",
+                                            1: f"ipc://{tmp_path}/r1.sock"},
+                                           f"ipc://{tmp_path}/replies.sock")
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    hostile = ctx.socket(zmq.PUSH)
+    hostile.setsockopt(zmq.SNDHWM, 0)  # queue on the hostile side: never block this loop
+    n = 5_000
+    try:
+        async with ControlClient(transport, ranks=2, default_timeout=5.0) as client:
+            hostile.connect(transport.reply_address)
+            for i in range(n):
+                hostile.send(CODEC.encode(Heartbeat(1000 + i, 1)))
+            hostile.send(CODEC.encode(Heartbeat(1, 7)))  # a configured rank still gets in
+            with anyio.fail_after(60):
+                while (transport.counters["unknown_peer"] < n
+                       or client.peers.peers[1].incarnation != 7):
+                    await anyio.sleep(0.01)
+            assert transport.counters["unknown_peer"] == n
+            assert set(client.peers.peers) <= {0, 1}
+            print(f"\npush-pull: {n} frames with made-up ranks dropped; peers "
+                  f"{sorted(client.peers.peers)}")
+    finally:
+        hostile.close(linger=0)
+        ctx.term()

@@ -36,7 +36,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-DEFAULT_MAX_MESSAGE_SIZE = 64 * 1024 * 1024
+#: Control messages are small: 16 MiB leaves room for large results (server info,
+#: weight manifests) while keeping what a peer can make libzmq buffer bounded.
+DEFAULT_MAX_MESSAGE_SIZE = 16 * 1024 * 1024
 #: How much of a malformed frame :meth:`Codec.salvage_id` looks at.
 _SALVAGE_PREFIX = 64
 _JSON_REQUEST_ID = re.compile(rb'\s*\[\s*"q"\s*,\s*(-?\d{1,20})\s*[,\]]')

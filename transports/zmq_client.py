@@ -52,7 +52,7 @@ from ctlwire.transports.errors import (
     WouldBlock,
 )
 from ctlwire.transports.memory import decode_event
-from ctlwire.transports.transport import Dropped, PeerDisconnected, TransportEvent
+from ctlwire.transports.transport import Dropped, PeerDisconnected, Received, TransportEvent
 from ctlwire.transports.zmq_config import (
     ZmqOptions,
     bind_socket,
@@ -349,7 +349,8 @@ class _PerRankClient(_ZmqClientBase):
             check_pickle_allowed(self.codec, addr, curve is not None)
         self._by_rank: dict[int, AsyncZmqSocket] = {}
         self._up: dict[int, bool] = {}
-        send, recv = anyio.create_memory_object_stream[TransportEvent](self.options.rcvhwm)
+        send, recv = anyio.create_memory_object_stream[TransportEvent](
+            self.options.effective_rcvhwm(self.codec.max_message_size))
         self._events_in: MemoryObjectSendStream[TransportEvent] = send
         self._events_out: MemoryObjectReceiveStream[TransportEvent] = recv
         self._hello = b""
@@ -388,6 +389,8 @@ class _PerRankClient(_ZmqClientBase):
                                                 sum(len(f) for f in msg), rank)
             else:
                 event = decode_event(self.codec, msg[0], rank, rank)
+                if rank is None:
+                    event = self._check_claimed_rank(event)
             try:
                 await self._events_in.send(event)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -407,6 +410,17 @@ class _PerRankClient(_ZmqClientBase):
                     await self._events_in.send(PeerDisconnected(rank, "connection closed"))
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                     return
+
+    def _check_claimed_rank(self, event: TransportEvent) -> TransportEvent:
+        """A frame from a socket that cannot tell its sender (a PULL has no identity)
+        names its rank only in the envelope: a rank this transport has no address for
+        is dropped and counted (``unknown_peer``), so no per-rank state can grow from
+        made-up ranks."""
+        if isinstance(event, Received) and event.envelope.rank not in self.addresses:
+            self.counters["unknown_peer"] += 1
+            return Dropped("unknown_peer", f"rank {event.envelope.rank} is not one of this "
+                           "transport's ranks", event.size)
+        return event
 
     def _sock_for(self, rank: int) -> AsyncZmqSocket:
         if self._closed:

@@ -59,18 +59,35 @@ __all__ = [
 ]
 
 
+_FRAMING_SLACK = 64 * 1024
+
+
 class InsecureBind(ValueError):
     """A tcp bind on a non-loopback interface without CURVE."""
 
 
 @dataclass(frozen=True)
 class ZmqOptions:
-    """Socket options applied by every ZeroMQ transport."""
+    """Socket options applied by every ZeroMQ transport.
 
-    sndhwm: int = 10_000
-    rcvhwm: int = 10_000
+    Bytes libzmq buffers for one peer are bounded. libzmq counts messages, not
+    bytes, so the bound is ``RCVHWM x MAXMSGSIZE`` per connection: ``MAXMSGSIZE``
+    is the codec's limit plus 64 KiB (a frame a little over the codec's limit is
+    still answered with a typed error; a larger one makes libzmq drop the
+    connection), and the receive high-water mark actually set is ``rcvhwm``
+    lowered until that product fits in ``max_queued_bytes``
+    (:meth:`effective_rcvhwm`; 256 MiB / (16 MiB + 64 KiB) = 15 messages with the
+    defaults). What this process sends is bounded by ``sndhwm`` times the largest
+    frame it encodes itself (the codec's limit). Before, 10,000 x 128 MiB allowed
+    about 1.25 TiB per peer.
+    """
+
+    sndhwm: int = 1_000
+    rcvhwm: int = 1_000
+    #: the most bytes libzmq may queue from one peer (per connection): caps RCVHWM
+    max_queued_bytes: int = 256 * 1024 * 1024
     linger_ms: int = 200
-    hard_max_message_size: int | None = None  # default: twice the codec's limit
+    hard_max_message_size: int | None = None  # default: the codec's limit + 64 KiB
     #: ZMTP heartbeats: 0 (the default) leaves them off. Turning them on re-opens
     #: libzmq's abort on a full receive pipe plus a disconnect (see the module doc).
     zmtp_heartbeat_ivl_ms: int = 0
@@ -86,10 +103,19 @@ class ZmqOptions:
     reconnect_ivl_ms: int = 100
     reconnect_ivl_max_ms: int = 1_000
 
+    def hard_limit(self, codec_limit: int) -> int:
+        """``MAXMSGSIZE``: a larger frame makes libzmq drop the peer's connection."""
+        return self.hard_max_message_size or codec_limit + _FRAMING_SLACK
+
+    def effective_rcvhwm(self, codec_limit: int) -> int:
+        """``RCVHWM`` as set: ``rcvhwm``, lowered so that ``RCVHWM x MAXMSGSIZE`` stays
+        within ``max_queued_bytes`` (at least 1)."""
+        return max(1, min(self.rcvhwm, self.max_queued_bytes // self.hard_limit(codec_limit)))
+
     def apply(self, sock: zmq.Socket[bytes], codec_limit: int) -> None:
-        hard = self.hard_max_message_size or 2 * codec_limit
+        hard = self.hard_limit(codec_limit)
         sock.setsockopt(zmq.SNDHWM, self.sndhwm)
-        sock.setsockopt(zmq.RCVHWM, self.rcvhwm)
+        sock.setsockopt(zmq.RCVHWM, self.effective_rcvhwm(codec_limit))
         sock.setsockopt(zmq.LINGER, self.linger_ms)
         sock.setsockopt(zmq.MAXMSGSIZE, hard)
         if self.zmtp_heartbeat_ivl_ms > 0:
