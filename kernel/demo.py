@@ -33,11 +33,14 @@ import anyio
 from ctlwire.kernel.control_client import ControlClient
 from ctlwire.kernel.demo_engine import Pause, UpdateWeights
 from ctlwire.kernel.engine_fleet import EngineFleet
-from ctlwire.kernel.errors import CtlwireError, EngineDead
+from ctlwire.kernel.errors import CtlwireError, EngineDead, NotDelivered, OutcomeUnknown
 from ctlwire.transports.transport import ClientTransport
 from ctlwire.transports.zmq_client import ZmqDealerClientTransport, ZmqRouterClientTransport
 
 __all__ = ["DemoConfig", "DemoReport", "run_demo"]
+
+#: the expected errors of the killed rank: EngineDead and its two refinements
+_DEAD_NAMES = frozenset(c.__name__ for c in (EngineDead, NotDelivered, OutcomeUnknown))
 
 
 @dataclass
@@ -76,7 +79,7 @@ class DemoReport:
         if self.fifo_checked == 0:
             out.append("no get_server_info call completed: FIFO order not verified")
         unexpected = {m: e for m, e in self.errors.items()
-                      if any(k not in ("EngineDead",) for k in e)}
+                      if any(k not in _DEAD_NAMES for k in e)}
         if unexpected:
             out.append(f"unexpected errors: {unexpected}")
         if cfg.kill_one:
