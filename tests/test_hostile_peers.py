@@ -530,3 +530,42 @@ async def test_push_pull_replies_from_ranks_not_configured_are_dropped_and_count
     finally:
         hostile.close(linger=0)
         ctx.term()
+
+
+@pytest.mark.anyio
+async def test_every_socket_of_every_transport_has_zmtp_heartbeats_off_and_a_byte_bound(
+        tmp_path: Path, anyio_backend: str) -> None:
+    """The API server side died the same way as engines (finding 1): the configuration
+    that cannot abort is the one shared ``ZmqOptions.apply``, checked on every socket."""
+    os.chmod(tmp_path, 0o700)
+    budget = ZmqOptions().max_queued_bytes
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+
+    def check(sockets: list[zmq.Socket[bytes]]) -> None:
+        assert sockets
+        for raw in sockets:
+            assert raw.getsockopt(zmq.HEARTBEAT_IVL) == 0
+            hwm, size = raw.getsockopt(zmq.RCVHWM), raw.getsockopt(zmq.MAXMSGSIZE)
+            assert isinstance(hwm, int) and isinstance(size, int)
+            assert 0 < hwm * size <= budget
+
+    clients = [ZmqRouterClientTransport(f"ipc://{tmp_path}/c.sock"),
+               ZmqDealerClientTransport([f"ipc://{tmp_path}/e.sock"]),
+               ZmqPushPullClientTransport([f"ipc://{tmp_path}/q.sock"],
+                                          f"ipc://{tmp_path}/p.sock"),
+               ZmqPairClientTransport(["inproc://ctlwire-hb-pair"], context=ctx)]
+    for client in clients:
+        async with client:
+            check(client._raw)
+    engines = [ZmqDealerEngineTransport(f"ipc://{tmp_path}/c.sock", 0),
+               ZmqRouterEngineTransport(f"ipc://{tmp_path}/e.sock", 0),
+               ZmqPushPullEngineTransport(f"ipc://{tmp_path}/q.sock",
+                                          f"ipc://{tmp_path}/p.sock", 0),
+               ZmqPairEngineTransport("inproc://ctlwire-hb-pair", 0, context=ctx)]
+    for engine in engines:
+        engine.open()
+        try:
+            check(engine._raw)
+        finally:
+            engine.close()
+    ctx.term()
