@@ -77,12 +77,13 @@ class ZmqOptions:
     connection), and the receive high-water mark actually set is ``rcvhwm``
     lowered until that product fits in ``max_queued_bytes``
     (:meth:`effective_rcvhwm`; 256 MiB / (16 MiB + 64 KiB) = 15 messages with the
-    defaults). What this process sends is bounded by ``sndhwm`` times the largest
-    frame it encodes itself (the codec's limit). Before, 10,000 x 128 MiB allowed
-    about 1.25 TiB per peer.
+    defaults). What this process sends is bounded by ``sndhwm`` times the frames it
+    encodes itself (its own traffic, each at most the codec's limit); ``sndhwm``
+    stays 10,000 so that 10,000 requests can be pending at one engine that is not
+    reading. Before, 10,000 x 128 MiB allowed about 1.25 TiB per peer inbound.
     """
 
-    sndhwm: int = 1_000
+    sndhwm: int = 10_000
     rcvhwm: int = 1_000
     #: the most bytes libzmq may queue from one peer (per connection): caps RCVHWM
     max_queued_bytes: int = 256 * 1024 * 1024
