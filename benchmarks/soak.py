@@ -44,6 +44,7 @@ from ctlwire.benchmarks.traffic import (
     accounting_problems,
     drive,
     leaked_entries,
+    outcome_name,
     private_dir,
     rss_bytes,
     wait_live,
@@ -300,7 +301,7 @@ async def load_on(address: str, cfg: LoadConfig, gate_dir: str) -> LoadReport:
                 try:
                     await client.call(method, payload, rank=rank)
                 except Exception as exc:
-                    tally.outcomes[type(exc).__name__] += 1
+                    tally.outcomes[outcome_name(exc)] += 1
                 else:
                     tally.outcomes["ok"] += 1
             if guard.cancelled_caught:

@@ -38,6 +38,7 @@ __all__ = [
     "accounting_problems",
     "drive",
     "leaked_entries",
+    "outcome_name",
     "private_dir",
     "rss_bytes",
     "wait_live",
@@ -46,6 +47,12 @@ __all__ = [
 
 EXPECTED = ("ok", "RemoteError", "RequestTimedOut", "EngineDead", "FanOutFailed")
 """Outcomes a workload of echo/fail calls and echo fan-outs may legitimately see."""
+
+
+def outcome_name(exc: BaseException) -> str:
+    """The outcome column of an error: ``EngineDead`` for it and its refinements
+    (``NotDelivered``, ``OutcomeUnknown``), else the class name."""
+    return "EngineDead" if isinstance(exc, EngineDead) else type(exc).__name__
 
 
 def accounting_problems(sent: int, outcomes: Mapping[str, int], unexpected: Mapping[str, int],
@@ -179,8 +186,7 @@ async def _one(client: ControlClient, work: Workload, tally: Tally, n: int) -> N
                 return
             kind = "RemoteError"
         except (RequestTimedOut, EngineDead, FanOutFailed) as exc:
-            # NotDelivered and OutcomeUnknown are the two kinds of EngineDead
-            kind = "EngineDead" if isinstance(exc, EngineDead) else type(exc).__name__
+            kind = outcome_name(exc)
         except CtlwireError as exc:
             tally.odd(type(exc).__name__, str(exc))
             return

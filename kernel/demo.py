@@ -52,6 +52,7 @@ from ctlwire.transports.zmq_client import ZmqDealerClientTransport, ZmqRouterCli
 __all__ = ["DemoConfig", "DemoReport", "run_demo"]
 
 
+
 @dataclass
 class DemoConfig:
     engines: int = 4

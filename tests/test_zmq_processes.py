@@ -16,7 +16,7 @@ import zmq
 from ctlwire.kernel.control_client import ControlClient
 from ctlwire.kernel.engine_fleet import EngineFleet
 from ctlwire.kernel.errors import EngineDead, RemoteError, RequestTimedOut
-from ctlwire.transports.codec import MsgpackCodec, PickleCodec
+from ctlwire.transports.codec import DEFAULT_MAX_MESSAGE_SIZE, MsgpackCodec, PickleCodec
 from ctlwire.transports.curve import (
     CurveClientConfig,
     CurveServerConfig,
@@ -240,7 +240,7 @@ async def test_bad_frames_from_a_raw_socket_are_answered_or_counted(tmp_path: Pa
             def request(rid: int, method: str, payload: Any = None) -> bytes:
                 return codec.encode(Request(rid, 0, method, codec.encode_value(payload)))
 
-            big = 64 * 1024 * 1024 + 10  # above the codec's limit, below MAXMSGSIZE
+            big = DEFAULT_MAX_MESSAGE_SIZE + 10  # above the codec's limit, below MAXMSGSIZE
             raw.send_multipart([ident, b"\xc1 not msgpack"])
             raw.send_multipart([ident, msgspec.msgpack.encode(["q", 11, 0, "echo", 1, "x"])])
             raw.send_multipart([ident, b"\x00" * big])

@@ -3,8 +3,8 @@
 * :class:`MsgpackCodec` (default) and :class:`JsonCodec` — msgspec, typed,
   validating; decoding never executes code.
 * :class:`PickleCodec` — envelopes stay msgpack, payload values are pickled.
-  Only constructed with ``allow_pickle=True``; transports refuse it on tcp
-  without CURVE (see :func:`check_pickle_allowed`).
+  Only constructed with ``allow_pickle=True``; transports refuse it on every
+  channel whose peers are not all authenticated (see :func:`check_pickle_allowed`).
 
 Every codec enforces ``max_message_size``: :meth:`Codec.decode` raises
 :class:`~ctlwire.transports.errors.OversizedFrame` before parsing a larger frame,
@@ -36,7 +36,50 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-DEFAULT_MAX_MESSAGE_SIZE = 64 * 1024 * 1024
+#: Control messages are small: 16 MiB leaves room for large results (server info,
+#: weight manifests) while keeping what a peer can make libzmq buffer bounded.
+DEFAULT_MAX_MESSAGE_SIZE = 16 * 1024 * 1024
+#: How much of a malformed frame :meth:`Codec.salvage_id` looks at.
+_SALVAGE_PREFIX = 64
+_JSON_REQUEST_ID = re.compile(rb'\s*\[\s*"q"\s*,\s*(-?\d{1,20})\s*[,\]]')
+
+
+def _msgpack_request_id(head: bytes) -> int:
+    """The id of a msgpack ``["q", id, ...]`` array from its first bytes, else 0.
+
+    Reads the array header, the one-character tag and an integer: never more than
+    18 bytes, whatever follows.
+    """
+    if len(head) < 4:
+        return 0
+    b = head[0]
+    if 0x91 < b <= 0x9F:  # fixarray of 2..15
+        pos = 1
+    elif b == 0xDC:  # array 16
+        pos = 3
+    elif b == 0xDD:  # array 32
+        pos = 5
+    else:
+        return 0
+    tag = head[pos:pos + 2]
+    if tag == b"\xa1q":  # fixstr "q"
+        pos += 2
+    elif head[pos:pos + 3] == b"\xd9\x01q":  # str8 "q"
+        pos += 3
+    else:
+        return 0
+    if pos >= len(head):
+        return 0
+    b = head[pos]
+    if b <= 0x7F:
+        return b
+    if b >= 0xE0:
+        return b - 0x100
+    width = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8}.get(b)
+    raw = head[pos + 1:pos + 1 + width] if width else b""
+    if not width or len(raw) != width:
+        return 0
+    return int.from_bytes(raw, "big", signed=b >= 0xD0)
 
 
 class PayloadTypeError(ValueError):
@@ -86,25 +129,19 @@ class Codec:
         """The request id of an undecodable frame, when it is readable; else 0.
 
         Lets an engine answer a malformed request with a typed error the caller
-        can match, instead of leaving it to time out. Never raises.
+        can match, instead of leaving it to time out. Never raises. Bounded: only
+        the first bytes are read (the array header, the ``"q"`` tag and the id),
+        nothing else of the frame is parsed or materialised, so the cost is the
+        same for a 100-byte frame and a 60 MB one.
         """
         if len(data) > self.max_message_size:
             return 0
         try:
-            obj = self._decode_raw(data, Any)
-        except Exception:
-            # too deep to decode (or truncated further on): the id sits in the head
-            try:
-                return self._salvage_head(bytes(data[:64]))
-            except Exception:
-                return 0
-        if isinstance(obj, list) and len(obj) >= 2 and obj[0] == "q" and type(obj[1]) is int:
-            return int(obj[1])
-        return 0
+            return self._salvage_prefix(memoryview(data)[:_SALVAGE_PREFIX])
+        except Exception:  # pragma: no cover - the parsers below index defensively
+            return 0
 
-    def _salvage_head(self, head: bytes) -> int:
-        """The request id read from the first bytes of a frame, without decoding
-        the rest (which may be nested too deeply to decode at all); else 0."""
+    def _salvage_prefix(self, head: memoryview) -> int:
         return 0
 
     def encode_value(self, value: Any) -> msgspec.Raw:
@@ -124,9 +161,6 @@ class Codec:
             raise PayloadTypeError(str(exc)) from None
         except RecursionError as exc:  # a value that fit in its envelope can still be too deep
             raise PayloadTypeError(f"value nested too deeply: {exc}") from None
-
-
-_JSON_HEAD = re.compile(rb'\s*\[\s*"q"\s*,\s*(\d{1,20})\s*[,\]]')
 
 
 class _MsgspecCodec(Codec):
@@ -162,30 +196,8 @@ class MsgpackCodec(_MsgspecCodec):
     name = "msgpack"
     _protocol: ClassVar[Any] = msgspec.msgpack
 
-    def _salvage_head(self, head: bytes) -> int:
-        # a Request is an array whose first items are the tag "q" and the id
-        pos = 1
-        if 0x90 <= head[0] <= 0x9F:
-            pass
-        elif head[0] == 0xDC:
-            pos = 3
-        elif head[0] == 0xDD:
-            pos = 5
-        else:
-            return 0
-        if head[pos:pos + 2] == b"\xa1q":
-            pos += 2
-        elif head[pos:pos + 3] == b"\xd9\x01q":
-            pos += 3
-        else:
-            return 0
-        tag = head[pos]
-        if tag <= 0x7F:
-            return tag
-        width = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}.get(tag)
-        if width is None or len(head) < pos + 1 + width:
-            return 0
-        return int.from_bytes(head[pos + 1:pos + 1 + width], "big")
+    def _salvage_prefix(self, head: memoryview) -> int:
+        return _msgpack_request_id(bytes(head))
 
 
 class JsonCodec(_MsgspecCodec):
@@ -194,8 +206,8 @@ class JsonCodec(_MsgspecCodec):
     name = "json"
     _protocol: ClassVar[Any] = msgspec.json
 
-    def _salvage_head(self, head: bytes) -> int:
-        match = _JSON_HEAD.match(head)
+    def _salvage_prefix(self, head: memoryview) -> int:
+        match = _JSON_REQUEST_ID.match(bytes(head))
         return int(match.group(1)) if match else 0
 
 
@@ -204,7 +216,8 @@ class PickleCodec(MsgpackCodec):
 
     Construct with ``allow_pickle=True`` or it raises :class:`PickleRefused`.
     Unpickling runs arbitrary code from the peer; transports refuse this codec
-    on tcp unless CURVE authentication is on.
+    unless every peer is authenticated (CURVE, inproc, an ipc socket in a 0700
+    directory: :mod:`ctlwire.transports.channel_security`).
     """
 
     name = "pickle"
@@ -241,12 +254,11 @@ class PickleCodec(MsgpackCodec):
 
 
 def check_pickle_allowed(codec: Codec, address: str, curve: bool) -> None:
-    """Raise PickleRefused when ``codec`` pickles over tcp without CURVE."""
-    if codec.uses_pickle and address.startswith("tcp://") and not curve:
-        raise PickleRefused(
-            f"refusing pickle over {address} without CURVE: any peer that can connect could "
-            "run code in this process; enable CURVE or use the msgpack codec"
-        )
+    """Raise PickleRefused when ``codec`` pickles over a channel where a peer could be
+    unauthenticated (the rule of :mod:`ctlwire.transports.channel_security`)."""
+    from ctlwire.transports.channel_security import check_pickle_channel
+
+    check_pickle_channel(codec.uses_pickle, (address,), curve=curve)
 
 
 def codec_by_name(name: str, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,

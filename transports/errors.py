@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "AuthenticationFailed",
+    "EndpointError",
     "ForeignThreadError",
     "MalformedFrame",
     "OversizedFrame",
@@ -66,3 +67,17 @@ class PickleRefused(TransportError):
 
 class ForeignThreadError(RuntimeError):
     """A socket was used from a thread other than the one that owns it."""
+
+
+class EndpointError(TransportError):
+    """A bind or connect that libzmq refused (address in use, malformed, no port, ...).
+
+    The socket is closed by the transport before this propagates, so closing the
+    transport (and terminating its context) never hangs on it.
+    """
+
+    def __init__(self, operation: str, address: str, errno: int, detail: str) -> None:
+        self.operation = operation
+        self.address = address
+        self.errno = errno
+        super().__init__(f"cannot {operation} {address}: {detail}")

@@ -57,13 +57,14 @@ from ctlwire.transports.transport import Dropped, PeerDisconnected, Received, Tr
 from ctlwire.transports.zmq_config import (
     ZmqOptions,
     beacon_address_for,
+    bind_socket,
     check_bind_address,
+    connect_socket,
     private_ipc_address,
     rank_from_beacon_identity,
     rank_from_identity,
     rank_identity,
     remove_ipc_file,
-    secure_ipc_file,
 )
 from ctlwire.transports.zmq_monitor import DOWN_EVENTS, UP_EVENTS, SocketMonitor
 from ctlwire.transports.zmq_socket import AsyncZmqSocket, ReceiveInterrupted
@@ -89,6 +90,7 @@ class _ZmqClientBase:
         self._own_context = context is None
         self.context: zmq.Context[zmq.Socket[bytes]] = context or zmq.Context()
         self._sockets: list[AsyncZmqSocket] = []
+        self._raw: list[zmq.Socket[bytes]] = []  # every socket made, closed on close
         self._monitors: list[SocketMonitor] = []
         self._auth: CurveAuthenticator | None = None
         self._tg: TaskGroup | None = None
@@ -99,6 +101,7 @@ class _ZmqClientBase:
 
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self.context.socket(kind)
+        self._raw.append(sock)
         self.options.apply(sock, self.codec.max_message_size)
         return sock
 
@@ -152,6 +155,9 @@ class _ZmqClientBase:
             mon.close()
         for sock in self._sockets:
             sock.close(self.options.linger_ms)
+        for raw in self._raw:  # one a failed bind/connect left unwrapped
+            if not raw.closed:
+                raw.close(self.options.linger_ms)
         if self._auth is not None:
             self._auth.stop()
         if self._own_context:
@@ -167,11 +173,8 @@ class _ZmqClientBase:
         return address
 
     def _bind(self, raw: zmq.Socket[bytes], address: str, private: bool = False) -> str:
-        raw.bind(address)
-        if address.endswith((":0", ":*")):
-            address = str(raw.getsockopt_string(zmq.LAST_ENDPOINT))
+        address = bind_socket(raw, address)
         if address.startswith("ipc://"):
-            secure_ipc_file(address)
             self._bound_ipc.append((address, private))
         return address
 
@@ -364,7 +367,8 @@ class _PerRankClient(_ZmqClientBase):
         self._by_rank: dict[int, AsyncZmqSocket] = {}
         self._up: dict[int, bool] = {}
         self._auth_failed: set[int] = set()  # ranks whose CURVE server refused our key
-        send, recv = anyio.create_memory_object_stream[TransportEvent](self.options.rcvhwm)
+        send, recv = anyio.create_memory_object_stream[TransportEvent](
+            self.options.effective_rcvhwm(self.codec.max_message_size))
         self._events_in: MemoryObjectSendStream[TransportEvent] = send
         self._events_out: MemoryObjectReceiveStream[TransportEvent] = recv
         self._hello = b""
@@ -381,7 +385,7 @@ class _PerRankClient(_ZmqClientBase):
             if self.bind_per_rank:
                 self._bind(raw, addr)
             else:
-                raw.connect(addr)
+                connect_socket(raw, addr)
             self._by_rank[rank] = self._wrap(raw)
             self._up[rank] = self.bind_per_rank and addr.startswith("inproc://")
 
@@ -403,6 +407,8 @@ class _PerRankClient(_ZmqClientBase):
                                                 sum(len(f) for f in msg), rank)
             else:
                 event = decode_event(self.codec, msg[0], rank, rank)
+                if rank is None:
+                    event = self._check_claimed_rank(event)
             try:
                 await self._events_in.send(event)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -432,6 +438,16 @@ class _PerRankClient(_ZmqClientBase):
             return AuthenticationFailed(
                 rank, "CURVE authentication failed: the engine refused this client's key")
         return Unroutable(rank, "not connected")
+    def _check_claimed_rank(self, event: TransportEvent) -> TransportEvent:
+        """A frame from a socket that cannot tell its sender (a PULL has no identity)
+        names its rank only in the envelope: a rank this transport has no address for
+        is dropped and counted (``unknown_peer``), so no per-rank state can grow from
+        made-up ranks."""
+        if isinstance(event, Received) and event.envelope.rank not in self.addresses:
+            self.counters["unknown_peer"] += 1
+            return Dropped("unknown_peer", f"rank {event.envelope.rank} is not one of this "
+                           "transport's ranks", event.size)
+        return event
 
     def _sock_for(self, rank: int) -> AsyncZmqSocket:
         if self._closed:
@@ -552,8 +568,10 @@ class ZmqPairClientTransport(_PerRankClient):
 
     def __init__(self, addresses: Mapping[int, str] | Sequence[str], *,
                  context: zmq.Context[zmq.Socket[bytes]], codec: Codec | None = None,
-                 options: ZmqOptions | None = None) -> None:
+                 options: ZmqOptions | None = None, allow_insecure_tcp: bool = False) -> None:
         super().__init__(addresses, codec=codec, options=options, curve=None, context=context)
+        for addr in self.addresses.values():
+            check_bind_address(addr, curve=False, allow_insecure_tcp=allow_insecure_tcp)
 
 
 class ZmqPushPullClientTransport(_PerRankClient):
@@ -574,6 +592,7 @@ class ZmqPushPullClientTransport(_PerRankClient):
         self.reply_address = reply_address or self._private_address("replies")
         check_bind_address(self.reply_address, curve=False,
                            allow_insecure_tcp=allow_insecure_tcp)
+        check_pickle_allowed(self.codec, self.reply_address, False)
         self._pull: AsyncZmqSocket | None = None
 
     def _open(self) -> None:

@@ -3,13 +3,26 @@
 Defaults are defensive: explicit high-water marks, a bounded ``LINGER``,
 ``MAXMSGSIZE`` as a hard cap (libzmq drops the connection of a peer that
 exceeds it) above the codec's own limit (which answers with a typed error),
-ZMTP heartbeats so dead TCP connections are noticed by libzmq too,
 ``ROUTER_MANDATORY`` so an unroutable message is an error, ``ROUTER_HANDOVER``
 so a restarted engine can take its identity back at once.
 
-Addresses default to ipc in a private ``0700`` directory; ipc socket files are
-made ``0600`` right after bind; tcp binds that are not loopback are refused
-unless CURVE is on or ``allow_insecure_tcp`` is set.
+ZMTP heartbeats (``HEARTBEAT_IVL``) are **off** by default: with them on, a peer
+that fills a socket's receive pipe past ``RCVHWM`` while the owner is busy and
+then disconnects makes libzmq 4.3.x abort the whole process
+(``Assertion failed: !_io_error (stream_engine_base.cpp:310)``, libzmq issues
+#4364 and #4767). Dead tcp connections are instead found by the kernel: TCP
+keepalive probes on an idle connection and ``TCP_MAXRT`` (``TCP_USER_TIMEOUT``
+on Linux) on unacknowledged data, which libzmq sees as an ordinary connection
+error (the same path as a peer closing, which cannot abort). Process and link
+liveness is the kernel's job (heartbeat envelopes), not libzmq's.
+
+Addresses default to ipc in a private ``0700`` directory; ipc paths given by
+the caller must be safe (:mod:`ctlwire.transports.ipc_path`); ipc socket files
+are made ``0600`` right after bind (never through a link); tcp binds that are
+not loopback are refused unless CURVE is on or ``allow_insecure_tcp`` is set.
+Every bind and connect goes through :func:`bind_socket` / :func:`connect_socket`:
+a refusal is an :class:`~ctlwire.transports.errors.EndpointError`, IPv6 is
+enabled for IPv6 hosts (``tcp://[::1]:PORT``).
 """
 
 from __future__ import annotations
@@ -23,12 +36,22 @@ from dataclasses import dataclass
 
 import zmq
 
+from ctlwire.transports.errors import EndpointError
+from ctlwire.transports.ipc_path import (
+    check_ipc_connect,
+    ipc_path,
+    prepare_ipc_bind,
+    secure_ipc_file,
+)
+
 __all__ = [
     "InsecureBind",
     "ZmqOptions",
     "beacon_address_for",
     "beacon_identity",
+    "bind_socket",
     "check_bind_address",
+    "connect_socket",
     "ipc_path",
     "private_ipc_address",
     "rank_from_beacon_identity",
@@ -39,31 +62,76 @@ __all__ = [
 ]
 
 
+_FRAMING_SLACK = 64 * 1024
+
+
 class InsecureBind(ValueError):
     """A tcp bind on a non-loopback interface without CURVE."""
 
 
 @dataclass(frozen=True)
 class ZmqOptions:
-    """Socket options applied by every ZeroMQ transport."""
+    """Socket options applied by every ZeroMQ transport.
+
+    Bytes libzmq buffers for one peer are bounded. libzmq counts messages, not
+    bytes, so the bound is ``RCVHWM x MAXMSGSIZE`` per connection: ``MAXMSGSIZE``
+    is the codec's limit plus 64 KiB (a frame a little over the codec's limit is
+    still answered with a typed error; a larger one makes libzmq drop the
+    connection), and the receive high-water mark actually set is ``rcvhwm``
+    lowered until that product fits in ``max_queued_bytes``
+    (:meth:`effective_rcvhwm`; 256 MiB / (16 MiB + 64 KiB) = 15 messages with the
+    defaults). What this process sends is bounded by ``sndhwm`` times the frames it
+    encodes itself (its own traffic, each at most the codec's limit); ``sndhwm``
+    stays 10,000 so that 10,000 requests can be pending at one engine that is not
+    reading. Before, 10,000 x 128 MiB allowed about 1.25 TiB per peer inbound.
+    """
 
     sndhwm: int = 10_000
-    rcvhwm: int = 10_000
+    rcvhwm: int = 1_000
+    #: the most bytes libzmq may queue from one peer (per connection): caps RCVHWM
+    max_queued_bytes: int = 256 * 1024 * 1024
     linger_ms: int = 200
-    hard_max_message_size: int | None = None  # default: twice the codec's limit
-    zmtp_heartbeat_ivl_ms: int = 1_000
+    hard_max_message_size: int | None = None  # default: the codec's limit + 64 KiB
+    #: ZMTP heartbeats: 0 (the default) leaves them off. Turning them on re-opens
+    #: libzmq's abort on a full receive pipe plus a disconnect (see the module doc).
+    zmtp_heartbeat_ivl_ms: int = 0
     zmtp_heartbeat_timeout_ms: int = 3_000
+    #: tcp only: kernel keepalive on idle connections (first probe after
+    #: ``tcp_keepalive_idle_s``, then every ``tcp_keepalive_intvl_s``, dead after
+    #: ``tcp_keepalive_cnt`` unanswered) and ``TCP_MAXRT``: a connection whose sent
+    #: data stays unacknowledged this long is dropped (the dialer redials). 0: off.
+    tcp_keepalive_idle_s: int = 1
+    tcp_keepalive_intvl_s: int = 1
+    tcp_keepalive_cnt: int = 3
+    tcp_max_retransmit_ms: int = 5_000
     reconnect_ivl_ms: int = 100
     reconnect_ivl_max_ms: int = 1_000
 
+    def hard_limit(self, codec_limit: int) -> int:
+        """``MAXMSGSIZE``: a larger frame makes libzmq drop the peer's connection."""
+        return self.hard_max_message_size or codec_limit + _FRAMING_SLACK
+
+    def effective_rcvhwm(self, codec_limit: int) -> int:
+        """``RCVHWM`` as set: ``rcvhwm``, lowered so that ``RCVHWM x MAXMSGSIZE`` stays
+        within ``max_queued_bytes`` (at least 1)."""
+        return max(1, min(self.rcvhwm, self.max_queued_bytes // self.hard_limit(codec_limit)))
+
     def apply(self, sock: zmq.Socket[bytes], codec_limit: int) -> None:
-        hard = self.hard_max_message_size or 2 * codec_limit
+        hard = self.hard_limit(codec_limit)
         sock.setsockopt(zmq.SNDHWM, self.sndhwm)
-        sock.setsockopt(zmq.RCVHWM, self.rcvhwm)
+        sock.setsockopt(zmq.RCVHWM, self.effective_rcvhwm(codec_limit))
         sock.setsockopt(zmq.LINGER, self.linger_ms)
         sock.setsockopt(zmq.MAXMSGSIZE, hard)
-        sock.setsockopt(zmq.HEARTBEAT_IVL, self.zmtp_heartbeat_ivl_ms)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.zmtp_heartbeat_timeout_ms)
+        if self.zmtp_heartbeat_ivl_ms > 0:
+            sock.setsockopt(zmq.HEARTBEAT_IVL, self.zmtp_heartbeat_ivl_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.zmtp_heartbeat_timeout_ms)
+        if self.tcp_keepalive_idle_s > 0:
+            sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+            sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, self.tcp_keepalive_idle_s)
+            sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, self.tcp_keepalive_intvl_s)
+            sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, self.tcp_keepalive_cnt)
+        if self.tcp_max_retransmit_ms > 0:
+            sock.setsockopt(zmq.TCP_MAXRT, self.tcp_max_retransmit_ms)
         sock.setsockopt(zmq.RECONNECT_IVL, self.reconnect_ivl_ms)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, self.reconnect_ivl_max_ms)
         if sock.type == zmq.ROUTER:
@@ -119,23 +187,11 @@ def beacon_address_for(address: str) -> str | None:
     return None
 
 
-def ipc_path(address: str) -> str | None:
-    """The file of an ``ipc://`` address, else None."""
-    return address[len("ipc://"):] if address.startswith("ipc://") else None
-
-
 def private_ipc_address(name: str = "ctlwire") -> str:
     """A fresh ``ipc://`` address inside a new ``0700`` directory."""
     directory = tempfile.mkdtemp(prefix="ctlwire-")
     os.chmod(directory, 0o700)
     return f"ipc://{directory}/{name}.sock"
-
-
-def secure_ipc_file(address: str) -> None:
-    """Make a just-bound ipc socket file owner-only (``0600``)."""
-    path = ipc_path(address)
-    if path and not path.startswith("@") and os.path.exists(path):
-        os.chmod(path, 0o600)
 
 
 def remove_ipc_file(address: str, *, private_dir: bool = False) -> None:
@@ -171,3 +227,50 @@ def check_bind_address(address: str, *, curve: bool, allow_insecure_tcp: bool) -
         f"refusing to bind {address} without CURVE: anyone on the network could send control "
         "requests; bind to 127.0.0.1, enable CURVE, or pass allow_insecure_tcp=True"
     )
+
+
+def _tcp_host(address: str) -> str | None:
+    if not address.startswith("tcp://"):
+        return None
+    rest = address[len("tcp://"):]
+    if rest.startswith("["):
+        return rest[1:rest.find("]")] if "]" in rest else rest[1:]
+    host = rest.rsplit(":", 1)[0] if rest.count(":") == 1 else rest
+    return host.split(";", 1)[-1]
+
+
+def _enable_ipv6_if_needed(sock: zmq.Socket[bytes], address: str) -> None:
+    host = _tcp_host(address)
+    if host is not None and ":" in host:
+        sock.setsockopt(zmq.IPV6, 1)
+
+
+def bind_socket(sock: zmq.Socket[bytes], address: str) -> str:
+    """Bind ``sock`` at ``address`` and return the address actually bound (the port
+    libzmq chose for ``:0``/``:*``). ipc: the path is checked first
+    (:func:`~ctlwire.transports.ipc_path.prepare_ipc_bind`) and the socket file made
+    ``0600`` after. Raises :class:`EndpointError` (or ``IpcPathUnsafe``) and leaves
+    ``sock`` for the caller to close."""
+    prepare_ipc_bind(address)
+    _enable_ipv6_if_needed(sock, address)
+    try:
+        sock.bind(address)
+    except zmq.ZMQError as exc:
+        raise EndpointError("bind", address, exc.errno or 0, exc.strerror) from None
+    if address.endswith((":0", ":*")):
+        address = str(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+    secure_ipc_file(address)
+    return address
+
+
+def connect_socket(sock: zmq.Socket[bytes], address: str) -> None:
+    """Connect ``sock`` to ``address``; ipc: the path's directory is checked first
+    (:func:`~ctlwire.transports.ipc_path.check_ipc_connect`). Raises
+    :class:`EndpointError` (or ``IpcPathUnsafe``) and leaves ``sock`` for the caller
+    to close."""
+    check_ipc_connect(address)
+    _enable_ipv6_if_needed(sock, address)
+    try:
+        sock.connect(address)
+    except zmq.ZMQError as exc:
+        raise EndpointError("connect", address, exc.errno or 0, exc.strerror) from None

@@ -37,10 +37,11 @@ from ctlwire.transports.zmq_config import (
     ZmqOptions,
     beacon_address_for,
     beacon_identity,
+    bind_socket,
     check_bind_address,
+    connect_socket,
     rank_identity,
     remove_ipc_file,
-    secure_ipc_file,
 )
 from ctlwire.transports.zmq_socket import AsyncZmqSocket
 
@@ -73,18 +74,17 @@ class _ZmqEngineBase:
         self._closed = False
         self._bound_ipc: list[str] = []
         self._beacon: LivenessBeacon | None = None
+        self._raw: list[zmq.Socket[bytes]] = []  # every socket made, closed by close()
 
     def _bind(self, raw: zmq.Socket[bytes], address: str) -> str:
-        raw.bind(address)
-        if address.endswith((":0", ":*")):
-            address = str(raw.getsockopt_string(zmq.LAST_ENDPOINT))
+        address = bind_socket(raw, address)
         if address.startswith("ipc://"):
-            secure_ipc_file(address)
             self._bound_ipc.append(address)
         return address
 
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self.context.socket(kind)
+        self._raw.append(sock)
         self.options.apply(sock, self.codec.max_message_size)
         return sock
 
@@ -145,6 +145,9 @@ class _ZmqEngineBase:
             self._beacon.stop()
         for sock in {id(s): s for s in (self._recv, self._send) if s is not None}.values():
             sock.close(self.options.linger_ms)
+        for raw in self._raw:  # one a failed bind/connect left unwrapped
+            if not raw.closed:
+                raw.close(self.options.linger_ms)
         if self._auth is not None:
             self._auth.stop()
         if self._own_context:
@@ -280,7 +283,7 @@ class ZmqDealerEngineTransport(_ZmqEngineBase):
         raw.setsockopt(zmq.IDENTITY, rank_identity(self.rank))
         if self.curve is not None:
             self.curve.apply(raw)
-        raw.connect(self.address)
+        connect_socket(raw, self.address)
         self._recv = self._send = AsyncZmqSocket(raw)
 
     def _beacon_socket(self) -> Callable[[], zmq.Socket[bytes]] | None:
@@ -379,13 +382,14 @@ class ZmqPushPullEngineTransport(_ZmqEngineBase):
         self.reply_address = reply_address
         check_bind_address(request_address, curve=False, allow_insecure_tcp=allow_insecure_tcp)
         check_pickle_allowed(self.codec, request_address, False)
+        check_pickle_allowed(self.codec, reply_address, False)
 
     def _setup(self) -> None:
         pull = self._socket(zmq.PULL)
         self.request_address = self._bind(pull, self.request_address)
         self._recv = AsyncZmqSocket(pull)
         push = self._socket(zmq.PUSH)
-        push.connect(self.reply_address)
+        connect_socket(push, self.reply_address)
         self._send = AsyncZmqSocket(push)
 
     def _beacon_socket(self) -> Callable[[], zmq.Socket[bytes]] | None:
@@ -405,8 +409,9 @@ class ZmqPairEngineTransport(_ZmqEngineBase):
                  options: ZmqOptions | None = None) -> None:
         super().__init__(rank, codec=codec, options=options, context=context)
         self.address = address
+        check_pickle_allowed(self.codec, address, False)
 
     def _setup(self) -> None:
         raw = self._socket(zmq.PAIR)
-        raw.connect(self.address)
+        connect_socket(raw, self.address)
         self._recv = self._send = AsyncZmqSocket(raw)
