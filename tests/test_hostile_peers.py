@@ -142,11 +142,16 @@ def test_flood_past_rcvhwm_then_disconnect_does_not_abort_the_engine(
             fresh.send(request(10**9, "echo", "still here"))
         else:
             fresh = ctx.socket(zmq.ROUTER)
+            fresh.setsockopt(zmq.ROUTER_MANDATORY, 1)
             fresh.bind(address)
-            while not fresh.poll(100):
+            while True:  # until the engine's request connection (rank-0) is back
                 assert engine.alive, f"engine exited with {engine.proc.returncode}"
-            fresh.recv_multipart()
-            fresh.send_multipart([b"rank-0", request(10**9, "echo", "still here")])
+                try:
+                    fresh.send_multipart([b"rank-0", request(10**9, "echo", "still here")])
+                    break
+                except zmq.ZMQError as exc:
+                    assert exc.errno == zmq.EHOSTUNREACH
+                    time.sleep(0.05)
         reply = await_reply(fresh, 10**9, timeout=90.0)
         assert reply.ok and CODEC.decode_value(reply.result) == "still here"
         assert engine.alive, f"engine exited with {engine.proc.returncode}"
