@@ -66,7 +66,6 @@ from ctlwire.kernel.call_core import CallCore
 from ctlwire.kernel.errors import (
     AuthenticationFailed,
     ClientClosed,
-    CtlwireError,
     EngineDead,
     FanOutFailed,
     NotDelivered,
@@ -74,6 +73,7 @@ from ctlwire.kernel.errors import (
     RemoteError,
     RequestTimedOut,
     RequestTooLarge,
+    ResultTypeError,
     remote_error,
 )
 from ctlwire.kernel.fan_out_mailbox import FanOutMailbox
@@ -186,10 +186,6 @@ def _check_method(method: Any) -> None:
         raise TypeError(f"method must be a str, not {type(method).__name__}")
     if not method:
         raise ValueError("method must be a non-empty str")
-
-
-class ResultTypeError(CtlwireError):
-    """A result did not match the ``result_type`` the caller asked for."""
 
 
 class ControlClient:
