@@ -874,6 +874,7 @@ class ControlClient:
             key = f"dropped_{event.reason}"
             self.counters[key] = self.counters.get(key, 0) + 1
         elif (type(event) is PeerDisconnected and event.rank is not None
+              and not self._closed  # after aclose() a peer going away is no loss
               and self.peers.disconnected(event.rank, anyio.current_time())):
             self._rank_lost(event.rank, event.detail or "disconnected")
 
