@@ -74,8 +74,9 @@ def pytest_pycollect_makeitem(collector: pytest.Module | pytest.Class, name: str
 
 @pytest.hookimpl(tryfirst=True)  # before the fixture manager parametrizes the fixture
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if metafunc.definition.get_closest_marker(VIRTUAL_CLOCK_MARK) is None:
-        return
+    if (metafunc.definition.get_closest_marker(VIRTUAL_CLOCK_MARK) is None
+            or "anyio_backend" not in metafunc.fixturenames):
+        return  # not marked, or not an async test (a module's mark covers sync ones too)
     # direct parametrization overrides any anyio_backend fixture (anyio's, a conftest's);
     # values are made here, per test function, so each gets its own virtual clock
     from ctlwire.kernel.testing import virtual_backend

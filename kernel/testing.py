@@ -19,8 +19,8 @@
 Heartbeats run on the event loop's clock, so on a virtual clock they are
 virtual too; but each one still costs real work. On a virtual clock
 ``EngineHarness(heartbeat_interval="auto")`` (the plugin's default) therefore
-beats every :data:`VIRTUAL_HEARTBEAT_INTERVAL` (virtual) seconds, which keeps a 600 s timeout to a few
-milliseconds of real time (at 0.25 s it is 2,400 beats per side).
+beats every :data:`VIRTUAL_HEARTBEAT_INTERVAL` (virtual) seconds, which keeps a
+600 s timeout to a few milliseconds of real time (at 0.25 s it is 2,400 beats per side).
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ from ctlwire.transports.memory import MemoryNetwork
 from ctlwire.transports.transport import ClientTransport, EngineTransport
 
 __all__ = [
+    "VIRTUAL_HEARTBEAT_INTERVAL",
     "EngineHarness",
     "TransitionRecorder",
-    "VIRTUAL_HEARTBEAT_INTERVAL",
     "VirtualTimeEventLoop",
     "on_virtual_clock",
     "virtual_backend",
@@ -142,7 +142,7 @@ class EngineHarness:
                  observer: TransitionRecorder | None = None,
                  wrap_client: Callable[[ClientTransport], ClientTransport] | None = None,
                  wrap_engine: Callable[[EngineTransport], EngineTransport] | None = None,
-                 heartbeat_interval: float | None | Literal["auto"] = _AUTO) -> None:
+                 heartbeat_interval: float | Literal["auto"] | None = _AUTO) -> None:
         self.network = MemoryNetwork(codec, buffer=buffer)
         self.setup = setup
         self.n = ranks
