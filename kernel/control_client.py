@@ -254,6 +254,8 @@ class ControlClient:
         self._deadlines: list[tuple[float, int, PendingRequest | Ticket]] = []
         self._deadline_seq = itertools.count()
         self._reaper_scope: anyio.CancelScope | None = None
+        #: rank -> the engine metrics last read with :meth:`engine_metrics`
+        self.last_engine_metrics: dict[int, dict[str, Any]] = {}
         self.counters: dict[str, int] = {
             "dropped_malformed": 0,
             "dropped_oversized": 0,
@@ -997,15 +999,21 @@ class ControlClient:
 
     # -- observability ---------------------------------------------------------
     def metrics(self) -> dict[str, Any]:
-        """A snapshot of gauges and counters (see also ctlwire.kernel.metrics)."""
-        return {
-            "live_requests": self.registry.live_count,
-            "tombstones": self.registry.tombstone_count,
-            "registry": self.registry.stats.snapshot(),
-            "peers": self.peers.snapshot(),
-            "ranks": self.peers.describe(),
-            "mailboxes": {m: b.depth for m, b in self._mailboxes.items()},
-            # CURVE handshakes lost because an engine refused our key
-            "auth_failures": int(getattr(self.transport, "auth_failures", 0)),
-            **self.counters,
-        }
+        """This client's metrics (the client side of the one metrics shape, see
+        :func:`ctlwire.kernel.metrics.client_metrics` and the README's table)."""
+        from ctlwire.kernel.metrics import client_metrics
+
+        return client_metrics(self)
+
+    async def engine_metrics(self, rank: int, *, timeout: float | None = None
+                             ) -> dict[str, Any]:
+        """Engine ``rank``'s metrics, read through the built-in, read-only
+        ``ctlwire.metrics`` method every :class:`EngineEndpoint` serves. The
+        answer is also kept in :attr:`last_engine_metrics` (what
+        :func:`ctlwire.kernel.metrics.snapshot` and the Prometheus exporter show)."""
+        from ctlwire.kernel.metrics import ENGINE_METRICS_METHOD
+
+        result: dict[str, Any] = await self.call(ENGINE_METRICS_METHOD, rank=rank,
+                                                 timeout=timeout)
+        self.last_engine_metrics[rank] = result
+        return result
