@@ -876,7 +876,6 @@ class ControlClient:
             key = f"dropped_{event.reason}"
             self.counters[key] = self.counters.get(key, 0) + 1
         elif (type(event) is PeerDisconnected and event.rank is not None
-              and not self._closed  # after aclose() a peer going away is no loss
               and self.peers.disconnected(event.rank, anyio.current_time())):
             self._rank_lost(event.rank, event.detail or "disconnected")
 
@@ -941,6 +940,10 @@ class ControlClient:
         self._peer_changed = anyio.Event()
 
     def _rank_lost(self, rank: int, detail: str) -> None:
+        if self._closed:
+            # after aclose() nothing is pending: engines that stop now (a disconnect,
+            # an unroutable heartbeat) are a shutdown, not a loss to report
+            return
         self.counters["engine_lost"] += 1
         log.warning("ctlwire: engine rank %d lost (%s)", rank, detail)
         self._fail_rank(rank, detail)
