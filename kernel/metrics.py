@@ -8,12 +8,19 @@
   :mod:`logging` record per state transition, carrying ``request_id``,
   ``method``, ``ranks``, ``old``, ``event`` and ``new`` as record attributes
   (``extra``), at DEBUG level by default.
+* :func:`client_metrics` and :func:`engine_metrics` — the one metrics shape
+  (``role``, ``live_requests``, ``outcomes``, ``frames_dropped``, ``counters``,
+  then each side's own keys; the README's metrics table), returned by
+  ``ControlClient.metrics()`` and ``EngineEndpoint.metrics()``. Every endpoint
+  serves its own as the built-in, read-only ``ctlwire.metrics`` method
+  (:data:`ENGINE_METRICS_METHOD`), which ``await client.engine_metrics(rank)`` calls.
 * :func:`snapshot` — one dict of everything a dashboard wants: live requests,
   tombstones, per-method latency histograms, counters per transition,
   late/duplicate/unknown replies, peer link states, mailbox queue depths,
   transport counters; with an :class:`~ctlwire.kernel.operation_runner.OperationRunner`,
   its quarantined ranks, operations in flight and outcome counters.
-* :class:`PrometheusExporter` — exposes the snapshot through
+* :class:`PrometheusExporter` — exposes the snapshot (engines' last-read metrics
+  included; :class:`EnginePrometheusExporter` for an engine's own) through
   ``prometheus-client`` (the ``prometheus`` extra) as a custom collector, read
   at scrape time; nothing is computed on the request path.
 """
