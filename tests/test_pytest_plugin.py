@@ -85,6 +85,8 @@ def test_the_mark_runs_on_both_backends_on_a_virtual_clock(request: pytest.Fixtu
                                                            ) -> None:
     names = sorted(item.name for item in request.session.items
                    if item.name.startswith("test_a_600_s_timeout"))
+    if not names:
+        pytest.skip("run with the rest of this module (it inspects the collected items)")
     assert names == ["test_a_600_s_timeout_takes_milliseconds_of_real_time[asyncio-virtual]",
                      "test_a_600_s_timeout_takes_milliseconds_of_real_time[trio-virtual]"]
 
