@@ -151,7 +151,7 @@ def leaked_entries(client: ControlClient) -> int:
     """Request-map entries and queued mailbox callers left behind (must be 0 once idle)."""
     reg = client.registry
     stranded = reg.stats.registered - reg.stats.cleaned
-    depth = sum(int(n) for n in client.metrics()["mailboxes"].values())
+    depth = sum(int(n) for n in client.metrics()["mailbox_depth"].values())
     return max(reg.live_count, stranded) + depth
 
 

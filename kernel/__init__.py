@@ -1,2 +1,219 @@
 """The ctlwire kernel: drives the state tables of :mod:`ctlwire.states` over the
-transports of :mod:`ctlwire.transports` on anyio (asyncio or trio)."""
+transports of :mod:`ctlwire.transports` on anyio (asyncio or trio).
+
+The public API is importable from here (``from ctlwire.kernel import ControlClient,
+EngineEndpoint, RequestTimedOut``); every name also stays at its deep path
+(``ctlwire.kernel.control_client.ControlClient`` is the same object). Names are
+imported on first use. Every error a caller can see is defined in
+:mod:`ctlwire.kernel.errors`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ctlwire.kernel.control_client import (
+        ControlClient,
+    )
+    from ctlwire.kernel.engine_endpoint import (
+        EngineEndpoint,
+        ErrorCode,
+        MethodSpec,
+        report_progress,
+    )
+    from ctlwire.kernel.engine_fleet import (
+        EngineFleet,
+        EngineProcess,
+        EngineStartError,
+    )
+    from ctlwire.kernel.errors import (
+        ActorStopped,
+        AskTimeout,
+        AuthenticationFailed,
+        ClientClosed,
+        CtlwireError,
+        EngineDead,
+        FanOutFailed,
+        Fenced,
+        IllegalTransition,
+        MailboxFull,
+        NotDelivered,
+        OutcomeUnknown,
+        RemoteError,
+        RequestTimedOut,
+        RequestTooLarge,
+        ResultTypeError,
+    )
+    from ctlwire.kernel.fan_out_policy import (
+        Policy,
+    )
+    from ctlwire.kernel.fan_out_result import (
+        FanOutResult,
+    )
+    from ctlwire.kernel.metrics import (
+        PrometheusExporter,
+        RequestMetrics,
+        TransitionLog,
+        snapshot,
+    )
+    from ctlwire.kernel.operation_ledger import (
+        LastOperation,
+        OperationLedger,
+        StepRequest,
+    )
+    from ctlwire.kernel.operation_plan import (
+        OperationPlan,
+        OperationStep,
+        StepCall,
+        new_fence,
+        new_operation_id,
+        step_key,
+    )
+    from ctlwire.kernel.operation_result import (
+        OperationResult,
+        Phase,
+        ProgressEvent,
+        RankReport,
+    )
+    from ctlwire.kernel.operation_runner import (
+        OperationRunner,
+        Quarantine,
+        Recovery,
+    )
+    from ctlwire.kernel.result_cache import (
+        ResultCache,
+    )
+    from ctlwire.kernel.testing import (
+        EngineHarness,
+        TransitionRecorder,
+        virtual_backend,
+    )
+    from ctlwire.kernel.tracing import (
+        TraceProvider,
+    )
+
+# name -> the module that defines it (imported on first use, so importing one
+# deep module, or running `python -m ctlwire.kernel.engine_process`, does not
+# import the whole package)
+_EXPORTS: dict[str, str] = {
+    "ControlClient": "ctlwire.kernel.control_client",
+    "EngineEndpoint": "ctlwire.kernel.engine_endpoint",
+    "ErrorCode": "ctlwire.kernel.engine_endpoint",
+    "MethodSpec": "ctlwire.kernel.engine_endpoint",
+    "report_progress": "ctlwire.kernel.engine_endpoint",
+    "ActorStopped": "ctlwire.kernel.errors",
+    "AskTimeout": "ctlwire.kernel.errors",
+    "AuthenticationFailed": "ctlwire.kernel.errors",
+    "ClientClosed": "ctlwire.kernel.errors",
+    "CtlwireError": "ctlwire.kernel.errors",
+    "EngineDead": "ctlwire.kernel.errors",
+    "FanOutFailed": "ctlwire.kernel.errors",
+    "Fenced": "ctlwire.kernel.errors",
+    "IllegalTransition": "ctlwire.kernel.errors",
+    "MailboxFull": "ctlwire.kernel.errors",
+    "NotDelivered": "ctlwire.kernel.errors",
+    "OutcomeUnknown": "ctlwire.kernel.errors",
+    "RemoteError": "ctlwire.kernel.errors",
+    "RequestTimedOut": "ctlwire.kernel.errors",
+    "RequestTooLarge": "ctlwire.kernel.errors",
+    "ResultTypeError": "ctlwire.kernel.errors",
+    "FanOutResult": "ctlwire.kernel.fan_out_result",
+    "Policy": "ctlwire.kernel.fan_out_policy",
+    "EngineFleet": "ctlwire.kernel.engine_fleet",
+    "EngineProcess": "ctlwire.kernel.engine_fleet",
+    "EngineStartError": "ctlwire.kernel.engine_fleet",
+    "PrometheusExporter": "ctlwire.kernel.metrics",
+    "RequestMetrics": "ctlwire.kernel.metrics",
+    "snapshot": "ctlwire.kernel.metrics",
+    "TransitionLog": "ctlwire.kernel.metrics",
+    "LastOperation": "ctlwire.kernel.operation_ledger",
+    "OperationLedger": "ctlwire.kernel.operation_ledger",
+    "StepRequest": "ctlwire.kernel.operation_ledger",
+    "new_fence": "ctlwire.kernel.operation_plan",
+    "new_operation_id": "ctlwire.kernel.operation_plan",
+    "OperationPlan": "ctlwire.kernel.operation_plan",
+    "OperationStep": "ctlwire.kernel.operation_plan",
+    "step_key": "ctlwire.kernel.operation_plan",
+    "StepCall": "ctlwire.kernel.operation_plan",
+    "OperationResult": "ctlwire.kernel.operation_result",
+    "Phase": "ctlwire.kernel.operation_result",
+    "ProgressEvent": "ctlwire.kernel.operation_result",
+    "RankReport": "ctlwire.kernel.operation_result",
+    "OperationRunner": "ctlwire.kernel.operation_runner",
+    "Quarantine": "ctlwire.kernel.operation_runner",
+    "Recovery": "ctlwire.kernel.operation_runner",
+    "ResultCache": "ctlwire.kernel.result_cache",
+    "EngineHarness": "ctlwire.kernel.testing",
+    "TransitionRecorder": "ctlwire.kernel.testing",
+    "virtual_backend": "ctlwire.kernel.testing",
+    "TraceProvider": "ctlwire.kernel.tracing",
+}
+
+__all__ = [
+    "ActorStopped",
+    "AskTimeout",
+    "AuthenticationFailed",
+    "ClientClosed",
+    "ControlClient",
+    "CtlwireError",
+    "EngineDead",
+    "EngineEndpoint",
+    "EngineFleet",
+    "EngineHarness",
+    "EngineProcess",
+    "EngineStartError",
+    "ErrorCode",
+    "FanOutFailed",
+    "FanOutResult",
+    "Fenced",
+    "IllegalTransition",
+    "LastOperation",
+    "MailboxFull",
+    "MethodSpec",
+    "NotDelivered",
+    "OperationLedger",
+    "OperationPlan",
+    "OperationResult",
+    "OperationRunner",
+    "OperationStep",
+    "OutcomeUnknown",
+    "Phase",
+    "Policy",
+    "ProgressEvent",
+    "PrometheusExporter",
+    "Quarantine",
+    "RankReport",
+    "Recovery",
+    "RemoteError",
+    "RequestMetrics",
+    "RequestTimedOut",
+    "RequestTooLarge",
+    "ResultCache",
+    "ResultTypeError",
+    "StepCall",
+    "StepRequest",
+    "TraceProvider",
+    "TransitionLog",
+    "TransitionRecorder",
+    "new_fence",
+    "new_operation_id",
+    "report_progress",
+    "snapshot",
+    "step_key",
+    "virtual_backend",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -26,17 +26,13 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ctlwire.kernel.errors import ActorStopped, AskTimeout, CtlwireError
+from ctlwire.kernel.errors import ActorStopped, AskTimeout, MailboxFull
 
 __all__ = ["Actor", "MailboxFull"]
 
 M = TypeVar("M")
 R = TypeVar("R")
 log = logging.getLogger("ctlwire.actor")
-
-
-class MailboxFull(CtlwireError):
-    """``tell_nowait`` found the actor's mailbox full."""
 
 
 class _Slot(Generic[R]):

@@ -66,7 +66,6 @@ from ctlwire.kernel.call_core import CallCore
 from ctlwire.kernel.errors import (
     AuthenticationFailed,
     ClientClosed,
-    CtlwireError,
     EngineDead,
     FanOutFailed,
     NotDelivered,
@@ -74,6 +73,7 @@ from ctlwire.kernel.errors import (
     RemoteError,
     RequestTimedOut,
     RequestTooLarge,
+    ResultTypeError,
     remote_error,
 )
 from ctlwire.kernel.fan_out_mailbox import FanOutMailbox
@@ -188,10 +188,6 @@ def _check_method(method: Any) -> None:
         raise ValueError("method must be a non-empty str")
 
 
-class ResultTypeError(CtlwireError):
-    """A result did not match the ``result_type`` the caller asked for."""
-
-
 class ControlClient:
     """Sends control requests over a :class:`ClientTransport`; see the module docstring.
 
@@ -258,6 +254,8 @@ class ControlClient:
         self._deadlines: list[tuple[float, int, PendingRequest | Ticket]] = []
         self._deadline_seq = itertools.count()
         self._reaper_scope: anyio.CancelScope | None = None
+        #: rank -> the engine metrics last read with :meth:`engine_metrics`
+        self.last_engine_metrics: dict[int, dict[str, Any]] = {}
         self.counters: dict[str, int] = {
             "dropped_malformed": 0,
             "dropped_oversized": 0,
@@ -942,6 +940,10 @@ class ControlClient:
         self._peer_changed = anyio.Event()
 
     def _rank_lost(self, rank: int, detail: str) -> None:
+        if self._closed:
+            # after aclose() nothing is pending: engines that stop now (a disconnect,
+            # an unroutable heartbeat) are a shutdown, not a loss to report
+            return
         self.counters["engine_lost"] += 1
         log.warning("ctlwire: engine rank %d lost (%s)", rank, detail)
         self._fail_rank(rank, detail)
@@ -1000,15 +1002,21 @@ class ControlClient:
 
     # -- observability ---------------------------------------------------------
     def metrics(self) -> dict[str, Any]:
-        """A snapshot of gauges and counters (see also ctlwire.kernel.metrics)."""
-        return {
-            "live_requests": self.registry.live_count,
-            "tombstones": self.registry.tombstone_count,
-            "registry": self.registry.stats.snapshot(),
-            "peers": self.peers.snapshot(),
-            "ranks": self.peers.describe(),
-            "mailboxes": {m: b.depth for m, b in self._mailboxes.items()},
-            # CURVE handshakes lost because an engine refused our key
-            "auth_failures": int(getattr(self.transport, "auth_failures", 0)),
-            **self.counters,
-        }
+        """This client's metrics (the client side of the one metrics shape, see
+        :func:`ctlwire.kernel.metrics.client_metrics` and the README's table)."""
+        from ctlwire.kernel.metrics import client_metrics
+
+        return client_metrics(self)
+
+    async def engine_metrics(self, rank: int, *, timeout: float | None = None
+                             ) -> dict[str, Any]:
+        """Engine ``rank``'s metrics, read through the built-in, read-only
+        ``ctlwire.metrics`` method every :class:`EngineEndpoint` serves. The
+        answer is also kept in :attr:`last_engine_metrics` (what
+        :func:`ctlwire.kernel.metrics.snapshot` and the Prometheus exporter show)."""
+        from ctlwire.kernel.metrics import ENGINE_METRICS_METHOD
+
+        result: dict[str, Any] = await self.call(ENGINE_METRICS_METHOD, rank=rank,
+                                                 timeout=timeout)
+        self.last_engine_metrics[rank] = result
+        return result

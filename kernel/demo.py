@@ -392,7 +392,7 @@ async def _drive(cfg: DemoConfig, client: ControlClient, fleet: EngineFleet | No
 
 def format_report(cfg: DemoConfig, report: DemoReport) -> str:
     m = report.metrics
-    reg = m.get("registry", {})
+    reg = m.get("replies_dropped", {})
     lines = ["", "ctlwire demo — summary", ""]
     lines.append(f"  {'method':<18}{'calls':>8}{'p50 ms':>10}{'p99 ms':>10}  errors")
     for method in ("pause", "update_weights", "resume", "get_server_info", "get_load"):
@@ -409,8 +409,8 @@ def format_report(cfg: DemoConfig, report: DemoReport) -> str:
                  "in-flight request")
     lines.append(f"  replies dropped: late {reg.get('late', 0)}, duplicate "
                  f"{reg.get('duplicate', 0)}, unknown {reg.get('unknown', 0)}, stale incarnation "
-                 f"{m.get('stale_incarnation', 0)}")
-    lines.append(f"  requests: {reg.get('registered', 0)} registered, {reg.get('cleaned', 0)} "
+                 f"{reg.get('stale_incarnation', 0)}")
+    lines.append(f"  requests: {m.get('registered', 0)} registered, {m.get('cleaned', 0)} "
                  f"cleaned; live registry entries: {m.get('live_requests')} "
                  f"(tombstones {m.get('tombstones')})")
     lines.append(f"  weight versions at the end: {dict(sorted(report.final_versions.items()))}")

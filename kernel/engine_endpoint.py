@@ -77,6 +77,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from ctlwire.kernel.actor import Actor
 from ctlwire.kernel.errors import FENCED_CODE, error_info
+from ctlwire.kernel.metrics import ENGINE_METRICS_METHOD, engine_metrics
 from ctlwire.kernel.result_cache import RUNNING, RecordedOutcome, ResultCache
 from ctlwire.kernel.tracing import current_trace
 from ctlwire.states import INBOUND_REQUEST_TABLE, InboundEvent, InboundState
@@ -260,6 +261,7 @@ class EngineEndpoint:
         self.client_last_seen: float | None = None
         # what the engine is doing, read by the beacon's thread: request id ->
         # (method, monotonic start); handler-reported progress; loop iterations
+        #: requests being handled now: request id -> (method, time.monotonic() at start)
         self.running: dict[int, tuple[str, float]] = {}
         self._progress: dict[int, tuple[float, str]] = {}
         self.loops = 0
@@ -290,6 +292,9 @@ class EngineEndpoint:
             "idempotent_in_progress": 0,
         }
         self.states: dict[InboundState, int] = {s: 0 for s in InboundState}
+        # built in, read-only, allow-listed like any method: what metrics() returns
+        self.register(ENGINE_METRICS_METHOD, self.metrics, payload_type=None)
+        self._builtin = frozenset(self._methods)
 
     # -- registration ----------------------------------------------------------
     def register(self, name: str, handler: Callable[..., Any], *, payload_type: Any = _NONE,
@@ -348,7 +353,13 @@ class EngineEndpoint:
 
     @property
     def methods(self) -> list[str]:
-        return sorted(self._methods)
+        """The methods registered on this endpoint (not the built-in ones)."""
+        return sorted(m for m in self._methods if m not in self._builtin)
+
+    @property
+    def builtin_methods(self) -> list[str]:
+        """Methods every endpoint serves: ``ctlwire.metrics`` (its :meth:`metrics`)."""
+        return sorted(self._builtin)
 
     # -- the shared, synchronous part of handling ------------------------------
     def _error_reply(self, request_id: int, type_name: str, message: str, code: int) -> Reply:
@@ -798,21 +809,10 @@ class EngineEndpoint:
             log.warning("engine %d: reply %d not sent: %r", self.rank, reply.id, exc)
 
     def metrics(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "incarnation": self.incarnation,
-            "methods": self.methods,
-            "states": {s.name: n for s, n in self.states.items()},
-            "beacon": self.beacon_active,
-            "running": {rid: m for rid, (m, _) in list(self.running.items())},
-            "loops": self.loops,
-            "fence_high": self.fence_high,
-            "idempotency_cache": {"entries": len(self.results), "bytes": self.results.bytes,
-                                  "hits": self.results.hits, "evicted": self.results.evicted},
-            # client keys this engine's CURVE authenticator refused (engines that bind)
-            "auth_rejections": int(getattr(self.transport, "auth_rejections", 0)),
-            **self.counters,
-        }
+        """This engine's metrics (the engine side of the one metrics shape,
+        :func:`ctlwire.kernel.metrics.engine_metrics`); also served to clients as
+        the built-in ``ctlwire.metrics`` method (``await client.engine_metrics(rank)``)."""
+        return engine_metrics(self)
 
 
 def _payload_annotation(name: str, handler: Callable[..., Any], param: inspect.Parameter,

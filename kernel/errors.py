@@ -26,11 +26,13 @@ __all__ = [
     "FanOutFailed",
     "Fenced",
     "IllegalTransition",
+    "MailboxFull",
     "NotDelivered",
     "OutcomeUnknown",
     "RemoteError",
     "RequestTimedOut",
     "RequestTooLarge",
+    "ResultTypeError",
     "error_info",
     "remote_error",
 ]
@@ -152,12 +154,23 @@ class Fenced(RemoteError):
     The request did not run."""
 
 
+class ResultTypeError(CtlwireError):
+    """A result did not match the ``result_type`` the caller asked for (the
+    engine answered; its answer had another shape). Also importable as
+    ``ctlwire.kernel.control_client.ResultTypeError`` (the same class)."""
+
+
 class ClientClosed(CtlwireError):
     """The client was closed while the call was pending."""
 
 
 class ActorStopped(CtlwireError):
     """The actor stopped before it handled the message."""
+
+
+class MailboxFull(CtlwireError):
+    """``tell_nowait`` found the actor's mailbox full (also importable as
+    ``ctlwire.kernel.actor.MailboxFull``)."""
 
 
 class AskTimeout(CtlwireError):

@@ -8,12 +8,19 @@
   :mod:`logging` record per state transition, carrying ``request_id``,
   ``method``, ``ranks``, ``old``, ``event`` and ``new`` as record attributes
   (``extra``), at DEBUG level by default.
+* :func:`client_metrics` and :func:`engine_metrics` — the one metrics shape
+  (``role``, ``live_requests``, ``outcomes``, ``frames_dropped``, ``counters``,
+  then each side's own keys; the README's metrics table), returned by
+  ``ControlClient.metrics()`` and ``EngineEndpoint.metrics()``. Every endpoint
+  serves its own as the built-in, read-only ``ctlwire.metrics`` method
+  (:data:`ENGINE_METRICS_METHOD`), which ``await client.engine_metrics(rank)`` calls.
 * :func:`snapshot` — one dict of everything a dashboard wants: live requests,
   tombstones, per-method latency histograms, counters per transition,
   late/duplicate/unknown replies, peer link states, mailbox queue depths,
   transport counters; with an :class:`~ctlwire.kernel.operation_runner.OperationRunner`,
   its quarantined ranks, operations in flight and outcome counters.
-* :class:`PrometheusExporter` — exposes the snapshot through
+* :class:`PrometheusExporter` — exposes the snapshot (engines' last-read metrics
+  included; :class:`EnginePrometheusExporter` for an engine's own) through
   ``prometheus-client`` (the ``prometheus`` extra) as a custom collector, read
   at scrape time; nothing is computed on the request path.
 """
@@ -32,14 +39,20 @@ from ctlwire.states import CONTROL_REQUEST_TABLE, RequestEvent, RequestState
 
 if TYPE_CHECKING:
     from ctlwire.kernel.control_client import ControlClient
+    from ctlwire.kernel.engine_endpoint import EngineEndpoint
     from ctlwire.kernel.operation_runner import OperationRunner
 
 __all__ = [
     "DEFAULT_BUCKETS",
+    "ENGINE_METRICS_METHOD",
+    "EnginePrometheusExporter",
     "LatencyHistogram",
     "PrometheusExporter",
     "RequestMetrics",
     "TransitionLog",
+    "client_metrics",
+    "engine_families",
+    "engine_metrics",
     "snapshot",
 ]
 
@@ -142,31 +155,100 @@ class TransitionLog:
                    "state": new.name})
 
 
-def snapshot(client: ControlClient, request_metrics: RequestMetrics | None = None,
-             operations: OperationRunner | None = None) -> dict[str, Any]:
-    """Everything observable about ``client`` right now (a plain, JSON-able dict)."""
+ENGINE_METRICS_METHOD = "ctlwire.metrics"
+"""The built-in, read-only control method every :class:`EngineEndpoint` serves:
+its :func:`engine_metrics` (``await client.engine_metrics(rank)``)."""
+
+_CLIENT_DROPS = ("dropped_malformed", "dropped_oversized", "dropped_framing",
+                 "dropped_wrong_type")
+_ENGINE_DROPS = ("duplicates", "dropped_malformed", "dropped_oversized", "dropped_framing",
+                 "dropped_wrong_type", "reply_send_failures", "replies_too_large")
+
+
+def client_metrics(client: ControlClient) -> dict[str, Any]:
+    """``client.metrics()``: the client side of the one metrics shape (see the
+    README's metrics table). Plain and JSON-able (msgpack-able too)."""
     reg = client.registry
     stats = reg.stats
-    data: dict[str, Any] = {
+    counters = dict(client.counters)
+    dropped = {"late": stats.late, "duplicate": stats.duplicate, "unknown": stats.unknown,
+               "stray": stats.stray,
+               "stale_incarnation": counters.get("stale_incarnation", 0)}
+    mailbox_depth = {m: b.depth for m, b in client._mailboxes.items()}
+    return {
+        "role": "client",
         "live_requests": reg.live_count,
         "tombstones": reg.tombstone_count,
         "tombstone_bound": reg.max_tombstones,
-        "transitions": {f"{s.name}--{e.value}": n for (s, e), n in stats.transitions.items()},
+        "registered": stats.registered,
+        "cleaned": stats.cleaned,
         "outcomes": {s.name: n for s, n in stats.outcomes.items()},
-        "replies_dropped": {"late": stats.late, "duplicate": stats.duplicate,
-                            "unknown": stats.unknown, "stray": stats.stray,
-                            "stale_incarnation": client.counters.get("stale_incarnation", 0)},
+        "transitions": {f"{s.name}--{e.value}": n for (s, e), n in stats.transitions.items()},
+        "replies_dropped": dropped,
+        "frames_dropped": {k.removeprefix("dropped_"): counters.get(k, 0)
+                           for k in _CLIENT_DROPS},
+        "mailbox_depth": mailbox_depth,
         "peers": client.peers.snapshot(),
-        "mailbox_depth": {m: b.depth for m, b in client._mailboxes.items()},
-        "client_counters": dict(client.counters),
+        "ranks": client.peers.describe(),
+        "counters": counters,
         "transport_counters": dict(getattr(client.transport, "counters", {}) or {}),
+        # CURVE handshakes lost because an engine refused our key
+        "auth_failures": int(getattr(client.transport, "auth_failures", 0)),
+        # deprecated aliases of the shape before 0.2 (same numbers): registry ->
+        # outcomes/transitions/replies_dropped, mailboxes -> mailbox_depth,
+        # top-level counters -> counters
+        "registry": stats.snapshot(),
+        "mailboxes": dict(mailbox_depth),
+        **counters,
     }
+
+
+def engine_metrics(endpoint: EngineEndpoint) -> dict[str, Any]:
+    """``endpoint.metrics()`` and the ``ctlwire.metrics`` control method: the
+    engine side of the one metrics shape (see the README's metrics table)."""
+    counters = dict(endpoint.counters)
+    running = list(endpoint.running.items())
+    cache = endpoint.results
+    return {
+        "role": "engine",
+        "rank": endpoint.rank,
+        "incarnation": endpoint.incarnation,
+        "live_requests": len(running),
+        "outcomes": {s.name: n for s, n in endpoint.states.items() if n},
+        "frames_dropped": {k.removeprefix("dropped_"): counters.get(k, 0)
+                           for k in _ENGINE_DROPS},
+        "methods": endpoint.methods,
+        "running": {rid: m for rid, (m, _) in running},
+        "beacon": endpoint.beacon_active,
+        "loops": endpoint.loops,
+        "fence_high": endpoint.fence_high,
+        "idempotency_cache": {"entries": len(cache), "bytes": cache.bytes, "hits": cache.hits,
+                              "evicted": cache.evicted},
+        "counters": counters,
+        # client keys this engine's CURVE authenticator refused (engines that bind)
+        "auth_rejections": int(getattr(endpoint.transport, "auth_rejections", 0)),
+        # deprecated aliases of the shape before 0.2: top-level counters, states
+        "states": {s.name: n for s, n in endpoint.states.items()},
+        **counters,
+    }
+
+
+def snapshot(client: ControlClient, request_metrics: RequestMetrics | None = None,
+             operations: OperationRunner | None = None) -> dict[str, Any]:
+    """``client.metrics()`` plus, when available, per-method latency histograms
+    (``requests``, from a :class:`RequestMetrics` observer), an operation
+    runner's state (``operations``) and the engine metrics last read with
+    ``client.engine_metrics(rank)`` (``engines``)."""
+    data = client_metrics(client)
     metrics = request_metrics or next(
-        (o for o in reg.observers if isinstance(o, RequestMetrics)), None)
+        (o for o in client.registry.observers if isinstance(o, RequestMetrics)), None)
     if metrics is not None:
         data["requests"] = metrics.snapshot()
     if operations is not None:
         data["operations"] = operations.metrics()
+    engines = getattr(client, "last_engine_metrics", None)
+    if engines:
+        data["engines"] = dict(engines)
     return data
 
 
@@ -229,6 +311,14 @@ class PrometheusExporter:
         for method, depth in snap["mailbox_depth"].items():
             q.add_metric([method], depth)
         yield q
+        f = CounterMetricFamily(f"{ns}_frames_dropped", "Frames the client dropped",
+                                labels=["reason"])
+        for reason, n in snap["frames_dropped"].items():
+            f.add_metric([reason], n)
+        yield f
+        engines = snap.get("engines")
+        if engines:
+            yield from engine_families(ns, engines)
         ops = snap.get("operations")
         if ops is not None:
             qr = GaugeMetricFamily(f"{ns}_rank_quarantined",
@@ -257,3 +347,44 @@ class PrometheusExporter:
                 method, outcome = key.rsplit(":", 1)
                 o.add_metric([method, outcome], n)
             yield o
+
+
+def engine_families(ns: str, engines: dict[int, dict[str, Any]]) -> Iterator[Any]:
+    """Prometheus families of engine metrics (one label ``rank`` per engine)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    live = GaugeMetricFamily(f"{ns}_engine_live_requests", "Requests the engine is running",
+                             labels=["rank"])
+    events = CounterMetricFamily(f"{ns}_engine_events", "Engine counters, by name",
+                                 labels=["rank", "counter"])
+    dropped = CounterMetricFamily(f"{ns}_engine_frames_dropped", "Frames the engine dropped",
+                                  labels=["rank", "reason"])
+    for rank, m in sorted(engines.items()):
+        live.add_metric([str(rank)], m["live_requests"])
+        for name, n in sorted(m["counters"].items()):
+            events.add_metric([str(rank), name], n)
+        for reason, n in sorted(m["frames_dropped"].items()):
+            dropped.add_metric([str(rank), reason], n)
+    yield live
+    yield events
+    yield dropped
+
+
+class EnginePrometheusExporter:
+    """A ``prometheus_client`` collector over an engine's own :func:`engine_metrics`
+    (for an engine process that serves its own ``/metrics``). The client side
+    exports the engines' metrics it last read with ``client.engine_metrics(rank)``
+    through :class:`PrometheusExporter` (same families, same names)."""
+
+    def __init__(self, endpoint: EngineEndpoint, namespace: str = "ctlwire") -> None:
+        self.endpoint = endpoint
+        self.ns = namespace
+
+    def register(self, registry: Any = None) -> EnginePrometheusExporter:
+        from prometheus_client import REGISTRY
+
+        (registry or REGISTRY).register(self)
+        return self
+
+    def collect(self) -> Iterator[Any]:
+        yield from engine_families(self.ns, {self.endpoint.rank: self.endpoint.metrics()})

@@ -13,7 +13,14 @@
 * :class:`VirtualTimeEventLoop` and :func:`virtual_backend` — run timeouts
   of minutes in milliseconds on both anyio backends: trio's ``MockClock`` with
   autojump, and an asyncio loop whose clock jumps to the next timer whenever no
-  IO is ready. Use them as the ``anyio_backend`` fixture's params.
+  IO is ready. Use them as the ``anyio_backend`` fixture's params, or through
+  the pytest plugin (:mod:`ctlwire.kernel.pytest_plugin`).
+
+Heartbeats run on the event loop's clock, so on a virtual clock they are
+virtual too; but each one still costs real work. On a virtual clock
+``EngineHarness(heartbeat_interval="auto")`` (the plugin's default) therefore
+beats every :data:`VIRTUAL_HEARTBEAT_INTERVAL` (virtual) seconds, which keeps a
+600 s timeout to a few milliseconds of real time (at 0.25 s it is 2,400 beats per side).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import selectors
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 from anyio.abc import TaskGroup
@@ -37,11 +44,38 @@ from ctlwire.transports.memory import MemoryNetwork
 from ctlwire.transports.transport import ClientTransport, EngineTransport
 
 __all__ = [
+    "VIRTUAL_HEARTBEAT_INTERVAL",
     "EngineHarness",
     "TransitionRecorder",
     "VirtualTimeEventLoop",
+    "on_virtual_clock",
     "virtual_backend",
 ]
+
+VIRTUAL_HEARTBEAT_INTERVAL = 5.0
+"""Heartbeat interval (virtual seconds) of an :class:`EngineHarness` on a virtual
+clock, when neither ``heartbeat_interval`` nor the client/engine kwargs set one."""
+
+_AUTO: Any = object()
+
+
+def on_virtual_clock() -> bool:
+    """True inside an event loop that runs on a virtual clock
+    (:class:`VirtualTimeEventLoop`, or trio with a ``MockClock``)."""
+    try:
+        import sniffio
+
+        library = sniffio.current_async_library()
+    except Exception:
+        return False
+    if library == "asyncio":
+        return isinstance(asyncio.get_running_loop(), VirtualTimeEventLoop)
+    if library == "trio":
+        import trio
+        from trio.testing import MockClock
+
+        return isinstance(trio.lowlevel.current_clock(), MockClock)
+    return False
 
 
 class TransitionRecorder:
@@ -90,6 +124,16 @@ class EngineHarness:
     rank back under a new incarnation. ``wrap_client`` / ``wrap_engine`` wrap
     the in-memory transports, e.g. in
     :class:`~ctlwire.transports.fault_injection.FaultyClientTransport`.
+
+    ``heartbeat_interval`` sets the client's and the engines' interval (None:
+    no heartbeats); by default they keep their own (0.25 s). ``"auto"`` (what
+    the pytest plugin's ``ctlwire_harness`` passes) keeps 0.25 s on a real
+    clock and uses :data:`VIRTUAL_HEARTBEAT_INTERVAL` on a virtual one (the
+    harness must then be created inside the event loop). ``client_kwargs``
+    and ``engine_kwargs`` win over it.
+
+    Leaving the ``async with`` block closes the client before the engines
+    stop, so a normal exit is not reported as engines lost.
     """
 
     def __init__(self, ranks: int = 1, setup: Callable[[EngineEndpoint], None] | None = None, *,
@@ -97,14 +141,20 @@ class EngineHarness:
                  engine_kwargs: dict[str, Any] | None = None, buffer: int = 1024,
                  observer: TransitionRecorder | None = None,
                  wrap_client: Callable[[ClientTransport], ClientTransport] | None = None,
-                 wrap_engine: Callable[[EngineTransport], EngineTransport] | None = None
-                 ) -> None:
+                 wrap_engine: Callable[[EngineTransport], EngineTransport] | None = None,
+                 heartbeat_interval: float | Literal["auto"] | None = _AUTO) -> None:
         self.network = MemoryNetwork(codec, buffer=buffer)
         self.setup = setup
         self.n = ranks
-        self.engine_kwargs = engine_kwargs or {}
+        self.engine_kwargs = dict(engine_kwargs or {})
         self.wrap_engine = wrap_engine
         kwargs = dict(client_kwargs or {})
+        if heartbeat_interval == "auto":
+            heartbeat_interval = VIRTUAL_HEARTBEAT_INTERVAL if on_virtual_clock() else _AUTO
+        if heartbeat_interval is not _AUTO:
+            kwargs.setdefault("heartbeat_interval", heartbeat_interval)
+            self.engine_kwargs.setdefault("heartbeat_interval", heartbeat_interval)
+        self.heartbeat_interval: float | None = kwargs.get("heartbeat_interval", 0.25)
         if observer is not None:
             kwargs["observer"] = observer
         transport: ClientTransport = self.network.client_transport()
@@ -129,6 +179,8 @@ class EngineHarness:
                         exc: BaseException | None, tb: TracebackType | None) -> bool | None:
         tg, self._tg = self._tg, None
         assert tg is not None
+        # the client first: engines that stop after it are a shutdown, not a loss
+        await self.client.aclose()
         tg.cancel_scope.cancel()
         await tg.__aexit__(None, None, None)
         return await self.client.__aexit__(exc_type, exc, tb)

@@ -9,14 +9,9 @@ import pytest
 
 from ctlwire.kernel.actor import Actor, MailboxFull
 from ctlwire.kernel.errors import ActorStopped, AskTimeout
-from ctlwire.kernel.testing import virtual_backend
 
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
-    return virtual_backend(request.param)
+# asyncio and trio, both on a virtual clock (ctlwire's pytest plugin)
+pytestmark = [pytest.mark.anyio, pytest.mark.ctlwire_virtual_clock]
 
 
 class Recorder(Actor[Any, Any]):

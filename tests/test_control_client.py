@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -17,18 +18,14 @@ from ctlwire.kernel.errors import (
     RemoteError,
     RequestTimedOut,
 )
-from ctlwire.kernel.testing import EngineHarness, TransitionRecorder, virtual_backend
+from ctlwire.kernel.testing import EngineHarness, TransitionRecorder
 from ctlwire.states import RequestState
 from ctlwire.transports.envelope import Reply, Request
 from ctlwire.transports.memory import MemoryClientTransport
 from ctlwire.transports.transport import TransportEvent
 
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
-    return virtual_backend(request.param)
+# asyncio and trio, both on a virtual clock (ctlwire's pytest plugin)
+pytestmark = [pytest.mark.anyio, pytest.mark.ctlwire_virtual_clock]
 
 
 class Weights(msgspec.Struct):
@@ -181,11 +178,13 @@ class SuspendingSend(MemoryClientTransport):
         await anyio.wait_all_tasks_blocked()
 
 
-async def test_bug1_reply_before_wait_completes_at_once() -> None:
+async def test_bug1_reply_before_wait_completes_at_once(
+        ctlwire_harness: Callable[..., EngineHarness], transition_recorder: TransitionRecorder
+) -> None:
     """FastDeploy's hang: the reply beats the caller's wait. Here it is a legal
     Sent -> Done transition; the call returns at once, with no timeout."""
-    recorder = TransitionRecorder()
-    async with EngineHarness(ranks=1, setup=basic_methods, observer=recorder) as h:
+    recorder = transition_recorder
+    async with ctlwire_harness(ranks=1, setup=basic_methods) as h:
         h.network._client.__class__ = SuspendingSend  # type: ignore[union-attr]
         start = anyio.current_time()
         info = await h.client.call("get_server_info", timeout=600.0)

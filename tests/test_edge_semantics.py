@@ -21,19 +21,15 @@ from ctlwire.kernel.errors import (
     RequestTimedOut,
     RequestTooLarge,
 )
-from ctlwire.kernel.testing import EngineHarness, virtual_backend
+from ctlwire.kernel.testing import EngineHarness
 from ctlwire.transports.envelope import Envelope, Request
 from ctlwire.transports.errors import WouldBlock
 from ctlwire.transports.transport import ClientTransport, TransportEvent
 
-pytestmark = pytest.mark.anyio
+# asyncio and trio, both on a virtual clock (ctlwire's pytest plugin)
+pytestmark = [pytest.mark.anyio, pytest.mark.ctlwire_virtual_clock]
 
 MODES = ("queueing", "watching", "concurrent")
-
-
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
-    return virtual_backend(request.param)
 
 
 class Counting:

@@ -63,7 +63,7 @@ async def test_handlers_blocking_10_s_are_busy_not_dead(ipc_dir: str) -> None:
                         states.add((rank, c.peers.state(rank).name))
                     await anyio.sleep(0.1)
             assert result == {0: 1, 1: 1}
-            assert c.counters["engine_lost"] == 0 and c.metrics()["registry"]["late"] == 0
+            assert c.counters["engine_lost"] == 0 and c.metrics()["replies_dropped"]["late"] == 0
             assert {(0, "BUSY"), (1, "BUSY")} <= states
             assert not any(s == "LOST" for _, s in states)
             for rank in (0, 1):

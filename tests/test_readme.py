@@ -1,0 +1,65 @@
+"""The README's python blocks run, so they cannot rot.
+
+A block runs as a script unless the line before it says otherwise:
+``<!-- readme-test: pytest -->`` runs it as a test file under pytest (with the
+installed ctlwire plugin, no conftest), ``<!-- readme-test: skip (reason) -->``
+skips it, and the reason is required."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BLOCK = re.compile(r"(?:^(<!-- readme-test: [^\n]*-->)\n)?^```python\n(.*?)^```", re.M | re.S)
+
+
+def blocks() -> list[tuple[int, str, str]]:
+    text = README.read_text()
+    out = []
+    for m in BLOCK.finditer(text):
+        line = text.count("\n", 0, m.start(2))
+        directive = m.group(1) or "<!-- readme-test: script -->"
+        kind = directive.removeprefix("<!-- readme-test: ").removesuffix(" -->")
+        out.append((line, kind, m.group(2)))
+    return out
+
+
+BLOCKS = blocks()
+
+
+def test_every_block_runs_or_says_why_not() -> None:
+    kinds = [kind.split()[0] for _, kind, _ in BLOCKS]
+    assert set(kinds) <= {"script", "pytest", "skip"}, kinds
+    for line, kind, _ in BLOCKS:
+        if kind.startswith("skip"):
+            assert re.fullmatch(r"skip \(.{10,}\)", kind), f"README line {line}: say why"
+    assert kinds.count("script") >= 1 and kinds.count("pytest") >= 1
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+
+
+@pytest.mark.parametrize(("line", "kind", "code"), BLOCKS, ids=[f"line{b[0]}" for b in BLOCKS])
+def test_readme_block(line: int, kind: str, code: str, tmp_path: Path) -> None:
+    if kind.startswith("skip"):
+        pytest.skip(f"README line {line}: {kind}")
+    if kind == "pytest":
+        (tmp_path / "test_readme_block.py").write_text(code)
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                              "test_readme_block.py"], cwd=tmp_path, env=_env(),
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, f"README line {line}:\n{out.stdout}{out.stderr}"
+        assert " passed" in out.stdout and "skipped" not in out.stdout, out.stdout
+        return
+    script = tmp_path / "readme_block.py"
+    script.write_text(code)
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, f"README line {line}:\n{out.stdout}{out.stderr}"
