@@ -5,7 +5,9 @@ binds a ``ControlClient(ZmqRouterClientTransport(ADDR))`` that ``N`` engine
 ranks dial, waits until every rank is heard from, then times ``M`` sequential
 fan-outs to all of them. Its RSS is read (after a full collection) before the
 client exists and once it is connected to the ``N`` ranks and has fanned out:
-the difference is what the client costs for ``N`` ranks. A process of its own
+the difference is what the client costs for ``N`` ranks. The CPU time the
+client process spent over the timed fan-outs separates its own cost from the
+engines' (which share the machine's cores with it). A process of its own
 for each ``N`` keeps that delta clean (allocator arenas reused from a larger
 earlier client would hide it).
 
@@ -61,14 +63,16 @@ async def _scale(address: str, ranks: int, fanouts: int, ready_timeout: float) -
         gc.collect()
         rss_after = rss_bytes()
         times: list[float] = []
+        cpu0 = time.process_time()
         for _ in range(fanouts):
             t0 = time.perf_counter()
             res = await ctl.fan_out("echo", PAYLOAD)
             times.append(time.perf_counter() - t0)
             if len(res.results) != ranks:
                 raise AssertionError(f"fan-out to {ranks} ranks: errors {res.errors}")
+        cpu_s = time.process_time() - cpu0
         live = ctl.registry.live_count
-    _result({"ranks": ranks, "fanout_s": times, "rss_before": rss_before,
+    _result({"ranks": ranks, "fanout_s": times, "cpu_s": cpu_s, "rss_before": rss_before,
              "rss_after": rss_after, "ready_s": ready_s, "live_after": live})
 
 

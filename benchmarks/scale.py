@@ -4,7 +4,8 @@
                   once and gathered (a task group for ctlwire, ``asyncio.gather`` over the
                   asyncio.Lock + Event communicator and bare pyzmq engines for the
                   baseline); completed fan-outs/s, ctlwire / baseline
-``scale``         fan-out to 8, 64 and 256 ranks hosted K to a process
+``scale``         fan-out to 8, 64 and 256 ranks over 4 engine processes (plus one
+                  hosting the last rank alone), K endpoints each
                   (:mod:`ctlwire.benchmarks.multi_rank_engine`); cost per rank (fan-out
                   p50 / ranks) against itself at 8 ranks, and the client's RSS per rank
 ``multi_client``  4 client processes (``ZmqDealerClientTransport``) sharing 8 engines that
@@ -52,7 +53,7 @@ __all__ = [
 GROUPS = ("fanout_burst", "scale", "multi_client", "detect256")
 BURST = 400
 BURST_ENGINES = 8
-PER_PROCESS = 64
+HOST_PROCESSES = 4
 SCALE_RANKS = (8, 64, 256)
 MC_ENGINES = 8
 MC_CLIENTS = 4
@@ -61,18 +62,27 @@ _MB = 1024 * 1024
 _BASE_FAN = "asyncio.Lock + Event communicator over bare pyzmq engines, asyncio.gather"
 
 
-def layout(ranks: int, *, isolate_last: bool = False) -> list[tuple[int, int]]:
-    """``(first rank, count)`` of each engine process hosting ``ranks`` ranks, at
-    most :data:`PER_PROCESS` each; ``isolate_last`` gives the last rank a process
-    of its own (the victim of ``detect256``)."""
+def layout(ranks: int, *, processes: int = HOST_PROCESSES, isolate_last: bool = True
+           ) -> list[tuple[int, int]]:
+    """``(first rank, count)`` of each engine process hosting ``ranks`` ranks: the
+    ranks spread evenly over ``processes`` processes (64 each at 256 ranks) and, with
+    ``isolate_last``, the last rank alone in one more process (the victim of
+    ``detect256``). ``scale`` uses the same shape at every size, so that the cost per
+    rank compares like with like: only the number of endpoints per process grows."""
     hosted = ranks - 1 if isolate_last else ranks
-    out = [(first, min(PER_PROCESS, hosted - first)) for first in range(0, hosted, PER_PROCESS)]
+    n = max(1, min(processes, hosted))
+    out: list[tuple[int, int]] = []
+    first = 0
+    for i in range(n):
+        count = hosted // n + (1 if i < hosted % n else 0)
+        out.append((first, count))
+        first += count
     if isolate_last:
         out.append((ranks - 1, 1))
-    return out
+    return [(f, c) for f, c in out if c > 0]
 
 
-def multi_rank_fleet(address: str, ranks: int, *, isolate_last: bool = False) -> EngineFleet:
+def multi_rank_fleet(address: str, ranks: int, *, isolate_last: bool = True) -> EngineFleet:
     """Processes of :mod:`ctlwire.benchmarks.multi_rank_engine` hosting ``ranks`` ranks
     that dial ``address``; the fleet's "ranks" are process indices."""
     procs = layout(ranks, isolate_last=isolate_last)
@@ -171,6 +181,12 @@ class ScalePoint:
     rss_before: int
     rss_after: int
     ready_s: float
+    cpu_s: float
+
+    @property
+    def cpu_per_rank_us(self) -> float:
+        """The client process's CPU time per fan-out per rank."""
+        return self.cpu_s / max(1, len(self.fanout_s)) / self.ranks * 1e6
 
     @property
     def p50_s(self) -> float:
@@ -197,7 +213,7 @@ def scale_point(address: str, ranks: int, processes: int, p: Params) -> ScalePoi
     if data["live_after"] != 0:
         raise AssertionError(f"scale client: {data['live_after']} requests left live")
     return ScalePoint(ranks, processes, data["fanout_s"], data["rss_before"],
-                      data["rss_after"], data["ready_s"])
+                      data["rss_after"], data["ready_s"], data["cpu_s"])
 
 
 def scale_rows(points: Sequence[ScalePoint]) -> list[Row]:
@@ -212,13 +228,31 @@ def scale_rows(points: Sequence[ScalePoint]) -> list[Row]:
             f"cost per rank at {pt.ranks} / at {base.ranks}", Target("info"),
             {"fanout_p50_ms": pt.p50_s * 1e3,
              "fanout_p90_ms": percentile(pt.fanout_s, 90) * 1e3,
-             "fanouts": len(pt.fanout_s), "wait_ready_s": round(pt.ready_s, 3)}))
+             "fanouts": len(pt.fanout_s), "wait_ready_s": round(pt.ready_s, 3),
+             "client_cpu_us_per_rank": pt.cpu_per_rank_us}))
     last = points[-1]
     rows.append(Row(
         "scale", f"cost per rank at {last.ranks} vs {base.ranks} ranks", "µs/rank",
         last.cost_per_rank_us, base.cost_per_rank_us, f"ctlwire at {base.ranks} ranks",
         last.cost_per_rank_us / base.cost_per_rank_us,
         f"cost@{last.ranks} / cost@{base.ranks}", Target("<=", 1.2, "<= 1.2x")))
+    rows.append(Row(
+        "scale", f"client CPU per rank at {last.ranks} vs {base.ranks} ranks", "µs/rank",
+        last.cpu_per_rank_us, base.cpu_per_rank_us, f"client CPU at {base.ranks} ranks",
+        last.cpu_per_rank_us / base.cpu_per_rank_us,
+        f"client CPU per fan-out per rank @{last.ranks} / @{base.ranks}", Target("info"),
+        {f"at_{pt.ranks}": pt.cpu_per_rank_us for pt in points}))
+    if len(points) >= 3:
+        # cost per rank amortises a fixed per-fan-out cost, so it flatters large N;
+        # the cost of each *added* rank, low range vs high range, shows growth
+        lo, mid = points[0], points[-2]
+        low = (mid.p50_s - lo.p50_s) / (mid.ranks - lo.ranks) * 1e6
+        high = (last.p50_s - mid.p50_s) / (last.ranks - mid.ranks) * 1e6
+        rows.append(Row(
+            "scale", f"fan-out cost per added rank, {mid.ranks} -> {last.ranks} vs "
+            f"{lo.ranks} -> {mid.ranks}", "µs/rank", high, low,
+            f"added ranks {lo.ranks} -> {mid.ranks}", high / low if low > 0 else float("inf"),
+            "marginal cost high range / low range", Target("info")))
     for pt in points:
         rows.append(Row(
             "scale", f"client RSS per rank, connected to {pt.ranks} ranks", "KiB/rank",
@@ -400,9 +434,8 @@ def run_groups(pool: FleetPool, selected: set[str], p: Params,
             points: list[ScalePoint] = []
             for ranks in SCALE_RANKS:
                 name = f"scale{ranks}"
-                # 256 ranks: the detect256 layout (last rank alone), so that group reuses it
-                fleet = pool.custom(name, functools.partial(
-                    multi_rank_fleet, ranks=ranks, isolate_last=ranks == DETECT_RANKS))
+                # the detect256 layout at every size, so that group reuses the 256 fleet
+                fleet = pool.custom(name, functools.partial(multi_rank_fleet, ranks=ranks))
                 pool.start(name)
                 points.append(scale_point(pool.address(name), ranks, len(fleet.ranks), p))
                 if not (ranks == DETECT_RANKS and "detect256" in selected):
@@ -420,8 +453,7 @@ def run_groups(pool: FleetPool, selected: set[str], p: Params,
         pool.stop("mc")
     if "detect256" in selected:
         name = f"scale{DETECT_RANKS}"
-        fleet = pool.custom(name, lambda addr: multi_rank_fleet(addr, DETECT_RANKS,
-                                                                isolate_last=True))
+        fleet = pool.custom(name, functools.partial(multi_rank_fleet, ranks=DETECT_RANKS))
         pool.start(name)
         step("detect256", lambda: detect_rows(detect(pool.address(name), fleet,
                                                      DETECT_RANKS, p)))

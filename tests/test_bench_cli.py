@@ -100,6 +100,8 @@ SCALE_ROWS = {
     "fanout_burst": ["400 fan-outs at once, one task each, 8 engines"],
     "scale": ["fan-out cost per rank, 8 ranks", "fan-out cost per rank, 64 ranks",
               "fan-out cost per rank, 256 ranks", "cost per rank at 256 vs 8 ranks",
+              "fan-out cost per added rank, 64 -> 256 vs 8 -> 64",
+              "client CPU per rank at 256 vs 8 ranks",
               "client RSS per rank, connected to 8 ranks",
               "client RSS per rank, connected to 256 ranks", "client RSS per added rank"],
     "multi_client": ["4 client processes, 8 engines that bind",
