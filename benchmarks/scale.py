@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import logging
 import os
 import select
 import subprocess
@@ -376,6 +377,7 @@ class DetectResult:
     ranks: int
     seconds: list[float | None] = field(default_factory=list)
     others_lost: int = 0
+    victim_lost_records: int = 0
 
 
 def detect(address: str, fleet: EngineFleet, ranks: int, p: Params) -> DetectResult:
@@ -386,10 +388,25 @@ def detect(address: str, fleet: EngineFleet, ranks: int, p: Params) -> DetectRes
     victim_rank, victim_proc = ranks - 1, fleet.ranks[-1]
     trials = 1 if p.quick else 3
 
+    lost: list[int] = []
+
+    class LostRanks(logging.Handler):
+        """Every rank the client declares lost (its ``engine rank %d lost`` record)."""
+
+        def emit(self, record: logging.LogRecord) -> None:
+            args = record.args
+            if record.msg == "ctlwire: engine rank %d lost (%s)" and isinstance(args, tuple):
+                rank = args[0]
+                if isinstance(rank, int):
+                    lost.append(rank)
+
+    handler = LostRanks()
+    client_log = logging.getLogger("ctlwire.client")
+
     async def run() -> None:
         async with _ctl_client(address, ranks) as ctl:
             await ctl.wait_ready(timeout=60)
-            lost0 = ctl.counters["engine_lost"]
+            lost.clear()
             for trial in range(trials):
                 if trial:
                     await anyio.to_thread.run_sync(fleet.restart, victim_proc)
@@ -401,9 +418,14 @@ def detect(address: str, fleet: EngineFleet, ranks: int, p: Params) -> DetectRes
                 result.seconds.append(await wait_lost(ctl, victim_rank, start, 10.0))
                 await anyio.to_thread.run_sync(fleet.engines[victim_proc].proc.wait)
             await anyio.sleep(0.3)
-            result.others_lost = ctl.counters["engine_lost"] - lost0 - trials
+            result.others_lost = len({r for r in lost if r != victim_rank})
+            result.victim_lost_records = lost.count(victim_rank)
 
-    anyio.run(run, backend="asyncio")
+    client_log.addHandler(handler)
+    try:
+        anyio.run(run, backend="asyncio")
+    finally:
+        client_log.removeHandler(handler)
     return result
 
 
@@ -414,7 +436,11 @@ def detect_rows(r: DetectResult) -> list[Row]:
                 "s", worst, None, "-", worst, "seconds from kill -9 to Lost",
                 Target("<=", 1.5, "<= 1.5 s"),
                 {"trials_s": r.seconds, "median_s": median(seen) if seen else None,
-                 "other_ranks_lost": r.others_lost}, ratio_unit=" s")]
+                 "other_ranks_lost": r.others_lost}, ratio_unit=" s"),
+            Row("detect256", f"other ranks reported Lost (of {r.ranks - 1} alive)", "ranks",
+                r.others_lost, r.ranks - 1, "ranks alive throughout", r.others_lost,
+                "false Lost among the survivors", Target("<=", 0, "== 0"),
+                {"victim_lost_records": r.victim_lost_records}, ratio_unit="")]
 
 
 # -- the runner's hook ------------------------------------------------------------------------

@@ -106,7 +106,7 @@ SCALE_ROWS = {
               "client RSS per rank, connected to 256 ranks", "client RSS per added rank"],
     "multi_client": ["4 client processes, 8 engines that bind",
                      "calls not answered correctly"],
-    "detect256": ["kill -9 of 1 rank among 256"],
+    "detect256": ["kill -9 of 1 rank among 256", "other ranks reported Lost"],
 }
 
 
@@ -129,7 +129,9 @@ def test_quick_load_and_scale_group_reports_its_rows(tmp_path: Path, group: str)
         unanswered = next(r for r in rows if r["scenario"].startswith("calls not answered"))
         assert unanswered["ctlwire"] == 0 and unanswered["baseline"] > 0
     if group == "detect256":
-        assert len(rows[0]["details"]["trials_s"]) == 1  # the killed rank was seen Lost
+        assert len(rows[0]["details"]["trials_s"]) == 1
+        assert _number(rows[0]["details"]["trials_s"][0])  # the killed rank was seen Lost
+        assert rows[1]["details"]["victim_lost_records"] >= 1  # and the client said so
 
 
 def test_unknown_group_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
