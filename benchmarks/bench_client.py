@@ -4,8 +4,9 @@
 binds a ``ControlClient(ZmqRouterClientTransport(ADDR))`` that ``N`` engine
 ranks dial, waits until every rank is heard from, then times ``M`` sequential
 fan-outs to all of them. Its RSS is read (after a full collection) before the
-client exists and once it is connected to the ``N`` ranks and has fanned out:
-the difference is what the client costs for ``N`` ranks. The CPU time the
+client exists, once it is connected to the ``N`` ranks (every rank heard
+from), and after the warm-up fan-outs: the differences are what the client
+costs for ``N`` ranks. The CPU time the
 client process spent over the timed fan-outs separates its own cost from the
 engines' (which share the machine's cores with it). A process of its own
 for each ``N`` keeps that delta clean (allocator arenas reused from a larger
@@ -55,13 +56,15 @@ async def _scale(address: str, ranks: int, fanouts: int, ready_timeout: float) -
         t0 = time.perf_counter()
         await ctl.wait_ready(timeout=ready_timeout)
         ready_s = time.perf_counter() - t0
+        gc.collect()
+        rss_connected = rss_bytes()
         expected = dict.fromkeys(range(ranks), PAYLOAD)
         for _ in range(max(3, fanouts // 5)):  # warm-up
             res = await ctl.fan_out("echo", PAYLOAD)
             if res.results != expected:
                 raise AssertionError(f"fan-out to {ranks} ranks: errors {res.errors}")
         gc.collect()
-        rss_after = rss_bytes()
+        rss_warm = rss_bytes()
         times: list[float] = []
         cpu0 = time.process_time()
         for _ in range(fanouts):
@@ -73,7 +76,8 @@ async def _scale(address: str, ranks: int, fanouts: int, ready_timeout: float) -
         cpu_s = time.process_time() - cpu0
         live = ctl.registry.live_count
     _result({"ranks": ranks, "fanout_s": times, "cpu_s": cpu_s, "rss_before": rss_before,
-             "rss_after": rss_after, "ready_s": ready_s, "live_after": live})
+             "rss_connected": rss_connected, "rss_warm": rss_warm, "ready_s": ready_s,
+             "live_after": live})
 
 
 async def _calls(addresses: Sequence[str], calls: int, callers: int,

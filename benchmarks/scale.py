@@ -180,7 +180,8 @@ class ScalePoint:
     processes: int
     fanout_s: list[float]
     rss_before: int
-    rss_after: int
+    rss_after: int  # connected to every rank
+    rss_warm: int  # after the warm-up fan-outs
     ready_s: float
     cpu_s: float
 
@@ -214,7 +215,7 @@ def scale_point(address: str, ranks: int, processes: int, p: Params) -> ScalePoi
     if data["live_after"] != 0:
         raise AssertionError(f"scale client: {data['live_after']} requests left live")
     return ScalePoint(ranks, processes, data["fanout_s"], data["rss_before"],
-                      data["rss_after"], data["ready_s"], data["cpu_s"])
+                      data["rss_connected"], data["rss_warm"], data["ready_s"], data["cpu_s"])
 
 
 def scale_rows(points: Sequence[ScalePoint]) -> list[Row]:
@@ -259,7 +260,9 @@ def scale_rows(points: Sequence[ScalePoint]) -> list[Row]:
             "scale", f"client RSS per rank, connected to {pt.ranks} ranks", "KiB/rank",
             pt.rss_per_rank / 1024, None, "client RSS before the client existed",
             pt.rss_per_rank / 1024, "(RSS connected - RSS before) / ranks", Target("info"),
-            {"rss_before_mb": pt.rss_before / _MB, "rss_after_mb": pt.rss_after / _MB},
+            {"rss_before_mb": pt.rss_before / _MB, "rss_connected_mb": pt.rss_after / _MB,
+             "rss_after_warmup_fanouts_mb": pt.rss_warm / _MB,
+             "warm_per_rank_kib": (pt.rss_warm - pt.rss_before) / pt.ranks / 1024},
             ratio_unit=" KiB"))
     if len(points) > 1:
         first = points[0]
