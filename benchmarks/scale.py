@@ -381,6 +381,7 @@ class DetectResult:
     seconds: list[float | None] = field(default_factory=list)
     others_lost: int = 0
     victim_lost_records: int = 0
+    reasons: list[str] = field(default_factory=list)
 
 
 def detect(address: str, fleet: EngineFleet, ranks: int, p: Params) -> DetectResult:
@@ -392,6 +393,7 @@ def detect(address: str, fleet: EngineFleet, ranks: int, p: Params) -> DetectRes
     trials = 1 if p.quick else 3
 
     lost: list[int] = []
+    reasons: list[str] = []
 
     class LostRanks(logging.Handler):
         """Every rank the client declares lost (its ``engine rank %d lost`` record)."""
@@ -402,6 +404,8 @@ def detect(address: str, fleet: EngineFleet, ranks: int, p: Params) -> DetectRes
                 rank = args[0]
                 if isinstance(rank, int):
                     lost.append(rank)
+                    if rank == victim_rank and len(args) > 1:
+                        reasons.append(str(args[1]))
 
     handler = LostRanks()
     client_log = logging.getLogger("ctlwire.client")
@@ -423,6 +427,7 @@ def detect(address: str, fleet: EngineFleet, ranks: int, p: Params) -> DetectRes
             await anyio.sleep(0.3)
             result.others_lost = len({r for r in lost if r != victim_rank})
             result.victim_lost_records = lost.count(victim_rank)
+            result.reasons = list(reasons)
 
     client_log.addHandler(handler)
     try:
@@ -439,7 +444,8 @@ def detect_rows(r: DetectResult) -> list[Row]:
                 "s", worst, None, "-", worst, "seconds from kill -9 to Lost",
                 Target("<=", 1.5, "<= 1.5 s"),
                 {"trials_s": r.seconds, "median_s": median(seen) if seen else None,
-                 "other_ranks_lost": r.others_lost}, ratio_unit=" s"),
+                 "other_ranks_lost": r.others_lost, "detected_by": r.reasons},
+                ratio_unit=" s"),
             Row("detect256", f"other ranks reported Lost (of {r.ranks - 1} alive)", "ranks",
                 r.others_lost, r.ranks - 1, "ranks alive throughout", r.others_lost,
                 "false Lost among the survivors", Target("<=", 0, "== 0"),
