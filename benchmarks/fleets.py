@@ -92,6 +92,13 @@ class FleetPool:
             fleet = self._fleets[name] = ModuleFleet(module, 1, args_for)
         return fleet
 
+    def custom(self, name: str, make: Callable[[str], EngineFleet]) -> EngineFleet:
+        """Declare the fleet ``make(address)`` (any processes that print READY)."""
+        fleet = self._fleets.get(name)
+        if fleet is None:
+            fleet = self._fleets[name] = make(self.address(name))
+        return fleet
+
     def start(self, *names: str) -> None:
         """Start the declared fleets ``names`` that are not running yet, concurrently
         (spawning every process first, then waiting for all of them to be READY, with

@@ -10,6 +10,12 @@ Groups (``--only`` takes any of them; default: all, in this order):
 ``live``         cost of a call as live requests grow 10 -> 10,000 (vs itself at 10)
 ``memory``       registry, tombstones and RSS after 100,000 calls with 10 % timeouts
 ``state_table``  one request lifecycle: derived table vs a transitions model
+``fanout_burst`` 400 fan-outs at once, one task each, 8 engines vs the same communicator
+``scale``        fan-out cost per rank at 8, 64, 256 ranks (vs itself at 8), client RSS/rank
+``multi_client`` 4 client processes sharing 8 engines that bind vs 1 client process
+``detect256``    kill -9 of 1 rank among 256: time until the client reports it Lost
+
+(the last four: :mod:`ctlwire.benchmarks.scale`)
 
 Every engine process is started by a :class:`FleetPool` and stopped in
 ``finally``, whatever happens.
@@ -21,14 +27,15 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from . import scenarios, state_table
+from . import scale, scenarios, state_table
 from .fleets import FleetPool
 from .report import Report, Row, Target
 from .stats import median, percentile
 
 __all__ = ["GROUPS", "run_bench"]
 
-GROUPS = ("latency", "floor", "throughput", "fanout", "trio", "live", "memory", "state_table")
+GROUPS = ("latency", "floor", "throughput", "fanout", "trio", "live", "memory", "state_table",
+          *scale.GROUPS)
 FAN_ENGINES = 8
 _BASE1 = "raw pyzmq asyncio ROUTER + dict of futures (vLLM utility-call pattern)"
 _BASE_FAN = "asyncio.Lock + Event fan-out communicator (fixed SGLang design)"
@@ -214,6 +221,7 @@ def run_bench(*, quick: bool = False, only: Sequence[str] | None = None,
             pool.start("ctl1")
             step("memory", lambda: _memory_rows(scenarios.memory(pool.address("ctl1"), p)))
         pool.stop("ctl1")
+        scale.run_groups(pool, selected, p, step)
     if "state_table" in selected:
         lives = (10, 1_000) if quick else (10, 10_000)
         step("state_table", lambda: _state_table_rows(state_table.measure(quick, lives)))

@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     p.add_argument("--only", nargs="+", metavar="GROUP",
                    help="run only these groups: latency floor throughput fanout trio live "
-                   "memory state_table")
+                   "memory state_table fanout_burst scale multi_client detect256")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--reliability", action="store_true",
                       help="the fault matrix instead: outcomes, lost, leaked, detection times")
