@@ -8,8 +8,12 @@ from typing import Any
 
 import msgspec
 
+from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.request_registry import ReplyDisposition, RequestRegistry
-from ctlwire.transports.envelope import Reply
+from ctlwire.transports.codec import MsgpackCodec
+from ctlwire.transports.envelope import Reply, Request
+from ctlwire.transports.errors import WouldBlock
+from ctlwire.transports.transport import Received
 
 NIL = msgspec.Raw(b"\xc0")
 
@@ -45,3 +49,178 @@ def test_a_reply_whose_connection_rank_differs_from_its_claim_never_enters_a_tom
     # the envelope claims rank 0 but came in on rank 5's connection
     assert reg.on_reply(Reply(entry.id, 0, 1, True, NIL), peer=5)[0] is ReplyDisposition.STRAY
     assert reg._tombstones[entry.id].answered == set()
+
+
+class _FullRouteTransport:
+    """An engine transport whose route ``b"hostile"`` is always full."""
+
+    def __init__(self) -> None:
+        self.codec = MsgpackCodec()
+        self.rank = 0
+        self.sent: list[tuple[Any, int]] = []
+        self.inbox: list[Any] = []
+
+    def open(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def try_receive(self) -> Any:
+        return self.inbox.pop(0) if self.inbox else None
+
+    def send_nowait(self, route: Any, envelope: Any) -> None:
+        if route == b"hostile":
+            raise WouldBlock("full")
+        self.sent.append((route, envelope.id))
+
+    def heartbeat_routes(self) -> list[Any]:
+        return []
+
+
+def test_poll_mode_replies_to_a_full_route_are_bounded_and_do_not_hold_up_others() -> None:
+    transport = _FullRouteTransport()
+    ep = EngineEndpoint(transport, heartbeat_interval=None, max_unread_replies=8)  # type: ignore[arg-type]
+    ep.register("echo", lambda v: v, payload_type=Any)
+    codec = transport.codec
+    n = 0
+    for i in range(1, 101):
+        transport.inbox.append(Received(Request(i, 0, "echo", codec.encode_value(i), client=1),
+                                        route=b"hostile"))
+        if i % 10 == 0:
+            n += 1
+            transport.inbox.append(Received(Request(n, 0, "echo", codec.encode_value(n),
+                                                    client=2), route=b"legit"))
+        ep.poll()
+    print(f"outbox {ep.metrics()['outbox']}, dropped {ep.counters['replies_dropped_unread']}")
+    assert transport.sent == [(b"legit", k) for k in range(1, 11)]
+    assert ep.outbox_replies == 8
+    assert ep.counters["replies_dropped_unread"] == 92
+
+
+# -- a peer that floods requests and never reads its replies (real processes) ----------
+
+import os  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+import anyio  # noqa: E402
+import pytest  # noqa: E402
+import zmq  # noqa: E402
+
+from ctlwire.kernel.control_client import ControlClient  # noqa: E402
+from ctlwire.kernel.engine_fleet import EngineFleet  # noqa: E402
+from ctlwire.transports.zmq_client import ZmqDealerClientTransport  # noqa: E402
+
+PAYLOAD = "x" * 2048
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class Flooder:
+    """A raw DEALER (RCVHWM 1) that sends ``count`` echo requests with a 2 KiB
+    payload as fast as the engine takes them and never calls recv. Samples the
+    engine's RSS as it goes. Gives up when the engine stops taking requests for
+    ``stuck_after`` s (an engine stuck behind this peer)."""
+
+    def __init__(self, address: str, engine_pid: int, count: int, *,
+                 stuck_after: float = 15.0) -> None:
+        self.address = address
+        self.pid = engine_pid
+        self.count = count
+        self.stuck_after = stuck_after
+        self.sent = 0
+        self.peak_rss = 0.0
+        self.halfway = threading.Event()
+        self.done = threading.Event()
+        self.release = threading.Event()  # keep the connection (and its full pipe) until set
+        self.stuck = False
+
+    def run(self) -> None:
+        codec = MsgpackCodec()
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.RCVHWM, 1)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.address)
+        payload = codec.encode_value(PAYLOAD)
+        last_progress = time.monotonic()
+        try:
+            while self.sent < self.count:
+                frame = codec.encode(Request(self.sent + 1, 0, "echo", payload, client=666))
+                try:
+                    sock.send(frame, zmq.NOBLOCK)
+                except zmq.Again:
+                    if time.monotonic() - last_progress > self.stuck_after:
+                        self.stuck = True
+                        break
+                    time.sleep(0.001)
+                    continue
+                last_progress = time.monotonic()
+                self.sent += 1
+                if self.sent % 2000 == 0:
+                    self.peak_rss = max(self.peak_rss, rss_mb(self.pid))
+                if self.sent == self.count * 3 // 4:  # the engine's pipe to us is full by now
+                    self.halfway.set()
+            self.done.set()
+            self.release.wait(60)
+        finally:
+            self.halfway.set()
+            self.peak_rss = max(self.peak_rss, rss_mb(self.pid))
+            sock.close(0)
+            ctx.term()
+            self.done.set()
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", ["poll", "serve"])
+async def test_a_peer_that_never_reads_cannot_grow_the_engine_or_stall_other_clients(
+        mode: str, tmp_path: Any) -> None:
+    """An engine (engines bind) flooded with 2 KiB echo requests by a DEALER that
+    never reads: every call of a legitimate client made during the flood
+    succeeds, the engine's RSS stays bounded and the dropped replies are counted."""
+    os.chmod(tmp_path, 0o700)
+    address = f"ipc://{tmp_path}/e.sock"
+    count = 80_000 if mode == "poll" else 40_000
+    with EngineFleet(1, lambda r: ["--bind", address, "--mode", mode]) as fleet:
+        pid = fleet.pids()[0]
+        async with ControlClient(ZmqDealerClientTransport([address]), ranks=1) as client:
+            assert await client.call("echo", "warm", rank=0, timeout=10) == "warm"
+            base = rss_mb(pid)
+            flood = Flooder(address, pid, count)
+            flooder = threading.Thread(target=flood.run, daemon=True)
+            flooder.start()
+            await anyio.to_thread.run_sync(flood.halfway.wait)
+            ok = 0
+            failures: list[BaseException] = []
+            for i in range(20):
+                try:
+                    assert await client.call("echo", i, rank=0, timeout=8) == i
+                    ok += 1
+                except Exception as exc:  # the assertion below reports it
+                    failures.append(exc)
+                    break
+            await anyio.to_thread.run_sync(flood.done.wait)
+            try:
+                metrics = await client.call("metrics", rank=0, timeout=8) if not failures else {}
+            finally:
+                flood.release.set()
+                flooder.join()
+        print(f"\n{mode}: flood sent {flood.sent}/{count} (stuck={flood.stuck}), engine RSS "
+              f"{base:.1f} MB -> peak {flood.peak_rss:.1f} MB; legit calls ok {ok}/20; "
+              f"replies_dropped_unread {metrics.get('replies_dropped_unread')}, "
+              f"outbox {metrics.get('outbox')}")
+    assert not failures, failures
+    assert ok == 20
+    assert not flood.stuck and flood.sent == count
+    assert metrics["replies_dropped_unread"] > 0
+    assert metrics["outbox"]["peak_bytes"] <= 4 << 20
+    # libzmq's own pipes hold up to SNDHWM + RCVHWM (10,000 each) replies of ~2.2 KB
+    # (~45 MB, a constant: bounding them is a transport matter); the engine's outbox
+    # adds at most its 4 MiB bound. Unbounded, the outbox alone grows by ~130 MB here.
+    assert flood.peak_rss - base < 100, (base, flood.peak_rss)
