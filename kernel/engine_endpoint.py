@@ -897,6 +897,8 @@ class EngineEndpoint:
                                   "hits": self.results.hits, "evicted": self.results.evicted},
             # client keys this engine's CURVE authenticator refused (engines that bind)
             "auth_rejections": int(getattr(self.transport, "auth_rejections", 0)),
+            # client routes refused because the route table was full of live ones
+            "routes_refused": int(getattr(self.transport, "routes_refused", 0)),
             **self.counters,
         }
 

@@ -224,3 +224,64 @@ async def test_a_peer_that_never_reads_cannot_grow_the_engine_or_stall_other_cli
     # (~45 MB, a constant: bounding them is a transport matter); the engine's outbox
     # adds at most its 4 MiB bound. Unbounded, the outbox alone grows by ~130 MB here.
     assert flood.peak_rss - base < 100, (base, flood.peak_rss)
+
+
+# -- the engine's client route table (engines bind) --------------------------------------
+
+from ctlwire.transports.envelope import Heartbeat  # noqa: E402
+from ctlwire.transports.zmq_engine import ZmqRouterEngineTransport  # noqa: E402
+
+
+def _drain(transport: ZmqRouterEngineTransport, expect: int) -> int:
+    got = 0
+    while got < expect and transport.wait_readable(10):
+        while transport.try_receive() is not None:
+            got += 1
+    return got
+
+
+@pytest.mark.parametrize("junk", ["garbage", "valid_heartbeats"])
+def test_junk_identities_cannot_evict_a_live_client_route(junk: str, tmp_path: Any) -> None:
+    """150 raw DEALERs with distinct identities send garbage (or even valid
+    heartbeats) after a real client: the real client's route stays in the
+    table, garbage-only routes never enter it, surplus live ones are refused
+    and counted."""
+    os.chmod(tmp_path, 0o700)
+    address = f"ipc://{tmp_path}/e.sock"
+    codec = MsgpackCodec()
+    transport = ZmqRouterEngineTransport(address, 0, max_clients=64)
+    transport.open()
+    ctx = zmq.Context()
+    socks = []
+    try:
+        real = ctx.socket(zmq.DEALER)
+        real.setsockopt(zmq.IDENTITY, b"real-client")
+        real.setsockopt(zmq.LINGER, 0)
+        real.connect(address)
+        socks.append(real)
+        real.send(codec.encode(Heartbeat(-1, 7, 1)))
+        assert _drain(transport, 1) == 1
+        hb = codec.encode(Heartbeat(-1, 9, 1))
+        for i in range(150):
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.IDENTITY, b"junk-%d" % i)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(address)
+            s.send(b"\xff\x00garbage" if junk == "garbage" else hb)
+            socks.append(s)
+        assert _drain(transport, 150) == 150
+        routes = list(transport.heartbeat_routes())
+        print(f"\n{junk}: routes {len(routes)}, refused {transport.routes_refused}, "
+              f"junk frames {transport.junk_routes}")
+        assert b"real-client" in routes
+        assert len(routes) <= 64
+        if junk == "garbage":
+            assert routes == [b"real-client"]
+            assert transport.junk_routes == 150
+        else:
+            assert transport.routes_refused == 150 - 63
+    finally:
+        for s in socks:
+            s.close(0)
+        transport.close()
+        ctx.term()
