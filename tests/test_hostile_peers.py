@@ -285,3 +285,99 @@ def test_junk_identities_cannot_evict_a_live_client_route(junk: str, tmp_path: A
             s.close(0)
         transport.close()
         ctx.term()
+
+
+# -- impersonation under CURVE: a rank is bound to its key ------------------------------
+
+from ctlwire.kernel.errors import RequestTimedOut  # noqa: E402
+from ctlwire.transports.curve import (  # noqa: E402
+    CurveClientConfig,
+    CurveServerConfig,
+    KeyPair,
+    generate_keypair,
+)
+from ctlwire.transports.zmq_client import ZmqRouterClientTransport  # noqa: E402
+from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport  # noqa: E402
+
+
+class Forger:
+    """A raw DEALER with rank 1's key claiming ``rank-0`` (and a ``beat-0``
+    beacon): it answers every request it gets with a forged result, sends
+    heartbeats and forged replies for ids it never saw."""
+
+    def __init__(self, address: str, keys: KeyPair, server: bytes) -> None:
+        self.address, self.keys, self.server = address, keys, server
+        self.stop = threading.Event()
+        self.requests = 0
+        self.forged = 0
+
+    def run(self) -> None:
+        codec = MsgpackCodec()
+        ctx = zmq.Context()
+        socks = []
+        try:
+            for identity in (b"rank-0", b"beat-0"):
+                s = ctx.socket(zmq.DEALER)
+                s.setsockopt(zmq.IDENTITY, identity)
+                s.setsockopt(zmq.LINGER, 0)
+                CurveClientConfig(self.keys, self.server).apply(s)
+                s.connect(self.address)
+                socks.append(s)
+            req_sock, beat_sock = socks
+            forged = codec.encode_value("forged")
+            fake_id = 1
+            while not self.stop.is_set():
+                beat_sock.send(codec.encode(Heartbeat(0, 1 << 60, 1)))
+                req_sock.send(codec.encode(Heartbeat(0, 1 << 60, 1)))
+                req_sock.send(codec.encode(Reply(fake_id, 0, 1 << 60, True, forged)))
+                fake_id += 1
+                self.forged += 1
+                if req_sock.poll(50):
+                    env = codec.decode(req_sock.recv())
+                    if isinstance(env, Request):
+                        self.requests += 1
+                        req_sock.send(codec.encode(Reply(env.id, 0, 1 << 60, True, forged)))
+                        self.forged += 1
+        finally:
+            for s in socks:
+                s.close(0)
+            ctx.term()
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_under_curve_a_rank_speaks_only_with_its_own_key() -> None:
+    """Rank 1's key connecting as ``rank-0``/``beat-0`` gets nothing accepted: its
+    requests' forged replies, heartbeats and unsolicited replies are dropped
+    and counted (``dropped_impersonation``); rank 0 with its own key works."""
+    server, key0, key1 = generate_keypair(), generate_keypair(), generate_keypair()
+    curve = CurveServerConfig.allowing(server, ranks={0: key0.public, 1: key1.public})
+    transport = ZmqRouterClientTransport("tcp://127.0.0.1:0", curve=curve)
+    async with ControlClient(transport, ranks=[0, 1]) as client:
+        forger = Forger(transport.address, key1, server.public)
+        thread = threading.Thread(target=forger.run, daemon=True)
+        thread.start()
+        try:
+            results = []
+            for i in range(3):
+                try:
+                    results.append(await client.call("echo", i, rank=0, timeout=1.0))
+                except RequestTimedOut:
+                    results.append("timed out")
+        finally:
+            forger.stop.set()
+            await anyio.to_thread.run_sync(thread.join)
+        dropped = client.counters.get("dropped_impersonation", 0)
+        print(f"\nforger: {forger.requests} requests reached it, {forger.forged} forged frames "
+              f"sent; results {results}; dropped_impersonation {dropped}")
+        assert "forged" not in results
+        assert dropped >= forger.forged > 0
+        assert client.registry.stats.unknown == 0  # nothing forged reached the registry
+        # rank 0 with its own key: served
+        engine = EngineEndpoint(ZmqDealerEngineTransport(
+            transport.address, 0, curve=CurveClientConfig(key0, server.public)))
+        engine.register("echo", lambda v: v, payload_type=Any)
+        async with anyio.create_task_group() as tg:
+            await tg.start(engine.serve)
+            assert await client.call("echo", "real", rank=0, timeout=10) == "real"
+            tg.cancel_scope.cancel()
