@@ -13,6 +13,10 @@ duplicate 1%   1% of frames delivered twice, both ways
 delay+reorder  10% of frames delayed 1-50 ms, 5% overtaken by the next frame
 partition      rank 2 cut off (no frame either way) for 2 s, then healed
 kill -9        rank 1 killed with SIGKILL, then restarted
+hostile        hostile peers during traffic: a flood of junk frames, spoofed identities
+               (``rank-00``, out-of-range ranks, ``beat-00``), forged replies (unknown ids,
+               ids of live requests), and a thawed old incarnation (rank 3 SIGSTOPped,
+               restarted as a new process, then SIGCONTed)
 soak           :mod:`ctlwire.benchmarks.soak`: drops, duplicates, delays and a kill
 ============== ===============================================================
 
@@ -31,14 +35,20 @@ anything was lost, leaked or unexpected, or a death went undetected.
 from __future__ import annotations
 
 import json
+import os
 import platform
+import random
+import signal
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import anyio
+import zmq
 
 from ctlwire.benchmarks.soak import (
     DETECTION_BOUND,
@@ -60,6 +70,8 @@ from ctlwire.benchmarks.traffic import (
 )
 from ctlwire.kernel.control_client import ControlClient
 from ctlwire.kernel.engine_fleet import EngineFleet
+from ctlwire.transports.codec import MsgpackCodec
+from ctlwire.transports.envelope import Heartbeat, Reply
 from ctlwire.transports.fault_injection import Fault, FaultPlan, FaultyClientTransport
 from ctlwire.transports.transport import ClientTransport
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
@@ -77,6 +89,8 @@ ENGINES = 4
 WORKERS = 128
 PARTITION_RANK = 2
 KILL_RANK = 1
+THAW_RANK = 3
+FORGED = "FORGED"
 PARTITION_SECONDS = 2.0
 
 
@@ -102,10 +116,25 @@ class ScenarioRow:
     duplicate: int = 0
     stale: int = 0
     injected: dict[str, int] = field(default_factory=dict)
+    hostile: bool = False
+    # calls whose result was a forged reply's (must be 0)
+    forged_accepted: int = 0
+    # engine processes that died without the scenario killing them (must be 0)
+    crashed: int = 0
+    # times an older incarnation was admitted again after a newer one (must be 0)
+    readmitted: int = 0
+    # what the client dropped and counted (hostile row)
+    dropped: dict[str, int] = field(default_factory=dict)
 
     def problems(self) -> list[str]:
         out = accounting_problems(self.sent, self.outcomes, self.unexpected, self.lost,
                                   self.leaked, self.samples)
+        if self.forged_accepted:
+            out.append(f"{self.forged_accepted} forged results accepted")
+        if self.crashed:
+            out.append(f"{self.crashed} engine processes crashed")
+        if self.readmitted:
+            out.append(f"an old incarnation was admitted again {self.readmitted} times")
         if self.detection:
             if self.detection_s is None or self.detection_s > DETECTION_BOUND:
                 out.append(f"{self.detection} detected after {self.detection_s} s "
@@ -150,6 +179,8 @@ Event = Callable[[ControlClient, ClientTransport, ScenarioRow], Awaitable[None]]
 
 async def _scenario(address: str, row: ScenarioRow, plan: FaultPlan | None, work: Workload,
                     event: Event | None = None) -> ScenarioRow:
+    # ZMTP heartbeats are off by default on every socket (with them on, libzmq 4.3.5
+    # aborted the process under the hostile row's churn: #4364/#4767)
     inner = ZmqRouterClientTransport(address)
     transport: ClientTransport = inner if plan is None else FaultyClientTransport(inner, plan)
     tally = Tally()
@@ -172,12 +203,21 @@ async def _scenario(address: str, row: ScenarioRow, plan: FaultPlan | None, work
         stats = client.registry.stats
         row.late, row.duplicate = stats.late, stats.duplicate
         row.stale = client.counters["stale_incarnation"]
-        row.injected = _injected(transport)
+        if row.hostile:
+            row.dropped = {k: v for k, v in client.counters.items()
+                           if k.startswith("dropped_") and v}
+            row.dropped["stray"] = stats.stray
+            row.dropped["unknown"] = stats.unknown
+            row.dropped["foreign_rank"] = client.peers.foreign
+            row.dropped["fenced_incarnation"] = client.peers.fenced
+        else:
+            row.injected = _injected(transport)
     row.sent = tally.sent
     row.outcomes = {k: tally.outcomes[k] for k in EXPECTED if tally.outcomes[k]}
     row.unexpected = dict(tally.unexpected)
     row.samples = tally.samples
     row.lost = tally.lost
+    row.forged_accepted = tally.forged
     row.calls_per_s = tally.sent / row.wall_s if row.wall_s else 0.0
     return row
 
@@ -206,6 +246,105 @@ def _kill(fleet: EngineFleet) -> Event:
         row.rejoin_s = await wait_live(client, KILL_RANK, restart)
 
     return kill
+
+
+class _Attacker:
+    """Hostile peers on the client's ROUTER, from a thread of their own: a flood
+    of junk frames from 50 identities, spoofed identities (non-canonical
+    ``rank-00``/``beat-00``/``rank-+1``, out-of-range ``rank-99``/``rank-7``/
+    ``beat-77``) sending heartbeats and forged replies, both for ids never
+    issued and for the ids of live requests (``live_ids``, fed by the loop)."""
+
+    SPOOFS = (b"rank-00", b"beat-00", b"rank-99", b"rank-7", b"beat-77", b"rank-+1")
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.stop = threading.Event()
+        self.live_ids: deque[int] = deque(maxlen=64)
+        self.counts = {"flood": 0, "spoofed": 0, "forged": 0}
+
+    def run(self) -> None:
+        codec = MsgpackCodec()
+        forged = codec.encode_value(FORGED)
+        rng = random.Random(11)
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        socks: list[tuple[bytes, zmq.Socket[bytes]]] = []
+        try:
+            for identity in (*self.SPOOFS, *(b"junk-%d" % i for i in range(50))):
+                sock = ctx.socket(zmq.DEALER)
+                sock.setsockopt(zmq.IDENTITY, identity)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.SNDHWM, 100)
+                sock.connect(self.address)
+                socks.append((identity, sock))
+            while not self.stop.is_set():
+                for identity, sock in socks:
+                    try:
+                        if identity.startswith(b"junk-"):
+                            for _ in range(10):
+                                sock.send(rng.randbytes(rng.randint(1, 64)), zmq.NOBLOCK)
+                                self.counts["flood"] += 1
+                            continue
+                        claimed = rng.randrange(ENGINES)
+                        sock.send(codec.encode(Heartbeat(claimed, 1 << 50, 1)), zmq.NOBLOCK)
+                        self.counts["spoofed"] += 1
+                        for rid in [*list(self.live_ids)[-8:], rng.getrandbits(62)]:
+                            sock.send(codec.encode(Reply(rid, claimed, 1 << 50, True, forged)),
+                                      zmq.NOBLOCK)
+                            self.counts["forged"] += 1
+                    except zmq.Again:
+                        pass
+                time.sleep(0.005)
+        finally:
+            for _, sock in socks:
+                sock.close(0)
+            ctx.term()
+
+
+def _hostile(fleet: EngineFleet, address: str) -> Event:
+    async def feed(client: ControlClient, attacker: _Attacker, seconds: float) -> None:
+        end = anyio.current_time() + seconds
+        while anyio.current_time() < end:  # forged replies for live requests' ids
+            attacker.live_ids.extend(e.id for e in client.registry.live()[:16])
+            await anyio.sleep(0.005)
+
+    async def hostile(client: ControlClient, transport: ClientTransport, row: ScenarioRow
+                      ) -> None:
+        attacker = _Attacker(address)
+        thread = threading.Thread(target=attacker.run, name="ctlwire-attacker", daemon=True)
+        thread.start()
+        old = fleet.engines[THAW_RANK]
+        try:
+            await feed(client, attacker, 1.0)
+            # a frozen engine, replaced by a new process, then thawed
+            os.kill(old.pid, signal.SIGSTOP)
+            restart = anyio.current_time()
+            new = await anyio.to_thread.run_sync(fleet._spawn, THAW_RANK)
+            fleet.engines[THAW_RANK] = new
+            await anyio.to_thread.run_sync(fleet._await_ready, new)
+            with anyio.move_on_after(15):  # the client admitted the new incarnation
+                while client.peers.peers[THAW_RANK].incarnation != new.incarnation:
+                    await anyio.sleep(0.005)
+            row.rejoin_s = await wait_live(client, THAW_RANK, restart)
+            os.kill(old.pid, signal.SIGCONT)
+            end = anyio.current_time() + 1.5
+            while anyio.current_time() < end:
+                await feed(client, attacker, 0.05)
+                if client.peers.peers[THAW_RANK].incarnation != new.incarnation:
+                    row.readmitted += 1
+        finally:
+            attacker.stop.set()
+            await anyio.to_thread.run_sync(thread.join)
+            if old.alive:
+                os.kill(old.pid, signal.SIGCONT)
+                old.proc.terminate()
+                await anyio.to_thread.run_sync(old.proc.wait, 10)
+            row.injected = {k: v for k, v in attacker.counts.items() if v}
+            row.injected["thawed"] = 1
+        # the new incarnation serves rank 3 again once the old one is gone
+        await wait_live(client, THAW_RANK, anyio.current_time())
+
+    return hostile
 
 
 def _soak_row(report: SoakReport) -> ScenarioRow:
@@ -249,10 +388,15 @@ async def _matrix(address: str, fleet: EngineFleet, quick: bool,
         (ScenarioRow("kill -9", f"rank {KILL_RANK} killed (SIGKILL), then restarted",
                      detection="engine death"),
          None, work(3.0), _kill(fleet)),
+        (ScenarioRow("hostile", "flood, spoofed identities, forged replies, rank "
+                                f"{THAW_RANK} frozen, replaced and thawed", hostile=True),
+         None, work(3.0), _hostile(fleet, address)),
     ]
     rows = []
     for row, plan, w, event in scenarios:
         rows.append(await _scenario(address, row, plan, w, event))
+        # every engine process still runs (a scenario's own kills are restarted)
+        rows[-1].crashed = sum(1 for e in fleet.engines.values() if not e.alive)
         if progress is not None:
             progress(rows[-1])
     soak = await soak_on(address, fleet, SoakConfig.quick() if quick else SoakConfig())
@@ -309,6 +453,12 @@ def format_report(report: ReliabilityReport) -> str:
         det = f"; {r.detection} detected" if r.detection else ""
         lines.append(f"{r.scenario:<14} {r.description}: injected {inj}; replies late {r.late},"
                      f" duplicate {r.duplicate}, stale {r.stale}{det}")
+        if r.hostile:
+            dropped = ", ".join(f"{k} {v}" for k, v in r.dropped.items() if v)
+            lines.append(f"{'':<14} forged results accepted {r.forged_accepted}, lost {r.lost},"
+                         f" leaked {r.leaked}, processes crashed {r.crashed}, old incarnation "
+                         f"re-admitted {r.readmitted}; "
+                         f"dropped and counted: {dropped}")
     problems = report.problems()
     lines.append("")
     lines.append(f"total: {sum(r.sent for r in report.rows):,} requests, lost {report.lost}, "

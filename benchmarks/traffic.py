@@ -116,6 +116,7 @@ class Tally:
     unexpected: Counter[str] = field(default_factory=Counter)
     samples: list[str] = field(default_factory=list)
     lost: int = 0
+    forged: int = 0  # results that were not the engine's (a forged reply accepted)
 
     @property
     def settled(self) -> int:
@@ -167,6 +168,7 @@ async def _one(client: ControlClient, work: Workload, tally: Tally, n: int) -> N
             if fan_out:
                 res = await client.fan_out("echo", n, timeout=work.timeout)
                 wrong = {r: v for r, v in res.results.items() if v != n}
+                tally.forged += sum(1 for v in wrong.values() if v == "FORGED")
                 if wrong:
                     tally.odd("WrongValue", f"fan-out {n} got {wrong}")
                     return
@@ -177,6 +179,7 @@ async def _one(client: ControlClient, work: Workload, tally: Tally, n: int) -> N
             else:
                 value = await client.call("echo", n, rank=rank, timeout=work.timeout)
                 if value != n:
+                    tally.forged += value == "FORGED"
                     tally.odd("WrongValue", f"echo {n} on rank {rank} returned {value!r}")
                     return
             kind = "ok"

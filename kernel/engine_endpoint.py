@@ -54,6 +54,15 @@ Guarantees:
   (:class:`~ctlwire.kernel.result_cache.ResultCache`); the handler runs once.
 * **Fencing.** A request whose fencing token is lower than the highest token
   this engine has accepted is refused with ``Fenced`` (code 409) and not run.
+* **A client that does not read cannot stall the others.** Replies that find
+  their client's pipe full wait in a queue of that client's route only,
+  bounded per route (``max_unread_replies``, ``max_unread_bytes``) and in
+  total (``max_outbox_bytes``); beyond, a reply is dropped and counted
+  (``replies_dropped_unread``). :meth:`poll` flushes every route's queue
+  without letting a full one hold up the rest. Under :meth:`serve` a reply
+  waits at most ``reply_send_timeout`` for room; a route that timed out is
+  marked stalled and further replies to it are dropped at once (counted)
+  until it takes one again, so the dispatcher keeps serving other clients.
 """
 
 from __future__ import annotations
@@ -65,7 +74,7 @@ import secrets
 import sys
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, get_type_hints
@@ -239,6 +248,10 @@ class EngineEndpoint:
         clock: Callable[[], float] = time.time,
         beacon: bool = True,
         result_cache: ResultCache | None = None,
+        max_unread_replies: int = 1024,
+        max_unread_bytes: int = 4 << 20,
+        max_outbox_bytes: int = 32 << 20,
+        reply_send_timeout: float = 1.0,
     ) -> None:
         self.transport = transport
         self.codec = transport.codec
@@ -252,7 +265,17 @@ class EngineEndpoint:
         self._dedup_window = dedup_window
         self._hb_seq = 0
         self._next_heartbeat = 0.0
-        self._outbox: list[tuple[Route, Reply]] = []
+        # replies waiting for room, per route (poll mode): route -> queue of (reply, size)
+        self._outbox: OrderedDict[Route, deque[tuple[Reply, int]]] = OrderedDict()
+        self._outbox_route_bytes: dict[Route, int] = {}
+        self._outbox_bytes = 0
+        self.max_unread_replies = max_unread_replies
+        self.max_unread_bytes = max_unread_bytes
+        self.max_outbox_bytes = max_outbox_bytes
+        self.reply_send_timeout = reply_send_timeout
+        # serve mode: routes whose last reply timed out waiting for room
+        self._stalled: OrderedDict[Route, None] = OrderedDict()
+        self.outbox_peak_bytes = 0
         self.heartbeats_paused = False
         self.use_beacon = beacon
         self.beacon_active = False
@@ -283,6 +306,7 @@ class EngineEndpoint:
             "dropped_wrong_type": 0,
             "error_replies_for_bad_frames": 0,
             "reply_send_failures": 0,
+            "replies_dropped_unread": 0,
             "replies_too_large": 0,
             "heartbeats_sent": 0,
             "heartbeats_received": 0,
@@ -666,22 +690,47 @@ class EngineEndpoint:
 
     def _send_sync(self, route: Route, reply: Reply) -> None:
         reply = self._fit(reply)
-        if self._outbox:
-            self._outbox.append((route, reply))
-            self._flush_outbox()
+        if route in self._outbox:
+            self._enqueue(route, reply)  # behind the replies already waiting for this route
+            self._flush_route(route)
             return
         try:
             self.transport.send_nowait(route, reply)
             self.counters["replied"] += 1
         except WouldBlock:
-            self._outbox.append((route, reply))
+            self._enqueue(route, reply)
         except (Unroutable, TransportError) as exc:
             self.counters["reply_send_failures"] += 1
             log.warning("engine %d: reply %d not sent: %r", self.rank, reply.id, exc)
 
-    def _flush_outbox(self) -> None:
-        while self._outbox:
-            route, reply = self._outbox[0]
+    @staticmethod
+    def _reply_size(reply: Reply) -> int:
+        err = reply.error
+        return 64 + len(reply.result) + (len(err.type) + len(err.message) if err else 0)
+
+    def _enqueue(self, route: Route, reply: Reply) -> None:
+        """Queue ``reply`` for ``route``, whose pipe is full; drop and count it
+        when the route's queue or the whole outbox is at its bound."""
+        size = self._reply_size(reply)
+        queue = self._outbox.get(route)
+        held = self._outbox_route_bytes.get(route, 0)
+        if ((queue is not None and len(queue) >= self.max_unread_replies)
+                or held + size > self.max_unread_bytes
+                or self._outbox_bytes + size > self.max_outbox_bytes):
+            self.counters["replies_dropped_unread"] += 1
+            return
+        if queue is None:
+            queue = self._outbox[route] = deque()
+        queue.append((reply, size))
+        self._outbox_route_bytes[route] = held + size
+        self._outbox_bytes += size
+        self.outbox_peak_bytes = max(self.outbox_peak_bytes, self._outbox_bytes)
+
+    def _flush_route(self, route: Route) -> None:
+        """Send ``route``'s waiting replies until its pipe is full again."""
+        queue = self._outbox.get(route)
+        while queue:
+            reply, size = queue[0]
             try:
                 self.transport.send_nowait(route, reply)
                 self.counters["replied"] += 1
@@ -690,7 +739,25 @@ class EngineEndpoint:
             except (Unroutable, TransportError) as exc:
                 self.counters["reply_send_failures"] += 1
                 log.warning("engine %d: reply %d not sent: %r", self.rank, reply.id, exc)
-            self._outbox.pop(0)
+            queue.popleft()
+            self._outbox_bytes -= size
+            self._outbox_route_bytes[route] -= size
+        self._outbox.pop(route, None)
+        self._outbox_route_bytes.pop(route, None)
+
+    def _flush_outbox(self) -> None:
+        """Flush every route's queue; a full route does not hold up the others."""
+        for route in list(self._outbox):
+            self._flush_route(route)
+
+    @property
+    def outbox_bytes(self) -> int:
+        """Bytes of replies waiting for room (poll mode)."""
+        return self._outbox_bytes
+
+    @property
+    def outbox_replies(self) -> int:
+        return sum(len(q) for q in self._outbox.values())
 
     def _heartbeat_if_due(self) -> None:
         if not self.heartbeat_interval or self.beacon_active:
@@ -798,11 +865,27 @@ class EngineEndpoint:
 
     async def _send_async(self, route: Route, reply: Reply) -> None:
         reply = self._fit(reply)
+        stalled = self._stalled
         try:
             try:
                 self.transport.send_nowait(route, reply)
             except WouldBlock:
-                await self.transport.send(route, reply)
+                if route in stalled:
+                    # this client stopped reading: do not make every request wait for it
+                    self.counters["replies_dropped_unread"] += 1
+                    return
+                with anyio.move_on_after(self.reply_send_timeout):
+                    await self.transport.send(route, reply)
+                    stalled.pop(route, None)
+                    self.counters["replied"] += 1
+                    return
+                self.counters["replies_dropped_unread"] += 1
+                stalled[route] = None
+                while len(stalled) > 4096:
+                    stalled.popitem(last=False)
+                return
+            if stalled:
+                stalled.pop(route, None)
             self.counters["replied"] += 1
         except (Unroutable, TransportError) as exc:
             self.counters["reply_send_failures"] += 1

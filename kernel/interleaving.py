@@ -717,7 +717,7 @@ def _key(w: _World) -> tuple[Any, ...]:
     q = w.queue
     return (tuple(callers),
             tuple(sorted(_entry_key(e) for e in reg.live())),
-            tuple((rid, tuple(sorted(ranks))) for rid, ranks in tombs.items()),
+            tuple((rid, tuple(sorted(t.answered))) for rid, t in tombs.items()),
             None if q is None else (None if q.holder is None else q.holder.seq,
                                     tuple(t.seq for t in q.queued()), _atoms(q, _QUEUE_SKIP)),
             tuple(n for n in w.arrivals if w.by_name[n].pc is not _Pc.DONE),

@@ -224,6 +224,12 @@ def engine_metrics(endpoint: EngineEndpoint) -> dict[str, Any]:
         "fence_high": endpoint.fence_high,
         "idempotency_cache": {"entries": len(cache), "bytes": cache.bytes, "hits": cache.hits,
                               "evicted": cache.evicted},
+        # replies waiting for clients that do not read, bounded per route and in total
+        "outbox": {"replies": endpoint.outbox_replies, "bytes": endpoint._outbox_bytes,
+                   "peak_bytes": endpoint.outbox_peak_bytes, "routes": len(endpoint._outbox),
+                   "stalled_routes": len(endpoint._stalled)},
+        # client routes refused because the route table was full of live ones
+        "routes_refused": int(getattr(endpoint.transport, "routes_refused", 0)),
         "counters": counters,
         # client keys this engine's CURVE authenticator refused (engines that bind)
         "auth_rejections": int(getattr(endpoint.transport, "auth_rejections", 0)),

@@ -21,6 +21,9 @@ Guarantees:
 * **Late, duplicate, unknown.** Cleaned ids leave a tombstone (bounded, oldest
   evicted first) recording which ranks had answered, so a late reply and a
   duplicate are told apart; ids never issued are counted as unknown.
+* **Nothing a peer sends grows a set.** A tombstone holds the ranks its
+  request addressed (a reference to the entry's tuple) and at most that many
+  answered ranks: a reply claiming any other rank is counted as stray.
 """
 
 from __future__ import annotations
@@ -87,6 +90,19 @@ class ReplyDisposition(Enum):
     DUPLICATE = "duplicate"        # this rank had already answered this request
     UNKNOWN = "unknown"            # the id was never issued by this registry
     STRAY = "stray"                # the request was not addressed to this rank
+
+
+class _Tomb:
+    """What is left of a cleaned request: the ranks it addressed and those that answered.
+
+    ``answered`` only ever holds ranks of ``ranks``, so a tombstone's size is
+    bounded by its request's fan-out whatever replies arrive later."""
+
+    __slots__ = ("answered", "ranks")
+
+    def __init__(self, ranks: tuple[int, ...], answered: set[int]) -> None:
+        self.ranks = ranks
+        self.answered = answered
 
 
 class PendingRequest:
@@ -201,7 +217,7 @@ class RequestRegistry:
         self._ids = RequestIdAllocator(incarnation)
         self._live: dict[int, PendingRequest] = {}
         self._by_rank: dict[int, dict[int, PendingRequest]] = {}
-        self._tombstones: OrderedDict[int, set[int]] = OrderedDict()
+        self._tombstones: OrderedDict[int, _Tomb] = OrderedDict()
         self.max_tombstones = max_tombstones
         self.observers: list[TransitionObserver] = [observer] if observer else []
         self._apply = CONTROL_REQUEST_TABLE.apply
@@ -319,10 +335,13 @@ class RequestRegistry:
         if entry is None:
             tomb = self._tombstones.get(reply.id)
             if tomb is not None:
-                if rank in tomb:
+                if rank != reply.rank or rank not in tomb.ranks:
+                    stats.stray += 1  # never grows the tombstone
+                    return ReplyDisposition.STRAY, None
+                if rank in tomb.answered:
                     stats.duplicate += 1
                     return ReplyDisposition.DUPLICATE, None
-                tomb.add(rank)
+                tomb.answered.add(rank)
                 stats.late += 1
                 return ReplyDisposition.LATE, None
             if self._ids.issued(reply.id):
@@ -427,10 +446,10 @@ class RequestRegistry:
                     del by_rank[rank]
         if self.max_tombstones:
             tombs = self._tombstones
-            tomb = set(entry.replies)
+            answered = set(entry.replies)
             if entry.late_ranks:
-                tomb |= entry.late_ranks
-            tombs[rid] = tomb
+                answered |= entry.late_ranks
+            tombs[rid] = _Tomb(entry.ranks, answered)
             if len(tombs) > self.max_tombstones:
                 tombs.popitem(last=False)
         entry.waiter = None
@@ -453,3 +472,5 @@ class RequestRegistry:
         assert indexed == sum(len(e.ranks) for e in self._live.values())
         assert len(self._tombstones) <= self.max_tombstones
         assert not (self._tombstones.keys() & self._live.keys())
+        for tomb in self._tombstones.values():
+            assert tomb.answered <= set(tomb.ranks), tomb.answered

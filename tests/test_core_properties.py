@@ -99,7 +99,10 @@ class RegistryMachine(RuleBasedStateMachine):
         if entry.id not in self.model_live:
             tomb = entry.id in self.reg._tombstones
             seen = rank in self.answered[entry.id]
-            want = ReplyDisposition.DUPLICATE if tomb and seen else ReplyDisposition.LATE
+            if tomb and rank not in entry.ranks:
+                want = ReplyDisposition.STRAY  # a tombstone never grows past its ranks
+            else:
+                want = ReplyDisposition.DUPLICATE if tomb and seen else ReplyDisposition.LATE
         elif rank not in entry.ranks or before is RequestState.REGISTERED:
             want = ReplyDisposition.STRAY
         elif stored_before or rank in self.answered[entry.id]:
@@ -114,8 +117,7 @@ class RegistryMachine(RuleBasedStateMachine):
         else:
             assert disp is want, (disp, want, entry)
             self.expected_drops[want.value] += 1
-        if want is None or (want is ReplyDisposition.LATE
-                            and (rank in entry.ranks or entry.id not in self.model_live)):
+        if want is None or (want is ReplyDisposition.LATE and rank in entry.ranks):
             self.answered[entry.id].add(rank)
 
     @rule(rid=st.integers(min_value=1, max_value=2**62))

@@ -23,7 +23,7 @@ from ctlwire.benchmarks.soak import DETECTION_BOUND, LoadConfig, run_load
 pytestmark = pytest.mark.timeout(300)
 
 SCENARIOS = ["baseline", "drop 1%", "duplicate 1%", "delay+reorder", "partition", "kill -9",
-             "soak"]
+             "hostile", "soak"]
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +70,22 @@ def test_death_and_partition_detected_within_bound_then_rejoin(report: Reliabili
         assert r.rejoin_s is not None, table
         assert r.outcomes.get("EngineDead", 0) > 0, table  # pending calls failed, typed
     assert row(report, "partition").injected["partition"] > 0, table
+
+
+def test_hostile_peers_get_nothing_accepted(report: ReliabilityReport) -> None:
+    """Floods, spoofed identities, forged replies (unknown ids and ids of live
+    requests) and a thawed old incarnation during traffic: no forged result
+    accepted, nothing lost or leaked, no engine process crashed, the old
+    incarnation never admitted again; everything hostile dropped and counted."""
+    table = format_report(report)
+    r = row(report, "hostile")
+    assert r.forged_accepted == 0 and r.lost == 0 and r.leaked == 0, table
+    assert r.crashed == 0 and r.readmitted == 0 and not r.unexpected, table
+    assert all(r.injected.get(k, 0) > 0 for k in ("flood", "spoofed", "forged")), table
+    assert r.dropped.get("dropped_unknown_peer", 0) > 0, table  # flood, non-canonical ids
+    assert r.dropped.get("stray", 0) + r.dropped.get("unknown", 0) > 0, table  # forged
+    assert r.dropped.get("foreign_rank", 0) > 0, table  # out-of-range ranks
+    assert all(x.crashed == 0 for x in report.rows), table
 
 
 def test_report_serializes(report: ReliabilityReport) -> None:

@@ -10,13 +10,22 @@
   is always installed.
 * :class:`CurveClientConfig` — for the connecting side: its key pair and the
   server's public key.
+
+**Ranks bound to keys.** A routing identity (``rank-N``, ``beat-N``) is bytes
+a peer chooses. ``CurveServerConfig.allowing(keys, clients, ranks={0: key0})``
+binds each rank to its public key(s): the authenticator gives every accepted
+connection its key (z85) as ZAP ``User-Id``, which libzmq attaches to each
+message, and the client's ROUTER drops and counts a frame whose identity names
+a rank its key is not bound to (libzmq's ZAP request does not carry the
+peer's routing id, so the check is per message, after the handshake). Taking
+over a rank's identity (``ROUTER_HANDOVER``) then needs that rank's key.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,10 +86,33 @@ class CurveServerConfig:
 
     keys: KeyPair
     allowed_clients: frozenset[bytes] = field(default_factory=frozenset)
+    #: rank -> the z85 public keys that may speak for it (empty: identities unchecked)
+    rank_keys: tuple[tuple[int, frozenset[str]], ...] = ()
 
     @classmethod
-    def allowing(cls, keys: KeyPair, clients: Iterable[bytes]) -> CurveServerConfig:
-        return cls(keys, frozenset(clients))
+    def allowing(cls, keys: KeyPair, clients: Iterable[bytes] = (), *,
+                 ranks: Mapping[int, bytes | str | Iterable[bytes | str]] | None = None
+                 ) -> CurveServerConfig:
+        """Accept ``clients``' keys; with ``ranks``, bind each rank to its key(s)
+        (those keys are accepted too) so no other key can speak as that rank."""
+        bound: dict[int, frozenset[str]] = {}
+        for rank, given in (ranks or {}).items():
+            many = [given] if isinstance(given, (bytes, str)) else list(given)
+            bound[int(rank)] = frozenset(_z85(k) for k in many)
+        allowed = frozenset(clients) | frozenset(
+            k.encode() for ks in bound.values() for k in ks)
+        return cls(keys, allowed, tuple(sorted(bound.items())))
+
+    @property
+    def binds_ranks(self) -> bool:
+        return bool(self.rank_keys)
+
+    def keys_for_rank(self, rank: int) -> frozenset[str]:
+        """The z85 keys that may speak as ``rank`` (empty: none may)."""
+        for r, ks in self.rank_keys:
+            if r == rank:
+                return ks
+        return frozenset()
 
     def apply(self, sock: zmq.Socket[bytes]) -> None:
         sock.curve_secretkey = self.keys.secret
@@ -99,6 +131,10 @@ class CurveClientConfig:
         sock.curve_secretkey = self.keys.secret
         sock.curve_publickey = self.keys.public
         sock.curve_serverkey = self.server_key
+
+
+def _z85(key: bytes | str) -> str:
+    return key.decode() if isinstance(key, bytes) else key
 
 
 class _AllowList:

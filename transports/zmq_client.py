@@ -220,6 +220,8 @@ class ZmqRouterClientTransport(_ZmqClientBase):
             self._auth.start()
             self.curve.apply(raw)
         self._sock = self._wrap(raw)
+        if self.curve is not None and self.curve.binds_ranks:
+            self._sock.track_user_id()
         self._monitors.append(SocketMonitor(raw))
         self.address = self._bind(raw, self.address, self._private)
         self._probe_hb = self.codec.encode(Heartbeat(-1, 0, 0))
@@ -298,13 +300,25 @@ class ZmqRouterClientTransport(_ZmqClientBase):
             return Dropped("framing", f"expected 2 frames, got {len(msg)}",
                            sum(len(f) for f in msg))
         identity, data = msg
-        rank = rank_from_identity(identity)
-        if rank is None:
-            rank = rank_from_beacon_identity(identity)
-            if rank is None:
+        named = rank_from_identity(identity)
+        beacon = named is None
+        if named is None:
+            named = rank_from_beacon_identity(identity)
+            if named is None:
                 self.counters["unknown_peer"] += 1
                 return Dropped("unknown_peer", f"identity {identity[:32]!r} is not a rank",
                                len(data))
+        rank: int = named
+        curve = self.curve
+        if curve is not None and curve.rank_keys:
+            user = self._sock.last_user_id if self._sock is not None else None
+            if user is None or user not in curve.keys_for_rank(rank):
+                # a key that is not this rank's speaks under its identity: never believed
+                self.counters["impersonation"] = self.counters.get("impersonation", 0) + 1
+                return Dropped("impersonation",
+                               f"identity {identity[:32]!r} sent by a key not bound to rank "
+                               f"{rank}", len(data), None)
+        if beacon:
             event = decode_event(self.codec, data, rank, identity)
             if type(event) is Received and type(event.envelope) is not Heartbeat:
                 # a beacon carries heartbeats only

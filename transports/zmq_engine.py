@@ -19,6 +19,7 @@ id, so the endpoint can answer them.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from types import TracebackType
@@ -28,10 +29,10 @@ import zmq
 
 from ctlwire.transports.codec import Codec, MsgpackCodec, check_pickle_allowed
 from ctlwire.transports.curve import CurveAuthenticator, CurveClientConfig, CurveServerConfig
-from ctlwire.transports.envelope import Envelope
+from ctlwire.transports.envelope import Envelope, Heartbeat, Request
 from ctlwire.transports.errors import SocketClosed, TransportClosed, Unroutable, WouldBlock
 from ctlwire.transports.memory import decode_event
-from ctlwire.transports.transport import Dropped, Route, TransportEvent
+from ctlwire.transports.transport import Dropped, Received, Route, TransportEvent
 from ctlwire.transports.zmq_beacon import BeaconStatus, LivenessBeacon, configure_beacon_socket
 from ctlwire.transports.zmq_config import (
     ZmqOptions,
@@ -179,14 +180,15 @@ class _ZmqEngineBase:
                 return Dropped("framing", f"expected 2 frames, got {len(msg)}",
                                sum(len(f) for f in msg), None, msg[0] if msg else None)
             route, data = msg
-            self._note_route(route)
-            return decode_event(self.codec, data, None, route)
+            event = decode_event(self.codec, data, None, route)
+            self._note_route(route, event)
+            return event
         if len(msg) != 1:
             return Dropped("framing", f"expected 1 frame, got {len(msg)}",
                            sum(len(f) for f in msg))
         return decode_event(self.codec, msg[0], None, None)
 
-    def _note_route(self, route: bytes) -> None:
+    def _note_route(self, route: bytes, event: TransportEvent) -> None:
         pass
 
     def _recv_sock(self) -> AsyncZmqSocket:
@@ -306,6 +308,13 @@ class ZmqRouterEngineTransport(_ZmqEngineBase):
     :func:`~ctlwire.transports.zmq_config.beacon_address_for` ``(address)``)
     that clients subscribe to; without one, heartbeats go in-band to every
     client heard from (up to ``max_clients``).
+
+    The table of client routes holds only routes that sent a valid request or
+    heartbeat (a frame that does not decode as one never enters it). When it
+    is full, a new route takes the place of the least recently heard one only
+    if that one has been silent for ``route_idle`` s; otherwise the new route
+    is refused and counted (:attr:`routes_refused`): junk identities cannot
+    push a live client out.
     ``curve`` is a :class:`CurveServerConfig` allow-listing the clients' keys.
     """
 
@@ -315,7 +324,7 @@ class ZmqRouterEngineTransport(_ZmqEngineBase):
                  options: ZmqOptions | None = None, curve: CurveServerConfig | None = None,
                  context: zmq.Context[zmq.Socket[bytes]] | None = None,
                  allow_insecure_tcp: bool = False, max_clients: int = 64,
-                 beacon_address: str | None = None) -> None:
+                 beacon_address: str | None = None, route_idle: float = 10.0) -> None:
         super().__init__(rank, codec=codec, options=options, context=context)
         self.address = address
         self.beacon_address = beacon_address or beacon_address_for(address)
@@ -326,8 +335,11 @@ class ZmqRouterEngineTransport(_ZmqEngineBase):
         check_bind_address(address, curve=curve is not None,
                            allow_insecure_tcp=allow_insecure_tcp)
         check_pickle_allowed(self.codec, address, curve is not None)
-        self._clients: OrderedDict[bytes, None] = OrderedDict()
+        self._clients: OrderedDict[bytes, float] = OrderedDict()  # route -> last heard
         self.max_clients = max_clients
+        self.route_idle = route_idle
+        self.routes_refused = 0
+        self.junk_routes = 0  # frames whose route never entered the table (not a request)
 
     def _setup(self) -> None:
         raw = self._socket(zmq.ROUTER)
@@ -356,11 +368,24 @@ class ZmqRouterEngineTransport(_ZmqEngineBase):
 
         return make
 
-    def _note_route(self, route: bytes) -> None:
-        self._clients[route] = None
-        self._clients.move_to_end(route)
-        while len(self._clients) > self.max_clients:
-            self._clients.popitem(last=False)
+    def _note_route(self, route: bytes, event: TransportEvent) -> None:
+        if type(event) is not Received or type(event.envelope) not in (Request, Heartbeat):
+            if route not in self._clients:
+                self.junk_routes += 1
+            return
+        clients = self._clients
+        now = time.monotonic()
+        if route in clients:
+            clients[route] = now
+            clients.move_to_end(route)
+            return
+        if len(clients) >= self.max_clients:
+            oldest, heard = next(iter(clients.items()))
+            if now - heard < self.route_idle:
+                self.routes_refused += 1
+                return
+            del clients[oldest]
+        clients[route] = now
 
     def _forget_route(self, route: Route) -> None:
         if isinstance(route, bytes):

@@ -64,7 +64,8 @@ class ReceiveInterrupted(Exception):
     :meth:`AsyncZmqSocket.interrupt_receive`; nothing was received."""
 
 
-def _recv_frames(socket: zmq.Socket[bytes]) -> list[bytes]:
+def _recv_frames(socket: zmq.Socket[bytes], meta: list[str | None] | None = None
+                 ) -> list[bytes]:
     """``socket.recv_multipart(NOBLOCK)``, reading each part's "more" flag from the
     received frame (pyzmq's version asks ``getsockopt(RCVMORE)`` per part, which builds
     a ``SocketOption`` enum member on every call). Raises ``zmq.Again`` when no message
@@ -75,6 +76,11 @@ def _recv_frames(socket: zmq.Socket[bytes]) -> list[bytes]:
     while frame.more:
         frame = recv(_NOBLOCK, copy=False)
         parts.append(frame.bytes)
+    if meta is not None:  # the ZAP User-Id the authenticator gave the sending peer
+        try:
+            meta[0] = str(frame.get("User-Id"))
+        except zmq.ZMQError:
+            meta[0] = None
     return parts
 
 
@@ -144,6 +150,7 @@ class AsyncZmqSocket:
         "_fd_scope",
         "_get",
         "_interrupt",
+        "_meta",
         "_owner",
         "_pollout_waiters",
         "_receiving",
@@ -184,6 +191,7 @@ class AsyncZmqSocket:
         # time (a miss costs a zmq.Again exception, which is several times dearer)
         self._recv_missed = False
         self._interrupt = False  # interrupt_receive() was called for the receive in progress
+        self._meta: list[str | None] | None = None  # [User-Id of the last message] when tracked
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -193,6 +201,15 @@ class AsyncZmqSocket:
     def socket(self) -> zmq.Socket[bytes]:
         """The wrapped socket. Options may be set on it; do not send or receive on it."""
         return self._socket
+
+    def track_user_id(self) -> None:
+        """Record the ZAP ``User-Id`` of each received message (:attr:`last_user_id`)."""
+        self._meta = [None]
+
+    @property
+    def last_user_id(self) -> str | None:
+        """The ZAP ``User-Id`` of the last received message (None: untracked or none)."""
+        return None if self._meta is None else self._meta[0]
 
     @property
     def closed(self) -> bool:
@@ -215,7 +232,7 @@ class AsyncZmqSocket:
         try:
             if self._recv_missed and not self._get(_EVENTS) & _POLLIN:
                 return None
-            msg = _recv_frames(self._socket)
+            msg = _recv_frames(self._socket, self._meta)
         except zmq.Again:
             self._recv_missed = True
             return None
@@ -251,7 +268,7 @@ class AsyncZmqSocket:
                 self._recv_streak = 0
                 return await self._recv_slow()
             try:
-                msg = _recv_frames(self._socket)
+                msg = _recv_frames(self._socket, self._meta)
             except zmq.Again:
                 self._recv_streak = 0
                 return await self._recv_slow()
@@ -268,7 +285,7 @@ class AsyncZmqSocket:
                 events = self._get(_EVENTS)  # drains the fd: a later edge means news
                 if events & _POLLIN:
                     try:
-                        msg = _recv_frames(self._socket)
+                        msg = _recv_frames(self._socket, self._meta)
                     except zmq.Again:
                         continue
                     self._recv_missed = False
