@@ -166,7 +166,8 @@ async def run_demo(cfg: DemoConfig, out: TextIO = sys.stdout) -> DemoReport:
         address = "tcp://127.0.0.1:0" if cfg.transport == "tcp" else None
         transport = router = ZmqRouterClientTransport(address)
         n = cfg.engines
-    client = ControlClient(transport, ranks=n, default_timeout=cfg.timeout)
+    # callers queue behind the slow update (it blocks every engine for slow_update s)
+    client = ControlClient(transport, ranks=n, default_timeout=cfg.timeout + 2 * cfg.slow_update)
     try:
         async with client:
             if router is not None:
