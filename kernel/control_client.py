@@ -108,8 +108,8 @@ ProgressCallback = Callable[[int, Progress], Any]
 """``on_progress(rank, progress)``: what a rank's heartbeat says about the call's request."""
 # the idempotency key and fencing token of the calling task's request (set by call and
 # fan_out, read by send_all, which runs in the caller's task in every mode)
-_envelope_extras: contextvars.ContextVar[tuple[str, int]] = contextvars.ContextVar(
-    "ctlwire_envelope_extras", default=("", 0))
+_envelope_extras: contextvars.ContextVar[tuple[str, int | None]] = contextvars.ContextVar(
+    "ctlwire_envelope_extras", default=("", None))
 _IN_PROGRESS = 425
 # a failed reply that carries no ErrorInfo (a buggy or hostile peer): still a typed error
 _NO_ERROR_INFO = ErrorInfo("UnknownRemoteError", "the engine replied ok=false without an error")
@@ -267,7 +267,6 @@ class ControlClient:
             "engine_lost": 0,
             "engine_restarted": 0,
             "engine_stalled": 0,
-            "fenced_incarnation": 0,
             "client_stalls": 0,
             "retries": 0,
         }
@@ -411,7 +410,7 @@ class ControlClient:
         budget = self.timeout_for(method, timeout)
         raw = self._encode_payload(payload, method)
         key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
-        extras = _envelope_extras.set((key, self.fence if fence is None else fence))
+        extras = _envelope_extras.set((key, fence))
         deadline = self._now() + budget
         try:
             while True:
@@ -484,7 +483,7 @@ class ControlClient:
         budget = self.timeout_for(method, timeout)
         raw = self._encode_payload(payload, method)
         key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
-        extras = _envelope_extras.set((key, self.fence if fence is None else fence))
+        extras = _envelope_extras.set((key, fence))
         if on_progress is not None:
             self._progress_by_method.setdefault(method, []).append(on_progress)
         deadline = self._now() + budget
@@ -627,7 +626,7 @@ class ControlClient:
         transport = self.transport
         trace = self.trace_provider() if self.trace_provider is not None else None
         key, fence = _envelope_extras.get()
-        fence = fence or self.fence
+        fence = self.fence if fence is None else fence  # the client's, unless the call chose
         while (rank := core.next_send()) is not None:
             seq = self._seq.get(rank, 0) + 1
             self._seq[rank] = seq
@@ -924,11 +923,8 @@ class ControlClient:
     def _peer_seen(self, rank: int, incarnation: int, *, authoritative: bool,
                    progress: Progress | None = None) -> None:
         was_live = self.peers.state(rank) in _LIVE
-        fenced = self.peers.fenced
         restarted = self.peers.seen(rank, incarnation, self._now(), authoritative=authoritative,
                                     progress=progress)
-        if self.peers.fenced != fenced:
-            self.counters["fenced_incarnation"] += 1
         for r in restarted:
             self.counters["engine_restarted"] += 1
             self._fail_rank(r, "engine restarted (new incarnation)")

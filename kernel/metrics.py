@@ -171,6 +171,9 @@ def client_metrics(client: ControlClient) -> dict[str, Any]:
     reg = client.registry
     stats = reg.stats
     counters = dict(client.counters)
+    # frames of a fenced (older) incarnation, and of ranks this client does not have
+    counters["fenced_incarnation"] = client.peers.fenced
+    counters["foreign_rank"] = client.peers.foreign
     dropped = {"late": stats.late, "duplicate": stats.duplicate, "unknown": stats.unknown,
                "stray": stats.stray,
                "stale_incarnation": counters.get("stale_incarnation", 0)}

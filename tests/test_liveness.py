@@ -323,6 +323,14 @@ async def test_engine_refuses_a_fencing_token_older_than_one_it_accepted() -> No
         assert await c.call("apply", 4, fence=10) == 3  # the same token again: accepted
         engine = await c.engine_metrics(0)
         assert engine["fence_high"] == 10 and engine["counters"]["fenced"] == 1
+    # a client-wide token applies to every call; fence=0 opts one call out of it
+    async with EngineHarness(ranks=1, setup=setup, client_kwargs={"fence": 3}) as h:
+        c = h.client
+        assert await c.call("apply", 5) == 4  # sent with the client's token, 3
+        assert await c.call("apply", 6, fence=10) == 5
+        with pytest.raises(Fenced):
+            await c.call("apply", 7)  # the client's 3 is older than 10 now
+        assert await c.call("apply", 8, fence=0) == 6
 
 
 async def test_a_thawed_old_incarnation_never_takes_its_rank_back(ipc_dir: str) -> None:
