@@ -99,6 +99,19 @@ class PeerTable:
     def _go(self, peer: Peer, event: PeerEvent) -> None:
         peer.state = self._apply(peer.state, event, peer.rank)
 
+    def _lose(self, peer: Peer, now: float) -> None:
+        self._go(peer, PeerEvent.LOSE)
+        peer.lost_count += 1
+        peer.lost_at = now
+        peer.progress = _IDLE
+
+    def _rejoin(self, peer: Peer, incarnation: int) -> None:
+        self._go(peer, PeerEvent.REJOIN)
+        peer.rejoin_count += 1
+        peer.lost_at = None
+        if incarnation:
+            peer.incarnation = incarnation
+
     def state(self, rank: int) -> PeerState:
         p = self.peers.get(rank)
         return PeerState.UNKNOWN if p is None else p.state
@@ -153,19 +166,11 @@ class PeerTable:
                 return lost
             # a newer incarnation: a restart
             if p.state in _LIVE:
-                self._go(p, PeerEvent.LOSE)
-                p.lost_count += 1
+                self._lose(p, now)
                 lost.append(rank)
-            self._go(p, PeerEvent.REJOIN)
-            p.rejoin_count += 1
-            p.lost_at = None
-            p.incarnation = incarnation
+            self._rejoin(p, incarnation)
         elif p.state is PeerState.LOST:
-            self._go(p, PeerEvent.REJOIN)
-            p.rejoin_count += 1
-            p.lost_at = None
-            if incarnation:
-                p.incarnation = incarnation
+            self._rejoin(p, incarnation)
         elif incarnation and authoritative and not p.incarnation:
             p.incarnation = incarnation
         if authoritative:
@@ -195,10 +200,7 @@ class PeerTable:
         p = self.peers.get(rank)
         if p is None or p.state not in _LIVE:
             return False
-        self._go(p, PeerEvent.LOSE)
-        p.lost_count += 1
-        p.lost_at = now
-        p.progress = _IDLE
+        self._lose(p, now)
         return True
 
     def excuse(self, seconds: float, now: float) -> None:
@@ -221,10 +223,7 @@ class PeerTable:
             while p.misses < missed and p.state in _LIVE:
                 p.misses += 1
                 if p.misses >= self.misses_allowed:
-                    self._go(p, PeerEvent.LOSE)
-                    p.lost_count += 1
-                    p.lost_at = now
-                    p.progress = _IDLE
+                    self._lose(p, now)
                     lost.append(p.rank)
                 elif p.state is not PeerState.SUSPECT:
                     self._go(p, PeerEvent.MISS)
