@@ -3,14 +3,13 @@ sides count it (issue 12, item 12). Real ZeroMQ over tcp loopback, real time."""
 
 from __future__ import annotations
 
-import socket
-
 import anyio
 import pytest
 
 from ctlwire.kernel.control_client import ControlClient
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.errors import AuthenticationFailed, NotDelivered
+from ctlwire.kernel.testing import free_tcp_address
 from ctlwire.transports.curve import CurveClientConfig, CurveServerConfig, generate_keypair
 from ctlwire.transports.zmq_client import ZmqDealerClientTransport
 from ctlwire.transports.zmq_engine import ZmqRouterEngineTransport
@@ -18,17 +17,13 @@ from ctlwire.transports.zmq_engine import ZmqRouterEngineTransport
 pytestmark = pytest.mark.anyio
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize("allowed", [False, True])
 async def test_a_client_refused_by_curve_gets_authentication_failed(allowed: bool) -> None:
     server, engine_allows, client_keys = generate_keypair(), generate_keypair(), generate_keypair()
     allow = [client_keys.public if allowed else engine_allows.public]
-    address = f"tcp://127.0.0.1:{_free_port()}"
+    address = free_tcp_address()
     engine = EngineEndpoint(ZmqRouterEngineTransport(
         address, 0, curve=CurveServerConfig.allowing(server, allow)))
     engine.register("echo", lambda x: x)

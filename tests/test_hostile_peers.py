@@ -25,6 +25,7 @@ import zmq
 
 from ctlwire.kernel.control_client import ControlClient
 from ctlwire.kernel.engine_fleet import EngineFleet
+from ctlwire.kernel.testing import free_tcp_address, free_tcp_port
 from ctlwire.transports.codec import JsonCodec, MsgpackCodec, PickleCodec
 from ctlwire.transports.curve import CurveClientConfig, generate_keypair
 from ctlwire.transports.envelope import Heartbeat, Reply, Request
@@ -51,10 +52,6 @@ pytestmark = [pytest.mark.timeout(180)]
 CODEC = MsgpackCodec()
 
 
-def free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def request(rid: int, method: str, value: object) -> bytes:
@@ -65,7 +62,7 @@ def address_for(proto: str, tmp_path: Path) -> str:
     if proto == "ipc":
         os.chmod(tmp_path, 0o700)
         return f"ipc://{tmp_path}/engine.sock"
-    return f"tcp://127.0.0.1:{free_tcp_port()}"
+    return free_tcp_address()
 
 
 @pytest.fixture
@@ -190,8 +187,8 @@ def _unsafe_addresses(tmp_path: Path) -> dict[str, str]:
     os.chmod(shared, 0o755)  # others may traverse: the socket file is not private
     return {
         "abstract ipc": "ipc://@ctlwire-hostile-test",
-        "tcp loopback": f"tcp://127.0.0.1:{free_tcp_port()}",
-        "tcp ipv6 loopback": f"tcp://[::1]:{free_tcp_port()}",
+        "tcp loopback": free_tcp_address(),
+        "tcp ipv6 loopback": free_tcp_address("::1"),
         "tipc": "tipc://{5560,0,0}",
         "ipc in a 0755 directory": f"ipc://{shared}/s.sock",
     }
@@ -220,7 +217,7 @@ def test_pickle_allowed_where_every_peer_is_authenticated(tmp_path: Path) -> Non
             if close is not None:
                 close()
     curve = CurveClientConfig(generate_keypair(), generate_keypair().public)
-    ZmqDealerEngineTransport(f"tcp://127.0.0.1:{free_tcp_port()}", 0, codec=codec,
+    ZmqDealerEngineTransport(free_tcp_address(), 0, codec=codec,
                              curve=curve).close()
 
 

@@ -16,6 +16,7 @@ import zmq
 from ctlwire.kernel.control_client import ControlClient
 from ctlwire.kernel.engine_fleet import EngineFleet
 from ctlwire.kernel.errors import EngineDead, RemoteError, RequestTimedOut
+from ctlwire.kernel.testing import free_tcp_address
 from ctlwire.transports.codec import DEFAULT_MAX_MESSAGE_SIZE, MsgpackCodec, PickleCodec
 from ctlwire.transports.curve import (
     CurveClientConfig,
@@ -27,17 +28,12 @@ from ctlwire.transports.curve import (
 from ctlwire.transports.envelope import Heartbeat, Reply, Request
 from ctlwire.transports.errors import PickleRefused
 from ctlwire.transports.zmq_client import ZmqDealerClientTransport, ZmqRouterClientTransport
+from ctlwire.transports.zmq_config import beacon_address_for
 from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
 
-def free_tcp_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +155,7 @@ async def test_reverse_orientation_engines_bind(tmp_path: Path) -> None:
 
 
 async def test_tcp_loopback_fan_out() -> None:
-    address = f"tcp://127.0.0.1:{free_tcp_port()}"
+    address = free_tcp_address()
     with EngineFleet(2, lambda r: ["--connect", address]) as _fleet:
         async with await client_for(address, 2) as c:
             await c.wait_ready(timeout=10)
@@ -175,7 +171,7 @@ async def test_curve_allow_listed_engine_works_unknown_key_gets_nothing(tmp_path
     write_keypair(keys, "intruder")
     server = load_keypair(keys / "server.key_secret")
     allowed = load_keypair(keys / "engine.key_secret").public
-    address = f"tcp://127.0.0.1:{free_tcp_port()}"
+    address = free_tcp_address()
 
     def args(rank: int) -> list[str]:
         who = "engine" if rank == 0 else "intruder"
@@ -273,3 +269,16 @@ async def test_ipc_socket_file_is_owner_only_and_removed(tmp_path: Path) -> None
     async with default:
         path = Path(default.address[len("ipc://"):])
         assert (path.parent.stat().st_mode & 0o777) == 0o700
+
+
+def test_free_tcp_address_leaves_the_beacon_port_free_too() -> None:
+    """An engine binding tcp://H:P binds its beacon at P+1: both must be free."""
+    import socket
+
+    for _ in range(20):
+        address = free_tcp_address()
+        port = int(address.rsplit(":", 1)[1])
+        assert beacon_address_for(address) == f"tcp://127.0.0.1:{port + 1}"
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", port))
+            b.bind(("127.0.0.1", port + 1))
