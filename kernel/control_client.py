@@ -47,7 +47,6 @@ One client runs inside one event loop thread; its tasks live in the client's
 from __future__ import annotations
 
 import contextvars
-import heapq
 import itertools
 import logging
 import math
@@ -61,8 +60,9 @@ import msgspec
 import sniffio
 from anyio.abc import TaskGroup
 
-from ctlwire.kernel.admission_queue import AdmissionQueue, Ticket
+from ctlwire.kernel.admission_queue import AdmissionQueue
 from ctlwire.kernel.call_core import CallCore
+from ctlwire.kernel.deadline_reaper import DeadlineReaper
 from ctlwire.kernel.errors import (
     AuthenticationFailed,
     ClientClosed,
@@ -79,7 +79,8 @@ from ctlwire.kernel.errors import (
 from ctlwire.kernel.fan_out_mailbox import FanOutMailbox
 from ctlwire.kernel.fan_out_policy import Policy
 from ctlwire.kernel.fan_out_result import FanOutResult
-from ctlwire.kernel.peer_table import PeerTable, Progress
+from ctlwire.kernel.liveness_monitor import LivenessMonitor
+from ctlwire.kernel.peer_table import Progress
 from ctlwire.kernel.request_registry import (
     PendingRequest,
     ReplyDisposition,
@@ -87,7 +88,7 @@ from ctlwire.kernel.request_registry import (
     TransitionObserver,
 )
 from ctlwire.kernel.tracing import TraceProvider
-from ctlwire.states import LIVE_PEER_STATES, PeerState, RequestState, TicketState
+from ctlwire.states import PeerState, RequestState
 from ctlwire.transports.codec import PayloadTypeError
 from ctlwire.transports.envelope import NO_DEADLINE, ErrorInfo, Heartbeat, Reply, Request
 from ctlwire.transports.errors import AuthenticationFailed as TransportAuthFailed
@@ -103,7 +104,6 @@ __all__ = ["ControlClient", "ResultTypeError"]
 
 log = logging.getLogger("ctlwire.client")
 _S = RequestState
-_LIVE = LIVE_PEER_STATES
 ProgressCallback = Callable[[int, Progress], Any]
 """``on_progress(rank, progress)``: what a rank's heartbeat says about the call's request."""
 # the idempotency key and fencing token of the calling task's request (set by call and
@@ -153,12 +153,6 @@ def new_fence() -> int:
     import secrets
 
     return (time.time_ns() // 1_000_000) << 12 | secrets.randbits(12)
-
-
-def _still_waiting(item: PendingRequest | Ticket) -> bool:
-    if type(item) is PendingRequest:
-        return item.is_open
-    return item.state is TicketState.QUEUED
 
 
 # generous stand-ins for the header fields when sizing a request envelope
@@ -231,9 +225,6 @@ class ControlClient:
                                 for m, t in (method_timeouts or {}).items()}
         self.registry = RequestRegistry(max_tombstones=max_tombstones, observer=observer)
         self.heartbeat_interval = heartbeat_interval
-        self.peers = PeerTable(self.ranks, interval=heartbeat_interval or 1.0,
-                               misses_allowed=heartbeat_misses, stall_limit=stall_limit,
-                               stall_limits=stall_limits)
         self.idempotent_methods = frozenset(idempotent_methods)
         # a fencing token for every request: engines refuse tokens older than the
         # highest they accepted, so a replaced controller cannot act after its successor
@@ -246,14 +237,11 @@ class ControlClient:
         self._seq: dict[int, int] = {}
         self._tg: TaskGroup | None = None
         self._closed = False
-        self._peer_changed = anyio.Event()
         self._now: Callable[[], float] = anyio.current_time  # the loop's own clock once entered
-        self._new_waiter: Callable[[], Any] = anyio.Event  # the loop's own event once entered
-        # deadlines of waiting requests, expired by one reaper task instead of a cancel
-        # scope per call: (deadline, request id, entry); cleaned entries are skipped lazily
-        self._deadlines: list[tuple[float, int, PendingRequest | Ticket]] = []
-        self._deadline_seq = itertools.count()
-        self._reaper_scope: anyio.CancelScope | None = None
+        #: a new waiter (the running loop's own event once entered)
+        self.new_waiter: Callable[[], Any] = anyio.Event
+        #: ends the waits of requests and admission tickets at their deadlines (one task)
+        self.reaper = DeadlineReaper(self.registry, self._wake)
         #: rank -> the engine metrics last read with :meth:`engine_metrics`
         self.last_engine_metrics: dict[int, dict[str, Any]] = {}
         self.counters: dict[str, int] = {
@@ -270,21 +258,28 @@ class ControlClient:
             "client_stalls": 0,
             "retries": 0,
         }
+        #: heartbeats, the peer table (:attr:`peers`) and the loss of ranks
+        self.liveness = LivenessMonitor(transport, self.ranks, interval=heartbeat_interval,
+                                        misses_allowed=heartbeat_misses,
+                                        fail_rank=self._fail_rank, counters=self.counters,
+                                        stall_limit=stall_limit, stall_limits=stall_limits)
+        self.peers = self.liveness.peers
 
     # -- lifetime ------------------------------------------------------------
     async def __aenter__(self) -> ControlClient:
         if self._tg is not None or self._closed:
             raise RuntimeError("a ControlClient can be entered once")
         await self.transport.__aenter__()
-        self._now = _event_loop_clock()
-        self._new_waiter = _event_loop_waiter()
+        self._now = self.liveness.now = _event_loop_clock()
+        self.new_waiter = _event_loop_waiter()
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
         tg.start_soon(self._receive_loop, name="ctlwire.client.receive")
-        tg.start_soon(self._deadline_loop, name="ctlwire.client.deadlines")
+        tg.start_soon(self.reaper.run, self._now, name="ctlwire.client.deadlines")
         if self.heartbeat_interval:
-            tg.start_soon(self._liveness_loop, name="ctlwire.client.liveness")
+            tg.start_soon(self.liveness.run, self.registry.incarnation,
+                          name="ctlwire.client.liveness")
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
@@ -322,7 +317,7 @@ class ControlClient:
             for ticket in box.queue.queued():
                 if ticket.waiter is not None:
                     ticket.waiter.set()  # the caller finds the client closed
-        self._notify_peer_change()  # first-contact waits and wait_ready() re-check
+        self.liveness.close()  # first-contact waits and wait_ready() re-check
 
     @property
     def closed(self) -> bool:
@@ -332,10 +327,7 @@ class ControlClient:
         """What this client knows of ``rank``: its PeerLink state (CONNECTED,
         BUSY, STALLED, SUSPECT, LOST, UNKNOWN), incarnation, and the request or
         step it was last reported running, for how long, with its progress."""
-        peer = self.peers.peers.get(rank)
-        if peer is None:
-            raise ValueError(f"rank {rank} is not one of this client's ranks {self.ranks}")
-        return peer.describe()
+        return self.liveness.rank_status(rank)
 
     # -- public calls ----------------------------------------------------------
     def timeout_for(self, method: str, timeout: float | None = None) -> float:
@@ -369,7 +361,7 @@ class ControlClient:
                 # a short pause lets an InProgress run finish; it also paces retries
                 await anyio.sleep(min(self.heartbeat_interval or 0.05, 0.05))
                 return self._now() < deadline
-            event = self._peer_changed
+            event = self.liveness.peer_changed
             with anyio.move_on_after(deadline - self._now()):
                 await event.wait()
 
@@ -434,7 +426,7 @@ class ControlClient:
                               deadline=self._now() + remaining)
         entry = None
         try:
-            entry = core.register(self._new_waiter())
+            entry = core.register(self.new_waiter())
             if on_progress is not None:
                 self._progress_by_id[entry.id] = on_progress
             await self.send_all(core, raw)
@@ -556,7 +548,7 @@ class ControlClient:
                 missing = [r for r in targets if r not in self.peers.live_ranks()]
                 if not missing:
                     return
-                await self._peer_changed.wait()
+                await self.liveness.peer_changed.wait()
         missing = [r for r in targets if r not in self.peers.live_ranks()]
         raise RequestTimedOut(f"wait_ready (ranks {missing} not connected)", timeout)
 
@@ -596,7 +588,7 @@ class ControlClient:
                   deadline: float | None = None) -> PendingRequest:
         """Register a request outside a CallCore (watching mode's shared request)."""
         return self.call_core(method, ranks, policy, budget, deadline).register(
-            self._new_waiter())
+            self.new_waiter())
 
     async def send_all(self, core: CallCore, raw: msgspec.Raw) -> None:
         """Hand ``core``'s request to the transport for each rank ``core`` releases.
@@ -698,7 +690,7 @@ class ControlClient:
         try:
             with scope:
                 while True:
-                    changed = self._peer_changed
+                    changed = self.liveness.peer_changed
                     if self._closed:
                         raise TransportClosed("client is closed")
                     # on contact, or every `retry` s (a connection may come up, or its
@@ -732,50 +724,17 @@ class ControlClient:
         waiter: Any = entry.waiter  # an event of the running loop (set, wait)
         assert waiter is not None
         entry_deadline = entry.deadline if entry.deadline is not None else float("inf")
-        if deadline >= entry_deadline and self._reaper_scope is not None:
+        reaper = self.reaper
+        if deadline >= entry_deadline and reaper.scope is not None:
             # the request's own deadline ends this wait: the reaper expires it and
             # wakes us (no cancel scope and no timer per call)
-            self._arm_deadline(entry, entry_deadline)
+            reaper.arm(entry, entry_deadline)
             await waiter.wait()
             return
         with anyio.CancelScope(deadline=deadline):
             await waiter.wait()
         if entry.is_open and self._now() >= entry_deadline:
             core.deadline_passed()
-
-    def _arm_deadline(self, item: PendingRequest | Ticket, deadline: float) -> None:
-        """Have the reaper end ``item``'s wait at ``deadline``: a request is expired
-        (and its waiters woken), a ticket still queued has its waiter woken."""
-        heap = self._deadlines
-        heapq.heappush(heap, (deadline, next(self._deadline_seq), item))
-        scope = self._reaper_scope
-        if scope is not None and deadline < scope.deadline:
-            scope.deadline = deadline  # the reaper wakes earlier
-        if len(heap) > 2 * self.registry.live_count + 1024:
-            # lazy deletion left too many finished items behind: rebuild
-            self._deadlines = [i for i in heap if _still_waiting(i[2])]
-            heapq.heapify(self._deadlines)
-
-    async def _deadline_loop(self) -> None:
-        """End waits at their deadlines: one task for every request and ticket."""
-        while True:
-            heap = self._deadlines
-            now = self._now()
-            while heap and heap[0][0] <= now:
-                item = heapq.heappop(heap)[2]
-                if type(item) is PendingRequest:
-                    if item.is_open and self.registry.expire(item):
-                        self._wake(item)
-                elif item.state is TicketState.QUEUED and item.waiter is not None:
-                    item.waiter.set()  # the caller finds itself not admitted: timed out
-            scope = anyio.CancelScope(deadline=heap[0][0] if heap else float("inf"))
-            self._reaper_scope = scope
-            try:
-                with scope:
-                    await anyio.sleep_forever()
-            except BaseException:
-                self._reaper_scope = None  # waits fall back to their own scopes
-                raise
 
     def _wake(self, entry: PendingRequest) -> None:
         waiter = entry.waiter
@@ -838,7 +797,7 @@ class ControlClient:
         """Register, send to every rank, wait, clean: one fan-out without admission."""
         core = self.call_core(method, ranks, policy, budget, deadline)
         try:
-            entry = core.register(self._new_waiter())
+            entry = core.register(self.new_waiter())
             await self.send_all(core, raw)
             await self.wait_outcome(core, deadline)
             return self.fan_out_outcome(entry, result_type)
@@ -866,84 +825,44 @@ class ControlClient:
             if type(env) is Reply:
                 self._on_reply(env, event.peer)
             elif type(env) is Heartbeat:
-                self.counters["heartbeats_received"] += 1
                 rank = env.rank if event.peer is None else event.peer
-                self._on_heartbeat(rank, env)
+                progress = self.liveness.heartbeat(rank, env)
+                if (progress is not None and progress.request_id
+                        and (self._progress_by_id or self._progress_by_method)):
+                    self._on_progress(rank, progress)
             else:
                 self.counters["dropped_wrong_type"] += 1
         elif type(event) is Dropped:
             key = f"dropped_{event.reason}"
             self.counters[key] = self.counters.get(key, 0) + 1
-        elif (type(event) is PeerDisconnected and event.rank is not None
-              and self.peers.disconnected(event.rank, anyio.current_time())):
-            self._rank_lost(event.rank, event.detail or "disconnected")
+        elif type(event) is PeerDisconnected and event.rank is not None:
+            self.liveness.disconnected(event.rank, event.detail or "disconnected")
 
     def _on_reply(self, reply: Reply, peer: int | None) -> None:
         rank = reply.rank if peer is None else peer
         if self.peers.is_stale(rank, reply.incarnation):
             self.counters["stale_incarnation"] += 1
             return
-        self._peer_seen(rank, reply.incarnation, authoritative=False)
+        self.liveness.seen(rank, reply.incarnation, authoritative=False)
         self.peers.finished(rank, reply.id)
         disposition, entry = self.registry.on_reply(reply, peer)
         if disposition is ReplyDisposition.COMPLETED and entry is not None:
             self._wake(entry)
 
-    def _on_heartbeat(self, rank: int, hb: Heartbeat) -> None:
-        if not hb.method:
-            self._peer_seen(rank, hb.incarnation, authoritative=True)
+    def _on_progress(self, rank: int, progress: Progress) -> None:
+        """Call the progress callbacks of the request ``rank`` says it is running."""
+        entry = self.registry.get(progress.request_id)
+        if entry is None or not entry.is_open or rank not in entry.ranks:
             return
-        busy_for = hb.busy_for if math.isfinite(hb.busy_for) else 0.0
-        progress = Progress(hb.busy, hb.method[:200], busy_for, hb.loops,
-                            hb.progress if math.isfinite(hb.progress) else -1.0, hb.note[:200])
-        peers = self.peers
-        stalls = peers.peers[rank].stall_count if rank in peers.peers else 0
-        self._peer_seen(rank, hb.incarnation, authoritative=True, progress=progress)
-        peer = peers.peers.get(rank)
-        if peer is None or peer.incarnation != hb.incarnation:
-            return
-        if peer.stall_count > stalls:
-            self.counters["engine_stalled"] += 1
-            log.warning("ctlwire: engine rank %d stalled: %s running for %.1f s (limit %.1f s)",
-                        rank, hb.method, busy_for, peers.stall_limit_for(hb.method))
-        if hb.busy and (self._progress_by_id or self._progress_by_method):
-            entry = self.registry.get(hb.busy)
-            if entry is None or not entry.is_open or rank not in entry.ranks:
-                return
-            callbacks = list(self._progress_by_method.get(entry.method, ()))
-            by_id = self._progress_by_id.get(entry.id)
-            if by_id is not None:
-                callbacks.append(by_id)
-            for callback in callbacks:
-                try:
-                    callback(rank, progress)
-                except Exception:  # a caller's callback must not break the receiver
-                    log.exception("ctlwire: progress callback failed")
-
-    def _peer_seen(self, rank: int, incarnation: int, *, authoritative: bool,
-                   progress: Progress | None = None) -> None:
-        was_live = self.peers.state(rank) in _LIVE
-        restarted = self.peers.seen(rank, incarnation, self._now(), authoritative=authoritative,
-                                    progress=progress)
-        for r in restarted:
-            self.counters["engine_restarted"] += 1
-            self._fail_rank(r, "engine restarted (new incarnation)")
-        if not was_live and self.peers.state(rank) in _LIVE:
-            self._notify_peer_change()
-
-    def _notify_peer_change(self) -> None:
-        self._peer_changed.set()
-        self._peer_changed = anyio.Event()
-
-    def _rank_lost(self, rank: int, detail: str) -> None:
-        if self._closed:
-            # after aclose() nothing is pending: engines that stop now (a disconnect,
-            # an unroutable heartbeat) are a shutdown, not a loss to report
-            return
-        self.counters["engine_lost"] += 1
-        log.warning("ctlwire: engine rank %d lost (%s)", rank, detail)
-        self._fail_rank(rank, detail)
-        self._notify_peer_change()
+        callbacks = list(self._progress_by_method.get(entry.method, ()))
+        by_id = self._progress_by_id.get(entry.id)
+        if by_id is not None:
+            callbacks.append(by_id)
+        for callback in callbacks:
+            try:
+                callback(rank, progress)
+            except Exception:  # a caller's callback must not break the receiver
+                log.exception("ctlwire: progress callback failed")
 
     def _fail_rank(self, rank: int, detail: str) -> None:
         blocked = self._blocked_sends
@@ -955,46 +874,6 @@ class ControlClient:
         for scope, blocked_rank in list(self._blocked_sends.values()):
             if blocked_rank == rank:
                 scope.cancel()  # a send waiting for room at a lost rank: give up
-
-    async def _liveness_loop(self) -> None:
-        interval = self.heartbeat_interval
-        assert interval
-        hb_seq = 0
-        incarnation = self.registry.incarnation
-        last = self._now()
-        while True:
-            await anyio.sleep(interval)
-            now = self._now()
-            lag = now - last - interval
-            last = now
-            if lag > interval / 2:
-                # this client's own loop was blocked (a blocking call, a GC pause):
-                # the engines' heartbeats of that time are still queued, unread.
-                # That time is not their silence; judge them once they are read.
-                self.counters["client_stalls"] += 1
-                self.peers.excuse(lag, now)
-            else:
-                for rank in self.peers.tick(now):
-                    self._rank_lost(rank,
-                                    f"no heartbeat for {self.peers.misses_allowed} intervals")
-            hb_seq += 1
-            live = set(self.peers.live_ranks())
-            heartbeat = Heartbeat(-1, incarnation, hb_seq)
-            # every rank, not only live ones: an engine that binds learns our route
-            # from it, and a lost engine that comes back hears from us at once
-            for rank in self.ranks:
-                try:
-                    self.transport.send_nowait(rank, heartbeat)
-                    self.counters["heartbeats_sent"] += 1
-                except Unroutable:
-                    # unroutable and silent: gone. (Unroutable while its beacon is
-                    # heard: the request connection is being re-established.)
-                    peer = self.peers.peers[rank]
-                    if (rank in live and now - peer.last_seen > interval
-                            and self.peers.disconnected(rank, now)):
-                        self._rank_lost(rank, "unroutable")
-                except (WouldBlock, TransportError):
-                    pass
 
     # -- observability ---------------------------------------------------------
     def metrics(self) -> dict[str, Any]:

@@ -71,9 +71,10 @@ class FanOutMailbox:
             if not core.arrive():
                 ticket = core.ticket
                 assert ticket is not None
-                waiter = ticket.waiter = client._new_waiter()
-                if client._reaper_scope is not None:
-                    client._arm_deadline(ticket, deadline)  # woken by hand-off or deadline
+                waiter = ticket.waiter = client.new_waiter()
+                reaper = client.reaper
+                if reaper.running:
+                    reaper.arm(ticket, deadline)  # woken by hand-off or deadline
                     await waiter.wait()
                 else:
                     with anyio.move_on_after(deadline - anyio.current_time()):
@@ -85,7 +86,7 @@ class FanOutMailbox:
                     # then nothing is sent, and finish() passes the mailbox on)
                     raise RequestTimedOut(self.method, budget, admission=True)
             core.resume()
-            entry = core.register(client._new_waiter())
+            entry = core.register(client.new_waiter())
             await client.send_all(core, raw)
             await client.wait_outcome(core, deadline)
             return client.fan_out_outcome(entry, result_type)
@@ -110,7 +111,7 @@ class FanOutMailbox:
             leader = False
         else:
             core = client.call_core(self.method, ranks, policy, budget)
-            entry = core.register(client._new_waiter())
+            entry = core.register(client.new_waiter())
             self._watched[key] = entry
             leader = True
         deadline = core.deadline or 0.0

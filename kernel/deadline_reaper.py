@@ -1,0 +1,118 @@
+"""One task that ends every wait at its deadline: the client's deadline reaper (anyio shell).
+
+A :class:`~ctlwire.kernel.control_client.ControlClient` waits for thousands of
+requests and admission tickets at once. Instead of a cancel scope (a timer)
+per call, each wait is *armed* here with its deadline, and one task sleeps
+until the earliest one::
+
+    reaper = DeadlineReaper(registry, wake=client_wake)
+    tg.start_soon(reaper.run, clock)          # in the client's task group
+    ...
+    if reaper.running:
+        reaper.arm(entry, entry.deadline)     # then just await the entry's waiter
+        await entry.waiter.wait()
+
+Guarantees:
+
+* **Every armed wait ends by its deadline.** At a deadline that has passed (on
+  the ``clock`` given to :meth:`run`), an armed request still open is expired
+  in the registry (TimedOut) and ``wake(entry)`` is called (its waiters and a
+  send blocked on its behalf are woken); an armed ticket still queued has its
+  waiter set (the caller finds itself not admitted: timed out). Arming an
+  earlier deadline than the one the task sleeps until wakes the task earlier.
+* **Finished items cost nothing.** A request decided, or a ticket admitted or
+  abandoned, before its deadline is skipped when its turn comes (lazy
+  deletion); the heap is rebuilt whenever it holds more than twice the live
+  requests (plus 1,024), so it stays bounded by the waits in progress.
+* **No reaper, no promise.** :attr:`running` is False before :meth:`run`
+  starts and after it ends (the client is closing, or the task failed); a
+  caller must then bound its wait with a cancel scope of its own. Items armed
+  while it is not running are only reaped if it runs again.
+
+Nothing here sends or receives: the reaper reads a clock, the registry and the
+ticket states, and calls ``wake``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+
+import anyio
+
+from ctlwire.kernel.admission_queue import Ticket
+from ctlwire.kernel.request_registry import PendingRequest, RequestRegistry
+from ctlwire.states import TicketState
+
+__all__ = ["DeadlineReaper"]
+
+
+def _still_waiting(item: PendingRequest | Ticket) -> bool:
+    if type(item) is PendingRequest:
+        return item.is_open
+    return item.state is TicketState.QUEUED
+
+
+class DeadlineReaper:
+    """Ends armed waits at their deadlines; see the module docstring."""
+
+    __slots__ = ("_deadline_seq", "_deadlines", "_registry", "_wake", "scope")
+
+    def __init__(self, registry: RequestRegistry,
+                 wake: Callable[[PendingRequest], None]) -> None:
+        self._registry = registry
+        self._wake = wake
+        # (deadline, sequence, entry); finished entries are skipped lazily
+        self._deadlines: list[tuple[float, int, PendingRequest | Ticket]] = []
+        self._deadline_seq = itertools.count()
+        #: the scope the reaper task sleeps in (its deadline: the earliest armed
+        #: deadline); None while the task is not running
+        self.scope: anyio.CancelScope | None = None
+
+    @property
+    def running(self) -> bool:
+        """True while the reaper task runs: armed waits end at their deadlines."""
+        return self.scope is not None
+
+    @property
+    def armed(self) -> int:
+        """Items in the heap (finished ones not yet skipped included)."""
+        return len(self._deadlines)
+
+    def arm(self, item: PendingRequest | Ticket, deadline: float) -> None:
+        """End ``item``'s wait at ``deadline``: a request is expired (and woken),
+        a ticket still queued has its waiter woken."""
+        heap = self._deadlines
+        heapq.heappush(heap, (deadline, next(self._deadline_seq), item))
+        scope = self.scope
+        if scope is not None and deadline < scope.deadline:
+            scope.deadline = deadline  # the reaper wakes earlier
+        if len(heap) > 2 * self._registry.live_count + 1024:
+            # lazy deletion left too many finished items behind: rebuild
+            self._deadlines = [i for i in heap if _still_waiting(i[2])]
+            heapq.heapify(self._deadlines)
+
+    async def run(self, now: Callable[[], float]) -> None:
+        """The reaper task: end waits at their deadlines on the clock ``now``
+        (the event loop's, which anyio's cancel-scope deadlines use)."""
+        registry = self._registry
+        wake = self._wake
+        while True:
+            heap = self._deadlines
+            current = now()
+            while heap and heap[0][0] <= current:
+                item = heapq.heappop(heap)[2]
+                if type(item) is PendingRequest:
+                    if item.is_open and registry.expire(item):
+                        wake(item)
+                elif item.state is TicketState.QUEUED and item.waiter is not None:
+                    item.waiter.set()  # the caller finds itself not admitted: timed out
+            scope = anyio.CancelScope(deadline=heap[0][0] if heap else float("inf"))
+            self.scope = scope
+            try:
+                with scope:
+                    await anyio.sleep_forever()
+            except BaseException:
+                self.scope = None  # waits fall back to their own scopes
+                raise

@@ -1,0 +1,201 @@
+"""Is each engine rank alive? The client's liveness monitor (anyio shell over the peer table).
+
+:class:`LivenessMonitor` drives the sans-IO :class:`~ctlwire.kernel.peer_table.PeerTable`
+from what the client hears and from the passing of time, and tells the client
+which ranks to give up on::
+
+    monitor = LivenessMonitor(transport, ranks, interval=0.25, misses_allowed=4,
+                              fail_rank=client_fail_rank, counters=client.counters)
+    monitor.now = loop_clock                  # once the event loop runs
+    tg.start_soon(monitor.run, incarnation)   # heartbeats (when interval is set)
+    ...
+    monitor.seen(rank, reply.incarnation, authoritative=False)   # on every reply
+    progress = monitor.heartbeat(rank, hb)                       # on every heartbeat
+
+Guarantees:
+
+* **Lost means lost, and is said at once.** A rank is Lost when it misses
+  ``misses_allowed`` heartbeat intervals, when the transport reports it
+  disconnected, or when it is unroutable and silent for an interval; then
+  ``fail_rank(rank, detail)`` is called once (the client fails its pending
+  requests: NotDelivered or OutcomeUnknown), ``engine_lost`` is counted and a
+  warning logged. A new incarnation of a live rank is a restart: its old
+  incarnation's requests fail the same way (``engine_restarted``).
+* **Busy is not dead.** Heartbeats say what a rank runs: Busy and Stalled
+  (past its method's stall limit; counted once per stall in
+  ``engine_stalled`` and logged) ranks stay alive.
+* **This client's stalls are excused.** When the heartbeat loop wakes more
+  than half an interval late (this loop was blocked: a blocking call, a GC
+  pause), engines are not judged for that tick; their silence of that time is
+  excused (``client_stalls``), so heartbeats still unread are read first.
+* **Every rank hears from us.** Each interval a heartbeat goes to every rank,
+  live or not, so an engine that binds learns the client's route and a lost
+  engine that comes back is heard from at once.
+* **Waiters learn of changes.** :attr:`peer_changed` is set (and replaced)
+  whenever a rank becomes live or is lost, and on :meth:`close`.
+* **Quiet after close.** Once :meth:`close` is called, ranks that stop (a
+  disconnect at shutdown) are not reported lost.
+
+The monitor never touches a request itself: what a lost rank means for the
+calls in flight is the client's ``fail_rank``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import anyio
+
+from ctlwire.kernel.peer_table import PeerTable, Progress
+from ctlwire.states import LIVE_PEER_STATES
+from ctlwire.transports.envelope import Heartbeat
+from ctlwire.transports.errors import TransportError, Unroutable, WouldBlock
+from ctlwire.transports.transport import ClientTransport
+
+__all__ = ["LivenessMonitor"]
+
+log = logging.getLogger("ctlwire.client")
+_LIVE = LIVE_PEER_STATES
+
+
+class LivenessMonitor:
+    """Drives the peer table of one client; see the module docstring.
+
+    ``counters`` is the client's counter dict (the monitor adds to
+    ``heartbeats_sent``, ``heartbeats_received``, ``engine_lost``,
+    ``engine_restarted``, ``engine_stalled`` and ``client_stalls``).
+    ``interval=None`` disables time-based liveness (the peer table still
+    judges by a 1 s interval what it is told; nothing ticks it).
+    """
+
+    def __init__(self, transport: ClientTransport, ranks: Sequence[int], *,
+                 interval: float | None, misses_allowed: int,
+                 fail_rank: Callable[[int, str], None], counters: dict[str, int],
+                 stall_limit: float = 300.0,
+                 stall_limits: Mapping[str, float] | None = None) -> None:
+        self.transport = transport
+        self.ranks = tuple(ranks)
+        self.interval = interval
+        self.peers = PeerTable(self.ranks, interval=interval or 1.0,
+                               misses_allowed=misses_allowed, stall_limit=stall_limit,
+                               stall_limits=stall_limits)
+        self.counters = counters
+        self._fail_rank = fail_rank
+        #: the clock (the client sets the event loop's own once it runs)
+        self.now: Callable[[], float] = anyio.current_time
+        #: set, then replaced, whenever a rank becomes live or is lost, and on close
+        self.peer_changed = anyio.Event()
+        self.closed = False
+
+    def close(self) -> None:
+        """The client closed: stop reporting losses; wake whoever waits for a change."""
+        self.closed = True
+        self.notify_peer_change()
+
+    def rank_status(self, rank: int) -> dict[str, Any]:
+        """What is known of ``rank``: its PeerLink state, incarnation, and what it runs."""
+        peer = self.peers.peers.get(rank)
+        if peer is None:
+            raise ValueError(f"rank {rank} is not one of this client's ranks {self.ranks}")
+        return peer.describe()
+
+    # -- what the client hears -------------------------------------------------
+    def heartbeat(self, rank: int, hb: Heartbeat) -> Progress | None:
+        """A heartbeat from ``rank``. Returns what it says the rank is running
+        (for the client's progress callbacks), None when idle or not current."""
+        self.counters["heartbeats_received"] += 1
+        if not hb.method:
+            self.seen(rank, hb.incarnation, authoritative=True)
+            return None
+        busy_for = hb.busy_for if math.isfinite(hb.busy_for) else 0.0
+        progress = Progress(hb.busy, hb.method[:200], busy_for, hb.loops,
+                            hb.progress if math.isfinite(hb.progress) else -1.0, hb.note[:200])
+        peers = self.peers
+        stalls = peers.peers[rank].stall_count if rank in peers.peers else 0
+        self.seen(rank, hb.incarnation, authoritative=True, progress=progress)
+        peer = peers.peers.get(rank)
+        if peer is None or peer.incarnation != hb.incarnation:
+            return None
+        if peer.stall_count > stalls:
+            self.counters["engine_stalled"] += 1
+            log.warning("ctlwire: engine rank %d stalled: %s running for %.1f s (limit %.1f s)",
+                        rank, hb.method, busy_for, peers.stall_limit_for(hb.method))
+        return progress
+
+    def seen(self, rank: int, incarnation: int, *, authoritative: bool,
+             progress: Progress | None = None) -> None:
+        """``rank`` was heard from under ``incarnation`` (a reply is not authoritative
+        about progress, a heartbeat is)."""
+        peers = self.peers
+        was_live = peers.state(rank) in _LIVE
+        restarted = peers.seen(rank, incarnation, self.now(), authoritative=authoritative,
+                               progress=progress)
+        for r in restarted:
+            self.counters["engine_restarted"] += 1
+            self._fail_rank(r, "engine restarted (new incarnation)")
+        if not was_live and peers.state(rank) in _LIVE:
+            self.notify_peer_change()
+
+    def disconnected(self, rank: int, detail: str) -> None:
+        """The transport reports ``rank`` disconnected."""
+        if self.peers.disconnected(rank, anyio.current_time()):
+            self.rank_lost(rank, detail)
+
+    def notify_peer_change(self) -> None:
+        self.peer_changed.set()
+        self.peer_changed = anyio.Event()
+
+    def rank_lost(self, rank: int, detail: str) -> None:
+        if self.closed:
+            # after the client closed nothing is pending: engines that stop now (a
+            # disconnect, an unroutable heartbeat) are a shutdown, not a loss to report
+            return
+        self.counters["engine_lost"] += 1
+        log.warning("ctlwire: engine rank %d lost (%s)", rank, detail)
+        self._fail_rank(rank, detail)
+        self.notify_peer_change()
+
+    # -- the passing of time ---------------------------------------------------
+    async def run(self, incarnation: int) -> None:
+        """The heartbeat task: every interval, judge the ranks (unless this loop
+        was stalled) and send each rank a heartbeat of ``incarnation``."""
+        interval = self.interval
+        assert interval
+        peers = self.peers
+        hb_seq = 0
+        last = self.now()
+        while True:
+            await anyio.sleep(interval)
+            now = self.now()
+            lag = now - last - interval
+            last = now
+            if lag > interval / 2:
+                # this client's own loop was blocked (a blocking call, a GC pause):
+                # the engines' heartbeats of that time are still queued, unread.
+                # That time is not their silence; judge them once they are read.
+                self.counters["client_stalls"] += 1
+                peers.excuse(lag, now)
+            else:
+                for rank in peers.tick(now):
+                    self.rank_lost(rank, f"no heartbeat for {peers.misses_allowed} intervals")
+            hb_seq += 1
+            live = set(peers.live_ranks())
+            heartbeat = Heartbeat(-1, incarnation, hb_seq)
+            # every rank, not only live ones: an engine that binds learns our route
+            # from it, and a lost engine that comes back hears from us at once
+            for rank in self.ranks:
+                try:
+                    self.transport.send_nowait(rank, heartbeat)
+                    self.counters["heartbeats_sent"] += 1
+                except Unroutable:
+                    # unroutable and silent: gone. (Unroutable while its beacon is
+                    # heard: the request connection is being re-established.)
+                    peer = peers.peers[rank]
+                    if (rank in live and now - peer.last_seen > interval
+                            and peers.disconnected(rank, now)):
+                        self.rank_lost(rank, "unroutable")
+                except (WouldBlock, TransportError):
+                    pass
