@@ -46,7 +46,6 @@ One client runs inside one event loop thread; its tasks live in the client's
 
 from __future__ import annotations
 
-import contextvars
 import itertools
 import logging
 import math
@@ -57,24 +56,16 @@ from typing import Any, Literal
 
 import anyio
 import msgspec
-import sniffio
 from anyio.abc import TaskGroup
 
-from ctlwire.kernel.admission_queue import AdmissionQueue
-from ctlwire.kernel.call_core import CallCore
-from ctlwire.kernel.deadline_reaper import DeadlineReaper
+from ctlwire.kernel.call_issuer import CallIssuer, envelope_extras
 from ctlwire.kernel.errors import (
-    AuthenticationFailed,
     ClientClosed,
     EngineDead,
     FanOutFailed,
-    NotDelivered,
-    OutcomeUnknown,
     RemoteError,
     RequestTimedOut,
-    RequestTooLarge,
     ResultTypeError,
-    remote_error,
 )
 from ctlwire.kernel.fan_out_mailbox import FanOutMailbox
 from ctlwire.kernel.fan_out_policy import Policy
@@ -82,21 +73,15 @@ from ctlwire.kernel.fan_out_result import FanOutResult
 from ctlwire.kernel.liveness_monitor import LivenessMonitor
 from ctlwire.kernel.peer_table import Progress
 from ctlwire.kernel.request_registry import (
-    PendingRequest,
     ReplyDisposition,
     RequestRegistry,
     TransitionObserver,
 )
 from ctlwire.kernel.tracing import TraceProvider
-from ctlwire.states import PeerState, RequestState
-from ctlwire.transports.codec import PayloadTypeError
-from ctlwire.transports.envelope import NO_DEADLINE, ErrorInfo, Heartbeat, Reply, Request
-from ctlwire.transports.errors import AuthenticationFailed as TransportAuthFailed
+from ctlwire.states import RequestState
+from ctlwire.transports.envelope import Heartbeat, Reply
 from ctlwire.transports.errors import (
     TransportClosed,
-    TransportError,
-    Unroutable,
-    WouldBlock,
 )
 from ctlwire.transports.transport import ClientTransport, Dropped, PeerDisconnected, Received
 
@@ -106,45 +91,7 @@ log = logging.getLogger("ctlwire.client")
 _S = RequestState
 ProgressCallback = Callable[[int, Progress], Any]
 """``on_progress(rank, progress)``: what a rank's heartbeat says about the call's request."""
-# the idempotency key and fencing token of the calling task's request (set by call and
-# fan_out, read by send_all, which runs in the caller's task in every mode)
-_envelope_extras: contextvars.ContextVar[tuple[str, int | None]] = contextvars.ContextVar(
-    "ctlwire_envelope_extras", default=("", None))
 _IN_PROGRESS = 425
-# a failed reply that carries no ErrorInfo (a buggy or hostile peer): still a typed error
-_NO_ERROR_INFO = ErrorInfo("UnknownRemoteError", "the engine replied ok=false without an error")
-
-
-def _event_loop_clock() -> Callable[[], float]:
-    """The running event loop's clock: what ``anyio.current_time()`` reads, without
-    anyio's per-call backend lookup (a call reads the clock several times)."""
-    library = sniffio.current_async_library()
-    if library == "asyncio":
-        import asyncio
-
-        return asyncio.get_running_loop().time
-    if library == "trio":
-        import trio
-
-        return trio.current_time
-    return anyio.current_time  # pragma: no cover - another anyio backend
-
-
-def _event_loop_waiter() -> Callable[[], Any]:
-    """The running event loop's own event (anyio's wraps it and adds a checkpoint).
-
-    Not a bare future: cancelling a task that awaits a future cancels the future,
-    which would take the answer away from the other watchers sharing it."""
-    library = sniffio.current_async_library()
-    if library == "asyncio":
-        import asyncio
-
-        return asyncio.Event
-    if library == "trio":
-        import trio
-
-        return trio.Event
-    return anyio.Event  # pragma: no cover - another anyio backend
 
 
 def new_fence() -> int:
@@ -153,11 +100,6 @@ def new_fence() -> int:
     import secrets
 
     return (time.time_ns() // 1_000_000) << 12 | secrets.randbits(12)
-
-
-# generous stand-ins for the header fields when sizing a request envelope
-_MAX_ID = 2**63 - 1
-_ENVELOPE_SLACK = 512
 
 
 def _checked_timeout(timeout: Any, what: str = "timeout") -> float:
@@ -219,29 +161,19 @@ class ControlClient:
         if not self.ranks:
             raise ValueError("a client needs at least one rank")
         self._rank_set = frozenset(self.ranks)
-        self.trace_provider = trace_provider
         self.default_timeout = _checked_timeout(default_timeout, "default_timeout")
         self.method_timeouts = {m: _checked_timeout(t, f"method_timeouts[{m!r}]")
                                 for m, t in (method_timeouts or {}).items()}
         self.registry = RequestRegistry(max_tombstones=max_tombstones, observer=observer)
         self.heartbeat_interval = heartbeat_interval
         self.idempotent_methods = frozenset(idempotent_methods)
-        # a fencing token for every request: engines refuse tokens older than the
-        # highest they accepted, so a replaced controller cannot act after its successor
-        self.fence = (new_fence() if fence is True else int(fence) if fence else 0)
         self._key_seq = itertools.count(1)
         self._progress_by_id: dict[int, ProgressCallback] = {}
         self._progress_by_method: dict[str, list[ProgressCallback]] = {}
         self._mailboxes: dict[str, FanOutMailbox] = {}
-        self._blocked_sends: dict[int, tuple[anyio.CancelScope, int]] = {}
-        self._seq: dict[int, int] = {}
         self._tg: TaskGroup | None = None
         self._closed = False
         self._now: Callable[[], float] = anyio.current_time  # the loop's own clock once entered
-        #: a new waiter (the running loop's own event once entered)
-        self.new_waiter: Callable[[], Any] = anyio.Event
-        #: ends the waits of requests and admission tickets at their deadlines (one task)
-        self.reaper = DeadlineReaper(self.registry, self._wake)
         #: rank -> the engine metrics last read with :meth:`engine_metrics`
         self.last_engine_metrics: dict[int, dict[str, Any]] = {}
         self.counters: dict[str, int] = {
@@ -264,19 +196,45 @@ class ControlClient:
                                         fail_rank=self._fail_rank, counters=self.counters,
                                         stall_limit=stall_limit, stall_limits=stall_limits)
         self.peers = self.liveness.peers
+        #: the IO of every call: register, send, wait, decode (the mailboxes' FanOutSender)
+        self.issuer = CallIssuer(
+            transport, self.registry, self.liveness, trace_provider=trace_provider,
+            # a fencing token for every request: engines refuse tokens older than the
+            # highest they accepted, so a replaced controller cannot act after its successor
+            fence=new_fence() if fence is True else int(fence) if fence else 0,
+            first_contact_retry=heartbeat_interval or 0.25)
+
+    @property
+    def fence(self) -> int:
+        """This client's fencing token (0: none), sent with every request that sets none."""
+        return self.issuer.fence
+
+    @fence.setter
+    def fence(self, value: int) -> None:
+        self.issuer.fence = value
+
+    @property
+    def trace_provider(self) -> TraceProvider | None:
+        """Supplies each request's trace carrier (see :mod:`ctlwire.kernel.tracing`)."""
+        return self.issuer.trace_provider
+
+    @trace_provider.setter
+    def trace_provider(self, value: TraceProvider | None) -> None:
+        self.issuer.trace_provider = value
 
     # -- lifetime ------------------------------------------------------------
     async def __aenter__(self) -> ControlClient:
         if self._tg is not None or self._closed:
             raise RuntimeError("a ControlClient can be entered once")
         await self.transport.__aenter__()
-        self._now = self.liveness.now = _event_loop_clock()
-        self.new_waiter = _event_loop_waiter()
+        issuer = self.issuer
+        issuer.enter_loop()
+        self._now = self.liveness.now = issuer.now
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
         tg.start_soon(self._receive_loop, name="ctlwire.client.receive")
-        tg.start_soon(self.reaper.run, self._now, name="ctlwire.client.deadlines")
+        tg.start_soon(issuer.reaper.run, self._now, name="ctlwire.client.deadlines")
         if self.heartbeat_interval:
             tg.start_soon(self.liveness.run, self.registry.incarnation,
                           name="ctlwire.client.liveness")
@@ -308,11 +266,12 @@ class ControlClient:
         if self._closed:
             return
         self._closed = True
+        self.issuer.close()
         for entry in self.registry.open_entries():
             for rank in entry.outstanding():
                 self.registry.rank_failed(entry, rank, ClientClosed("client closed"))
             self.registry.fail(entry)
-            self._wake(entry)
+            self.issuer.wake(entry)
         for box in self._mailboxes.values():
             for ticket in box.queue.queued():
                 if ticket.waiter is not None:
@@ -400,9 +359,9 @@ class ControlClient:
         elif rank not in self._rank_set:
             raise ValueError(f"rank {rank} is not one of this client's ranks {self.ranks}")
         budget = self.timeout_for(method, timeout)
-        raw = self._encode_payload(payload, method)
+        raw = self.issuer.encode_payload(payload, method)
         key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
-        extras = _envelope_extras.set((key, fence))
+        extras = envelope_extras.set((key, fence))
         deadline = self._now() + budget
         try:
             while True:
@@ -417,21 +376,22 @@ class ControlClient:
                     if not await self._before_retry((rank,), deadline):
                         raise
         finally:
-            _envelope_extras.reset(extras)
+            envelope_extras.reset(extras)
 
     async def _call_once(self, method: str, raw: msgspec.Raw, rank: int, remaining: float,
                          budget: float, result_type: Any,
                          on_progress: ProgressCallback | None) -> Any:
-        core = self.call_core(method, (rank,), Policy.ALL, budget,
-                              deadline=self._now() + remaining)
+        issuer = self.issuer
+        core = issuer.call_core(method, (rank,), Policy.ALL, budget,
+                                deadline=self._now() + remaining)
         entry = None
         try:
-            entry = core.register(self.new_waiter())
+            entry = core.register(issuer.new_waiter())
             if on_progress is not None:
                 self._progress_by_id[entry.id] = on_progress
-            await self.send_all(core, raw)
-            await self.wait_outcome(core, core.deadline or 0.0)
-            return self._single_outcome(entry, rank, result_type)
+            await issuer.send_all(core, raw)
+            await issuer.wait_outcome(core, core.deadline or 0.0)
+            return issuer.single_outcome(entry, rank, result_type)
         finally:
             if entry is not None and on_progress is not None:
                 self._progress_by_id.pop(entry.id, None)
@@ -473,9 +433,9 @@ class ControlClient:
         if not targets or not self._rank_set.issuperset(targets):
             raise ValueError(f"ranks {targets} must be a non-empty subset of {self.ranks}")
         budget = self.timeout_for(method, timeout)
-        raw = self._encode_payload(payload, method)
+        raw = self.issuer.encode_payload(payload, method)
         key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
-        extras = _envelope_extras.set((key, fence))
+        extras = envelope_extras.set((key, fence))
         if on_progress is not None:
             self._progress_by_method.setdefault(method, []).append(on_progress)
         deadline = self._now() + budget
@@ -508,7 +468,7 @@ class ControlClient:
                 raise failed
             return result
         finally:
-            _envelope_extras.reset(extras)
+            envelope_extras.reset(extras)
             if on_progress is not None:
                 self._progress_by_method[method].remove(on_progress)
                 if not self._progress_by_method[method]:
@@ -523,7 +483,7 @@ class ControlClient:
         if mode == "watching":
             return await mailbox.watching(raw, targets, pol, budget, result_type)
         if mode == "concurrent":
-            return await self.run_fan_out(method, raw, targets, pol, budget,
+            return await self.issuer.run_fan_out(method, raw, targets, pol, budget,
                                           anyio.current_time() + budget, result_type)
         raise ValueError(f"unknown mode {mode!r}: expected queueing, watching or concurrent")
 
@@ -531,7 +491,7 @@ class ControlClient:
         """The fan-out mailbox of ``method`` (created on first use)."""
         box = self._mailboxes.get(method)
         if box is None:
-            box = self._mailboxes[method] = FanOutMailbox(self, method)
+            box = self._mailboxes[method] = FanOutMailbox(self.issuer, method)
         return box
 
     async def wait_ready(self, ranks: Sequence[int] | None = None, timeout: float = 10.0) -> None:
@@ -551,258 +511,6 @@ class ControlClient:
                 await self.liveness.peer_changed.wait()
         missing = [r for r in targets if r not in self.peers.live_ranks()]
         raise RequestTimedOut(f"wait_ready (ranks {missing} not connected)", timeout)
-
-    # -- the pieces the mailbox and the explorer share -------------------------
-    def _encode_payload(self, payload: Any, method: str = "") -> msgspec.Raw:
-        """The payload encoded once for every rank; raises RequestTooLarge when
-        the whole request envelope (header, method name, payload) cannot fit."""
-        if self._closed:
-            raise ClientClosed("client is closed")
-        try:
-            raw = self.codec.encode_value(payload)
-        except PayloadTypeError as exc:
-            raise TypeError(f"payload cannot be encoded: {exc}") from None
-        limit = self.codec.max_message_size
-        # cheap bound first: a header of ids and floats, a trace carrier, the name
-        if len(raw) + 4 * len(method) + _ENVELOPE_SLACK > limit:
-            trace = self.trace_provider() if self.trace_provider is not None else None
-            probe = Request(_MAX_ID, _MAX_ID, method, raw, time.time() + 1e9, _MAX_ID, _MAX_ID,
-                            trace)
-            size = len(self.codec._encode(probe))
-            if size > limit:
-                raise RequestTooLarge(method, size, limit)
-        return raw
-
-    def call_core(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
-                  deadline: float | None = None, queue: AdmissionQueue | None = None
-                  ) -> CallCore:
-        """The sans-IO protocol object for one call of this client."""
-        if self._closed:
-            raise ClientClosed("client is closed")
-        if deadline is None:
-            deadline = self._now() + budget
-        return CallCore(self.registry, method, ranks, policy, deadline=deadline, timeout=budget,
-                        queue=queue, is_lost=self.peers.is_lost)
-
-    def _register(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
-                  deadline: float | None = None) -> PendingRequest:
-        """Register a request outside a CallCore (watching mode's shared request)."""
-        return self.call_core(method, ranks, policy, budget, deadline).register(
-            self.new_waiter())
-
-    async def send_all(self, core: CallCore, raw: msgspec.Raw) -> None:
-        """Hand ``core``'s request to the transport for each rank ``core`` releases.
-
-        ``core.next_send()`` only names a rank once the request is registered
-        and marked Sent: a reply can never beat the registration.
-
-        Nothing is sent on behalf of a caller whose scope is already cancelled
-        (its cancellation is raised here, before the first frame), nor after
-        the client was closed (ClientClosed). A send waiting at the high-water
-        mark, or for a rank's first contact, is bounded by the request's
-        deadline and abandoned when that rank is lost or the request decided;
-        the other ranks are still sent to.
-        """
-        # the only checkpoint before the first frame: a caller cancelled before it
-        # got here (even one handed the mailbox, then cancelled before it resumed)
-        # raises now, and its finish() passes the mailbox on
-        await anyio.lowlevel.checkpoint_if_cancelled()
-        if self._closed:
-            raise ClientClosed("client is closed")
-        entry = core.entry
-        assert entry is not None
-        remaining = (entry.deadline or 0.0) - self._now()
-        wall_deadline = (time.time() + remaining if entry.timeout and math.isfinite(remaining)
-                         else NO_DEADLINE)
-        incarnation = self.registry.incarnation
-        transport = self.transport
-        trace = self.trace_provider() if self.trace_provider is not None else None
-        key, fence = _envelope_extras.get()
-        fence = self.fence if fence is None else fence  # the client's, unless the call chose
-        while (rank := core.next_send()) is not None:
-            seq = self._seq.get(rank, 0) + 1
-            self._seq[rank] = seq
-            env = Request(entry.id, rank, entry.method, raw, wall_deadline, seq, incarnation,
-                          trace, key, fence)
-            error: Exception | None = None
-            waited = False
-            try:
-                try:
-                    transport.send_nowait(rank, env)
-                except WouldBlock:
-                    waited = True
-                    await self._send_blocking(entry, rank, env)
-                except Unroutable as exc:
-                    if (self.peers.state(rank) is PeerState.LOST
-                            or isinstance(exc, TransportAuthFailed)):
-                        raise
-                    # never heard from (an engine still starting), or heard from by its
-                    # beacon while its request connection is (re)connecting: wait for
-                    # it within the deadline, then hand the frame over
-                    waited = True
-                    if (not await self._send_after_first_contact(entry, rank, env)
-                            and self.peers.state(rank) is not PeerState.LOST):
-                        error = NotDelivered(rank, (
-                            "never heard from within the deadline"
-                            if self.peers.state(rank) is PeerState.UNKNOWN
-                            else "request connection not up within the deadline"))
-            except TransportAuthFailed as exc:
-                error = AuthenticationFailed(rank, exc.detail)
-            except Unroutable as exc:
-                error = NotDelivered(rank, exc.detail or "unroutable")
-            except TransportClosed as exc:
-                error = ClientClosed(str(exc))
-            except TransportError as exc:
-                error = NotDelivered(rank, repr(exc))
-            if error is not None and core.send_failed(rank, error):
-                self._wake(entry)
-            if (waited and entry.is_open and entry.deadline is not None
-                    and self._now() >= entry.deadline):
-                break  # the deadline passed while a send waited: the request expires
-        if not entry.is_open:
-            self._wake(entry)
-
-    async def _send_blocking(self, entry: PendingRequest, rank: int, env: Request) -> bool:
-        """Wait for room to send (high-water mark), bounded by the request's
-        deadline and abandoned as soon as the request is decided or ``rank`` is
-        lost. True when the frame was handed over."""
-        scope = anyio.CancelScope(deadline=entry.deadline or float("inf"))
-        self._blocked_sends[entry.id] = (scope, rank)
-        try:
-            with scope:
-                await self.transport.send(rank, env)
-                return True
-        finally:
-            self._blocked_sends.pop(entry.id, None)
-        return False
-
-    async def _send_after_first_contact(self, entry: PendingRequest, rank: int,
-                                        env: Request) -> bool:
-        """``rank`` refused the frame because it has never been heard from. Wait
-        until it is (then send), within the request's deadline; abandoned when
-        the request is decided or the client closes. While waiting, the frame
-        counts as not handed over (a loss means NotDelivered). Re-raises
-        Unroutable if the rank is heard from yet still refuses the frame.
-        True when the frame was handed over."""
-        scope = anyio.CancelScope(deadline=entry.deadline or float("inf"))
-        self._blocked_sends[entry.id] = (scope, rank)
-        retry = self.heartbeat_interval or 0.25
-        try:
-            with scope:
-                while True:
-                    changed = self.liveness.peer_changed
-                    if self._closed:
-                        raise TransportClosed("client is closed")
-                    # on contact, or every `retry` s (a connection may come up, or its
-                    # handshake fail, without the rank being heard from)
-                    try:
-                        self.transport.send_nowait(rank, env)
-                        return True
-                    except WouldBlock:
-                        await self.transport.send(rank, env)
-                        return True
-                    except Unroutable as exc:
-                        if (self.peers.state(rank) is PeerState.LOST
-                                or isinstance(exc, TransportAuthFailed)):
-                            raise
-                    with anyio.move_on_after(retry):
-                        await changed.wait()
-        finally:
-            self._blocked_sends.pop(entry.id, None)
-        return False
-
-    async def wait_outcome(self, core: CallCore, deadline: float) -> None:
-        """Wait until ``core``'s request is decided or ``deadline`` (anyio clock) passes.
-
-        Expires the request only when its own deadline has passed; a watcher
-        with an earlier personal deadline just stops waiting.
-        """
-        entry = core.entry
-        assert entry is not None
-        if not core.begin_wait():
-            return
-        waiter: Any = entry.waiter  # an event of the running loop (set, wait)
-        assert waiter is not None
-        entry_deadline = entry.deadline if entry.deadline is not None else float("inf")
-        reaper = self.reaper
-        if deadline >= entry_deadline and reaper.scope is not None:
-            # the request's own deadline ends this wait: the reaper expires it and
-            # wakes us (no cancel scope and no timer per call)
-            reaper.arm(entry, entry_deadline)
-            await waiter.wait()
-            return
-        with anyio.CancelScope(deadline=deadline):
-            await waiter.wait()
-        if entry.is_open and self._now() >= entry_deadline:
-            core.deadline_passed()
-
-    def _wake(self, entry: PendingRequest) -> None:
-        waiter = entry.waiter
-        if waiter is not None:
-            waiter.set()
-        blocked = self._blocked_sends.get(entry.id)
-        if blocked is not None:
-            blocked[0].cancel()
-
-    def _single_outcome(self, entry: PendingRequest, rank: int, result_type: Any) -> Any:
-        state = entry.state
-        if state is _S.DONE:
-            reply = entry.replies[rank]
-            if reply.ok:
-                try:
-                    return self.codec.decode_value(reply.result, result_type)
-                except PayloadTypeError as exc:
-                    raise ResultTypeError(f"{entry.method!r} result from rank {rank}: {exc}"
-                                          ) from None
-            raise remote_error(reply.error or _NO_ERROR_INFO, rank=rank, method=entry.method)
-        if state is _S.FAILED:
-            error = entry.errors.get(rank)
-            raise error if error is not None else OutcomeUnknown(rank, "failed")
-        if state is _S.TIMED_OUT:
-            raise RequestTimedOut(entry.method, entry.timeout, entry.id)
-        raise RequestTimedOut(entry.method, entry.timeout, entry.id)  # still open: own deadline
-
-    def fan_out_result(self, entry: PendingRequest, result_type: Any) -> FanOutResult:
-        """A fresh FanOutResult (freshly decoded values) for one holder of ``entry``."""
-        result = FanOutResult(entry.method, entry.id, entry.policy, entry.ranks)
-        for rank, reply in entry.replies.items():
-            if reply.ok:
-                try:
-                    result.results[rank] = self.codec.decode_value(reply.result, result_type)
-                except PayloadTypeError as exc:
-                    result.errors[rank] = ResultTypeError(
-                        f"{entry.method!r} result from rank {rank}: {exc}")
-            else:
-                result.errors[rank] = remote_error(reply.error or _NO_ERROR_INFO, rank=rank,
-                                                   method=entry.method)
-        for rank, error in entry.errors.items():
-            result.errors.setdefault(rank, error)
-        result.pending = tuple(r for r in entry.ranks
-                               if r not in result.results and r not in result.errors)
-        return result
-
-    def fan_out_outcome(self, entry: PendingRequest, result_type: Any) -> FanOutResult:
-        result = self.fan_out_result(entry, result_type)
-        if entry.state is _S.DONE:
-            return result
-        if entry.state is _S.FAILED:
-            if self._closed and any(type(e) is ClientClosed for e in entry.errors.values()):
-                raise ClientClosed("client closed")  # close ends every call the same way
-            raise FanOutFailed(entry.method, entry.policy.value, result)
-        raise RequestTimedOut(entry.method, entry.timeout, entry.id, partial=result)
-
-    async def run_fan_out(self, method: str, raw: msgspec.Raw, ranks: tuple[int, ...],
-                          policy: Policy, budget: float, deadline: float,
-                          result_type: Any) -> FanOutResult:
-        """Register, send to every rank, wait, clean: one fan-out without admission."""
-        core = self.call_core(method, ranks, policy, budget, deadline)
-        try:
-            entry = core.register(self.new_waiter())
-            await self.send_all(core, raw)
-            await self.wait_outcome(core, deadline)
-            return self.fan_out_outcome(entry, result_type)
-        finally:
-            core.finish()
 
     # -- background tasks ------------------------------------------------------
     async def _receive_loop(self) -> None:
@@ -847,7 +555,10 @@ class ControlClient:
         self.peers.finished(rank, reply.id)
         disposition, entry = self.registry.on_reply(reply, peer)
         if disposition is ReplyDisposition.COMPLETED and entry is not None:
-            self._wake(entry)
+            self.issuer.wake(entry)
+
+    def _fail_rank(self, rank: int, detail: str) -> None:
+        self.issuer.fail_rank(rank, detail)  # the liveness monitor lost ``rank``
 
     def _on_progress(self, rank: int, progress: Progress) -> None:
         """Call the progress callbacks of the request ``rank`` says it is running."""
@@ -863,17 +574,6 @@ class ControlClient:
                 callback(rank, progress)
             except Exception:  # a caller's callback must not break the receiver
                 log.exception("ctlwire: progress callback failed")
-
-    def _fail_rank(self, rank: int, detail: str) -> None:
-        blocked = self._blocked_sends
-        for entry in self.registry.fail_rank(
-                rank, lambda r: OutcomeUnknown(r, detail),
-                unsent=lambda r: NotDelivered(r, f"{detail} (not sent)"),
-                not_handed_over=lambda e: blocked.get(e.id, (None, -1))[1] == rank):
-            self._wake(entry)
-        for scope, blocked_rank in list(self._blocked_sends.values()):
-            if blocked_rank == rank:
-                scope.cancel()  # a send waiting for room at a lost rank: give up
 
     # -- observability ---------------------------------------------------------
     def metrics(self) -> dict[str, Any]:

@@ -18,34 +18,75 @@ Watching mode (:meth:`FanOutMailbox.watching`): a caller whose request
 sending another; every caller receives its own freshly decoded copy of the
 result. The shared request lives until its last watcher leaves, so the
 first caller's cancellation does not take the answer away from the others.
+
+The mailbox talks to the client only through :class:`FanOutSender`, the
+narrow interface of what it needs to run one fan-out (a core, a waiter, the
+sends, the wait, the outcome, the deadline reaper); the client's
+:class:`~ctlwire.kernel.call_issuer.CallIssuer` provides it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 import msgspec
 
 from ctlwire.kernel.admission_queue import AdmissionQueue
+from ctlwire.kernel.call_core import CallCore
+from ctlwire.kernel.deadline_reaper import DeadlineReaper
 from ctlwire.kernel.errors import ClientClosed, RequestTimedOut
 from ctlwire.kernel.fan_out_policy import Policy
 from ctlwire.kernel.fan_out_result import FanOutResult
-from ctlwire.kernel.request_registry import PendingRequest
+from ctlwire.kernel.request_registry import PendingRequest, RequestRegistry
 
-if TYPE_CHECKING:
-    from ctlwire.kernel.control_client import ControlClient
-
-__all__ = ["FanOutMailbox"]
+__all__ = ["FanOutMailbox", "FanOutSender"]
 
 _WatchKey = tuple[bytes, tuple[int, ...], Policy]
+
+
+class FanOutSender(Protocol):
+    """What a mailbox needs from its client to run one fan-out (implemented by
+    :class:`~ctlwire.kernel.call_issuer.CallIssuer`)."""
+
+    @property
+    def closed(self) -> bool:
+        """True once the client closed: queued callers get ClientClosed."""
+
+    @property
+    def registry(self) -> RequestRegistry:
+        """The request map (watchers retain the shared entry)."""
+
+    @property
+    def reaper(self) -> DeadlineReaper:
+        """Ends a queued ticket's wait at its deadline (while it runs)."""
+
+    def new_waiter(self) -> Any:
+        """A new event of the running loop (``set``, ``wait``)."""
+
+    def call_core(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
+                  deadline: float | None = None, queue: AdmissionQueue | None = None
+                  ) -> CallCore:
+        """The sans-IO protocol object of one caller."""
+
+    async def send_all(self, core: CallCore, raw: msgspec.Raw) -> None:
+        """Hand the frames to the transport for each rank ``core`` releases."""
+
+    async def wait_outcome(self, core: CallCore, deadline: float) -> None:
+        """Wait until the request is decided or ``deadline`` passes."""
+
+    def fan_out_result(self, entry: PendingRequest, result_type: Any) -> FanOutResult:
+        """A freshly decoded result for one holder of ``entry``."""
+
+    def fan_out_outcome(self, entry: PendingRequest, result_type: Any) -> FanOutResult:
+        """The result of a decided entry, or its typed failure raised."""
 
 
 class FanOutMailbox:
     """Admission of fan-outs of one method; created by ``ControlClient.mailbox``."""
 
-    def __init__(self, client: ControlClient, method: str) -> None:
-        self.client = client
+    def __init__(self, sender: FanOutSender, method: str) -> None:
+        self.sender = sender
         self.method = method
         self.queue = AdmissionQueue(method)
         self._watched: dict[_WatchKey, PendingRequest] = {}
@@ -64,32 +105,32 @@ class FanOutMailbox:
     async def queueing(self, raw: msgspec.Raw, ranks: tuple[int, ...], policy: Policy,
                        budget: float, result_type: Any) -> FanOutResult:
         """One fan-out, admitted first come, first served; see the module docstring."""
-        client = self.client
-        core = client.call_core(self.method, ranks, policy, budget, queue=self.queue)
+        sender = self.sender
+        core = sender.call_core(self.method, ranks, policy, budget, queue=self.queue)
         deadline = core.deadline or 0.0
         try:
             if not core.arrive():
                 ticket = core.ticket
                 assert ticket is not None
-                waiter = ticket.waiter = client.new_waiter()
-                reaper = client.reaper
+                waiter = ticket.waiter = sender.new_waiter()
+                reaper = sender.reaper
                 if reaper.running:
                     reaper.arm(ticket, deadline)  # woken by hand-off or deadline
                     await waiter.wait()
                 else:
                     with anyio.move_on_after(deadline - anyio.current_time()):
                         await waiter.wait()
-                if client.closed:
+                if sender.closed:
                     raise ClientClosed("client closed")  # woken by aclose(): nothing sent
                 if not core.admitted or anyio.current_time() >= deadline:
                     # timed out in the queue (possibly at the very moment of hand-off:
                     # then nothing is sent, and finish() passes the mailbox on)
                     raise RequestTimedOut(self.method, budget, admission=True)
             core.resume()
-            entry = core.register(client.new_waiter())
-            await client.send_all(core, raw)
-            await client.wait_outcome(core, deadline)
-            return client.fan_out_outcome(entry, result_type)
+            entry = core.register(sender.new_waiter())
+            await sender.send_all(core, raw)
+            await sender.wait_outcome(core, deadline)
+            return sender.fan_out_outcome(entry, result_type)
         finally:
             admitted = core.finish()
             if admitted is not None:
@@ -98,31 +139,31 @@ class FanOutMailbox:
     async def watching(self, raw: msgspec.Raw, ranks: tuple[int, ...], policy: Policy,
                        budget: float, result_type: Any) -> FanOutResult:
         """Join an identical in-flight request, or start one; own copy of the result."""
-        client = self.client
-        registry = client.registry
+        sender = self.sender
+        registry = sender.registry
         key: _WatchKey = (bytes(raw), ranks, policy)
         entry = self._watched.get(key)
         if entry is not None and entry.is_open:
             # join: a core over the shared entry, which only waits and releases
-            core = client.call_core(self.method, ranks, policy, budget)
+            core = sender.call_core(self.method, ranks, policy, budget)
             registry.retain(entry)
             core.entry = entry
             self.watch_joins += 1
             leader = False
         else:
-            core = client.call_core(self.method, ranks, policy, budget)
-            entry = core.register(client.new_waiter())
+            core = sender.call_core(self.method, ranks, policy, budget)
+            entry = core.register(sender.new_waiter())
             self._watched[key] = entry
             leader = True
         deadline = core.deadline or 0.0
         try:
             if leader:
-                await client.send_all(core, raw)
-            await client.wait_outcome(core, deadline)
+                await sender.send_all(core, raw)
+            await sender.wait_outcome(core, deadline)
             if entry.is_open:  # our own deadline passed before the shared one
                 raise RequestTimedOut(self.method, budget, entry.id,
-                                      partial=client.fan_out_result(entry, result_type))
-            return client.fan_out_outcome(entry, result_type)
+                                      partial=sender.fan_out_result(entry, result_type))
+            return sender.fan_out_outcome(entry, result_type)
         finally:
             core.finish()
             if self._watched.get(key) is entry and not entry.is_open:

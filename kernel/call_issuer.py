@@ -1,0 +1,430 @@
+"""One call's IO: register, hand frames to the transport, wait, decode (anyio shell).
+
+:class:`CallIssuer` is the half of a :class:`~ctlwire.kernel.control_client.ControlClient`
+that runs the steps of the sans-IO :class:`~ctlwire.kernel.call_core.CallCore`
+with the awaits between them. ``ControlClient.call``, every fan-out mode and
+the :class:`~ctlwire.kernel.fan_out_mailbox.FanOutMailbox` (through its
+:class:`~ctlwire.kernel.fan_out_mailbox.FanOutSender` interface) use it::
+
+    core = issuer.call_core("pause", (0, 1), Policy.ALL, budget=5.0)
+    try:
+        entry = core.register(issuer.new_waiter())
+        await issuer.send_all(core, raw)             # raw: issuer.encode_payload(...)
+        await issuer.wait_outcome(core, core.deadline or 0.0)
+        return issuer.fan_out_outcome(entry, result_type)
+    finally:
+        core.finish()
+
+Guarantees:
+
+* **Register before send.** :meth:`send_all` hands a frame over only for a
+  rank the core released (registered and marked Sent), so a reply can never
+  find its request missing.
+* **Nothing sent for a cancelled or closed caller.** :meth:`send_all` checks
+  for cancellation before the first frame, and raises ClientClosed once
+  :meth:`close` was called.
+* **Sends are bounded.** A send waiting for room (high-water mark) or for a
+  rank's first contact ends by the request's deadline, and is abandoned as
+  soon as the request is decided or the rank is lost (:meth:`fail_rank`); the
+  other ranks are still sent to. A frame never handed over fails its rank with
+  NotDelivered; one handed over, then lost, with OutcomeUnknown.
+* **Waits end by their deadline.** :meth:`wait_outcome` arms the
+  :class:`~ctlwire.kernel.deadline_reaper.DeadlineReaper` with the request's
+  own deadline (no timer per call), or bounds the wait itself when the caller's
+  deadline is earlier or the reaper is not running.
+* **Every outcome typed.** Values are decoded per holder (each caller gets its
+  own copy); failures are RemoteError, ResultTypeError, EngineDead (NotDelivered,
+  OutcomeUnknown), RequestTimedOut (with the partial result), FanOutFailed,
+  ClientClosed.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import msgspec
+import sniffio
+
+from ctlwire.kernel.admission_queue import AdmissionQueue
+from ctlwire.kernel.call_core import CallCore
+from ctlwire.kernel.deadline_reaper import DeadlineReaper
+from ctlwire.kernel.errors import (
+    AuthenticationFailed,
+    ClientClosed,
+    FanOutFailed,
+    NotDelivered,
+    OutcomeUnknown,
+    RequestTimedOut,
+    RequestTooLarge,
+    ResultTypeError,
+    remote_error,
+)
+from ctlwire.kernel.fan_out_policy import Policy
+from ctlwire.kernel.fan_out_result import FanOutResult
+from ctlwire.kernel.liveness_monitor import LivenessMonitor
+from ctlwire.kernel.request_registry import PendingRequest, RequestRegistry
+from ctlwire.kernel.tracing import TraceProvider
+from ctlwire.states import PeerState, RequestState
+from ctlwire.transports.codec import PayloadTypeError
+from ctlwire.transports.envelope import NO_DEADLINE, ErrorInfo, Request
+from ctlwire.transports.errors import AuthenticationFailed as TransportAuthFailed
+from ctlwire.transports.errors import (
+    TransportClosed,
+    TransportError,
+    Unroutable,
+    WouldBlock,
+)
+from ctlwire.transports.transport import ClientTransport
+
+__all__ = ["CallIssuer", "envelope_extras"]
+
+_S = RequestState
+#: the idempotency key and fencing token of the calling task's request (set by
+#: ``call`` and ``fan_out``, read by :meth:`CallIssuer.send_all`, which runs in
+#: the caller's task in every mode)
+envelope_extras: contextvars.ContextVar[tuple[str, int | None]] = contextvars.ContextVar(
+    "ctlwire_envelope_extras", default=("", None))
+# a failed reply that carries no ErrorInfo (a buggy or hostile peer): still a typed error
+_NO_ERROR_INFO = ErrorInfo("UnknownRemoteError", "the engine replied ok=false without an error")
+
+
+def _event_loop_clock() -> Callable[[], float]:
+    """The running event loop's clock: what ``anyio.current_time()`` reads, without
+    anyio's per-call backend lookup (a call reads the clock several times)."""
+    library = sniffio.current_async_library()
+    if library == "asyncio":
+        import asyncio
+
+        return asyncio.get_running_loop().time
+    if library == "trio":
+        import trio
+
+        return trio.current_time
+    return anyio.current_time  # pragma: no cover - another anyio backend
+
+
+def _event_loop_waiter() -> Callable[[], Any]:
+    """The running event loop's own event (anyio's wraps it and adds a checkpoint).
+
+    Not a bare future: cancelling a task that awaits a future cancels the future,
+    which would take the answer away from the other watchers sharing it."""
+    library = sniffio.current_async_library()
+    if library == "asyncio":
+        import asyncio
+
+        return asyncio.Event
+    if library == "trio":
+        import trio
+
+        return trio.Event
+    return anyio.Event  # pragma: no cover - another anyio backend
+
+
+# generous stand-ins for the header fields when sizing a request envelope
+_MAX_ID = 2**63 - 1
+_ENVELOPE_SLACK = 512
+
+
+class CallIssuer:
+    """Runs the IO of one client's calls; see the module docstring.
+
+    ``fence`` is the client's fencing token (0: none), used unless a call sets
+    its own through :data:`envelope_extras`. ``first_contact_retry`` paces
+    the re-tries of a send to a rank never heard from.
+    """
+
+    def __init__(self, transport: ClientTransport, registry: RequestRegistry,
+                 liveness: LivenessMonitor, *, fence: int = 0,
+                 trace_provider: TraceProvider | None = None,
+                 first_contact_retry: float = 0.25) -> None:
+        self.transport = transport
+        self.codec = transport.codec
+        self.registry = registry
+        self.liveness = liveness
+        self.peers = liveness.peers
+        self.fence = fence
+        self.trace_provider = trace_provider
+        self.first_contact_retry = first_contact_retry
+        self.closed = False
+        #: the clock (the event loop's own once :meth:`enter_loop` ran)
+        self.now: Callable[[], float] = anyio.current_time
+        #: a new waiter (the running loop's own event once :meth:`enter_loop` ran)
+        self.new_waiter: Callable[[], Any] = anyio.Event
+        #: ends the waits of requests and admission tickets at their deadlines (one task)
+        self.reaper = DeadlineReaper(registry, self.wake)
+        # request id -> (the scope of a send waiting for room or first contact, its rank)
+        self._blocked_sends: dict[int, tuple[anyio.CancelScope, int]] = {}
+        self._seq: dict[int, int] = {}
+
+    def enter_loop(self) -> None:
+        """Read the running event loop's own clock and event (faster than anyio's)."""
+        self.now = _event_loop_clock()
+        self.new_waiter = _event_loop_waiter()
+
+    def close(self) -> None:
+        """Further calls raise ClientClosed; nothing more is sent."""
+        self.closed = True
+
+    # -- the steps of one call -------------------------------------------------
+    def encode_payload(self, payload: Any, method: str = "") -> msgspec.Raw:
+        """The payload encoded once for every rank; raises RequestTooLarge when
+        the whole request envelope (header, method name, payload) cannot fit."""
+        if self.closed:
+            raise ClientClosed("client is closed")
+        try:
+            raw = self.codec.encode_value(payload)
+        except PayloadTypeError as exc:
+            raise TypeError(f"payload cannot be encoded: {exc}") from None
+        limit = self.codec.max_message_size
+        # cheap bound first: a header of ids and floats, a trace carrier, the name
+        if len(raw) + 4 * len(method) + _ENVELOPE_SLACK > limit:
+            trace = self.trace_provider() if self.trace_provider is not None else None
+            probe = Request(_MAX_ID, _MAX_ID, method, raw, time.time() + 1e9, _MAX_ID, _MAX_ID,
+                            trace)
+            size = len(self.codec._encode(probe))
+            if size > limit:
+                raise RequestTooLarge(method, size, limit)
+        return raw
+
+    def call_core(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
+                  deadline: float | None = None, queue: AdmissionQueue | None = None
+                  ) -> CallCore:
+        """The sans-IO protocol object for one call of this client."""
+        if self.closed:
+            raise ClientClosed("client is closed")
+        if deadline is None:
+            deadline = self.now() + budget
+        return CallCore(self.registry, method, ranks, policy, deadline=deadline, timeout=budget,
+                        queue=queue, is_lost=self.peers.is_lost)
+
+    async def send_all(self, core: CallCore, raw: msgspec.Raw) -> None:
+        """Hand ``core``'s request to the transport for each rank ``core`` releases.
+
+        ``core.next_send()`` only names a rank once the request is registered
+        and marked Sent: a reply can never beat the registration.
+
+        Nothing is sent on behalf of a caller whose scope is already cancelled
+        (its cancellation is raised here, before the first frame), nor after
+        the client was closed (ClientClosed). A send waiting at the high-water
+        mark, or for a rank's first contact, is bounded by the request's
+        deadline and abandoned when that rank is lost or the request decided;
+        the other ranks are still sent to.
+        """
+        # the only checkpoint before the first frame: a caller cancelled before it
+        # got here (even one handed the mailbox, then cancelled before it resumed)
+        # raises now, and its finish() passes the mailbox on
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        if self.closed:
+            raise ClientClosed("client is closed")
+        entry = core.entry
+        assert entry is not None
+        remaining = (entry.deadline or 0.0) - self.now()
+        wall_deadline = (time.time() + remaining if entry.timeout and math.isfinite(remaining)
+                         else NO_DEADLINE)
+        incarnation = self.registry.incarnation
+        transport = self.transport
+        trace = self.trace_provider() if self.trace_provider is not None else None
+        key, fence = envelope_extras.get()
+        fence = self.fence if fence is None else fence  # the client's, unless the call chose
+        while (rank := core.next_send()) is not None:
+            seq = self._seq.get(rank, 0) + 1
+            self._seq[rank] = seq
+            env = Request(entry.id, rank, entry.method, raw, wall_deadline, seq, incarnation,
+                          trace, key, fence)
+            error: Exception | None = None
+            waited = False
+            try:
+                try:
+                    transport.send_nowait(rank, env)
+                except WouldBlock:
+                    waited = True
+                    await self._send_blocking(entry, rank, env)
+                except Unroutable as exc:
+                    if (self.peers.state(rank) is PeerState.LOST
+                            or isinstance(exc, TransportAuthFailed)):
+                        raise
+                    # never heard from (an engine still starting), or heard from by its
+                    # beacon while its request connection is (re)connecting: wait for
+                    # it within the deadline, then hand the frame over
+                    waited = True
+                    if (not await self._send_after_first_contact(entry, rank, env)
+                            and self.peers.state(rank) is not PeerState.LOST):
+                        error = NotDelivered(rank, (
+                            "never heard from within the deadline"
+                            if self.peers.state(rank) is PeerState.UNKNOWN
+                            else "request connection not up within the deadline"))
+            except TransportAuthFailed as exc:
+                error = AuthenticationFailed(rank, exc.detail)
+            except Unroutable as exc:
+                error = NotDelivered(rank, exc.detail or "unroutable")
+            except TransportClosed as exc:
+                error = ClientClosed(str(exc))
+            except TransportError as exc:
+                error = NotDelivered(rank, repr(exc))
+            if error is not None and core.send_failed(rank, error):
+                self.wake(entry)
+            if (waited and entry.is_open and entry.deadline is not None
+                    and self.now() >= entry.deadline):
+                break  # the deadline passed while a send waited: the request expires
+        if not entry.is_open:
+            self.wake(entry)
+
+    async def _send_blocking(self, entry: PendingRequest, rank: int, env: Request) -> bool:
+        """Wait for room to send (high-water mark), bounded by the request's
+        deadline and abandoned as soon as the request is decided or ``rank`` is
+        lost. True when the frame was handed over."""
+        scope = anyio.CancelScope(deadline=entry.deadline or float("inf"))
+        self._blocked_sends[entry.id] = (scope, rank)
+        try:
+            with scope:
+                await self.transport.send(rank, env)
+                return True
+        finally:
+            self._blocked_sends.pop(entry.id, None)
+        return False
+
+    async def _send_after_first_contact(self, entry: PendingRequest, rank: int,
+                                        env: Request) -> bool:
+        """``rank`` refused the frame because it has never been heard from. Wait
+        until it is (then send), within the request's deadline; abandoned when
+        the request is decided or the client closes. While waiting, the frame
+        counts as not handed over (a loss means NotDelivered). Re-raises
+        Unroutable if the rank is heard from yet still refuses the frame.
+        True when the frame was handed over."""
+        scope = anyio.CancelScope(deadline=entry.deadline or float("inf"))
+        self._blocked_sends[entry.id] = (scope, rank)
+        retry = self.first_contact_retry
+        try:
+            with scope:
+                while True:
+                    changed = self.liveness.peer_changed
+                    if self.closed:
+                        raise TransportClosed("client is closed")
+                    # on contact, or every `retry` s (a connection may come up, or its
+                    # handshake fail, without the rank being heard from)
+                    try:
+                        self.transport.send_nowait(rank, env)
+                        return True
+                    except WouldBlock:
+                        await self.transport.send(rank, env)
+                        return True
+                    except Unroutable as exc:
+                        if (self.peers.state(rank) is PeerState.LOST
+                                or isinstance(exc, TransportAuthFailed)):
+                            raise
+                    with anyio.move_on_after(retry):
+                        await changed.wait()
+        finally:
+            self._blocked_sends.pop(entry.id, None)
+        return False
+
+    async def wait_outcome(self, core: CallCore, deadline: float) -> None:
+        """Wait until ``core``'s request is decided or ``deadline`` (anyio clock) passes.
+
+        Expires the request only when its own deadline has passed; a watcher
+        with an earlier personal deadline just stops waiting.
+        """
+        entry = core.entry
+        assert entry is not None
+        if not core.begin_wait():
+            return
+        waiter: Any = entry.waiter  # an event of the running loop (set, wait)
+        assert waiter is not None
+        entry_deadline = entry.deadline if entry.deadline is not None else float("inf")
+        reaper = self.reaper
+        if deadline >= entry_deadline and reaper.scope is not None:
+            # the request's own deadline ends this wait: the reaper expires it and
+            # wakes us (no cancel scope and no timer per call)
+            reaper.arm(entry, entry_deadline)
+            await waiter.wait()
+            return
+        with anyio.CancelScope(deadline=deadline):
+            await waiter.wait()
+        if entry.is_open and self.now() >= entry_deadline:
+            core.deadline_passed()
+
+    def wake(self, entry: PendingRequest) -> None:
+        waiter = entry.waiter
+        if waiter is not None:
+            waiter.set()
+        blocked = self._blocked_sends.get(entry.id)
+        if blocked is not None:
+            blocked[0].cancel()
+
+    def single_outcome(self, entry: PendingRequest, rank: int, result_type: Any) -> Any:
+        state = entry.state
+        if state is _S.DONE:
+            reply = entry.replies[rank]
+            if reply.ok:
+                try:
+                    return self.codec.decode_value(reply.result, result_type)
+                except PayloadTypeError as exc:
+                    raise ResultTypeError(f"{entry.method!r} result from rank {rank}: {exc}"
+                                          ) from None
+            raise remote_error(reply.error or _NO_ERROR_INFO, rank=rank, method=entry.method)
+        if state is _S.FAILED:
+            error = entry.errors.get(rank)
+            raise error if error is not None else OutcomeUnknown(rank, "failed")
+        if state is _S.TIMED_OUT:
+            raise RequestTimedOut(entry.method, entry.timeout, entry.id)
+        raise RequestTimedOut(entry.method, entry.timeout, entry.id)  # still open: own deadline
+
+    def fan_out_result(self, entry: PendingRequest, result_type: Any) -> FanOutResult:
+        """A fresh FanOutResult (freshly decoded values) for one holder of ``entry``."""
+        result = FanOutResult(entry.method, entry.id, entry.policy, entry.ranks)
+        for rank, reply in entry.replies.items():
+            if reply.ok:
+                try:
+                    result.results[rank] = self.codec.decode_value(reply.result, result_type)
+                except PayloadTypeError as exc:
+                    result.errors[rank] = ResultTypeError(
+                        f"{entry.method!r} result from rank {rank}: {exc}")
+            else:
+                result.errors[rank] = remote_error(reply.error or _NO_ERROR_INFO, rank=rank,
+                                                   method=entry.method)
+        for rank, error in entry.errors.items():
+            result.errors.setdefault(rank, error)
+        result.pending = tuple(r for r in entry.ranks
+                               if r not in result.results and r not in result.errors)
+        return result
+
+    def fan_out_outcome(self, entry: PendingRequest, result_type: Any) -> FanOutResult:
+        result = self.fan_out_result(entry, result_type)
+        if entry.state is _S.DONE:
+            return result
+        if entry.state is _S.FAILED:
+            if self.closed and any(type(e) is ClientClosed for e in entry.errors.values()):
+                raise ClientClosed("client closed")  # close ends every call the same way
+            raise FanOutFailed(entry.method, entry.policy.value, result)
+        raise RequestTimedOut(entry.method, entry.timeout, entry.id, partial=result)
+
+    async def run_fan_out(self, method: str, raw: msgspec.Raw, ranks: tuple[int, ...],
+                          policy: Policy, budget: float, deadline: float,
+                          result_type: Any) -> FanOutResult:
+        """Register, send to every rank, wait, clean: one fan-out without admission."""
+        core = self.call_core(method, ranks, policy, budget, deadline)
+        try:
+            entry = core.register(self.new_waiter())
+            await self.send_all(core, raw)
+            await self.wait_outcome(core, deadline)
+            return self.fan_out_outcome(entry, result_type)
+        finally:
+            core.finish()
+
+    def fail_rank(self, rank: int, detail: str) -> None:
+        """``rank`` is lost (or restarted): its requests fail, typed by whether each
+        frame was handed over; sends waiting at that rank give up."""
+        blocked = self._blocked_sends
+        for entry in self.registry.fail_rank(
+                rank, lambda r: OutcomeUnknown(r, detail),
+                unsent=lambda r: NotDelivered(r, f"{detail} (not sent)"),
+                not_handed_over=lambda e: blocked.get(e.id, (None, -1))[1] == rank):
+            self.wake(entry)
+        for scope, blocked_rank in list(self._blocked_sends.values()):
+            if blocked_rank == rank:
+                scope.cancel()  # a send waiting for room at a lost rank: give up
