@@ -26,7 +26,7 @@ still Registered. :meth:`finish` is safe at any point (before admission,
 between sends, after the outcome) and leaves no entry and no ticket behind.
 
 Cancellation: a shell must not hand any frame over for a caller that is
-already cancelled. ``ControlClient.send_all`` checks for cancellation before
+already cancelled. ``CallIssuer.send_all`` checks for cancellation before
 its first :meth:`next_send` (a caller cancelled while queued, or handed the
 mailbox and cancelled before it resumed, sends nothing; its :meth:`finish`
 passes the mailbox on).
