@@ -14,6 +14,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ctlwire.kernel.app.engine_fleet import (
+        EngineFleet,
+        EngineProcess,
+        EngineStartError,
+    )
     from ctlwire.kernel.control_client import (
         ControlClient,
     )
@@ -22,11 +27,6 @@ if TYPE_CHECKING:
         ErrorCode,
         MethodSpec,
         report_progress,
-    )
-    from ctlwire.kernel.engine_fleet import (
-        EngineFleet,
-        EngineProcess,
-        EngineStartError,
     )
     from ctlwire.kernel.errors import (
         ActorStopped,
@@ -95,7 +95,7 @@ if TYPE_CHECKING:
     )
 
 # name -> the module that defines it (imported on first use, so importing one
-# deep module, or running `python -m ctlwire.kernel.engine_process`, does not
+# deep module, or running `python -m ctlwire.kernel.app.engine_process`, does not
 # import the whole package)
 _EXPORTS: dict[str, str] = {
     "ControlClient": "ctlwire.kernel.control_client",
@@ -121,9 +121,9 @@ _EXPORTS: dict[str, str] = {
     "ResultTypeError": "ctlwire.kernel.errors",
     "FanOutResult": "ctlwire.kernel.fan_out_result",
     "Policy": "ctlwire.kernel.fan_out_policy",
-    "EngineFleet": "ctlwire.kernel.engine_fleet",
-    "EngineProcess": "ctlwire.kernel.engine_fleet",
-    "EngineStartError": "ctlwire.kernel.engine_fleet",
+    "EngineFleet": "ctlwire.kernel.app.engine_fleet",
+    "EngineProcess": "ctlwire.kernel.app.engine_fleet",
+    "EngineStartError": "ctlwire.kernel.app.engine_fleet",
     "PrometheusExporter": "ctlwire.kernel.metrics",
     "RequestMetrics": "ctlwire.kernel.metrics",
     "snapshot": "ctlwire.kernel.metrics",

@@ -18,7 +18,7 @@ import pytest
 
 from ctlwire.benchmarks import scale
 from ctlwire.benchmarks.runner import GROUPS
-from ctlwire.kernel.cli import main
+from ctlwire.kernel.app.cli import main
 
 #: the groups of issue 5, run together below (issue 14's load and scale groups,
 #: ``scale.GROUPS``, have a test of their own, one group at a time)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ctlwire.kernel.cli import main
+from ctlwire.kernel.app.cli import main
 from ctlwire.transports.curve import load_keypair, load_public_key
 
 

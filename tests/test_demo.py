@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ctlwire.kernel import demo
-from ctlwire.kernel.cli import main
+from ctlwire.kernel.app import demo
+from ctlwire.kernel.app.cli import main
 
 pytestmark = pytest.mark.timeout(120)
 

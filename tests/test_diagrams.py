@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ctlwire.kernel.cli import main
-from ctlwire.kernel.diagram_files import write_diagrams
+from ctlwire.kernel.app.cli import main
+from ctlwire.kernel.app.diagram_files import write_diagrams
 from ctlwire.states import CONTROL_REQUEST, MACHINES, RequestState
 from ctlwire.states.diagram import DiagramUnavailable, file_name, render, render_live
 

@@ -613,7 +613,7 @@ def test_salvage_id_reads_the_head_of_a_frame_too_deep_to_decode(codec_name: str
 # -- 13. keys generate does not overwrite ---------------------------------------------------------
 def test_keys_generate_refuses_to_overwrite_without_force(
         tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    from ctlwire.kernel.cli import main
+    from ctlwire.kernel.app.cli import main
 
     assert main(["keys", "generate", str(tmp_path), "api"]) == 0
     public = (tmp_path / "api.key").read_bytes()

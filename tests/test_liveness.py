@@ -16,15 +16,15 @@ from typing import Any
 import anyio
 import pytest
 
+from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.control_client import ControlClient
-from ctlwire.kernel.engine_fleet import EngineFleet
 from ctlwire.kernel.errors import EngineDead, NotDelivered, OutcomeUnknown
 from ctlwire.kernel.peer_table import Progress
 from ctlwire.states import PeerState
 from ctlwire.transports.zmq_client import ZmqDealerClientTransport, ZmqRouterClientTransport
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
-METHODS = "ctlwire.kernel.engine_process:stepping_methods"
+METHODS = "ctlwire.kernel.app.engine_process:stepping_methods"
 
 
 @pytest.fixture

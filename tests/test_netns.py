@@ -34,8 +34,8 @@ from netns_hosts import (
     unavailable_reason,
 )
 
+from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.control_client import ControlClient
-from ctlwire.kernel.engine_fleet import EngineFleet
 from ctlwire.kernel.errors import EngineDead
 from ctlwire.transports.curve import CurveServerConfig, load_keypair, write_keypair
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport

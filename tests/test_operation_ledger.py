@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from ctlwire.kernel.app.operation_engine import Fault, register, weight_update_plan
 from ctlwire.kernel.errors import (
     Fenced,
     NotDelivered,
@@ -16,7 +17,6 @@ from ctlwire.kernel.errors import (
     RequestTimedOut,
 )
 from ctlwire.kernel.operation_core import StepOutcome
-from ctlwire.kernel.operation_engine import Fault, register, weight_update_plan
 from ctlwire.kernel.operation_ledger import (
     Fenced as EngineFenced,
 )

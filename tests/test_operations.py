@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.kernel.app.operation_engine import Fault, weight_update_plan
 from ctlwire.kernel.control_client import ControlClient
-from ctlwire.kernel.engine_fleet import EngineFleet
-from ctlwire.kernel.operation_engine import Fault, weight_update_plan
 from ctlwire.kernel.operation_plan import new_fence
 from ctlwire.kernel.operation_result import ProgressEvent
 from ctlwire.kernel.operation_runner import OperationRunner
@@ -27,7 +27,7 @@ from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
 N = 3
-METHODS = "ctlwire.kernel.operation_engine:register"
+METHODS = "ctlwire.kernel.app.operation_engine:register"
 
 
 @pytest.fixture

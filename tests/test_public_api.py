@@ -106,7 +106,7 @@ def test_states_stay_pure_and_the_packages_import_lazily() -> None:
 
 def test_engine_process_still_runs_as_a_module_without_a_double_import() -> None:
     # runpy warns (RuntimeWarning, an error here) when the package already imported it
-    out = subprocess.run([sys.executable, "-W", "error", "-m", "ctlwire.kernel.engine_process",
+    out = subprocess.run([sys.executable, "-W", "error", "-m", "ctlwire.kernel.app.engine_process",
                           "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "--rank" in out.stdout

@@ -81,7 +81,7 @@ if TYPE_CHECKING:
     )
 
 # name -> the module that defines it (imported on first use, so importing one
-# deep module, or running `python -m ctlwire.kernel.engine_process`, does not
+# deep module, or running `python -m ctlwire.kernel.app.engine_process`, does not
 # import the whole package)
 _EXPORTS: dict[str, str] = {
     "Codec": "ctlwire.transports.codec",

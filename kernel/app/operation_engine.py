@@ -1,7 +1,11 @@
 """A simulated engine whose weight update runs as an operation (demo, tests).
 
-``python -m ctlwire.kernel.engine_process --methods ctlwire.kernel.operation_engine:register``
-starts a :class:`~ctlwire.kernel.demo_engine.SimulatedEngine` rank whose
+::
+
+    python -m ctlwire.kernel.app.engine_process \
+        --methods ctlwire.kernel.app.operation_engine:register
+
+starts a :class:`~ctlwire.kernel.app.demo_engine.SimulatedEngine` rank whose
 ``pause``, ``update_weights``, ``restore_weights`` and ``resume`` also run as
 operation steps through an :class:`~ctlwire.kernel.operation_ledger.OperationLedger`,
 plus:
@@ -26,7 +30,7 @@ from typing import Any
 
 import msgspec
 
-from ctlwire.kernel.demo_engine import Pause, SimulatedEngine, UpdateWeights
+from ctlwire.kernel.app.demo_engine import Pause, SimulatedEngine, UpdateWeights
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.operation_ledger import OperationLedger
 from ctlwire.kernel.operation_plan import OperationPlan, OperationStep, StepCall

@@ -1,9 +1,9 @@
-"""Run an engine rank as a process: ``python -m ctlwire.kernel.engine_process``.
+"""Run an engine rank as a process: ``python -m ctlwire.kernel.app.engine_process``.
 
 Used by ``ctlwire demo``, the benchmarks and the multi-process tests::
 
-    python -m ctlwire.kernel.engine_process --rank 0 --connect ipc:///tmp/x/control.sock \\
-        --methods ctlwire.kernel.engine_process:diagnostic_methods --mode poll
+    python -m ctlwire.kernel.app.engine_process --rank 0 --connect ipc:///tmp/x/control.sock \\
+        --methods ctlwire.kernel.app.engine_process:diagnostic_methods --mode poll
 
 ``--connect ADDR`` dials the client's ROUTER (default orientation);
 ``--bind ADDR`` binds a ROUTER the client dials (reverse orientation);
@@ -175,13 +175,13 @@ def build_transport(args: argparse.Namespace) -> EngineTransport:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ctlwire.kernel.engine_process")
+    p = argparse.ArgumentParser(prog="python -m ctlwire.kernel.app.engine_process")
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--connect")
     p.add_argument("--bind")
     p.add_argument("--pull")
     p.add_argument("--push")
-    p.add_argument("--methods", default="ctlwire.kernel.engine_process:diagnostic_methods")
+    p.add_argument("--methods", default="ctlwire.kernel.app.engine_process:diagnostic_methods")
     p.add_argument("--mode", choices=["poll", "serve"], default="poll")
     p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     p.add_argument("--codec", default="msgpack")

@@ -1,6 +1,6 @@
 """``ctlwire demo``: the asynchronous-RL weight-update cycle against real engine processes.
 
-Starts N engine processes (:mod:`ctlwire.kernel.demo_engine`, each a
+Starts N engine processes (:mod:`ctlwire.kernel.app.demo_engine`, each a
 synchronous step loop polling its :class:`EngineEndpoint`) over real ZeroMQ
 sockets, then runs ``pause → update_weights(v) → resume`` K times, each cycle one
 coordinated operation (:class:`~ctlwire.kernel.operation_runner.OperationRunner`,
@@ -39,10 +39,10 @@ from typing import Any, TextIO
 
 import anyio
 
+from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.kernel.app.operation_engine import Fault, weight_update_plan
 from ctlwire.kernel.control_client import ControlClient
-from ctlwire.kernel.engine_fleet import EngineFleet
 from ctlwire.kernel.errors import CtlwireError
-from ctlwire.kernel.operation_engine import Fault, weight_update_plan
 from ctlwire.kernel.operation_result import ProgressEvent
 from ctlwire.kernel.operation_runner import OperationRunner
 from ctlwire.states import RankState
@@ -174,7 +174,7 @@ async def run_demo(cfg: DemoConfig, out: TextIO = sys.stdout) -> DemoReport:
                 addr = router.address  # bound by now (a tcp port is known)
                 report.address = addr
                 fleet = EngineFleet(n, lambda r: ["--connect", addr, "--methods",
-                                                  "ctlwire.kernel.operation_engine:register"])
+                                                  "ctlwire.kernel.app.operation_engine:register"])
                 out.write(f"starting {n} engine processes over {addr} ...\n")
                 await anyio.to_thread.run_sync(fleet.start)
             await client.wait_ready(timeout=30.0)
@@ -434,7 +434,7 @@ def format_report(cfg: DemoConfig, report: DemoReport) -> str:
                else "never")
         lines.append(f"  engine death: rank {report.killed_rank} killed with SIGKILL, "
                      f"EngineDead after {det}; the other ranks kept serving")
-    diagrams = Path(__file__).resolve().parent.parent / "diagrams"
+    diagrams = Path(__file__).resolve().parents[2] / "diagrams"
     where = diagrams if (diagrams / "README.md").exists() else "run 'ctlwire diagrams'"
     lines.append(f"  state diagrams: {where}")
     lines.append(f"  wall time {report.wall_seconds:.1f} s on {os.cpu_count()} cores, "

@@ -12,14 +12,14 @@ __all__ = ["main"]
 
 def _default_diagrams_dir() -> Path:
     """``diagrams/`` of the source checkout when run from one, else ``./diagrams``."""
-    here = Path(__file__).resolve().parent.parent
+    here = Path(__file__).resolve().parents[2]
     if (here / "pyproject.toml").exists() and (here / "states").is_dir():
         return here / "diagrams"
     return Path.cwd() / "diagrams"
 
 
 def _cmd_diagrams(args: argparse.Namespace) -> int:
-    from ctlwire.kernel.diagram_files import write_diagrams
+    from ctlwire.kernel.app.diagram_files import write_diagrams
     from ctlwire.states.diagram import DiagramUnavailable
 
     out = Path(args.out) if args.out else _default_diagrams_dir()
@@ -34,7 +34,7 @@ def _cmd_diagrams(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from ctlwire.kernel import demo
+    from ctlwire.kernel.app import demo
 
     return demo.main(demo.from_args(args), json_path=args.json)
 
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_diagrams)
 
     p = sub.add_parser("demo", help="the RL weight-update cycle against real engine processes")
-    from ctlwire.kernel.demo import add_arguments
+    from ctlwire.kernel.app.demo import add_arguments
 
     add_arguments(p)
     p.set_defaults(func=_cmd_demo)
