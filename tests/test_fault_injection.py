@@ -16,7 +16,8 @@ from ctlwire.kernel.errors import ClientClosed, CtlwireError, EngineDead, Reques
 from ctlwire.kernel.testing import EngineHarness, virtual_backend
 from ctlwire.states import PeerState
 from ctlwire.transports.envelope import Heartbeat, Reply, Request
-from ctlwire.transports.fault_injection import (
+from ctlwire.transports.memory import MemoryNetwork
+from ctlwire.transports.testing import (
     Fault,
     FaultInjector,
     FaultPlan,
@@ -24,7 +25,6 @@ from ctlwire.transports.fault_injection import (
     FaultyEngineTransport,
     Partition,
 )
-from ctlwire.transports.memory import MemoryNetwork
 from ctlwire.transports.transport import ClientTransport, EngineTransport, Received
 
 pytestmark = pytest.mark.anyio

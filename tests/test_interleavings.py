@@ -23,8 +23,7 @@ from broken_cores import (
     WakeupWindowQueue,
 )
 
-from ctlwire.kernel import interleaving as il
-from ctlwire.kernel.interleaving import (
+from ctlwire.kernel.testing.interleaving import (
     CHECKS,
     EVERY_KIND,
     CallerSpec,
@@ -39,6 +38,7 @@ from ctlwire.kernel.interleaving import (
     replay,
     standard_scenarios,
 )
+from ctlwire.kernel.testing.interleaving import _explorer as il
 
 MAX_COUNTEREXAMPLE = 12
 

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from ctlwire.kernel.operation_core import OperationCore, StepOutcome
-from ctlwire.kernel.operation_explorer import OperationViolation, explore, main
 from ctlwire.kernel.operation_plan import (
     OperationPlan,
     OperationStep,
@@ -25,6 +24,7 @@ from ctlwire.kernel.operation_plan import (
     new_operation_id,
 )
 from ctlwire.kernel.operation_result import ProgressEvent
+from ctlwire.kernel.testing.operation_explorer import OperationViolation, explore, main
 from ctlwire.states import IllegalTransition, OperationState, RankState
 
 _R = RankState

@@ -73,7 +73,7 @@ def test_every_ctlwire_error_is_defined_in_kernel_errors_and_exported() -> None:
     """Walk every kernel module: a CtlwireError subclass defined anywhere but
     kernel/errors.py fails this test, and so does one the package does not export."""
     found = set()
-    for info in pkgutil.iter_modules(ctlwire.kernel.__path__, "ctlwire.kernel."):
+    for info in pkgutil.walk_packages(ctlwire.kernel.__path__, "ctlwire.kernel."):
         if info.name.endswith(("pytest_plugin", "__main__")):
             continue
         module = importlib.import_module(info.name)

@@ -50,15 +50,15 @@ if TYPE_CHECKING:
         Unroutable,
         WouldBlock,
     )
-    from ctlwire.transports.fault_injection import (
-        FaultPlan,
-        FaultyClientTransport,
-        FaultyEngineTransport,
-    )
     from ctlwire.transports.memory import (
         MemoryClientTransport,
         MemoryEngineTransport,
         MemoryNetwork,
+    )
+    from ctlwire.transports.testing import (
+        FaultPlan,
+        FaultyClientTransport,
+        FaultyEngineTransport,
     )
     from ctlwire.transports.transport import (
         ClientTransport,
@@ -111,9 +111,9 @@ _EXPORTS: dict[str, str] = {
     "TransportError": "ctlwire.transports.errors",
     "Unroutable": "ctlwire.transports.errors",
     "WouldBlock": "ctlwire.transports.errors",
-    "FaultPlan": "ctlwire.transports.fault_injection",
-    "FaultyClientTransport": "ctlwire.transports.fault_injection",
-    "FaultyEngineTransport": "ctlwire.transports.fault_injection",
+    "FaultPlan": "ctlwire.transports.testing",
+    "FaultyClientTransport": "ctlwire.transports.testing",
+    "FaultyEngineTransport": "ctlwire.transports.testing",
     "MemoryClientTransport": "ctlwire.transports.memory",
     "MemoryEngineTransport": "ctlwire.transports.memory",
     "MemoryNetwork": "ctlwire.transports.memory",

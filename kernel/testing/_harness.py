@@ -14,7 +14,7 @@
   of minutes in milliseconds on both anyio backends: trio's ``MockClock`` with
   autojump, and an asyncio loop whose clock jumps to the next timer whenever no
   IO is ready. Use them as the ``anyio_backend`` fixture's params, or through
-  the pytest plugin (:mod:`ctlwire.kernel.pytest_plugin`).
+  the pytest plugin (:mod:`ctlwire.kernel.testing.pytest_plugin`).
 
 Heartbeats run on the event loop's clock, so on a virtual clock they are
 virtual too; but each one still costs real work. On a virtual clock
@@ -157,7 +157,7 @@ class EngineHarness:
     transport (the client sees it disconnect), :meth:`start_engine` brings a
     rank back under a new incarnation. ``wrap_client`` / ``wrap_engine`` wrap
     the in-memory transports, e.g. in
-    :class:`~ctlwire.transports.fault_injection.FaultyClientTransport`.
+    :class:`~ctlwire.transports.testing.FaultyClientTransport`.
 
     ``heartbeat_interval`` sets the client's and the engines' interval (None:
     no heartbeats); by default they keep their own (0.25 s). ``"auto"`` (what

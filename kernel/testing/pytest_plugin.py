@@ -2,7 +2,7 @@
 
 Installed with ctlwire and loaded by pytest through the ``pytest11`` entry point
 (as anyio ships its own), so a project that depends on ctlwire has these in
-every test without a conftest (``-p ctlwire.kernel.pytest_plugin`` loads it
+every test without a conftest (``-p ctlwire.kernel.testing.pytest_plugin`` loads it
 explicitly when plugin autoloading is off; ``-p no:ctlwire`` turns it off):
 
 ``transition_recorder``
