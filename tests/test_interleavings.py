@@ -23,6 +23,9 @@ from broken_cores import (
     WakeupWindowQueue,
 )
 
+from ctlwire.kernel.admission_queue import AdmissionQueue
+from ctlwire.kernel.call_core import CallCore
+from ctlwire.kernel.request_registry import RequestRegistry
 from ctlwire.kernel.testing.interleaving import (
     CHECKS,
     EVERY_KIND,
@@ -38,7 +41,9 @@ from ctlwire.kernel.testing.interleaving import (
     replay,
     standard_scenarios,
 )
-from ctlwire.kernel.testing.interleaving import _explorer as il
+from ctlwire.kernel.testing.interleaving._checks import _check_final, _step
+from ctlwire.kernel.testing.interleaving._steps import _enabled
+from ctlwire.kernel.testing.interleaving._world import _clone_world, _shared, _World
 
 MAX_COUNTEREXAMPLE = 12
 
@@ -238,20 +243,20 @@ def test_replay_runs_the_end_of_run_checks() -> None:
 
 def count_naively(scenario: Scenario) -> int:
     """Every complete path, one by one: no memo, no symmetry, no reduction."""
-    root = il._World(scenario, il.AdmissionQueue, il.CallCore, il.RequestRegistry,
-                     frozenset(CHECKS), False)
+    root = _World(scenario, AdmissionQueue, CallCore, RequestRegistry,
+                  frozenset(CHECKS), False)
     root.twin_before = (-1,) * len(scenario.callers)
-    seed = il._shared(root)
+    seed = _shared(root)
 
-    def walk(w: il._World) -> int:
-        enabled = il._enabled(w)
+    def walk(w: _World) -> int:
+        enabled = _enabled(w)
         if not enabled:
-            il._check_final(w)
+            _check_final(w)
             return 1
         total = 0
         for i, label in enumerate(enabled):
-            child = w if i == len(enabled) - 1 else il._clone_world(w, seed)
-            il._step(child, label)
+            child = w if i == len(enabled) - 1 else _clone_world(w, seed)
+            _step(child, label)
             total += walk(child)
         return total
 

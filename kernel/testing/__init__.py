@@ -35,26 +35,25 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ctlwire.kernel.testing._harness import (
+    from ctlwire.kernel.testing._harness import EngineHarness
+    from ctlwire.kernel.testing._ports import free_tcp_address, free_tcp_port
+    from ctlwire.kernel.testing._recorder import TransitionRecorder
+    from ctlwire.kernel.testing._virtual_clock import (
         VIRTUAL_HEARTBEAT_INTERVAL,
-        EngineHarness,
-        TransitionRecorder,
         VirtualTimeEventLoop,
-        free_tcp_address,
-        free_tcp_port,
         on_virtual_clock,
         virtual_backend,
     )
 
 _EXPORTS: dict[str, str] = {
-    "VIRTUAL_HEARTBEAT_INTERVAL": "ctlwire.kernel.testing._harness",
+    "VIRTUAL_HEARTBEAT_INTERVAL": "ctlwire.kernel.testing._virtual_clock",
     "EngineHarness": "ctlwire.kernel.testing._harness",
-    "TransitionRecorder": "ctlwire.kernel.testing._harness",
-    "VirtualTimeEventLoop": "ctlwire.kernel.testing._harness",
-    "free_tcp_address": "ctlwire.kernel.testing._harness",
-    "free_tcp_port": "ctlwire.kernel.testing._harness",
-    "on_virtual_clock": "ctlwire.kernel.testing._harness",
-    "virtual_backend": "ctlwire.kernel.testing._harness",
+    "TransitionRecorder": "ctlwire.kernel.testing._recorder",
+    "VirtualTimeEventLoop": "ctlwire.kernel.testing._virtual_clock",
+    "free_tcp_address": "ctlwire.kernel.testing._ports",
+    "free_tcp_port": "ctlwire.kernel.testing._ports",
+    "on_virtual_clock": "ctlwire.kernel.testing._virtual_clock",
+    "virtual_backend": "ctlwire.kernel.testing._virtual_clock",
 }
 
 __all__ = [

@@ -1,35 +1,14 @@
-"""Helpers for testing engines and callers built on ctlwire.
+"""EngineHarness: N engine ranks and a ControlClient over the in-memory transport.
 
-* :class:`EngineHarness` — N :class:`EngineEndpoint` ranks and a
-  :class:`ControlClient` joined by the in-memory transport, in one event loop::
+::
 
-      async with EngineHarness(ranks=2, setup=register_my_methods) as h:
-          assert await h.client.call("get_load", rank=1) == 0
-
-* :class:`TransitionRecorder` — an observer that records the sequence of
-  ``ControlRequest`` states every request went through, so a test can assert
-  the path (``recorder.assert_path(request_id, ["REGISTERED", "SENT", ...])``).
-
-* :class:`VirtualTimeEventLoop` and :func:`virtual_backend` — run timeouts
-  of minutes in milliseconds on both anyio backends: trio's ``MockClock`` with
-  autojump, and an asyncio loop whose clock jumps to the next timer whenever no
-  IO is ready. Use them as the ``anyio_backend`` fixture's params, or through
-  the pytest plugin (:mod:`ctlwire.kernel.testing.pytest_plugin`).
-
-Heartbeats run on the event loop's clock, so on a virtual clock they are
-virtual too; but each one still costs real work. On a virtual clock
-``EngineHarness(heartbeat_interval="auto")`` (the plugin's default) therefore
-beats every :data:`VIRTUAL_HEARTBEAT_INTERVAL` (virtual) seconds, which keeps a
-600 s timeout to a few milliseconds of real time (at 0.25 s it is 2,400 beats per side).
+    async with EngineHarness(ranks=2, setup=register_my_methods) as h:
+        assert await h.client.call("get_load", rank=1) == 0
 """
 
 from __future__ import annotations
 
-import asyncio
-import selectors
-import socket
-from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Literal
 
@@ -38,115 +17,15 @@ from anyio.abc import TaskGroup
 
 from ctlwire.kernel.control_client import ControlClient
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
-from ctlwire.kernel.request_registry import PendingRequest
-from ctlwire.states import RequestEvent, RequestState
+from ctlwire.kernel.testing._recorder import TransitionRecorder
+from ctlwire.kernel.testing._virtual_clock import VIRTUAL_HEARTBEAT_INTERVAL, on_virtual_clock
 from ctlwire.transports.codec import Codec
 from ctlwire.transports.memory import MemoryNetwork
 from ctlwire.transports.transport import ClientTransport, EngineTransport
 
-__all__ = [
-    "VIRTUAL_HEARTBEAT_INTERVAL",
-    "EngineHarness",
-    "TransitionRecorder",
-    "VirtualTimeEventLoop",
-    "free_tcp_address",
-    "free_tcp_port",
-    "on_virtual_clock",
-    "virtual_backend",
-]
-
-VIRTUAL_HEARTBEAT_INTERVAL = 5.0
-"""Heartbeat interval (virtual seconds) of an :class:`EngineHarness` on a virtual
-clock, when neither ``heartbeat_interval`` nor the client/engine kwargs set one."""
+__all__ = ["EngineHarness"]
 
 _AUTO: Any = object()
-
-
-def free_tcp_port(host: str = "127.0.0.1", *, attempts: int = 64) -> int:
-    """A tcp port P on ``host`` such that P *and* P+1 are free right now.
-
-    An engine that binds ``tcp://H:P`` binds its liveness beacon at P+1
-    (:func:`~ctlwire.transports.zmq_config.beacon_address_for`), so a test that
-    probes only P can collide on P+1 with any other socket on the machine. Both
-    ports are held at once while probing; like any free-port probe this races
-    other processes, only far more narrowly. Raises :class:`OSError` after
-    ``attempts`` tries without a free pair."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    for _ in range(attempts):
-        with socket.socket(family) as first:
-            first.bind((host, 0))
-            port = int(first.getsockname()[1])
-            if port >= 65535:
-                continue
-            with socket.socket(family) as second:
-                try:
-                    second.bind((host, port + 1))
-                except OSError:
-                    continue
-                return port
-    raise OSError(f"no two adjacent free tcp ports on {host} after {attempts} tries")
-
-
-def free_tcp_address(host: str = "127.0.0.1") -> str:
-    """``tcp://host:P`` for :func:`free_tcp_port` (IPv6 hosts bracketed)."""
-    shown = f"[{host}]" if ":" in host else host
-    return f"tcp://{shown}:{free_tcp_port(host)}"
-
-
-def on_virtual_clock() -> bool:
-    """True inside an event loop that runs on a virtual clock
-    (:class:`VirtualTimeEventLoop`, or trio with a ``MockClock``)."""
-    try:
-        import sniffio
-
-        library = sniffio.current_async_library()
-    except Exception:
-        return False
-    if library == "asyncio":
-        return isinstance(asyncio.get_running_loop(), VirtualTimeEventLoop)
-    if library == "trio":
-        import trio
-        from trio.testing import MockClock
-
-        return isinstance(trio.lowlevel.current_clock(), MockClock)
-    return False
-
-
-class TransitionRecorder:
-    """Records every ControlRequest transition; pass as ``ControlClient(observer=...)``."""
-
-    def __init__(self) -> None:
-        self.paths: dict[int, list[RequestState]] = defaultdict(list)
-        self.events: dict[int, list[RequestEvent]] = defaultdict(list)
-        self.methods: dict[int, str] = {}
-
-    def __call__(self, entry: PendingRequest, old: RequestState, event: RequestEvent,
-                 new: RequestState) -> None:
-        path = self.paths[entry.id]
-        if not path:
-            path.append(old)
-            self.methods[entry.id] = entry.method
-        path.append(new)
-        self.events[entry.id].append(event)
-
-    def path(self, request_id: int) -> list[str]:
-        return [s.name for s in self.paths[request_id]]
-
-    def ids(self, method: str | None = None) -> list[int]:
-        """Request ids seen, in first-transition order (optionally one method's)."""
-        return [rid for rid, m in self.methods.items() if method is None or m == method]
-
-    def assert_path(self, request_id: int, expected: Sequence[str | RequestState]) -> None:
-        want = [s.name if isinstance(s, RequestState) else s for s in expected]
-        got = self.path(request_id)
-        if got != want:
-            raise AssertionError(f"request {request_id}: went {got}, expected {want}")
-
-    def assert_all_cleaned(self) -> None:
-        unfinished = {rid: self.path(rid) for rid, p in self.paths.items()
-                      if not p or p[-1] is not RequestState.CLEANED}
-        if unfinished:
-            raise AssertionError(f"requests not cleaned: {unfinished}")
 
 
 class EngineHarness:
@@ -246,48 +125,3 @@ class EngineHarness:
         """Stop serving ``rank`` and close its transport (a crash, as the client sees it)."""
         self._scopes[rank].cancel()
         self.engines[rank].transport.close()
-
-
-class VirtualTimeEventLoop(asyncio.SelectorEventLoop):
-    """An asyncio loop whose clock jumps ahead to the next timer when no IO is ready.
-
-    Like trio's ``MockClock(autojump_threshold=0)``: a 600 s timeout fires
-    immediately once every task is blocked. Real IO is still polled (without
-    waiting) before each jump; waiting with no timer pending blocks for real.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(selectors.DefaultSelector())
-        self._virtual_now = 0.0
-        selector = self._selector  # type: ignore[attr-defined]
-        real_select = selector.select
-
-        def select(timeout: float | None = None) -> list[Any]:
-            if timeout is None:
-                return list(real_select(None))
-            ready = list(real_select(0))
-            if not ready and timeout > 0:
-                self._virtual_now += timeout
-            return ready
-
-        selector.select = select
-
-    def time(self) -> float:
-        return self._virtual_now
-
-
-def virtual_backend(name: str) -> tuple[str, dict[str, Any]]:
-    """An ``anyio_backend`` value running ``name`` ("asyncio" or "trio") on a fresh
-    virtual clock. Use in a test module::
-
-        @pytest.fixture(params=["asyncio", "trio"])
-        def anyio_backend(request):
-            return virtual_backend(request.param)
-    """
-    if name == "asyncio":
-        return ("asyncio", {"loop_factory": VirtualTimeEventLoop})
-    if name == "trio":
-        from trio.testing import MockClock  # trio is a test dependency
-
-        return ("trio", {"clock": MockClock(autojump_threshold=0)})
-    raise ValueError(f"unknown anyio backend {name!r}")

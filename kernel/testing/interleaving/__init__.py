@@ -128,9 +128,16 @@ first of the most preferred check -- and prints it as a list of strings that
         print(result.counterexample.format())   # events = ["arrive A", ...]
     replay(Scenario.uniform(3, EVERY_KIND), ["arrive A", "arrive B", "cancel A"])
 """
+# The docstring above is the explorer's documentation; the modules behind this
+# facade are private, one concern each: _scenario (what to explore, what comes
+# back), _world (the cores and callers being explored, copied and keyed), _steps
+# (the events), _checks (the invariants), _explorer (the search, replay and the
+# command line). The tests reach into them; nothing else should.
+
 from __future__ import annotations
 
-from ctlwire.kernel.testing.interleaving._explorer import (
+from ctlwire.kernel.testing.interleaving._explorer import explore, main, replay
+from ctlwire.kernel.testing.interleaving._scenario import (
     CHECKS,
     EVERY_KIND,
     CallerSpec,
@@ -141,9 +148,6 @@ from ctlwire.kernel.testing.interleaving._explorer import (
     ReplayError,
     ReplyMode,
     Scenario,
-    explore,
-    main,
-    replay,
     standard_scenarios,
 )
 
