@@ -13,9 +13,10 @@ import pytest
 
 import ctlwire.kernel
 import ctlwire.kernel.errors
+import ctlwire.kernel.testing
 import ctlwire.transports
 
-PACKAGES = [ctlwire.kernel, ctlwire.transports]
+PACKAGES = [ctlwire.kernel, ctlwire.transports, ctlwire.kernel.testing]
 
 
 @pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.__name__)

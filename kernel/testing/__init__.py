@@ -31,8 +31,9 @@ this package) does not import the client, the endpoint or anyio.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ctlwire.transports._lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from ctlwire.kernel.testing._harness import EngineHarness
@@ -67,15 +68,4 @@ __all__ = [
     "virtual_backend",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
