@@ -12,7 +12,7 @@ from ctlwire.kernel.app.diagram_files import write_diagrams
 from ctlwire.states import CONTROL_REQUEST, MACHINES, RequestState
 from ctlwire.states.diagram import DiagramUnavailable, file_name, render, render_live
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_committed_diagrams_match_generated(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 * Every interleaving of every scenario of :func:`standard_scenarios` (up to 3
   callers, every event kind) keeps every invariant; the counts are printed.
-* Two deliberately broken cores (``tests/broken_cores.py``) -- SGLang's
+* Two deliberately broken cores (``tests/kernel/testing/broken_cores.py``) -- SGLang's
   wake-up-window admission and FastDeploy's register-after-send -- are each
   caught with a short counterexample that :func:`replay` reproduces; each is
   caught by the structural check *and*, with that check switched off, by the

@@ -15,7 +15,7 @@ interface inside its namespace). :meth:`destroy` removes everything, is
 idempotent and is safe after a partial :meth:`create`; :func:`sweep_stale`
 removes what a killed run (its pid gone) left behind.
 
-Run as a script for a manual check: ``python tests/netns_hosts.py`` creates two
+Run as a script for a manual check: ``python tests/transports/netns_hosts.py`` creates two
 hosts, probes tcp from each to the root address, and tears them down.
 """
 

@@ -24,7 +24,7 @@ from ctlwire.states import (
     build_machine,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAIRS = [
     pytest.param(table, state, event, id=f"{table.name}-{state.name}-{event.name}")
     for table in TABLES
