@@ -17,11 +17,11 @@ import tempfile
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
-from ctlwire.kernel.engine_fleet import EngineFleet, EngineProcess
+from ctlwire.kernel.app.engine_fleet import EngineFleet, EngineProcess
 
 __all__ = ["BENCH_METHODS", "FleetPool", "ModuleFleet"]
 
-BENCH_METHODS = "ctlwire.kernel.engine_process:diagnostic_methods"
+BENCH_METHODS = "ctlwire.kernel.app.engine_process:diagnostic_methods"
 
 
 class ModuleFleet(EngineFleet):

@@ -35,8 +35,8 @@ from typing import Any
 
 import zmq
 
+from ctlwire.kernel.app.engine_process import diagnostic_methods
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
-from ctlwire.kernel.engine_process import diagnostic_methods
 from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
 
 __all__ = ["main", "serve_ranks"]

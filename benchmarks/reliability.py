@@ -68,11 +68,11 @@ from ctlwire.benchmarks.traffic import (
     wait_live,
     wait_lost,
 )
+from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.control_client import ControlClient
-from ctlwire.kernel.engine_fleet import EngineFleet
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.envelope import Heartbeat, Reply
-from ctlwire.transports.fault_injection import Fault, FaultPlan, FaultyClientTransport
+from ctlwire.transports.testing import Fault, FaultPlan, FaultyClientTransport
 from ctlwire.transports.transport import ClientTransport
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 

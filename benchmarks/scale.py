@@ -36,7 +36,7 @@ from typing import Any
 
 import anyio
 
-from ctlwire.kernel.engine_fleet import EngineFleet
+from ctlwire.kernel.app.engine_fleet import EngineFleet
 
 from .baseline_lock_fanout import LockFanOutCommunicator
 from .baseline_pyzmq import PyzmqUtilityClient

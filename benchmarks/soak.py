@@ -50,9 +50,9 @@ from ctlwire.benchmarks.traffic import (
     wait_live,
     wait_lost,
 )
+from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.control_client import ControlClient
-from ctlwire.kernel.engine_fleet import EngineFleet
-from ctlwire.transports.fault_injection import Fault, FaultPlan, FaultyClientTransport
+from ctlwire.transports.testing import Fault, FaultPlan, FaultyClientTransport
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
 __all__ = [

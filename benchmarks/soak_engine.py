@@ -15,8 +15,8 @@ import os
 
 import anyio
 
+from ctlwire.kernel.app.engine_process import diagnostic_methods
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
-from ctlwire.kernel.engine_process import diagnostic_methods
 
 __all__ = ["METHODS", "methods"]
 

@@ -10,10 +10,16 @@ imported on first use. Every error a caller can see is defined in
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ctlwire.transports._lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
+    from ctlwire.kernel.app.engine_fleet import (
+        EngineFleet,
+        EngineProcess,
+        EngineStartError,
+    )
     from ctlwire.kernel.control_client import (
         ControlClient,
     )
@@ -22,11 +28,6 @@ if TYPE_CHECKING:
         ErrorCode,
         MethodSpec,
         report_progress,
-    )
-    from ctlwire.kernel.engine_fleet import (
-        EngineFleet,
-        EngineProcess,
-        EngineStartError,
     )
     from ctlwire.kernel.errors import (
         ActorStopped,
@@ -95,7 +96,7 @@ if TYPE_CHECKING:
     )
 
 # name -> the module that defines it (imported on first use, so importing one
-# deep module, or running `python -m ctlwire.kernel.engine_process`, does not
+# deep module, or running `python -m ctlwire.kernel.app.engine_process`, does not
 # import the whole package)
 _EXPORTS: dict[str, str] = {
     "ControlClient": "ctlwire.kernel.control_client",
@@ -121,9 +122,9 @@ _EXPORTS: dict[str, str] = {
     "ResultTypeError": "ctlwire.kernel.errors",
     "FanOutResult": "ctlwire.kernel.fan_out_result",
     "Policy": "ctlwire.kernel.fan_out_policy",
-    "EngineFleet": "ctlwire.kernel.engine_fleet",
-    "EngineProcess": "ctlwire.kernel.engine_fleet",
-    "EngineStartError": "ctlwire.kernel.engine_fleet",
+    "EngineFleet": "ctlwire.kernel.app.engine_fleet",
+    "EngineProcess": "ctlwire.kernel.app.engine_fleet",
+    "EngineStartError": "ctlwire.kernel.app.engine_fleet",
     "PrometheusExporter": "ctlwire.kernel.metrics",
     "RequestMetrics": "ctlwire.kernel.metrics",
     "snapshot": "ctlwire.kernel.metrics",
@@ -205,15 +206,4 @@ __all__ = [
     "virtual_backend",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -11,8 +11,9 @@ in-memory one). ``AuthenticationFailed`` is not re-exported here: callers see
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ctlwire.transports._lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from ctlwire.transports.codec import (
@@ -50,15 +51,15 @@ if TYPE_CHECKING:
         Unroutable,
         WouldBlock,
     )
-    from ctlwire.transports.fault_injection import (
-        FaultPlan,
-        FaultyClientTransport,
-        FaultyEngineTransport,
-    )
     from ctlwire.transports.memory import (
         MemoryClientTransport,
         MemoryEngineTransport,
         MemoryNetwork,
+    )
+    from ctlwire.transports.testing import (
+        FaultPlan,
+        FaultyClientTransport,
+        FaultyEngineTransport,
     )
     from ctlwire.transports.transport import (
         ClientTransport,
@@ -81,7 +82,7 @@ if TYPE_CHECKING:
     )
 
 # name -> the module that defines it (imported on first use, so importing one
-# deep module, or running `python -m ctlwire.kernel.engine_process`, does not
+# deep module, or running `python -m ctlwire.kernel.app.engine_process`, does not
 # import the whole package)
 _EXPORTS: dict[str, str] = {
     "Codec": "ctlwire.transports.codec",
@@ -111,9 +112,9 @@ _EXPORTS: dict[str, str] = {
     "TransportError": "ctlwire.transports.errors",
     "Unroutable": "ctlwire.transports.errors",
     "WouldBlock": "ctlwire.transports.errors",
-    "FaultPlan": "ctlwire.transports.fault_injection",
-    "FaultyClientTransport": "ctlwire.transports.fault_injection",
-    "FaultyEngineTransport": "ctlwire.transports.fault_injection",
+    "FaultPlan": "ctlwire.transports.testing",
+    "FaultyClientTransport": "ctlwire.transports.testing",
+    "FaultyEngineTransport": "ctlwire.transports.testing",
     "MemoryClientTransport": "ctlwire.transports.memory",
     "MemoryEngineTransport": "ctlwire.transports.memory",
     "MemoryNetwork": "ctlwire.transports.memory",
@@ -177,15 +178,4 @@ __all__ = [
     "write_keypair",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -1,0 +1,132 @@
+"""The ``ctlwire`` command line: ``diagrams``, ``demo``, ``bench``, ``keys``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def _default_diagrams_dir() -> Path:
+    """``diagrams/`` of the source checkout when run from one, else ``./diagrams``."""
+    here = Path(__file__).resolve().parents[2]
+    if (here / "pyproject.toml").exists() and (here / "states").is_dir():
+        return here / "diagrams"
+    return Path.cwd() / "diagrams"
+
+
+def _cmd_diagrams(args: argparse.Namespace) -> int:
+    from ctlwire.kernel.app.diagram_files import write_diagrams
+    from ctlwire.states.diagram import DiagramUnavailable
+
+    out = Path(args.out) if args.out else _default_diagrams_dir()
+    try:
+        written = write_diagrams(out, args.format)
+    except DiagramUnavailable as exc:
+        print(f"ctlwire diagrams: {exc}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(path)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from ctlwire.kernel.app import demo
+
+    return demo.main(demo.from_args(args), json_path=args.json)
+
+
+def _cmd_keys(args: argparse.Namespace) -> int:
+    from ctlwire.transports.curve import write_keypair
+
+    existing = [p for name in args.names
+                for p in (Path(args.dir) / f"{name}.key", Path(args.dir) / f"{name}.key_secret")
+                if p.exists()]
+    if existing and not args.force:
+        # a key pair in use (allow-lists name its public key) is never replaced silently
+        print("ctlwire keys generate: refusing to overwrite existing key files "
+              f"(pass --force to replace them): {', '.join(map(str, existing))}",
+              file=sys.stderr)
+        return 2
+    for name in args.names:
+        public, secret = write_keypair(args.dir, name)
+        print(f"{public}\n{secret}")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.reliability:
+        from ctlwire.benchmarks import reliability
+
+        return reliability.main(quick=args.quick, json_path=args.json)
+    if args.soak:
+        from ctlwire.benchmarks import soak
+
+        return soak.main(quick=args.quick, json_path=args.json)
+    from ctlwire.benchmarks.report import print_table
+    from ctlwire.benchmarks.runner import run_bench
+
+    try:
+        report = run_bench(quick=args.quick, only=args.only)
+    except ValueError as exc:
+        print(f"ctlwire bench: {exc}", file=sys.stderr)
+        return 2
+    print_table(report)
+    if args.json:
+        report.write_json(args.json)
+        print(f"JSON written to {args.json}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ctlwire", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("diagrams", help="write the state diagrams of every machine")
+    p.add_argument("--out", help="folder to write into (default: the checkout's diagrams/)")
+    p.add_argument("--format", choices=["mermaid", "dot", "svg"], default="mermaid")
+    p.set_defaults(func=_cmd_diagrams)
+
+    p = sub.add_parser("demo", help="the RL weight-update cycle against real engine processes")
+    from ctlwire.kernel.app.demo import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("keys", help="CURVE key pairs")
+    keys = p.add_subparsers(dest="keys_command", required=True)
+    g = keys.add_parser("generate", help="write NAME.key and NAME.key_secret (0600) into DIR; "
+                        "refuses to overwrite existing ones without --force")
+    g.add_argument("dir")
+    g.add_argument("names", nargs="*", default=["server", "client"])
+    g.add_argument("--force", action="store_true", help="replace existing key pairs")
+    g.set_defaults(func=_cmd_keys)
+
+    p = sub.add_parser("bench", help="measure ctlwire against baselines, side by side",
+                       description="Measure ctlwire against the baselines a user would "
+                       "otherwise write, in one run, and print the ratios and targets.")
+    p.add_argument("--quick", action="store_true", help="a reduced run (under 30 s)")
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    p.add_argument("--only", nargs="+", metavar="GROUP",
+                   help="run only these groups: latency floor throughput fanout trio live "
+                   "memory state_table fanout_burst scale multi_client detect256")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--reliability", action="store_true",
+                      help="the fault matrix instead: outcomes, lost, leaked, detection times")
+    mode.add_argument("--soak", action="store_true",
+                      help="the soak (100,000 calls with faults) and the 10,000 in-flight load run")
+    p.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,485 @@
+"""``ctlwire demo``: the asynchronous-RL weight-update cycle against real engine processes.
+
+Starts N engine processes (:mod:`ctlwire.kernel.app.demo_engine`, each a
+synchronous step loop polling its :class:`EngineEndpoint`) over real ZeroMQ
+sockets, then runs ``pause → update_weights(v) → resume`` K times, each cycle one
+coordinated operation (:class:`~ctlwire.kernel.operation_runner.OperationRunner`,
+progress shown live per step and rank), while concurrent callers hammer
+``get_server_info`` through the queueing mailbox and ``get_load`` in watching
+mode. ``--kill-one`` kills an
+engine with SIGKILL mid-run to show ``EngineDead`` surfacing in about a second
+while the other ranks carry on (the cycle it broke is retried on the live
+ranks). ``--fault update`` makes one rank's ``update_weights`` raise in the
+middle cycle: that operation aborts, every rank is compensated (old weights,
+resumed) and the failed rank is named. The last cycle's ``update_weights`` is a
+slow one (``--slow-update SECONDS``, 2 s by default): each engine's thread
+blocks as in a real weight load, its liveness beacon keeps the rank alive
+(Busy, never Lost), and the load's progress is shown live per rank.
+
+It checks, and exits non-zero unless all hold: every cycle reached every live
+rank with the right version; the queueing mailbox served ``get_server_info``
+callers in arrival order on every rank; every call got exactly one outcome;
+the request map is empty at the end; a killed engine was detected in time; an
+injected update fault left every rank compensated on its old weights.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import platform
+import signal
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import anyio
+
+from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.kernel.app.operation_engine import Fault, weight_update_plan
+from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.errors import CtlwireError
+from ctlwire.kernel.operation_result import ProgressEvent
+from ctlwire.kernel.operation_runner import OperationRunner
+from ctlwire.states import RankState
+from ctlwire.transports.transport import ClientTransport
+from ctlwire.transports.zmq_client import ZmqDealerClientTransport, ZmqRouterClientTransport
+
+__all__ = ["DemoConfig", "DemoReport", "run_demo"]
+
+
+
+@dataclass
+class DemoConfig:
+    engines: int = 4
+    cycles: int = 20
+    transport: str = "ipc"
+    connect: list[str] = field(default_factory=list)
+    kill_one: bool = False
+    backend: str = "asyncio"
+    info_callers: int = 8
+    load_callers: int = 4
+    train_seconds: float = 0.1
+    timeout: float = 5.0
+    fault: str = ""  # "update": one rank's update_weights raises in the middle cycle
+    slow_update: float = 2.0  # seconds the last cycle's update_weights blocks each engine
+
+
+@dataclass
+class DemoReport:
+    latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    errors: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
+    fifo_checked: int = 0
+    fifo_violations: list[str] = field(default_factory=list)
+    cycle_failures: list[str] = field(default_factory=list)
+    killed_rank: int | None = None
+    detection_seconds: float | None = None
+    final_versions: dict[int, int] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    wall_seconds: float = 0.0
+    address: str = ""
+    watch_joins: int = 0
+    operations: dict[str, int] = field(default_factory=dict)
+    aborted: list[str] = field(default_factory=list)
+    fault: str = ""
+    fault_verified: bool = False
+    quarantined: list[int] = field(default_factory=list)
+    slow_progress: dict[int, float] = field(default_factory=dict)  # rank -> highest fraction
+    slow_busy: set[int] = field(default_factory=set)  # ranks seen Busy during the slow load
+    slow_lost: int = 0  # ranks lost while the slow update ran
+
+    def problems(self, cfg: DemoConfig) -> list[str]:
+        out = list(self.cycle_failures) + list(self.fifo_violations)
+        if self.metrics.get("live_requests", 1) != 0:
+            out.append(f"{self.metrics.get('live_requests')} request-map entries left behind")
+        if self.fifo_checked == 0:
+            out.append("no get_server_info call completed: FIFO order not verified")
+        expected = {"EngineDead", "NotDelivered", "OutcomeUnknown"}
+        if cfg.fault:
+            expected.add("InjectedFault")
+        unexpected = {m: e for m, e in self.errors.items()
+                      if any(k not in expected for k in e)}
+        if unexpected:
+            out.append(f"unexpected errors: {unexpected}")
+        if cfg.kill_one:
+            if self.detection_seconds is None:
+                out.append("the killed engine was never detected")
+            elif self.detection_seconds > 3.0:
+                out.append(f"engine death took {self.detection_seconds:.2f} s to detect")
+        if cfg.fault and not self.fault_verified:
+            out.append(f"injected {cfg.fault} fault: compensation not verified ({self.fault})")
+        stuck = [r for r in self.quarantined if r != self.killed_rank]
+        if stuck:
+            out.append(f"ranks {stuck} quarantined")
+        if cfg.slow_update > 0 and cfg.cycles > 0:
+            if self.slow_lost:
+                out.append(f"{self.slow_lost} ranks declared lost while busy loading weights")
+            live_ranks = [r for r in self.final_versions if r != self.killed_rank]
+            unseen = [r for r in live_ranks if self.slow_progress.get(r, -1.0) <= 0]
+            if unseen:
+                out.append(f"no load progress seen from ranks {unseen}")
+        live = [v for r, v in self.final_versions.items() if r != self.killed_rank]
+        if any(v != cfg.cycles for v in live):
+            out.append(f"final weight versions {self.final_versions}, expected {cfg.cycles}")
+        return out
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+class _Progress:
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.tty = out.isatty()
+        self.last = ""
+
+    def show(self, line: str, *, final: bool = False) -> None:
+        if self.tty:
+            pad = max(0, len(self.last) - len(line))
+            self.out.write("\r" + line + " " * pad + ("\n" if final else ""))
+            self.out.flush()
+        elif final or line.split("]")[0] != self.last.split("]")[0]:
+            self.out.write(line + "\n")  # not a terminal: one line per cycle
+        self.last = line
+
+
+async def run_demo(cfg: DemoConfig, out: TextIO = sys.stdout) -> DemoReport:
+    """Run the demo; returns its report (see :meth:`DemoReport.problems`)."""
+    report = DemoReport()
+    start = time.perf_counter()
+    transport: ClientTransport
+    router: ZmqRouterClientTransport | None = None
+    fleet: EngineFleet | None = None
+    if cfg.connect:
+        transport = ZmqDealerClientTransport(cfg.connect)
+        n = len(cfg.connect)
+        report.address = ", ".join(cfg.connect)
+    else:
+        address = "tcp://127.0.0.1:0" if cfg.transport == "tcp" else None
+        transport = router = ZmqRouterClientTransport(address)
+        n = cfg.engines
+    # callers queue behind the slow update (it blocks every engine for slow_update s)
+    client = ControlClient(transport, ranks=n, default_timeout=cfg.timeout + 2 * cfg.slow_update)
+    try:
+        async with client:
+            if router is not None:
+                addr = router.address  # bound by now (a tcp port is known)
+                report.address = addr
+                fleet = EngineFleet(n, lambda r: ["--connect", addr, "--methods",
+                                                  "ctlwire.kernel.app.operation_engine:register"])
+                out.write(f"starting {n} engine processes over {addr} ...\n")
+                await anyio.to_thread.run_sync(fleet.start)
+            await client.wait_ready(timeout=30.0)
+            pids = list(fleet.pids().values()) if fleet else "-"
+            out.write(f"{n} engines ready (pids {pids}); {cfg.cycles} weight-update cycles, "
+                      f"{cfg.info_callers} get_server_info callers (queueing), "
+                      f"{cfg.load_callers} get_load callers (watching)\n")
+            await _drive(cfg, client, fleet, report, _Progress(out))
+            report.metrics = client.metrics()
+    finally:
+        # engines stop after the client has closed: nobody is left to report them lost
+        if fleet is not None:
+            await anyio.to_thread.run_sync(fleet.stop)
+    report.watch_joins = client.mailbox("get_load").watch_joins
+    report.wall_seconds = time.perf_counter() - start
+    return report
+
+
+def _record(report: DemoReport, method: str, seconds: float) -> None:
+    report.latencies[method].append(seconds)
+
+
+def _count_error(report: DemoReport, method: str, exc: BaseException) -> None:
+    errs = report.errors[method]
+    name = type(exc).__name__
+    errs[name] = errs.get(name, 0) + 1
+
+
+async def _drive(cfg: DemoConfig, client: ControlClient, fleet: EngineFleet | None,
+                 report: DemoReport, progress: _Progress) -> None:
+    ranks = list(client.ranks)
+    done = anyio.Event()
+    arrivals = itertools.count()
+    served: dict[int, list[tuple[int, int]]] = defaultdict(list)  # rank -> (arrival, seq)
+    cycle = [0]
+    kill_at = max(1, cfg.cycles // 3) if cfg.kill_one and fleet is not None else None
+    killed: dict[str, float] = {}
+    fault_at = max(1, cfg.cycles // 2) if cfg.fault else None
+    fault_rank = [-1]
+    runner = OperationRunner(client)
+
+    async def timed(method: str, coro: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return await coro
+        finally:
+            _record(report, method, time.perf_counter() - t)
+
+    async def rl_cycles() -> None:
+        try:
+            version = 0
+            for k in range(1, cfg.cycles + 1):
+                cycle[0] = k
+                if kill_at == k and fleet is not None:
+                    victim = ranks[-1]
+                    report.killed_rank = victim
+                    killed["t"] = time.perf_counter()
+                    fleet.kill(victim, signal.SIGKILL)
+                if fault_at == k:
+                    fault_rank[0] = ranks[len(ranks) // 2]
+                    await client.call("arm_fault", Fault("update_weights"), rank=fault_rank[0])
+                    report.fault = f"rank {fault_rank[0]} update_weights raises in cycle {k}"
+                slow = cfg.slow_update if k == cfg.cycles else 0.0
+                lost_before = client.counters["engine_lost"]
+                for _attempt in range(2):  # a cycle broken by the killed rank: once more
+                    version, retry = await weight_update(k, version, fault_at == k, slow)
+                    if not retry:
+                        break
+                else:
+                    report.cycle_failures.append(f"cycle {k}: failed again without the "
+                                                 f"killed rank")
+                if slow:
+                    report.slow_lost = client.counters["engine_lost"] - lost_before
+                await anyio.sleep(cfg.train_seconds)  # the trainer's step between updates
+        finally:
+            report.quarantined = sorted(runner.quarantined)
+            done.set()
+
+    async def weight_update(k: int, version: int, faulty: bool,
+                            slow: float = 0.0) -> tuple[int, bool]:
+        """One cycle as one operation; (the fleet's version after it, retry?)."""
+        plan = weight_update_plan(k, version, timeout=cfg.timeout, load_seconds=slow)
+        methods = {s.name: s.method for s in plan.steps}
+        started: dict[str, float] = {}
+        waiting: dict[str, set[int]] = defaultdict(set)
+
+        def on_progress(ev: ProgressEvent) -> None:  # per-step latency, as fan-outs had
+            if ev.phase != "apply":
+                return
+            if ev.state is RankState.APPLYING:
+                started.setdefault(ev.step, time.perf_counter())
+                waiting[ev.step].add(ev.rank)
+            elif ev.rank in waiting[ev.step]:
+                waiting[ev.step].discard(ev.rank)
+                if not waiting[ev.step]:
+                    _record(report, methods[ev.step], time.perf_counter() - started[ev.step])
+
+        targets = [r for r in runner.routable_ranks() if not client.peers.is_lost(r)]
+        result = await runner.run(plan, ranks=targets, on_progress=on_progress)
+        ops = report.operations
+        ops[result.state.value] = ops.get(result.state.value, 0) + 1
+        for rank in result.failed_ranks:
+            rep = result.ranks[rank]
+            step = (rep.failed_step or "").split(":")[0]
+            errs = report.errors[methods.get(step, step)]
+            name = rep.detail.split(":")[0].split()[-1] if rep.detail else "Unknown"
+            errs[name] = errs.get(name, 0) + 1
+        if result.ok:
+            for rank in result.committed:
+                report.final_versions[rank] = k
+            return k, False
+        report.aborted.append(result.summary())
+        if faulty:
+            infos = await client.fan_out("get_server_info", -1, ranks=targets,
+                                         mode="concurrent")
+            back = {r: (v["version"], v["paused"]) for r, v in infos.results.items()}
+            report.fault_verified = (result.failed_ranks == (fault_rank[0],)
+                                     and result.compensated == tuple(targets)
+                                     and back == {r: (version, False) for r in targets})
+            report.fault += (f" -> {result.state.value}, compensated "
+                             f"{list(result.compensated)}, (version, paused) after {back}")
+            return version, False
+        dead = report.killed_rank
+        if dead is not None and set(result.failed_ranks) == {dead}:
+            if dead not in runner.quarantined:  # dead: out of routing from now on
+                rep = result.ranks[dead]
+                runner.quarantine(dead, result.op_id, rep.failed_step or "", rep.detail)
+            return version, True
+        report.cycle_failures.append(f"cycle {k}: {result.summary()}")
+        return version, False
+
+    async def info_caller() -> None:
+        while not done.is_set():
+            idx = next(arrivals)  # no await until the mailbox admits: arrival order
+            try:
+                res = await timed("get_server_info",
+                                  client.fan_out("get_server_info", idx))
+            except CtlwireError as exc:
+                _count_error(report, "get_server_info", exc)
+                continue
+            for rank, info in res.results.items():
+                served[rank].append((idx, int(info["seq"])))
+            for err in res.errors.values():
+                _count_error(report, "get_server_info", err)
+
+    async def load_caller() -> None:
+        while not done.is_set():
+            try:
+                res = await timed("get_load", client.fan_out("get_load", mode="watching"))
+            except CtlwireError as exc:
+                _count_error(report, "get_load", exc)
+                continue
+            for err in res.errors.values():
+                _count_error(report, "get_load", err)
+
+    async def watch_death() -> None:
+        while not done.is_set():
+            victim = report.killed_rank
+            if victim is not None and "t" in killed and client.peers.is_lost(victim):
+                report.detection_seconds = time.perf_counter() - killed["t"]
+                return
+            await anyio.sleep(0.005)
+
+    async def show_progress() -> None:
+        while True:
+            m = client.metrics()
+            calls = sum(len(v) for v in report.latencies.values())
+            dead = (f" | rank {report.killed_rank} dead, detected in "
+                    f"{report.detection_seconds:.2f} s" if report.detection_seconds else "")
+            for op in runner.progress().values():
+                states: dict[str, int] = defaultdict(int)
+                for st in op["ranks"].values():
+                    states[st] += 1
+                dead += (f" | op {op['step']} " + " ".join(
+                    f"{st}x{n}" for st, n in sorted(states.items())))
+            loading = []
+            for rank in ranks:
+                status = client.rank_status(rank)
+                if status["progress"] >= 0 and status["method"] == "ctlwire.step":
+                    fraction = float(status["progress"])
+                    best = report.slow_progress.get(rank, 0.0)
+                    report.slow_progress[rank] = max(best, fraction)
+                    loading.append(f"{rank}:{fraction:4.0%}")
+                if status["state"] == "BUSY" and cycle[0] == cfg.cycles and cfg.slow_update:
+                    report.slow_busy.add(rank)
+            if loading:
+                dead += " | loading weights " + " ".join(loading)
+            progress.show(f"[cycle {cycle[0]:>3}/{cfg.cycles}] calls {calls:>6} | "
+                          f"info {len(report.latencies['get_server_info']):>5} | "
+                          f"load {len(report.latencies['get_load']):>5} | "
+                          f"live {m['live_requests']:>3} | queue "
+                          f"{client.mailbox('get_server_info').depth:>2}{dead}")
+            if done.is_set():
+                return
+            await anyio.sleep(0.1)
+
+    progress.last = ""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rl_cycles)
+        for _ in range(cfg.info_callers):
+            tg.start_soon(info_caller)
+        for _ in range(cfg.load_callers):
+            tg.start_soon(load_caller)
+        if kill_at is not None:
+            tg.start_soon(watch_death)
+        tg.start_soon(show_progress)
+    if progress.tty:
+        progress.show(progress.last, final=True)
+
+    for rank, pairs in served.items():
+        seqs = [seq for _, seq in sorted(pairs)]
+        report.fifo_checked += len(seqs)
+        if any(b <= a for a, b in itertools.pairwise(seqs)):
+            report.fifo_violations.append(f"rank {rank}: get_server_info served out of order")
+
+
+def format_report(cfg: DemoConfig, report: DemoReport) -> str:
+    m = report.metrics
+    reg = m.get("replies_dropped", {})
+    lines = ["", "ctlwire demo — summary", ""]
+    lines.append(f"  {'method':<18}{'calls':>8}{'p50 ms':>10}{'p99 ms':>10}  errors")
+    for method in ("pause", "update_weights", "resume", "get_server_info", "get_load"):
+        lat = report.latencies.get(method, [])
+        errs = report.errors.get(method) or {}
+        err_s = ", ".join(f"{k} {v}" for k, v in sorted(errs.items())) or "0"
+        lines.append(f"  {method:<18}{len(lat):>8}{_pct(lat, 0.5) * 1e3:>10.2f}"
+                     f"{_pct(lat, 0.99) * 1e3:>10.2f}  {err_s}")
+    lines.append("")
+    fifo = ("verified" if not report.fifo_violations else "VIOLATED")
+    lines.append(f"  FIFO order (get_server_info, queueing mailbox): {fifo} over "
+                 f"{report.fifo_checked} rank-replies")
+    lines.append(f"  watching mode (get_load): {report.watch_joins} callers shared an "
+                 "in-flight request")
+    lines.append(f"  replies dropped: late {reg.get('late', 0)}, duplicate "
+                 f"{reg.get('duplicate', 0)}, unknown {reg.get('unknown', 0)}, stale incarnation "
+                 f"{reg.get('stale_incarnation', 0)}")
+    lines.append(f"  requests: {m.get('registered', 0)} registered, {m.get('cleaned', 0)} "
+                 f"cleaned; live registry entries: {m.get('live_requests')} "
+                 f"(tombstones {m.get('tombstones')})")
+    lines.append(f"  weight versions at the end: {dict(sorted(report.final_versions.items()))}")
+    ops = ", ".join(f"{n} {state}" for state, n in sorted(report.operations.items()))
+    lines.append(f"  operations (pause -> update_weights -> resume): {ops or 'none'}")
+    for summary in report.aborted:
+        lines.append(f"    not committed: {summary}")
+    if report.fault:
+        verdict = "verified" if report.fault_verified else "NOT verified"
+        lines.append(f"  injected fault: {report.fault}: compensation {verdict}")
+    if report.quarantined:
+        lines.append(f"  quarantined ranks (out of routing): {report.quarantined}")
+    if cfg.slow_update > 0 and report.slow_progress:
+        seen = " ".join(f"{r}:{f:.0%}" for r, f in sorted(report.slow_progress.items()))
+        lines.append(f"  slow update_weights ({cfg.slow_update:g} s blocking each engine): "
+                     f"progress seen live {seen}; busy ranks {sorted(report.slow_busy)}, "
+                     f"lost {report.slow_lost}")
+    if report.killed_rank is not None:
+        det = (f"{report.detection_seconds:.2f} s" if report.detection_seconds is not None
+               else "never")
+        lines.append(f"  engine death: rank {report.killed_rank} killed with SIGKILL, "
+                     f"EngineDead after {det}; the other ranks kept serving")
+    diagrams = Path(__file__).resolve().parents[2] / "diagrams"
+    where = diagrams if (diagrams / "README.md").exists() else "run 'ctlwire diagrams'"
+    lines.append(f"  state diagrams: {where}")
+    lines.append(f"  wall time {report.wall_seconds:.1f} s on {os.cpu_count()} cores, "
+                 f"Python {platform.python_version()}, backend {cfg.backend}")
+    problems = report.problems(cfg)
+    lines.append("")
+    lines.append("  OK: every invariant holds" if not problems
+                 else "  FAILED:\n" + "\n".join(f"    - {p}" for p in problems))
+    return "\n".join(lines) + "\n"
+
+
+def main(cfg: DemoConfig, json_path: str | None = None, out: TextIO = sys.stdout) -> int:
+    report = anyio.run(run_demo, cfg, out, backend=cfg.backend)
+    out.write(format_report(cfg, report))
+    if json_path:
+        data = {
+            "latency_ms": {k: {"calls": len(v), "p50": _pct(v, 0.5) * 1e3,
+                               "p99": _pct(v, 0.99) * 1e3} for k, v in report.latencies.items()},
+            "errors": report.errors,
+            "fifo_checked": report.fifo_checked,
+            "problems": report.problems(cfg),
+            "detection_seconds": report.detection_seconds,
+            "metrics": report.metrics,
+        }
+        Path(json_path).write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
+    return 0 if not report.problems(cfg) else 1
+
+
+def add_arguments(p: Any) -> None:
+    p.add_argument("--engines", type=int, default=4, help="engine processes to start (4)")
+    p.add_argument("--cycles", type=int, default=20, help="weight-update cycles (20)")
+    p.add_argument("--transport", choices=["ipc", "tcp"], default="ipc")
+    p.add_argument("--connect", nargs="+", default=[], metavar="ADDR",
+                   help="drive engines already running elsewhere, one ROUTER address per rank")
+    p.add_argument("--kill-one", action="store_true", help="SIGKILL one engine mid-run")
+    p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    p.add_argument("--fault", choices=["update"], default="",
+                   help="update: one rank's update_weights raises mid-run (compensated)")
+    p.add_argument("--slow-update", type=float, default=2.0, metavar="SECONDS",
+                   help="the last cycle's update_weights blocks each engine this long, "
+                        "reporting progress (2; 0 turns it off)")
+    p.add_argument("--json", help="also write the summary as JSON here")
+
+
+def from_args(args: Any) -> DemoConfig:
+    return DemoConfig(engines=args.engines, cycles=args.cycles, transport=args.transport,
+                      connect=list(args.connect), kill_one=args.kill_one, backend=args.backend,
+                      fault=args.fault, slow_update=args.slow_update)

@@ -1,0 +1,239 @@
+"""Run an engine rank as a process: ``python -m ctlwire.kernel.app.engine_process``.
+
+Used by ``ctlwire demo``, the benchmarks and the multi-process tests::
+
+    python -m ctlwire.kernel.app.engine_process --rank 0 --connect ipc:///tmp/x/control.sock \\
+        --methods ctlwire.kernel.app.engine_process:diagnostic_methods --mode poll
+
+``--connect ADDR`` dials the client's ROUTER (default orientation);
+``--bind ADDR`` binds a ROUTER the client dials (reverse orientation);
+``--pull ADDR --push ADDR`` uses a PUSH/PULL pair. ``--methods MODULE:FUNC``
+names a function ``FUNC(endpoint)`` that registers the engine's methods and
+may return a step function (``() -> bool``, True when it did work) that the
+poll loop calls between polls, like a scheduler's generation step.
+``--mode poll`` runs a synchronous loop (``EngineEndpoint.run_blocking``),
+``--mode serve`` an anyio event loop (``--backend asyncio|trio``). CURVE:
+``--curve-secret FILE`` (this engine's key pair) with ``--curve-server-key FILE``
+(connecting) or ``--curve-allow FILE...`` (binding). The process prints
+``READY <rank> <incarnation>`` on stdout once its socket is open, and exits
+cleanly on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.transports.codec import codec_by_name
+from ctlwire.transports.curve import (
+    CurveClientConfig,
+    CurveServerConfig,
+    load_keypair,
+    load_public_key,
+)
+from ctlwire.transports.transport import EngineTransport
+from ctlwire.transports.zmq_config import ZmqOptions
+from ctlwire.transports.zmq_engine import (
+    ZmqDealerEngineTransport,
+    ZmqPushPullEngineTransport,
+    ZmqRouterEngineTransport,
+)
+
+__all__ = ["build_transport", "diagnostic_methods", "main", "stepping_methods"]
+
+
+def diagnostic_methods(ep: EngineEndpoint) -> None:
+    """Methods for tests and benchmarks: echo, sleep (blocking), nap (async), hang,
+    pid, metrics, crash, fail."""
+
+    @ep.method()
+    def echo(value: Any = None) -> Any:
+        return value
+
+    @ep.method()
+    def sleep(seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    @ep.method()
+    async def nap(seconds: float) -> float:
+        import anyio
+
+        await anyio.sleep(seconds)
+        return seconds
+
+    @ep.method()
+    async def hang() -> None:
+        import anyio
+
+        await anyio.sleep_forever()
+
+    @ep.method()
+    def pid() -> int:
+        return os.getpid()
+
+    @ep.method()
+    def metrics() -> dict[str, Any]:
+        return ep.metrics()
+
+    @ep.method()
+    def crash(code: int = 3) -> None:
+        os._exit(code)
+
+    @ep.method()
+    def fail(message: str = "requested failure") -> None:
+        raise RuntimeError(message)
+
+    marks: list[str] = []
+    applied: dict[str, int] = {}
+
+    @ep.method()
+    def mark(token: str) -> int:
+        """Record that this request ran (tests of what did and did not run)."""
+        marks.append(token)
+        return len(marks)
+
+    @ep.method(name="marks")
+    def get_marks() -> list[str]:
+        return list(marks)
+
+    @ep.method()
+    def slow_update(seconds: float) -> int:
+        """A blocking, weight-load-like handler that reports its progress."""
+        from ctlwire.kernel.engine_endpoint import report_progress
+
+        steps = 20
+        for i in range(steps):
+            time.sleep(seconds / steps)
+            report_progress((i + 1) / steps, f"shard {i + 1}/{steps}")
+        applied["slow_update"] = applied.get("slow_update", 0) + 1
+        return applied["slow_update"]
+
+    @ep.method()
+    def applied_counts() -> dict[str, int]:
+        """How many times each counting handler actually ran."""
+        return dict(applied)
+
+
+def stepping_methods(ep: EngineEndpoint) -> Callable[[], bool]:
+    """:func:`diagnostic_methods` plus a scheduler-like step that blocks the
+    engine's thread for the seconds given to ``block_next_step`` (once)."""
+    diagnostic_methods(ep)
+    pending: list[float] = []
+
+    @ep.method()
+    def block_next_step(seconds: float) -> None:
+        pending.append(seconds)
+
+    def step() -> bool:
+        if pending:
+            time.sleep(pending.pop())
+            return True
+        return False
+
+    return step
+
+
+def load_methods(spec: str) -> Callable[[EngineEndpoint], Callable[[], bool] | None]:
+    module, _, func = spec.partition(":")
+    fn = getattr(importlib.import_module(module), func or "register")
+    if not callable(fn):
+        raise TypeError(f"{spec} is not callable")
+    return fn  # type: ignore[no-any-return]
+
+
+def build_transport(args: argparse.Namespace) -> EngineTransport:
+    codec = codec_by_name(args.codec, allow_pickle=args.allow_pickle)
+    options = ZmqOptions()
+    if args.connect:
+        curve_client = None
+        if args.curve_secret:
+            curve_client = CurveClientConfig(load_keypair(args.curve_secret),
+                                             load_public_key(args.curve_server_key))
+        return ZmqDealerEngineTransport(args.connect, args.rank, codec=codec, options=options,
+                                        curve=curve_client)
+    if args.bind:
+        curve_server = None
+        if args.curve_secret:
+            curve_server = CurveServerConfig.allowing(
+                load_keypair(args.curve_secret), [load_public_key(f) for f in args.curve_allow])
+        return ZmqRouterEngineTransport(args.bind, args.rank, codec=codec, options=options,
+                                        curve=curve_server,
+                                        allow_insecure_tcp=args.allow_insecure_tcp)
+    if args.pull and args.push:
+        return ZmqPushPullEngineTransport(args.pull, args.push, args.rank, codec=codec,
+                                          options=options)
+    raise SystemExit("one of --connect, --bind or --pull/--push is required")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ctlwire.kernel.app.engine_process")
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--connect")
+    p.add_argument("--bind")
+    p.add_argument("--pull")
+    p.add_argument("--push")
+    p.add_argument("--methods", default="ctlwire.kernel.app.engine_process:diagnostic_methods")
+    p.add_argument("--mode", choices=["poll", "serve"], default="poll")
+    p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    p.add_argument("--codec", default="msgpack")
+    p.add_argument("--allow-pickle", action="store_true")
+    p.add_argument("--allow-insecure-tcp", action="store_true")
+    p.add_argument("--heartbeat", type=float, default=0.25)
+    p.add_argument("--curve-secret")
+    p.add_argument("--curve-server-key")
+    p.add_argument("--curve-allow", nargs="*", default=[])
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    transport = build_transport(args)
+    endpoint = EngineEndpoint(transport, rank=args.rank, heartbeat_interval=args.heartbeat)
+    step = load_methods(args.methods)(endpoint)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    if args.mode == "poll":
+        endpoint.open()
+        print(f"READY {args.rank} {endpoint.incarnation}", flush=True)
+        try:
+            while not stop.is_set():
+                worked = step() if step is not None else False
+                endpoint.poll()
+                if not worked:
+                    # zmq_poll is level-triggered: it returns at once if more input
+                    # is already queued, so no second (empty) poll() is needed
+                    transport.wait_readable(0.01 if step is not None else 0.05)
+        finally:
+            endpoint.close()
+        return 0
+
+    import anyio
+
+    async def serve() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(endpoint.serve)
+            print(f"READY {args.rank} {endpoint.incarnation}", flush=True)
+            while not stop.is_set():
+                await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+
+    anyio.run(serve, backend=args.backend)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""A simulated engine whose weight update runs as an operation (demo, tests).
+
+::
+
+    python -m ctlwire.kernel.app.engine_process \
+        --methods ctlwire.kernel.app.operation_engine:register
+
+starts a :class:`~ctlwire.kernel.app.demo_engine.SimulatedEngine` rank whose
+``pause``, ``update_weights``, ``restore_weights`` and ``resume`` also run as
+operation steps through an :class:`~ctlwire.kernel.operation_ledger.OperationLedger`,
+plus:
+
+* ``arm_fault(Fault)`` -- the next run of ``method`` on this rank raises
+  (``"raise"``), kills the process (``"crash"``) or blocks for ``seconds``
+  (``"hang"``): fault injection for tests and ``ctlwire demo --fault``.
+* ``op_counts()`` -- how many times each step method really ran here, and the
+  ledger's counters (applied, replayed, fenced, highest fence): what the tests
+  count to prove nothing was applied twice.
+
+:func:`weight_update_plan` is the pause -> update_weights -> resume operation
+for this engine, with its compensations.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from ctlwire.kernel.app.demo_engine import Pause, SimulatedEngine, UpdateWeights
+from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.operation_ledger import OperationLedger
+from ctlwire.kernel.operation_plan import OperationPlan, OperationStep, StepCall
+
+__all__ = ["Fault", "OperationEngine", "RestoreWeights", "register", "weight_update_plan"]
+
+
+class Fault(msgspec.Struct, frozen=True):
+    method: str
+    kind: str = "raise"  # raise | crash | hang
+    seconds: float = 0.0
+
+
+class RestoreWeights(msgspec.Struct, frozen=True):
+    version: int
+
+
+class InjectedFault(RuntimeError):
+    code = 500
+
+
+class OperationEngine(SimulatedEngine):
+    """SimulatedEngine plus restore_weights and fault injection."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__(rank)
+        self.faults: dict[str, Fault] = {}
+
+    def arm_fault(self, fault: Fault) -> None:
+        self.faults[fault.method] = fault
+
+    def _maybe_fail(self, method: str) -> None:
+        fault = self.faults.pop(method, None)
+        if fault is None:
+            return
+        if fault.kind == "crash":
+            os._exit(9)
+        if fault.kind == "hang":
+            time.sleep(fault.seconds)
+            return
+        raise InjectedFault(f"rank {self.rank}: injected failure in {method}")
+
+    def op_pause(self, req: Pause = Pause()) -> dict[str, Any]:  # noqa: B008 - frozen struct
+        self._maybe_fail("pause")
+        return self.pause(req)
+
+    def op_update_weights(self, req: UpdateWeights) -> dict[str, Any]:
+        self._maybe_fail("update_weights")
+        return self.update_weights(req)
+
+    def restore_weights(self, req: RestoreWeights) -> dict[str, Any]:
+        self._maybe_fail("restore_weights")
+        self.version = req.version
+        return {"rank": self.rank, "version": self.version}
+
+    def op_resume(self) -> dict[str, Any]:
+        self._maybe_fail("resume")
+        return self.resume()
+
+
+def weight_update_plan(version: int, old_version: int, *, timeout: float = 10.0,
+                       quarantine_on_error: bool = False,
+                       load_seconds: float = 0.0) -> OperationPlan:
+    """pause -> update_weights(version) -> resume; undo: restore old_version, resume.
+    ``load_seconds``: how long each rank's update blocks (reporting progress)."""
+    return OperationPlan("weight-update", (
+        OperationStep("pause", "pause", Pause("drain"), timeout,
+                      compensation=StepCall("resume")),
+        OperationStep("update", "update_weights", UpdateWeights(version, "", load_seconds),
+                      max(timeout, 3 * load_seconds),
+                      compensation=StepCall("restore_weights", RestoreWeights(old_version)),
+                      quarantine_on_error=quarantine_on_error),
+        OperationStep("resume", "resume", None, timeout),
+    ))
+
+
+def register(ep: EngineEndpoint) -> Callable[[], bool]:
+    """Register the engine's methods and its operation ledger on ``ep``; returns its step."""
+    engine = OperationEngine(ep.rank)
+    ledger = OperationLedger({"pause": engine.op_pause,
+                              "update_weights": engine.op_update_weights,
+                              "restore_weights": engine.restore_weights,
+                              "resume": engine.op_resume})
+    ledger.install(ep)
+    ep.register("pause", engine.pause)
+    ep.register("update_weights", engine.update_weights)
+    ep.register("resume", engine.resume)
+    ep.register("get_server_info", engine.get_server_info)
+    ep.register("get_load", engine.get_load)
+    ep.register("arm_fault", engine.arm_fault)
+
+    @ep.method()
+    def op_counts() -> dict[str, Any]:
+        return {"runs": dict(ledger.runs), **ledger.metrics()}
+
+    return engine.step

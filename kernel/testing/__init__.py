@@ -1,0 +1,71 @@
+"""Tools for testing engines and callers built on ctlwire (like ``trio.testing``).
+
+Import them from here; the modules behind this facade are private::
+
+    from ctlwire.kernel.testing import EngineHarness, TransitionRecorder, virtual_backend
+
+* :class:`EngineHarness` -- N engine ranks and a ``ControlClient`` joined by the
+  in-memory transport, in one event loop;
+* :class:`TransitionRecorder` -- records the states every request went through;
+* :class:`VirtualTimeEventLoop`, :func:`virtual_backend`, :func:`on_virtual_clock`
+  -- virtual clocks on asyncio and trio (a 600 s timeout in milliseconds);
+* :func:`free_tcp_address`, :func:`free_tcp_port` -- tcp ports for engines that bind.
+
+Public sub-modules, each the documented home of what it holds:
+
+* :mod:`ctlwire.kernel.testing.pytest_plugin` -- the pytest plugin (``pytest11``
+  entry point): fixtures ``ctlwire_harness``, ``transition_recorder``,
+  ``ctlwire_virtual_backend``; mark ``ctlwire_virtual_clock``;
+* :mod:`ctlwire.kernel.testing.interleaving` -- the exhaustive interleaving
+  explorer of the request registry and the fan-out mailbox's cores
+  (``python -m ctlwire.kernel.testing.interleaving``);
+* :mod:`ctlwire.kernel.testing.operation_explorer` -- the same for the operation
+  coordinator (``python -m ctlwire.kernel.testing.operation_explorer``).
+
+Fault injection wraps transports and needs nothing of the kernel, so it lives
+with them: :mod:`ctlwire.transports.testing`.
+
+Names are imported on first use, so loading the pytest plugin (which imports
+this package) does not import the client, the endpoint or anyio.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ctlwire.transports._lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from ctlwire.kernel.testing._harness import EngineHarness
+    from ctlwire.kernel.testing._ports import free_tcp_address, free_tcp_port
+    from ctlwire.kernel.testing._recorder import TransitionRecorder
+    from ctlwire.kernel.testing._virtual_clock import (
+        VIRTUAL_HEARTBEAT_INTERVAL,
+        VirtualTimeEventLoop,
+        on_virtual_clock,
+        virtual_backend,
+    )
+
+_EXPORTS: dict[str, str] = {
+    "VIRTUAL_HEARTBEAT_INTERVAL": "ctlwire.kernel.testing._virtual_clock",
+    "EngineHarness": "ctlwire.kernel.testing._harness",
+    "TransitionRecorder": "ctlwire.kernel.testing._recorder",
+    "VirtualTimeEventLoop": "ctlwire.kernel.testing._virtual_clock",
+    "free_tcp_address": "ctlwire.kernel.testing._ports",
+    "free_tcp_port": "ctlwire.kernel.testing._ports",
+    "on_virtual_clock": "ctlwire.kernel.testing._virtual_clock",
+    "virtual_backend": "ctlwire.kernel.testing._virtual_clock",
+}
+
+__all__ = [
+    "VIRTUAL_HEARTBEAT_INTERVAL",
+    "EngineHarness",
+    "TransitionRecorder",
+    "VirtualTimeEventLoop",
+    "free_tcp_address",
+    "free_tcp_port",
+    "on_virtual_clock",
+    "virtual_backend",
+]
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -1,0 +1,127 @@
+"""EngineHarness: N engine ranks and a ControlClient over the in-memory transport.
+
+::
+
+    async with EngineHarness(ranks=2, setup=register_my_methods) as h:
+        assert await h.client.call("get_load", rank=1) == 0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Literal
+
+import anyio
+from anyio.abc import TaskGroup
+
+from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.testing._recorder import TransitionRecorder
+from ctlwire.kernel.testing._virtual_clock import VIRTUAL_HEARTBEAT_INTERVAL, on_virtual_clock
+from ctlwire.transports.codec import Codec
+from ctlwire.transports.memory import MemoryNetwork
+from ctlwire.transports.transport import ClientTransport, EngineTransport
+
+__all__ = ["EngineHarness"]
+
+_AUTO: Any = object()
+
+
+class EngineHarness:
+    """In-memory engines and a client; see the module docstring.
+
+    ``setup(endpoint)`` registers methods on each rank's endpoint. Engines
+    ``serve()`` in tasks of the harness; :meth:`stop_engine` closes one rank's
+    transport (the client sees it disconnect), :meth:`start_engine` brings a
+    rank back under a new incarnation. ``wrap_client`` / ``wrap_engine`` wrap
+    the in-memory transports, e.g. in
+    :class:`~ctlwire.transports.testing.FaultyClientTransport`.
+
+    ``heartbeat_interval`` sets the client's and the engines' interval (None:
+    no heartbeats); by default they keep their own (0.25 s). ``"auto"`` (what
+    the pytest plugin's ``ctlwire_harness`` passes) keeps 0.25 s on a real
+    clock and uses :data:`VIRTUAL_HEARTBEAT_INTERVAL` on a virtual one (the
+    harness must then be created inside the event loop). ``client_kwargs``
+    and ``engine_kwargs`` win over it.
+
+    Leaving the ``async with`` block closes the client before the engines
+    stop, so a normal exit is not reported as engines lost.
+    """
+
+    def __init__(self, ranks: int = 1, setup: Callable[[EngineEndpoint], None] | None = None, *,
+                 codec: Codec | None = None, client_kwargs: dict[str, Any] | None = None,
+                 engine_kwargs: dict[str, Any] | None = None, buffer: int = 1024,
+                 observer: TransitionRecorder | None = None,
+                 wrap_client: Callable[[ClientTransport], ClientTransport] | None = None,
+                 wrap_engine: Callable[[EngineTransport], EngineTransport] | None = None,
+                 heartbeat_interval: float | Literal["auto"] | None = _AUTO) -> None:
+        self.network = MemoryNetwork(codec, buffer=buffer)
+        self.setup = setup
+        self.n = ranks
+        self.engine_kwargs = dict(engine_kwargs or {})
+        self.wrap_engine = wrap_engine
+        kwargs = dict(client_kwargs or {})
+        if heartbeat_interval == "auto":
+            heartbeat_interval = VIRTUAL_HEARTBEAT_INTERVAL if on_virtual_clock() else _AUTO
+        if heartbeat_interval is not _AUTO:
+            kwargs.setdefault("heartbeat_interval", heartbeat_interval)
+            self.engine_kwargs.setdefault("heartbeat_interval", heartbeat_interval)
+        self.heartbeat_interval: float | None = kwargs.get("heartbeat_interval", 0.25)
+        if observer is not None:
+            kwargs["observer"] = observer
+        transport: ClientTransport = self.network.client_transport()
+        if wrap_client is not None:
+            transport = wrap_client(transport)
+        self.client = ControlClient(transport, ranks=ranks, **kwargs)
+        self.engines: dict[int, EngineEndpoint] = {}
+        self._scopes: dict[int, anyio.CancelScope] = {}
+        self._tg: TaskGroup | None = None
+
+    async def __aenter__(self) -> EngineHarness:
+        await self.client.__aenter__()
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        for rank in range(self.n):
+            await self.start_engine(rank)
+        await self.client.wait_ready(timeout=5.0)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> bool | None:
+        tg, self._tg = self._tg, None
+        assert tg is not None
+        # the client first: engines that stop after it are a shutdown, not a loss
+        await self.client.aclose()
+        tg.cancel_scope.cancel()
+        await tg.__aexit__(None, None, None)
+        return await self.client.__aexit__(exc_type, exc, tb)
+
+    def endpoint(self, rank: int) -> EngineEndpoint:
+        transport: EngineTransport = self.network.engine_transport(rank)
+        if self.wrap_engine is not None:
+            transport = self.wrap_engine(transport)
+        ep = EngineEndpoint(transport, **self.engine_kwargs)
+        if self.setup is not None:
+            self.setup(ep)
+        return ep
+
+    async def start_engine(self, rank: int) -> EngineEndpoint:
+        assert self._tg is not None
+        ep = self.endpoint(rank)
+        self.engines[rank] = ep
+        scope = anyio.CancelScope()
+        self._scopes[rank] = scope
+
+        async def run(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            with scope:
+                await ep.serve(task_status=task_status)
+
+        await self._tg.start(run)
+        return ep
+
+    def stop_engine(self, rank: int) -> None:
+        """Stop serving ``rank`` and close its transport (a crash, as the client sees it)."""
+        self._scopes[rank].cancel()
+        self.engines[rank].transport.close()

@@ -1,0 +1,136 @@
+"""The interleaving explorer's invariants (CHECKS), checked on every state reached and at
+the end of every path.
+"""
+
+from __future__ import annotations
+
+from ctlwire.kernel.testing.interleaving._scenario import InvariantViolation, ReplayError
+from ctlwire.kernel.testing.interleaving._steps import _execute, _fail, _who
+from ctlwire.kernel.testing.interleaving._world import _HOLDING, _Pc, _World
+from ctlwire.states import RequestState, TicketState
+
+# -- checks --------------------------------------------------------------------------------
+
+
+def _check_state(w: _World) -> None:
+    checks = w.checks
+    callers = w.callers
+    # fifo: every newly admitted caller arrived before every caller still waiting
+    for c in callers:
+        ticket = c.core.ticket
+        if (ticket is not None and c.name not in w.admitted
+                and ticket.state in (TicketState.ADMITTED, TicketState.RELEASED)):
+            if "fifo" in checks:
+                for earlier in w.arrivals[:w.arrivals.index(c.name)]:
+                    d = w.by_name[earlier]
+                    dt = d.core.ticket
+                    if (earlier not in w.admitted and d.pc is not _Pc.DONE and dt is not None
+                            and dt.state is TicketState.QUEUED):
+                        raise InvariantViolation(
+                            "fifo", f"{c.name} was admitted while {earlier}, who arrived "
+                                    "earlier, still waits")
+            w.admitted.append(c.name)
+    queue = w.queue
+    if "fifo" in checks and queue is not None:
+        try:
+            queue.check_invariants()
+        except AssertionError as exc:
+            raise InvariantViolation("fifo", f"queue invariant: {exc}") from None
+    if "exclusive" in checks and queue is not None:
+        holders = [c.name for c in callers if c.core.ticket is not None
+                   and c.core.ticket.state is TicketState.ADMITTED]
+        if len(holders) > 1:
+            raise InvariantViolation("exclusive", f"{holders} are admitted at once")
+        active = [c for c in callers if c.pc in _HOLDING]
+        if len(active) > 1:
+            raise InvariantViolation("exclusive", f"{[c.name for c in active]} have requests "
+                                                  "in flight at once")
+        for c in active:
+            ticket = c.core.ticket
+            if ticket is None or ticket.state is not TicketState.ADMITTED:
+                raise InvariantViolation("exclusive", f"{c.name} has a request in flight "
+                                                      "without holding the mailbox")
+    if "handoff" in checks:
+        for c in callers:
+            ticket = c.core.ticket
+            if ticket is None:
+                continue
+            if c.ticket_waiter.is_set and ticket.state not in (TicketState.ADMITTED,
+                                                               TicketState.RELEASED):
+                raise InvariantViolation("handoff", f"{c.name} was woken but its ticket is "
+                                                    f"{ticket.state.name}, not admitted")
+            if (c.pc is _Pc.QUEUED and ticket.state is TicketState.ADMITTED
+                    and not c.ticket_waiter.is_set):
+                raise InvariantViolation("handoff", f"{c.name} was admitted by hand-off but "
+                                                    "never woken")
+    reg = w.registry
+    if "registry" in checks:
+        try:
+            reg.check_invariants()
+        except AssertionError as exc:
+            raise InvariantViolation("registry", f"registry invariant: {exc}") from None
+        held = {c.entry.id: c for c in callers if c.pc in _HOLDING and c.entry is not None}
+        live = {e.id: e for e in reg.live()}
+        for rid, c in held.items():
+            if live.get(rid) is not c.entry:
+                raise InvariantViolation("registry", f"{c.name} holds a request that is not "
+                                                     "in the request map")
+        for rid in live.keys() - held.keys():
+            raise InvariantViolation("registry", f"{_who(w, rid)} is in the request map but "
+                                                 "no unfinished caller holds it")
+    if "cleanup" in checks:
+        if reg.tombstone_count > reg.max_tombstones:
+            raise InvariantViolation("cleanup", f"{reg.tombstone_count} tombstones, bound "
+                                                f"{reg.max_tombstones}")
+        unfinished = sum(c.pc is not _Pc.DONE for c in callers)
+        if reg.live_count > unfinished:
+            raise InvariantViolation("cleanup", f"{reg.live_count} live entries for "
+                                                f"{unfinished} unfinished callers")
+        for c in callers:
+            if c.pc is not _Pc.DONE:
+                continue
+            ticket = c.core.ticket
+            if ticket is not None and ticket.state not in (TicketState.RELEASED,
+                                                           TicketState.ABANDONED):
+                raise InvariantViolation("cleanup", f"{c.name} finished but its ticket is "
+                                                    f"left {ticket.state.name}")
+            if c.entry is not None and c.entry.state is not RequestState.CLEANED:
+                raise InvariantViolation("cleanup", f"{c.name} finished but its request is "
+                                                    f"left {c.entry.state.name}")
+        depth = 0 if queue is None else queue.depth
+        holder = None if queue is None else queue.holder
+        if not unfinished and (reg.live_count or depth or holder is not None):
+            raise InvariantViolation(
+                "cleanup", f"every caller finished but {reg.live_count} entries, "
+                           f"{depth} queued tickets and holder {holder} remain")
+
+
+def _check_final(w: _World) -> None:
+    """No event is enabled any more: everyone must have finished with one outcome."""
+    stuck = [f"{c.name} ({c.pc.name.lower()})" for c in w.callers if c.pc is not _Pc.DONE]
+    if stuck:
+        _fail(w, "progress", f"no event can happen but {', '.join(stuck)} never finishes")
+    missing = [c.name for c in w.callers if c.pc is _Pc.DONE and c.outcome is None]
+    if missing:
+        _fail(w, "outcomes", f"{missing} finished without an outcome")
+
+
+def _step(w: _World, label: str, trace: list[str] | None = None) -> str:
+    """Execute one event and check the state it leads to; ``trace`` gets what it did."""
+    what = ""
+    try:
+        what = _execute(w, label)
+        _check_state(w)
+    except ReplayError:
+        raise
+    except Exception as exc:
+        violation = (exc if isinstance(exc, InvariantViolation) else
+                     InvariantViolation("crash", f"{label}: {type(exc).__name__}: {exc}"))
+        if trace is not None:
+            trace.append(f"{what + '  ' if what else ''}!! {violation}")
+        if violation is exc:
+            raise
+        raise violation from exc
+    if trace is not None:
+        trace.append(what)
+    return what

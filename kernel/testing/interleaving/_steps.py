@@ -1,0 +1,265 @@
+"""The interleaving explorer's events: which are enabled in a world, and executing one
+(each CallCore call is its own step).
+"""
+
+from __future__ import annotations
+
+from ctlwire.kernel.errors import EngineDead
+from ctlwire.kernel.request_registry import PendingRequest, ReplyDisposition
+from ctlwire.kernel.testing.interleaving._scenario import (
+    _ENGINE_INCARNATION,
+    _NIL,
+    CancelMode,
+    InvariantViolation,
+    ReplayError,
+    ReplyMode,
+)
+from ctlwire.kernel.testing.interleaving._world import _RUNNING, _STEP, _Caller, _Pc, _World
+from ctlwire.states import RequestState, TicketState
+from ctlwire.transports.envelope import ErrorInfo, Reply
+
+# -- enabled events ---------------------------------------------------------------------------
+
+
+def _enabled(w: _World) -> list[str]:
+    """Every event that can happen next, in a fixed order."""
+    out: list[str] = []
+    now: list[str] = []
+    multi = w.scenario.ranks > 1
+    first = "arrive" if w.queue is not None else "register"
+    callers = w.callers
+    for i, c in enumerate(callers):
+        pc, spec, name = c.pc, c.spec, c.name
+        if pc is _Pc.NEW:
+            twin = w.twin_before[i]
+            if twin < 0 or callers[twin].pc is not _Pc.NEW:
+                out.append(f"{first} {name}")
+        elif pc is _Pc.QUEUED:
+            if c.ticket_waiter.is_set or c.deadline_fired:
+                out.append(f"resume {name}")
+        elif pc is _Pc.WAITING:
+            if c.entry_waiter.is_set or c.deadline_fired:
+                out.append(f"wake {name}")
+        elif pc is not _Pc.DONE:
+            out.append(f"{_STEP[pc]} {name}")
+        if spec.reply is not ReplyMode.NEVER:
+            # with the reduction, a finished caller's replies come before anything else
+            sink = now if pc is _Pc.DONE and w.reduce else out
+            for rank in c.frames:
+                n = c.deliveries.get(rank, 0)
+                suffix = f"@{rank}" if multi else ""
+                if n == 0:
+                    if (spec.reply is not ReplyMode.LATE or c.deadline_fired
+                            or pc is _Pc.DONE):
+                        sink.append(f"reply {name}{suffix}")
+                elif n == 1 and spec.reply is ReplyMode.DUPLICATE:
+                    sink.append(f"dup {name}{suffix}")
+        if spec.timeout and not c.deadline_fired and pc in (_Pc.QUEUED, _Pc.WAITING):
+            out.append(f"timeout {name}")
+        if spec.cancel is not CancelMode.NEVER and (pc is _Pc.QUEUED or pc in _RUNNING):
+            ticket = c.core.ticket
+            state = None if ticket is None else ticket.state
+            if (spec.cancel is CancelMode.ANY
+                    or (spec.cancel is CancelMode.QUEUED and state is TicketState.QUEUED)
+                    or (spec.cancel is CancelMode.ADMITTED
+                        and (state is TicketState.ADMITTED or w.queue is None))):
+                out.append(f"cancel {name}")
+        if spec.raises and pc in (_Pc.REGISTER, _Pc.SEND, _Pc.WAITING):
+            out.append(f"raise {name}")
+    if w.scenario.engine_loss and any(c.pc is not _Pc.DONE for c in w.callers):
+        rank = w.scenario.ranks - 1
+        if rank not in w.unplugged:
+            out.append(f"unplug {rank}")
+        if rank not in w.lost:
+            out.append(f"lose {rank}")
+    if now:
+        return now[:1]
+    return out
+
+
+# -- executing one event ---------------------------------------------------------------------
+
+
+def _who(w: _World, request_id: int) -> str:
+    for c in w.callers:
+        if c.entry is not None and c.entry.id == request_id:
+            return f"{c.name}'s request"
+        if request_id in c.frames.values():
+            return f"{c.name}'s request"
+    return f"request {request_id}"
+
+
+def _fail(w: _World, check: str, detail: str) -> None:
+    if check in w.checks:
+        raise InvariantViolation(check, detail)
+
+
+def _wake(entry: PendingRequest | None) -> None:
+    """What the shells' ``_wake`` does: set the entry's waiter, if it still has one."""
+    if entry is not None and entry.waiter is not None:
+        entry.waiter.set()
+
+
+def _set_outcome(w: _World, c: _Caller, outcome: str) -> None:
+    if c.outcome is not None:
+        _fail(w, "outcomes", f"{c.name} got a second outcome {outcome!r} after {c.outcome!r}")
+        return
+    c.outcome = outcome
+    entry = c.entry
+    if outcome == "timed-out" and not c.deadline_fired:
+        _fail(w, "outcomes", f"{c.name} timed out though its deadline never passed")
+    if outcome == "result" and (entry is None or not entry.replies):
+        _fail(w, "outcomes", f"{c.name} returned a result without any reply")
+    if outcome == "failed" and (entry is None or not entry.errors):
+        _fail(w, "outcomes", f"{c.name} failed without any failed rank")
+
+
+def _read_outcome(w: _World, c: _Caller) -> str:
+    """What ``fan_out_outcome`` makes of the entry: a result, FanOutFailed, RequestTimedOut."""
+    entry = c.entry
+    assert entry is not None
+    state = entry.state
+    if entry.is_open:
+        _fail(w, "outcomes", f"{c.name} read its outcome while its request is still "
+                             f"{state.name}")
+    elif state not in (RequestState.DONE, RequestState.FAILED, RequestState.TIMED_OUT):
+        _fail(w, "outcomes", f"{c.name} read its outcome from a {state.name} request")
+    outcome = {RequestState.DONE: "result", RequestState.FAILED: "failed"}.get(state,
+                                                                                "timed-out")
+    _set_outcome(w, c, outcome)
+    c.pc = _Pc.FINISH
+    return f"outcome {outcome} ({state.name})"
+
+
+def _finish(w: _World, c: _Caller) -> str:
+    """The shell's ``finally``: core.finish(), then wake the ticket admitted by hand-off."""
+    admitted = c.core.finish()
+    c.pc = _Pc.DONE
+    if admitted is None:
+        return "finished"
+    owner = next((d for d in w.callers if d.core.ticket is admitted), None)
+    if owner is None:
+        raise InvariantViolation("crash", f"{c.name}'s finish handed the mailbox to an "
+                                          f"unknown ticket {admitted!r}")
+    waiter = admitted.waiter
+    if waiter is None:
+        raise InvariantViolation("crash", f"ticket of {owner.name} has no waiter to wake")
+    waiter.set()
+    return f"finished; hands the mailbox to {owner.name}"
+
+
+def _deliver(w: _World, c: _Caller, rank: int, first: bool) -> str:
+    request_id = c.frames[rank]
+    entry = c.entry
+    must_accept = (first and c.pc is not _Pc.DONE and not c.deadline_fired
+                   and (entry is None or (entry.is_open and rank not in entry.errors)))
+    ok = c.spec.reply_ok
+    reply = Reply(request_id, rank, _ENGINE_INCARNATION, ok, _NIL,
+                  None if ok else ErrorInfo("EngineError", "failed on purpose", 7))
+    disposition, found = w.registry.on_reply(reply)
+    c.deliveries[rank] = c.deliveries.get(rank, 0) + 1
+    if disposition is ReplyDisposition.COMPLETED:
+        _wake(found)
+    what = "reply" if first else "duplicate reply"
+    if disposition in (ReplyDisposition.UNKNOWN, ReplyDisposition.STRAY):
+        _fail(w, "replies", f"{what} from rank {rank} for {c.name}'s sent request classified "
+                            f"{disposition.name}")
+    elif not first and disposition in (ReplyDisposition.ACCEPTED, ReplyDisposition.COMPLETED):
+        _fail(w, "replies", f"duplicate reply from rank {rank} for {c.name} applied twice "
+                            f"({disposition.name})")
+    elif must_accept and disposition not in (ReplyDisposition.ACCEPTED,
+                                             ReplyDisposition.COMPLETED):
+        _fail(w, "replies", f"reply from rank {rank} for {c.name}'s request (frame sent, "
+                            f"deadline not passed, {c.name} still waiting) classified "
+                            f"{disposition.name}: the reply is lost")
+    return f"{what} -> {disposition.name}"
+
+
+def _send(w: _World, c: _Caller) -> str:
+    """One turn of ``send_all``'s loop; once no rank is left, its tail and ``begin_wait``."""
+    core = c.core
+    entry = c.entry
+    assert entry is not None
+    rank = core.next_send()
+    if rank is None:
+        if not entry.is_open:
+            _wake(entry)
+        if core.begin_wait():
+            c.pc = _Pc.WAITING
+            return f"nothing left to send; waits ({entry.state.name})"
+        return "nothing left to send; " + _read_outcome(w, c)
+    if rank in w.unplugged:
+        if core.send_failed(rank, EngineDead(rank, "unroutable")):
+            _wake(entry)
+        return f"frame to rank {rank} refused (unroutable) -> {entry.state.name}"
+    c.frames[rank] = entry.id
+    live = w.registry.get(entry.id)
+    if live is not entry or live.state is RequestState.REGISTERED or rank not in live.sent_ranks:
+        where = ("not in the request map" if live is None
+                 else f"{live.state.name}, sent to {live.sent_ranks}")
+        _fail(w, "registry", f"{c.name}'s frame to rank {rank} left before its entry was "
+                             f"registered and marked Sent ({where})")
+    return f"frame to rank {rank} handed to the transport"
+
+
+def _execute(w: _World, label: str) -> str:
+    verb, _, arg = label.partition(" ")
+    if verb in ("unplug", "lose"):
+        rank = int(arg)
+        if verb == "unplug":
+            w.unplugged.add(rank)
+            return f"sends to rank {rank} fail from now on"
+        w.lost.add(rank)
+        decided = w.registry.fail_rank(rank, lambda r: EngineDead(r, "lost"))
+        for entry in decided:
+            _wake(entry)
+        names = [_who(w, e.id) for e in decided]
+        return f"rank {rank} declared lost; decided {names or 'nothing'}"
+    name, _, rank_text = arg.partition("@")
+    c = w.by_name[name]
+    if verb in ("reply", "dup"):
+        rank = int(rank_text) if rank_text else 0
+        return _deliver(w, c, rank, first=verb == "reply")
+    if verb == "timeout":
+        c.deadline_fired = True
+        return "deadline passes"
+    if verb in ("cancel", "raise"):
+        _set_outcome(w, c, "cancelled" if verb == "cancel" else "raised")
+        return f"{'cancelled' if verb == 'cancel' else 'raises'}; " + _finish(w, c)
+    core = c.core
+    if verb == "arrive":
+        w.arrivals.append(name)
+        if core.arrive(c.ticket_waiter):
+            c.pc = _Pc.RESUME
+            return "admitted at once"
+        c.pc = _Pc.QUEUED
+        return f"queued (depth {w.queue.depth if w.queue is not None else '?'})"
+    if verb == "resume":
+        if c.pc is _Pc.QUEUED and not core.admitted:
+            ticket = core.ticket
+            state = "?" if ticket is None else ticket.state.name
+            if not c.deadline_fired:
+                _fail(w, "handoff", f"{name} was woken but its ticket is {state}, not "
+                                    "admitted (the shell raises a spurious RequestTimedOut)")
+            _set_outcome(w, c, "timed-out")
+            return f"not admitted ({state}): times out; " + _finish(w, c)
+        core.resume()
+        c.pc = _Pc.REGISTER
+        return "resumes holding the mailbox"
+    if verb == "register":
+        if c.pc is _Pc.NEW:  # no mailbox: the call starts here
+            w.arrivals.append(name)
+        c.entry = core.register(c.entry_waiter)
+        c.pc = _Pc.SEND
+        return "registered"
+    if verb == "send":
+        return _send(w, c)
+    if verb == "wake":
+        held = c.entry
+        assert held is not None
+        if held.is_open and c.deadline_fired:
+            core.deadline_passed()
+        return _read_outcome(w, c)
+    if verb == "finish":
+        return _finish(w, c)
+    raise ReplayError(f"unknown event {label!r}")

@@ -1,0 +1,251 @@
+"""The engine-side ledger (fencing, once per key, last applied) and the runner's shell,
+on the in-memory harness (the behaviour is not about processes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from ctlwire.kernel.app.operation_engine import Fault, register, weight_update_plan
+from ctlwire.kernel.errors import (
+    Fenced,
+    NotDelivered,
+    OutcomeUnknown,
+    RemoteError,
+    RequestTimedOut,
+)
+from ctlwire.kernel.operation_core import StepOutcome
+from ctlwire.kernel.operation_ledger import (
+    Fenced as EngineFenced,
+)
+from ctlwire.kernel.operation_ledger import (
+    OperationAborted,
+    OperationLedger,
+    StepRequest,
+    UnknownStepMethod,
+)
+from ctlwire.kernel.operation_plan import OperationPlan, OperationStep, StepCall
+from ctlwire.kernel.operation_result import ProgressEvent
+from ctlwire.kernel.operation_runner import OperationRunner, classify
+from ctlwire.kernel.testing import EngineHarness
+from ctlwire.states import OperationState, RankState
+from ctlwire.transports.codec import MsgpackCodec
+
+CODEC = MsgpackCodec()
+
+
+class Bump(msgspec.Struct, frozen=True):
+    by: int
+
+
+class FakeEndpoint:
+    """Just what OperationLedger.install uses."""
+
+    def __init__(self) -> None:
+        self.rank = 4
+        self.codec = CODEC
+        self.methods: dict[str, Any] = {}
+
+    def register(self, name: str, fn: Any) -> None:
+        self.methods[name] = fn
+
+
+def ledger() -> tuple[OperationLedger, list[int]]:
+    calls: list[int] = []
+
+    def bump(req: Bump) -> int:
+        calls.append(req.by)
+        return sum(calls)
+
+    def boom() -> None:
+        raise RuntimeError("boom")
+
+    led = OperationLedger({"bump": bump, "boom": boom}, cache_size=2)
+    led.install(FakeEndpoint())  # type: ignore[arg-type]
+    return led, calls
+
+
+def step(op: str, name: str, fence: int, method: str = "bump", arg: Any = None,
+         phase: str = "apply") -> StepRequest:
+    return StepRequest(op, name, phase, fence, f"{op}:{name}" + (":undo" if phase != "apply"
+                                                                 else ""),
+                       method, CODEC.encode_value(arg if arg is not None else Bump(1)))
+
+
+def test_a_key_runs_once_and_replays_its_result() -> None:
+    led, calls = ledger()
+    assert led.step(step("op", "a", 5)) == 1
+    assert led.step(step("op", "a", 5)) == 1
+    assert calls == [1] and led.counters["replayed"] == 1 and led.runs == {"bump": 1}
+    assert led.step(step("op", "b", 5, arg=Bump(2))) == 3
+    last = led.last_operation()
+    assert (last.rank, last.op, last.step, last.fence, last.applied) == (4, "op", "b", 5,
+                                                                          ["a", "b"])
+
+
+def test_an_older_fence_is_refused_and_does_not_run() -> None:
+    led, calls = ledger()
+    led.step(step("new", "a", 9))
+    with pytest.raises(EngineFenced) as info:
+        led.step(step("old", "a", 8))
+    assert type(info.value).__name__ == "Fenced" and info.value.code == 409
+    assert calls == [1] and led.counters["fenced"] == 1 and led.highest_fence == 9
+    led.step(step("newer", "a", 10))
+    assert led.highest_fence == 10
+
+
+def test_a_failed_step_is_not_recorded_and_its_retry_runs() -> None:
+    led, _ = ledger()
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            led.step(step("op", "x", 1, method="boom"))
+    assert led.counters["step_errors"] == 2 and led.last_operation().op == ""
+    with pytest.raises(UnknownStepMethod):
+        led.step(step("op", "y", 1, method="getattr"))
+
+
+def test_no_forward_step_replays_after_a_compensation() -> None:
+    led, calls = ledger()
+    led.step(step("op", "a", 1))
+    led.step(step("op", "a", 1, phase="compensate", arg=Bump(-1)))
+    with pytest.raises(OperationAborted):
+        led.step(step("op", "a", 1))
+    assert calls == [1, -1]
+    assert led.last_operation().applied == ["a", "a:undo"]
+
+
+def test_the_result_cache_is_bounded() -> None:
+    led, calls = ledger()
+    for name in "abc":
+        led.step(step("op", name, 1))
+    led.step(step("op", "a", 1))  # evicted (cache_size=2): runs again
+    assert len(calls) == 4
+
+
+def test_classify_maps_every_typed_error() -> None:
+    assert classify(None)[0] is StepOutcome.OK
+    assert classify(Fenced("Fenced", "old", 409))[0] is StepOutcome.FENCED
+    assert classify(NotDelivered(1))[0] is StepOutcome.NOT_DELIVERED
+    assert classify(OutcomeUnknown(1))[0] is StepOutcome.UNKNOWN
+    assert classify(RequestTimedOut("m", 1.0))[0] is StepOutcome.UNKNOWN
+    assert classify(RemoteError("ValueError", "no", 0))[0] is StepOutcome.ERROR
+
+
+anyio_test = pytest.mark.anyio
+
+
+@anyio_test
+async def test_progress_is_observable_while_the_operation_runs() -> None:
+    async with EngineHarness(ranks=2, setup=lambda ep: register(ep)) as h:
+        runner = OperationRunner(h.client)
+        snapshots: list[dict[str, Any]] = []
+
+        def watch(ev: ProgressEvent) -> None:
+            if ev.state is RankState.APPLIED and ev.rank == 1:
+                snapshots.append(runner.progress())
+
+        result = await runner.run(weight_update_plan(1, 0), on_progress=watch)
+        assert result.ok
+        assert [next(iter(s.values()))["step"] for s in snapshots] == ["pause", "update",
+                                                                       "resume"]
+        assert all(next(iter(s.values()))["state"] == "running" for s in snapshots)
+        assert runner.progress() == {}
+
+
+@anyio_test
+async def test_a_failing_compensation_quarantines_the_rank() -> None:
+    async with EngineHarness(ranks=3, setup=lambda ep: register(ep)) as h:
+        runner = OperationRunner(h.client)
+        await h.client.call("arm_fault", Fault("update_weights"), rank=0)
+        await h.client.call("arm_fault", Fault("restore_weights"), rank=2)
+        result = await runner.run(weight_update_plan(1, 0))
+        assert result.state is OperationState.DEGRADED, result.summary()
+        assert result.failed_ranks == (0, 2) and result.quarantined == (2,)
+        assert result.compensated == (0, 1)
+        assert result.ranks[2].failed_step == "update:undo"
+        assert runner.routable_ranks() == (0, 1)
+        assert runner.release(2).step == "update:undo"
+        with pytest.raises(KeyError):
+            runner.release(2)
+        assert runner.metrics()["released"] == 1
+
+
+@anyio_test
+async def test_a_stopped_engine_is_quarantined() -> None:
+    async with EngineHarness(ranks=2, setup=lambda ep: register(ep),
+                             client_kwargs={"default_timeout": 2.0}) as h:
+        runner = OperationRunner(h.client)
+        plan = OperationPlan("two", (
+            OperationStep("pause", "pause", compensation=StepCall("resume")),
+            OperationStep("resume", "resume"),
+        ))
+        h.stop_engine(1)
+        # gone before the first step: nothing applied there, nothing to undo
+        result = await runner.run(plan)
+        assert result.state is OperationState.ABORTED, result.summary()
+        assert result.ranks[1].state is RankState.ABORTED and result.failed_ranks == (1,)
+        assert result.compensated == (0,)
+        await h.start_engine(1)
+        await h.client.wait_ready(timeout=5)
+
+        def stop_after_pause(ev: ProgressEvent) -> None:
+            if ev.step == "pause" and ev.state is RankState.APPLIED and ev.rank == 1:
+                h.stop_engine(1)
+
+        # gone after its pause applied: the pause cannot be undone there
+        result = await runner.run(plan, on_progress=stop_after_pause)
+        assert result.state is OperationState.DEGRADED, result.summary()
+        assert result.quarantined == (1,) and result.compensated == (0,)
+        assert result.ranks[1].applied == ("pause",) and result.ranks[1].undone == ()
+        with pytest.raises(ValueError):
+            await runner.run(plan, ranks=(1,))
+        with pytest.raises(ValueError):
+            await runner.run(plan, ranks=(7,))
+
+
+@anyio_test
+async def test_quarantine_is_visible_in_the_snapshot_and_prometheus() -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    CollectorRegistry = prometheus_client.CollectorRegistry
+
+    from ctlwire.kernel.metrics import PrometheusExporter, snapshot
+
+    async with EngineHarness(ranks=2, setup=lambda ep: register(ep)) as h:
+        runner = OperationRunner(h.client)
+        await h.client.call("arm_fault", Fault("update_weights"), rank=1)
+        result = await runner.run(weight_update_plan(1, 0, quarantine_on_error=True))
+        assert result.quarantined == (1,)
+        snap = snapshot(h.client, operations=runner)
+        assert snap["operations"]["quarantined"] == {
+            1: {"op": result.op_id, "step": "update", "detail": result.ranks[1].detail}}
+        assert snap["operations"]["routable"] == [0] and snap["operations"]["degraded"] == 1
+        registry = CollectorRegistry()
+        PrometheusExporter(h.client, operations=runner).register(registry)
+        assert registry.get_sample_value(
+            "ctlwire_rank_quarantined", {"rank": "1", "op": result.op_id, "step": "update"}) == 1
+        assert registry.get_sample_value("ctlwire_operations_total", {"state": "degraded"}) == 1
+        runner.release(1)
+        assert registry.get_sample_value(
+            "ctlwire_rank_quarantined", {"rank": "1", "op": result.op_id, "step": "update"}) is None
+
+
+@anyio_test
+async def test_a_compensated_operation_cannot_be_replayed_forward() -> None:
+    async with EngineHarness(ranks=2, setup=lambda ep: register(ep)) as h:
+        runner = OperationRunner(h.client)
+        plan = weight_update_plan(1, 0)
+        await h.client.call("arm_fault", Fault("update_weights"), rank=1)
+        first = await runner.run(plan)
+        assert first.state is OperationState.ABORTED
+        before = (await h.client.fan_out("op_counts", mode="concurrent")).results
+        recovery = await runner.recover(plan)
+        assert recovery is not None and recovery.op_id == first.op_id
+        assert recovery.compensated and not recovery.complete
+        again = await runner.run(plan, op_id=recovery.op_id, fence=recovery.fence)
+        assert again.state is OperationState.ABORTED, again.summary()
+        assert all("OperationAborted" in rep.detail for rep in again.ranks.values())
+        after = (await h.client.fan_out("op_counts", mode="concurrent")).results
+        assert {r: n["runs"] for r, n in after.items()} == {
+            r: n["runs"] for r, n in before.items()}  # nothing ran again

@@ -1,0 +1,113 @@
+"""The public API: one obvious import, deep paths unchanged, every caller-visible
+error in ctlwire.kernel.errors, no import cycles (issue 13 item 1)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import subprocess
+import sys
+
+import pytest
+
+import ctlwire.kernel
+import ctlwire.kernel.errors
+import ctlwire.kernel.testing
+import ctlwire.transports
+
+PACKAGES = [ctlwire.kernel, ctlwire.transports, ctlwire.kernel.testing]
+
+
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.__name__)
+def test_every_exported_name_is_the_deep_paths_object(package: object) -> None:
+    exports = package._EXPORTS  # type: ignore[attr-defined]
+    assert sorted(exports) == sorted(package.__all__)  # type: ignore[attr-defined]
+    for name, module in exports.items():
+        deep = getattr(importlib.import_module(module), name)
+        assert getattr(package, name) is deep, name
+        assert name in dir(package)
+
+
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.__name__)
+def test_an_unknown_name_is_an_attribute_error(package: object) -> None:
+    with pytest.raises(AttributeError, match="no_such_thing"):
+        package.no_such_thing  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_the_public_api_names_the_issue_asks_for() -> None:
+    from ctlwire.kernel import (  # noqa: F401
+        AuthenticationFailed,
+        ControlClient,
+        EngineEndpoint,
+        FanOutResult,
+        Fenced,
+        NotDelivered,
+        OperationPlan,
+        OperationRunner,
+        OutcomeUnknown,
+        RequestTooLarge,
+        ResultTypeError,
+        report_progress,
+    )
+    from ctlwire.transports import (  # noqa: F401
+        CurveClientConfig,
+        CurveServerConfig,
+        MemoryNetwork,
+        ZmqDealerEngineTransport,
+        ZmqOptions,
+        ZmqRouterClientTransport,
+    )
+
+
+def test_result_type_error_lives_with_the_other_errors_and_keeps_its_old_path() -> None:
+    from ctlwire.kernel.actor import MailboxFull
+    from ctlwire.kernel.control_client import ResultTypeError
+
+    assert ResultTypeError is ctlwire.kernel.errors.ResultTypeError
+    assert ResultTypeError.__module__ == "ctlwire.kernel.errors"
+    assert MailboxFull is ctlwire.kernel.errors.MailboxFull
+    assert issubclass(ResultTypeError, ctlwire.kernel.errors.CtlwireError)
+
+
+def test_every_ctlwire_error_is_defined_in_kernel_errors_and_exported() -> None:
+    """Walk every kernel module: a CtlwireError subclass defined anywhere but
+    kernel/errors.py fails this test, and so does one the package does not export."""
+    found = set()
+    for info in pkgutil.walk_packages(ctlwire.kernel.__path__, "ctlwire.kernel."):
+        if info.name.endswith(("pytest_plugin", "__main__")):
+            continue
+        module = importlib.import_module(info.name)
+        for _, obj in inspect.getmembers(module, inspect.isclass):
+            if issubclass(obj, ctlwire.kernel.errors.CtlwireError):
+                assert obj.__module__ == "ctlwire.kernel.errors", (obj, info.name)
+                found.add(obj.__name__)
+    assert len(found) >= 15
+    assert found <= set(ctlwire.kernel.__all__), found - set(ctlwire.kernel.__all__)
+
+
+def _run(code: str) -> str:
+    out = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_states_stay_pure_and_the_packages_import_lazily() -> None:
+    out = _run("import sys, ctlwire.states, ctlwire.kernel, ctlwire.transports\n"
+               "print(sorted(m for m in sys.modules if m.startswith(('ctlwire.', 'zmq'))))")
+    assert "ctlwire.kernel.control_client" not in out  # nothing imported before use
+    assert "'zmq'" not in out
+    out = _run("import sys, ctlwire.states\n"
+               "print([m for m in sys.modules if m.startswith(('ctlwire.kernel', "
+               "'ctlwire.transports', 'anyio', 'zmq'))])")
+    assert out.strip() == "[]"
+    _run("from ctlwire.kernel import *\nfrom ctlwire.transports import *\n")
+
+
+def test_engine_process_still_runs_as_a_module_without_a_double_import() -> None:
+    # runpy warns (RuntimeWarning, an error here) when the package already imported it
+    out = subprocess.run([sys.executable, "-W", "error", "-m", "ctlwire.kernel.app.engine_process",
+                          "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "--rank" in out.stdout
