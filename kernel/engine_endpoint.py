@@ -194,10 +194,15 @@ class _Inbound:
             raise
 
 
-class _Dispatcher(Actor[_Inbound, None]):
+class _Dispatcher(Actor["_Inbound | _BadFrameReply", None]):
     """The actor that takes requests in arrival order for :meth:`EngineEndpoint.serve`:
     sync inline handlers run here, one at a time; async and threaded ones are
-    passed to their method's lane."""
+    passed to their method's lane. A reply handed over as such (a bad frame's, or
+    one whose client's pipe was full) is sent from here, in turn.
+
+    :attr:`inflight` counts messages told and not yet handled: while it is 0,
+    :meth:`EngineEndpoint.serve` may do a request's dispatching itself (run a
+    sync handler, pass to a lane) without overtaking anything."""
 
     def __init__(self, endpoint: EngineEndpoint, mailbox_size: int,
                  lanes: anyio.abc.TaskGroup) -> None:
@@ -205,17 +210,33 @@ class _Dispatcher(Actor[_Inbound, None]):
         self.endpoint = endpoint
         self.lanes_tg = lanes
         self.lanes: dict[str, MemoryObjectSendStream[_Inbound]] = {}
+        self.inflight = 0
 
-    async def handle(self, message: _Inbound) -> None:
-        endpoint = self.endpoint
-        spec = endpoint._methods.get(message.request.method)
-        if spec is None or not (spec.is_async or spec.threaded):
-            await endpoint._run_async(message)
-            return
-        lane = self.lanes.get(spec.name)
-        if lane is None:
-            lane = self.lanes[spec.name] = self._open_lane(spec)
-        await lane.send(message)  # waits while the lane is full (backpressure)
+    async def told(self, message: _Inbound | _BadFrameReply) -> None:
+        self.inflight += 1
+        try:
+            await self.tell(message)
+        except BaseException:
+            self.inflight -= 1
+            raise
+
+    async def handle(self, message: _Inbound | _BadFrameReply) -> None:
+        try:
+            endpoint = self.endpoint
+            if type(message) is _BadFrameReply:
+                await endpoint._send_async(message.route, message.reply)
+                return
+            assert isinstance(message, _Inbound)
+            spec = endpoint._methods.get(message.request.method)
+            if spec is None or not (spec.is_async or spec.threaded):
+                await endpoint._run_async(message)
+                return
+            lane = self.lanes.get(spec.name)
+            if lane is None:
+                lane = self.lanes[spec.name] = self._open_lane(spec)
+            await lane.send(message)  # waits while the lane is full (backpressure)
+        finally:
+            self.inflight -= 1
 
     def _open_lane(self, spec: MethodSpec) -> MemoryObjectSendStream[_Inbound]:
         send, recv = anyio.create_memory_object_stream[_Inbound](self.endpoint.mailbox_size)
@@ -902,11 +923,43 @@ class EngineEndpoint:
                     if isinstance(work, _BadFrameReply):
                         await self._send_async(work.route, work.reply)
                         continue
-                    await dispatcher.tell(work)
+                    if not dispatcher.inflight and self._dispatch_now(dispatcher, work):
+                        continue
+                    await dispatcher.told(work)
             finally:
                 tg.cancel_scope.cancel()
                 lanes.cancel_scope.cancel()
                 dispatcher.close_lanes()
+
+    def _dispatch_now(self, dispatcher: _Dispatcher, work: _Inbound) -> bool:
+        """With nothing queued at the dispatcher, do its work for ``work`` here
+        (the same order, without the hop through its mailbox): run a sync
+        handler on the fast path and send the reply, or pass the request to its
+        method's open lane when that has room. False when the dispatcher has to
+        take it. A reply that finds the client's pipe full is handed to the
+        dispatcher, which waits for room (bounded, see :meth:`_send_async`)."""
+        reply = self._run_fast(work)
+        if reply is not None:
+            reply = self._fit(reply)
+            if not self._send_now(work.route, reply):
+                dispatcher.inflight += 1
+                try:
+                    dispatcher.tell_nowait(_BadFrameReply(work.route, reply))
+                except BaseException:
+                    dispatcher.inflight -= 1
+                    raise
+            return True
+        spec = self._methods.get(work.request.method)
+        if spec is None or not (spec.is_async or spec.threaded):
+            return False
+        lane = dispatcher.lanes.get(spec.name)
+        if lane is None:
+            return False
+        try:
+            lane.send_nowait(work)
+        except anyio.WouldBlock:
+            return False
+        return True
 
     async def _heartbeat_loop(self) -> None:
         interval = self.heartbeat_interval
@@ -943,30 +996,42 @@ class EngineEndpoint:
             self._end(item.request, done, running)
         await self._send_async(item.route, reply)
 
+    def _send_now(self, route: Route, reply: Reply) -> bool:
+        """Serve mode: send ``reply`` (already fitted) if the client's pipe has room,
+        or drop it if that client is marked stalled, or count a failure. False
+        when it has to wait for room."""
+        try:
+            self.transport.send_nowait(route, reply)
+        except WouldBlock:
+            if route in self._stalled:
+                # this client stopped reading: do not make every request wait for it
+                self.counters["replies_dropped_unread"] += 1
+                return True
+            return False
+        except (Unroutable, TransportError) as exc:
+            self.counters["reply_send_failures"] += 1
+            log.warning("engine %d: reply %d not sent: %r", self.rank, reply.id, exc)
+            return True
+        if self._stalled:
+            self._stalled.pop(route, None)
+        self.counters["replied"] += 1
+        return True
+
     async def _send_async(self, route: Route, reply: Reply) -> None:
         reply = self._fit(reply)
+        if self._send_now(route, reply):
+            return
         stalled = self._stalled
         try:
-            try:
-                self.transport.send_nowait(route, reply)
-            except WouldBlock:
-                if route in stalled:
-                    # this client stopped reading: do not make every request wait for it
-                    self.counters["replies_dropped_unread"] += 1
-                    return
-                with anyio.move_on_after(self.reply_send_timeout):
-                    await self.transport.send(route, reply)
-                    stalled.pop(route, None)
-                    self.counters["replied"] += 1
-                    return
-                self.counters["replies_dropped_unread"] += 1
-                stalled[route] = None
-                while len(stalled) > 4096:
-                    stalled.popitem(last=False)
-                return
-            if stalled:
+            with anyio.move_on_after(self.reply_send_timeout):
+                await self.transport.send(route, reply)
                 stalled.pop(route, None)
-            self.counters["replied"] += 1
+                self.counters["replied"] += 1
+                return
+            self.counters["replies_dropped_unread"] += 1
+            stalled[route] = None
+            while len(stalled) > 4096:
+                stalled.popitem(last=False)
         except (Unroutable, TransportError) as exc:
             self.counters["reply_send_failures"] += 1
             log.warning("engine %d: reply %d not sent: %r", self.rank, reply.id, exc)
