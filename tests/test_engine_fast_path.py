@@ -342,3 +342,49 @@ def test_codec_shortcuts_agree_with_the_codec() -> None:
     assert pickled.fast_value_codec(Load) is None  # payloads pickled: no shortcut
     assert pickled.fast_envelope_decoder() is not None
 
+
+
+async def test_router_client_caches_are_bounded_and_batched_sends_deliver() -> None:
+    from ctlwire.transports import zmq_client
+    from ctlwire.transports.envelope import Heartbeat
+    from ctlwire.transports.zmq_client import ZmqRouterClientTransport
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    transport = ZmqRouterClientTransport("inproc://fast-client", context=ctx)
+    engines = []
+    try:
+        async with transport:
+            for rank in range(3):
+                raw = ctx.socket(zmq.DEALER)
+                raw.setsockopt(zmq.IDENTITY, b"rank-%d" % rank)
+                raw.connect("inproc://fast-client")
+                raw.send(transport.codec.encode(Heartbeat(rank, 1)))
+                engines.append(raw)
+            seen = set()
+            with anyio.fail_after(10):
+                while len(seen) < 3:
+                    ev = await transport.receive()
+                    assert isinstance(ev, Received)
+                    seen.add(ev.peer)
+            codec = transport.codec
+            with transport.batched_sends():
+                for rank in range(3):
+                    transport.send_nowait(rank, Request(rank + 1, rank, "m",
+                                                        codec.encode_value(None)))
+            for rank, raw in enumerate(engines):
+                assert raw.poll(5000)
+                env = codec.decode(raw.recv())
+                assert isinstance(env, Request) and env.id == rank + 1
+            # a peer choosing many identities cannot grow the caches without bound
+            data = codec.encode(Heartbeat(0, 1))
+            for i in range(zmq_client._CACHE_LIMIT + 100):
+                ev = transport._event([b"rank-%d" % (1000 + i), data])
+                assert isinstance(ev, Received) and ev.peer == 1000 + i
+            assert len(transport._rank_of) <= zmq_client._CACHE_LIMIT
+            # a cached identity still decodes, and a junk frame from it is still Dropped
+            ev = transport._event([b"rank-1", b"\xc1junk"])
+            assert not isinstance(ev, Received) and ev.reason == "malformed"  # type: ignore[union-attr]
+    finally:
+        for raw in engines:
+            raw.close(0)
+        ctx.term()
