@@ -305,6 +305,7 @@ class AsyncZmqSocket:
             self._receiving = False
 
     async def _recv_slow(self) -> list[bytes]:
+        waited = False
         try:
             while True:
                 events = self._get(_EVENTS)  # drains the fd: a later edge means news
@@ -313,13 +314,16 @@ class AsyncZmqSocket:
                         msg = _recv_frames(self._socket, self._meta)
                     except zmq.Again:
                         continue
-                    self._recv_missed = False
+                    # a message that had to be waited for most likely came alone: ask
+                    # EVENTS before the next recv rather than pay for a zmq.Again
+                    self._recv_missed = waited
                     if self._pollout_waiters:
                         self._after_io()
                     return msg
                 if self._pollout_waiters and events & _POLLOUT:
                     self._wake()
                 self._recv_waiting = True
+                waited = True
                 try:
                     await self._wait(None)
                 finally:
