@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import msgspec
 import pytest
 import zmq
@@ -387,4 +388,20 @@ async def test_router_client_caches_are_bounded_and_batched_sends_deliver() -> N
     finally:
         for raw in engines:
             raw.close(0)
+        ctx.term()
+
+
+async def test_client_transport_checkpoint_is_a_cancellation_point() -> None:
+    from ctlwire.transports.zmq_client import ZmqRouterClientTransport
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        async with ZmqRouterClientTransport("inproc://fast-checkpoint", context=ctx) as t:
+            assert t._checkpoint is not anyio.lowlevel.checkpoint  # the backend's own
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await t._checkpoint()
+                raise AssertionError("the checkpoint did not deliver the cancellation")
+            assert scope.cancelled_caught
+    finally:
         ctx.term()
