@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import pickle
 import re
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar, cast
 
 import msgspec
 
@@ -125,6 +126,21 @@ class Codec:
         except (RecursionError, MemoryError, ValueError, TypeError) as exc:  # pragma: no cover
             raise MalformedFrame(f"undecodable frame ({self.name}): {exc!r}") from None
 
+    def fast_envelope_decoder(self) -> Callable[[bytes], Envelope] | None:
+        """For the receive hot path: a function that decodes a frame no larger than
+        :attr:`max_message_size` into an envelope, raising *something* for a frame
+        that is not one (then :meth:`decode` gives the typed verdict). None when this
+        codec has no such shortcut."""
+        return None
+
+    def fast_value_codec(self, tp: Any = Any
+                         ) -> tuple[Callable[[Any], bytes], Callable[[Any], Any]] | None:
+        """For the engine's per-request hot path: ``(encode, decode)`` functions that
+        give what :meth:`encode_value` (as bytes) and :meth:`decode_value` (as ``tp``)
+        give for values they accept, raising *something* otherwise (then the slow
+        methods give the typed verdict). None when this codec has no such shortcut."""
+        return None
+
     def salvage_id(self, data: bytes | memoryview) -> int:
         """The request id of an undecodable frame, when it is readable; else 0.
 
@@ -188,6 +204,24 @@ class _MsgspecCodec(Codec):
         if dec is None:
             dec = self._decoders[tp] = self._protocol.Decoder(tp)
         return dec.decode(data)
+
+    def _unchanged(self, *names: str) -> bool:
+        """None of ``names`` is overridden below this class (a shortcut stays exact)."""
+        return all(getattr(type(self), n) is getattr(_MsgspecCodec, n) for n in names)
+
+    def fast_envelope_decoder(self) -> Callable[[bytes], Envelope] | None:
+        if not self._unchanged("decode", "_decode_envelope"):
+            return None
+        return cast(Callable[[bytes], Envelope], self._envelope_decoder.decode)
+
+    def fast_value_codec(self, tp: Any = Any
+                         ) -> tuple[Callable[[Any], bytes], Callable[[Any], Any]] | None:
+        if not self._unchanged("encode_value", "decode_value", "_encode", "_decode_raw"):
+            return None
+        dec = self._decoders.get(tp)
+        if dec is None:
+            dec = self._decoders[tp] = self._protocol.Decoder(tp)
+        return self._encoder.encode, dec.decode
 
 
 class MsgpackCodec(_MsgspecCodec):

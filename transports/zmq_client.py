@@ -23,13 +23,15 @@ then the authenticator and the context this transport created).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import weakref
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from functools import partial
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.lowlevel
@@ -78,6 +80,27 @@ __all__ = [
 
 log = logging.getLogger("ctlwire.zmq")
 _PROBE_DELAYS = (0.0, 0.005, 0.02, 0.1, 0.5)
+#: Bound of the per-transport identity caches (peers choose identities).
+_CACHE_LIMIT = 4096
+
+
+def _fast_checkpoint() -> Callable[[], Awaitable[None]]:
+    """``anyio.lowlevel.checkpoint`` of the running backend, without the lookup of
+    the backend that anyio makes on every call (which costs more than the
+    checkpoint itself). Both are cancellation points and yield to the loop."""
+    try:
+        import sniffio
+
+        library = sniffio.current_async_library()
+    except Exception:  # pragma: no cover - no sniffio, or not in a loop
+        return anyio.lowlevel.checkpoint
+    if library == "asyncio":
+        return partial(asyncio.sleep, 0)
+    if library == "trio":
+        import trio
+
+        return cast(Callable[[], Awaitable[None]], trio.lowlevel.checkpoint)
+    return anyio.lowlevel.checkpoint  # pragma: no cover
 
 
 class _ZmqClientBase:
@@ -98,6 +121,7 @@ class _ZmqClientBase:
         self._opened = False
         self._bound_ipc: list[tuple[str, bool]] = []  # (address, in a private dir we made)
         self.counters: dict[str, int] = {"sent": 0, "received": 0, "unknown_peer": 0}
+        self._checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint
 
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self.context.socket(kind)
@@ -120,6 +144,7 @@ class _ZmqClientBase:
         if self._opened:
             raise RuntimeError("a transport can be opened once")
         self._opened = True
+        self._checkpoint = _fast_checkpoint()
         try:
             self._open()
         except BaseException:
@@ -212,6 +237,10 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         self._pending: deque[TransportEvent] = deque()
         self._known: set[int] = set()
         self._probe_hb = b""
+        # hot path caches, bounded: rank -> identity (sends), identity -> rank (replies)
+        self._identity_of: dict[int, bytes] = {}
+        self._rank_of: dict[bytes, int] = {}
+        self._fast_decode = self.codec.fast_envelope_decoder()
 
     def _open(self) -> None:
         raw = self._socket(zmq.ROUTER)
@@ -234,7 +263,24 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         return self._auth.rejected if self._auth is not None else 0
 
     def _frames(self, rank: int, envelope: Envelope) -> list[bytes]:
-        return [rank_identity(rank), self._encode(envelope)]
+        identity = self._identity_of.get(rank)
+        if identity is None:
+            identity = rank_identity(rank)
+            if len(self._identity_of) < _CACHE_LIMIT:
+                self._identity_of[rank] = identity
+        return [identity, self._encode(envelope)]
+
+    @contextlib.contextmanager
+    def batched_sends(self) -> Iterator[None]:
+        """Sends inside the block (a fan-out's :meth:`send_nowait` to many ranks)
+        re-check the socket's readiness once, at the end, instead of once per send
+        (:meth:`AsyncZmqSocket.batched_sends`). The block must not suspend."""
+        sock = self._sock
+        if sock is None or self._closed:
+            yield
+            return
+        with sock.batched_sends():
+            yield
 
     def send_nowait(self, rank: int, envelope: Envelope) -> None:
         sock = self._sock
@@ -283,7 +329,7 @@ class ZmqRouterClientTransport(_ZmqClientBase):
                     # Nothing queued. Let the tasks the last events woke (a caller whose
                     # reply just came) run before this one sets up its wait: that setup
                     # then overlaps the next round trip instead of delaying the caller.
-                    await anyio.lowlevel.checkpoint()
+                    await self._checkpoint()
                     if self._pending:
                         continue
                     try:
@@ -300,7 +346,20 @@ class ZmqRouterClientTransport(_ZmqClientBase):
             return Dropped("framing", f"expected 2 frames, got {len(msg)}",
                            sum(len(f) for f in msg))
         identity, data = msg
+        named = self._rank_of.get(identity)
+        if named is not None and self.curve is None:
+            # a rank's request identity seen before, no key binding to check
+            self._known.add(named)
+            fast = self._fast_decode
+            if fast is not None and len(data) <= self.codec.max_message_size:
+                try:
+                    return Received(fast(data), named, identity, len(data))
+                except Exception:
+                    pass  # not an envelope: decode_event gives the verdict
+            return decode_event(self.codec, data, named, identity)
         named = rank_from_identity(identity)
+        if named is not None and len(self._rank_of) < _CACHE_LIMIT:
+            self._rank_of[identity] = named
         beacon = named is None
         if named is None:
             named = rank_from_beacon_identity(identity)

@@ -76,6 +76,9 @@ class _ZmqEngineBase:
         self._bound_ipc: list[str] = []
         self._beacon: LivenessBeacon | None = None
         self._raw: list[zmq.Socket[bytes]] = []  # every socket made, closed by close()
+        # hot path: the codec's envelope decoder and encoder, for frames within the limit
+        self._fast_decode = self.codec.fast_envelope_decoder()
+        self._max_size = self.codec.max_message_size
 
     def _bind(self, raw: zmq.Socket[bytes], address: str) -> str:
         address = bind_socket(raw, address)
@@ -175,6 +178,14 @@ class _ZmqEngineBase:
 
     # -- receiving ---------------------------------------------------------------
     def _event(self, msg: list[bytes]) -> TransportEvent:
+        fast = self._fast_decode
+        if fast is not None and len(msg) == 1 and not self.routed:
+            data = msg[0]
+            if len(data) <= self._max_size:
+                try:
+                    return Received(fast(data), None, None, len(data))
+                except Exception:
+                    pass  # not an envelope: decode_event gives the verdict
         if self.routed:
             if len(msg) != 2:
                 return Dropped("framing", f"expected 2 frames, got {len(msg)}",

@@ -30,13 +30,15 @@ import asyncio
 import contextlib
 import math
 import threading
-from collections.abc import Callable, Sequence
-from typing import Final, cast
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from typing import Any, Final, cast
 
 import anyio
 import anyio.lowlevel
 import zmq
 import zmq.asyncio
+import zmq.backend
 
 from .errors import ForeignThreadError, SocketClosed
 
@@ -46,6 +48,9 @@ Frames = Sequence[bytes | bytearray | memoryview | zmq.Frame]
 """What :meth:`AsyncZmqSocket.send_multipart` accepts: one buffer per frame."""
 
 _NOBLOCK: Final = int(zmq.NOBLOCK)
+#: The send of pyzmq's C socket: ``zmq.Socket.send`` adds a Python frame (DRAFT
+#: routing-id/group handling) that costs more than libzmq's own send of a small frame.
+_BACKEND_SEND: Final = cast(Callable[..., None], zmq.backend.Socket.send)
 _NOBLOCK_SNDMORE: Final = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 _EVENTS: Final = int(zmq.EVENTS)
 _POLLIN: Final = int(zmq.POLLIN)
@@ -84,7 +89,16 @@ def _recv_frames(socket: zmq.Socket[bytes], meta: list[str | None] | None = None
     return parts
 
 
-def _send_frames(socket: zmq.Socket[bytes], frames: Frames) -> None:
+def _sender(socket: zmq.Socket[bytes]) -> Callable[[Any, int], None]:
+    """``socket.send`` as ``send(data, flags)``: pyzmq's C send when ``socket`` is a
+    plain ``zmq.Socket`` (whose ``send`` only adds DRAFT routing-id/group options)."""
+    if type(socket).send is zmq.Socket.send:
+        return cast(Callable[[Any, int], None], partial(_BACKEND_SEND, socket))
+    return cast(Callable[[Any, int], None], socket.send)
+
+
+def _send_frames(socket: zmq.Socket[bytes], frames: Frames,
+                 send: Callable[[Any, int], None] | None = None) -> None:
     """``socket.send_multipart(frames, NOBLOCK)`` with plain int flags.
 
     Same checks and the same libzmq calls as pyzmq's version (every frame is checked
@@ -99,7 +113,8 @@ def _send_frames(socket: zmq.Socket[bytes], frames: Frames) -> None:
             except Exception:
                 raise TypeError(f"Frame {i} ({repr(frame)[:32]}) does not support the "
                                 "buffer interface.") from None
-    send = socket.send
+    if send is None:
+        send = socket.send
     last = len(frames) - 1
     for i in range(last):
         send(frames[i], _NOBLOCK_SNDMORE)
@@ -143,7 +158,10 @@ class AsyncZmqSocket:
     """
 
     __slots__ = (
+        "_batch",
         "_changed",
+        "_check_pending",
+        "_check_queued",
         "_closed",
         "_fd",
         "_fd_future",
@@ -157,6 +175,7 @@ class AsyncZmqSocket:
         "_recv_missed",
         "_recv_streak",
         "_recv_waiting",
+        "_send",
         "_send_streak",
         "_socket",
         "_type_name",
@@ -176,6 +195,7 @@ class AsyncZmqSocket:
         self._owner = threading.get_ident()
         self._type_name = _socket_type_name(socket)
         self._get = cast(Callable[[int], int], socket.get)
+        self._send = _sender(socket)
         self._fd = cast(int, socket.get(zmq.FD))
         self._closed = False
         self._receiving = False  # a recv call is in progress
@@ -192,6 +212,11 @@ class AsyncZmqSocket:
         self._recv_missed = False
         self._interrupt = False  # interrupt_receive() was called for the receive in progress
         self._meta: list[str | None] | None = None  # [User-Id of the last message] when tracked
+        # a re-check of EVENTS on behalf of suspended tasks is owed at the end of
+        # batched_sends() / queued on the asyncio loop (see _after_send)
+        self._check_pending = False
+        self._check_queued = False
+        self._batch = 0
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -280,6 +305,7 @@ class AsyncZmqSocket:
             self._receiving = False
 
     async def _recv_slow(self) -> list[bytes]:
+        waited = False
         try:
             while True:
                 events = self._get(_EVENTS)  # drains the fd: a later edge means news
@@ -288,13 +314,16 @@ class AsyncZmqSocket:
                         msg = _recv_frames(self._socket, self._meta)
                     except zmq.Again:
                         continue
-                    self._recv_missed = False
+                    # a message that had to be waited for most likely came alone: ask
+                    # EVENTS before the next recv rather than pay for a zmq.Again
+                    self._recv_missed = waited
                     if self._pollout_waiters:
                         self._after_io()
                     return msg
                 if self._pollout_waiters and events & _POLLOUT:
                     self._wake()
                 self._recv_waiting = True
+                waited = True
                 try:
                     await self._wait(None)
                 finally:
@@ -353,9 +382,29 @@ class AsyncZmqSocket:
         if self._closed or threading.get_ident() != self._owner:
             self._raise_unusable()
         try:
-            _send_frames(self._socket, frames)
+            _send_frames(self._socket, frames, self._send)
         finally:
             if self._recv_waiting or self._pollout_waiters:
+                self._after_send()
+
+    @contextlib.contextmanager
+    def batched_sends(self) -> Iterator[None]:
+        """Within the block, sends re-check readiness for suspended tasks once, at
+        its end, instead of once per send (``getsockopt(EVENTS)`` costs more than a
+        small send): for fanning one request out to many ROUTER peers. The block
+        must not suspend.
+
+        :raises ForeignThreadError: if used from a thread other than the owner.
+        """
+        if threading.get_ident() != self._owner:
+            self._raise_foreign()
+        self._batch += 1
+        try:
+            yield
+        finally:
+            self._batch -= 1
+            if not self._batch and self._check_pending:
+                self._check_pending = False
                 self._after_io()
 
     async def send_multipart(self, frames: Frames) -> None:
@@ -378,7 +427,7 @@ class AsyncZmqSocket:
             if self._closed:
                 self._raise_unusable()
         try:
-            _send_frames(self._socket, frames)
+            _send_frames(self._socket, frames, self._send)
         except zmq.Again:
             pass
         else:
@@ -386,7 +435,7 @@ class AsyncZmqSocket:
             return
         finally:
             if self._recv_waiting or self._pollout_waiters:
-                self._after_io()
+                self._after_send()
         self._send_streak = 0
         await self._send_slow(frames)
 
@@ -399,7 +448,7 @@ class AsyncZmqSocket:
                     self._wake()
                 if events & _POLLOUT:
                     try:
-                        _send_frames(self._socket, frames)
+                        _send_frames(self._socket, frames, self._send)
                         return
                     except zmq.Again:
                         # Room for some peer but not this one (ROUTER_MANDATORY): no event
@@ -504,6 +553,28 @@ class AsyncZmqSocket:
                 self._fd_future = None
                 loop.remove_reader(self._fd)
         self._set_changed()
+
+    def _after_send(self) -> None:
+        """After a send made while others are suspended: make sure EVENTS is re-read
+        for them (:meth:`_after_io`) before they could wait for an edge this send
+        swallowed. On asyncio the check is deferred to a callback that runs before the
+        loop next waits, so that a burst of sends (a fan-out) costs one check, not one
+        per send; inside :meth:`batched_sends` it runs at the block's end."""
+        if self._batch:
+            self._check_pending = True
+            return
+        if self._check_queued:
+            return
+        loop = asyncio._get_running_loop()
+        if loop is None:  # trio (or no loop): check now
+            self._after_io()
+            return
+        self._check_queued = True
+        loop.call_soon(self._deferred_check)
+
+    def _deferred_check(self) -> None:
+        self._check_queued = False
+        self._after_io()
 
     def _after_io(self) -> None:
         """After a socket call made while others are suspended: wake them if they can go on.

@@ -1,0 +1,135 @@
+"""Client CPU per call: ``python -m ctlwire.benchmarks.client_cpu``.
+
+The CPU time the client's *thread* (``time.thread_time``: not libzmq's IO
+thread, not the engines) spends per call, which a loaded machine disturbs far
+less than latency:
+
+* ``seq`` — sequential ``ControlClient.call`` to one engine, against the raw
+  pyzmq dict-of-futures client (:class:`PyzmqUtilityClient`) to a bare engine;
+* ``conc`` — 64 concurrent callers, same pair;
+* ``fanout`` — ``fan_out`` (queueing) to 8 engines: CPU per fan-out and per rank.
+
+``--profile seq|conc|fanout`` prints a cProfile (thread CPU time) of the
+ctlwire client instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import pstats
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from ctlwire.kernel.control_client import ControlClient
+from ctlwire.transports.zmq_client import ZmqRouterClientTransport
+
+from .baseline_pyzmq import PyzmqUtilityClient
+from .fleets import FleetPool
+from .scenarios import PAYLOAD
+
+__all__ = ["main"]
+
+
+async def _cpu(n: int, callers: int, one: Callable[[], Awaitable[Any]],
+               prof: cProfile.Profile | None = None) -> float:
+    """µs of this thread's CPU per operation, ``n`` operations by ``callers`` tasks."""
+    per = n // callers
+
+    async def worker() -> None:
+        for _ in range(per):
+            await one()
+
+    if prof is not None:
+        prof.enable()
+    t0 = time.thread_time()
+    async with anyio.create_task_group() as tg:
+        for _ in range(callers):
+            tg.start_soon(worker)
+    cpu = time.thread_time() - t0
+    if prof is not None:
+        prof.disable()
+    return cpu / (per * callers) * 1e6
+
+
+async def _ctlwire(address: str, ranks: int, kind: str, n: int,
+                   prof: cProfile.Profile | None) -> float:
+    async with ControlClient(ZmqRouterClientTransport(address), ranks=ranks,
+                             default_timeout=30.0) as ctl:
+        await ctl.wait_ready(timeout=30)
+        if kind == "fanout":
+            async def one() -> Any:
+                return await ctl.fan_out("echo", PAYLOAD, mode="queueing")
+            await _cpu(50, 1, one)
+            return await _cpu(n, 1, one, prof)
+
+        async def call() -> Any:
+            return await ctl.call("echo", PAYLOAD, rank=0)
+        await _cpu(200, 1, call)
+        return await _cpu(n, 64 if kind == "conc" else 1, call, prof)
+
+
+async def _raw(address: str, kind: str, n: int) -> float:
+    async with PyzmqUtilityClient(address) as cli:
+        await cli.wait_ready([0])
+
+        async def call() -> Any:
+            return await cli.call(0, "echo", PAYLOAD)
+        await _cpu(200, 1, call)
+        return await _cpu(n, 64 if kind == "conc" else 1, call)
+
+
+def _by_file(stats: pstats.Stats) -> None:
+    """Own (tottime) CPU share by source file: where a call's microseconds go."""
+    per: dict[str, float] = {}
+    table: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    total = sum(v[2] for v in table.values())
+    for (filename, _line, _name), v in table.items():
+        key = filename.split("site-packages/")[-1].split("/lib/python3")[-1]
+        per[key] = per.get(key, 0.0) + v[2]
+    for key, t in sorted(per.items(), key=lambda kv: -kv[1])[:25]:
+        print(f"{100 * t / total:5.1f}%  {key}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=5000)
+    parser.add_argument("--profile", choices=["seq", "conc", "fanout"])
+    parser.add_argument("--kinds", nargs="+", default=["seq", "conc", "fanout"])
+    parser.add_argument("--profile-out", metavar="PATH", help="also dump the profile's stats")
+    args = parser.parse_args(argv)
+    with FleetPool() as pool:
+        pool.ctlwire("one", 1)
+        pool.baseline("raw", 1)
+        pool.ctlwire("eight", 8)
+        pool.start("one", "raw", "eight")
+        if args.profile:
+            prof = cProfile.Profile(time.thread_time)
+            kind = args.profile
+            ranks, name = (8, "eight") if kind == "fanout" else (1, "one")
+            us = asyncio.run(_ctlwire(pool.address(name), ranks, kind, args.n, prof))
+            print(f"{kind}: {us:.1f} µs client CPU per operation (profiled)")
+            if args.profile_out:
+                prof.dump_stats(args.profile_out)
+            stats = pstats.Stats(prof)
+            _by_file(stats)
+            stats.sort_stats("tottime").print_stats(40)
+            return
+        for kind in args.kinds:
+            if kind == "fanout":
+                us = asyncio.run(_ctlwire(pool.address("eight"), 8, kind, args.n // 10, None))
+                print(f"fanout to 8: {us:7.1f} µs client CPU per fan-out, "
+                      f"{us / 8:5.1f} per rank")
+                continue
+            ours = asyncio.run(_ctlwire(pool.address("one"), 1, kind, args.n, None))
+            raw = asyncio.run(_raw(pool.address("raw"), kind, args.n))
+            print(f"{kind:6s}: ctlwire {ours:6.1f} µs client CPU/call, raw pyzmq {raw:6.1f}"
+                  f"  ({ours / raw:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()

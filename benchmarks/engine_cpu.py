@@ -1,0 +1,228 @@
+"""Engine CPU per request: ``python -m ctlwire.benchmarks.engine_cpu``.
+
+Measures the CPU time one engine *thread* spends per request
+(``time.thread_time``, so the libzmq IO thread, the beacon and the load
+generator are not counted), which is far less sensitive to a loaded machine
+than wall-clock latency. A load thread with a plain ROUTER (inproc, one shared
+context) keeps ``--window`` requests in flight to one rank and reads the
+replies; the engine thread serves them with:
+
+* ``bare`` — a bare decode/dispatch/encode loop over the same envelopes
+  (msgspec ``Request`` in, ``Reply`` out, a dict of handlers): the floor;
+* ``poll`` — :meth:`EngineEndpoint.poll` (the sync embedding);
+* ``serve-asyncio`` / ``serve-trio`` — :meth:`EngineEndpoint.serve`.
+
+Every variant runs in the same process, one after the other, so the ratios
+``ctlwire / bare`` are comparable within one run. ``--profile`` prints a
+cProfile of the ctlwire variant's engine thread instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import msgspec
+import zmq
+
+from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.transports.envelope import Reply, Request
+from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
+
+__all__ = ["main", "measure"]
+
+_ADDRESS = "inproc://ctlwire-engine-cpu"
+
+
+def _load(ctx: zmq.Context[zmq.Socket[bytes]], n: int, window: int, ready: threading.Event,
+          started: threading.Event, done: threading.Event, payload: Any) -> None:
+    """The client: keep ``window`` requests in flight to rank 0, ``n`` in all."""
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.bind(_ADDRESS)
+    ready.set()
+    enc = msgspec.msgpack.Encoder()
+    raw = msgspec.Raw(enc.encode(payload))
+    ident = b"rank-0"
+    # wait for the engine's first frame (its hello/heartbeat or a reply): it is connected
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    while True:
+        try:
+            sock.send_multipart([ident, enc.encode(Request(0, 0, "ctlwire.noop", raw))])
+            break
+        except zmq.ZMQError:
+            time.sleep(0.001)
+    frames = [enc.encode(Request(i, 0, "echo", raw, 0.0, i, 7)) for i in range(1, n + 1)]
+    got = 0
+    # drain whatever the warm-up produced (error reply, heartbeats)
+    while poller.poll(100):
+        sock.recv_multipart()
+    started.set()
+    sent = 0
+    while sent < min(window, n):
+        sock.send_multipart([ident, frames[sent]])
+        sent += 1
+    while got < n:
+        if not poller.poll(5000):
+            break
+        _route, data = sock.recv_multipart()
+        if data[1:3] != b"\xa1r":  # not a reply (tag "r"): a heartbeat
+            continue
+        got += 1
+        if sent < n:
+            sock.send_multipart([ident, frames[sent]])
+            sent += 1
+    done.set()
+    sock.close(linger=0)
+
+
+def _bare(ctx: zmq.Context[zmq.Socket[bytes]], stop: threading.Event,
+          started: threading.Event) -> None:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, b"rank-0")
+    sock.connect(_ADDRESS)
+    enc = msgspec.msgpack.Encoder()
+    dec = msgspec.msgpack.Decoder(Request)
+    val_dec = msgspec.msgpack.Decoder()
+    handlers: dict[str, Callable[..., Any]] = {"echo": lambda v=None: v}
+    nil = msgspec.Raw(enc.encode(None))
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    while not stop.is_set():
+        if not poller.poll(50):
+            continue
+        while True:
+            try:
+                data = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            req = dec.decode(data)
+            fn = handlers.get(req.method)
+            if fn is None:
+                reply = Reply(req.id, 0, 1, False, nil)
+            else:
+                reply = Reply(req.id, 0, 1, True,
+                              msgspec.Raw(enc.encode(fn(val_dec.decode(req.payload)))))
+            sock.send(enc.encode(reply))
+    sock.close(linger=0)
+
+
+def _poll(ctx: zmq.Context[zmq.Socket[bytes]], stop: threading.Event,
+          started: threading.Event) -> None:
+    ep = _endpoint(ctx)
+    ep.open()
+    try:
+        while not stop.is_set():
+            if not ep.poll():
+                ep.transport.wait_readable(0.05)
+    finally:
+        ep.close()
+
+
+def _serve(backend: str) -> Callable[[zmq.Context[zmq.Socket[bytes]], threading.Event,
+                                      threading.Event], None]:
+    def run(ctx: zmq.Context[zmq.Socket[bytes]], stop: threading.Event,
+            started: threading.Event) -> None:
+        ep = _endpoint(ctx)
+
+        async def main() -> None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ep.serve)
+                while not stop.is_set():
+                    await anyio.sleep(0.02)
+                tg.cancel_scope.cancel()
+
+        anyio.run(main, backend=backend)
+    return run
+
+
+def _endpoint(ctx: zmq.Context[zmq.Socket[bytes]]) -> EngineEndpoint:
+    transport = ZmqDealerEngineTransport(_ADDRESS, 0, context=ctx)
+    ep = EngineEndpoint(transport, rank=0, heartbeat_interval=0.25, beacon=False)
+
+    @ep.method()
+    def echo(value: Any = None) -> Any:
+        return value
+
+    return ep
+
+
+VARIANTS: dict[str, Callable[[zmq.Context[zmq.Socket[bytes]], threading.Event,
+                              threading.Event], None]] = {
+    "bare": _bare,
+    "poll": _poll,
+    "serve-asyncio": _serve("asyncio"),
+    "serve-trio": _serve("trio"),
+}
+
+
+def measure(variant: str, n: int = 20_000, window: int = 16, payload: Any = None,
+            profile: bool = False) -> float:
+    """CPU µs per request of the engine thread of ``variant``."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    ready, started, done, stop = (threading.Event() for _ in range(4))
+    load = threading.Thread(target=_load, args=(ctx, n, window, ready, started, done, payload),
+                            daemon=True)
+    load.start()
+    ready.wait()
+    result: dict[str, float] = {}
+    prof = cProfile.Profile(time.thread_time) if profile else None
+
+    def engine() -> None:
+        if prof is not None:
+            prof.enable()
+        start = time.thread_time()
+        try:
+            VARIANTS[variant](ctx, stop, started)
+        finally:
+            result["cpu"] = time.thread_time() - start
+            if prof is not None:
+                prof.disable()
+
+    # the idle cost of the waiting before `started` is small (one poll wait) and the
+    # same for every variant; measure the whole engine thread.
+    th = threading.Thread(target=engine, daemon=True)
+    th.start()
+    done.wait(120)
+    stop.set()
+    th.join(10)
+    load.join(10)
+    ctx.term()
+    if prof is not None:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+    return result["cpu"] / n * 1e6
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=20_000)
+    parser.add_argument("--window", type=int, default=16)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    parser.add_argument("--profile", metavar="VARIANT")
+    args = parser.parse_args(argv)
+    if args.profile:
+        measure(args.profile, args.n, args.window, profile=True)
+        return
+    best: dict[str, float] = {}
+    for _ in range(args.repeat):
+        for v in args.variants:
+            us = measure(v, args.n, args.window)
+            best[v] = min(best.get(v, float("inf")), us)
+    base = best.get("bare")
+    for v, us in best.items():
+        ratio = f"  {us / base:.2f}x bare" if base else ""
+        print(f"{v:15s} {us:6.2f} µs CPU/request (best of {args.repeat}){ratio}")
+
+
+if __name__ == "__main__":
+    main()
