@@ -28,7 +28,7 @@ class ModuleFleet(EngineFleet):
     """An :class:`EngineFleet` whose processes run another module (a baseline engine).
 
     The module takes ``--rank N`` plus ``args_for(rank)`` and prints
-    ``READY <rank> <incarnation>`` like ``ctlwire.kernel.engine_process``.
+    ``READY <rank> <incarnation>`` like ``ctlwire.kernel.app.engine_process``.
     """
 
     def __init__(self, module: str, ranks: int | Sequence[int],

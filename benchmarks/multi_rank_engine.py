@@ -14,13 +14,13 @@ exactly the heartbeat traffic of K real engines). The K endpoints share one
 Poll mode, one thread: a ``zmq.Poller`` waits on the K request sockets, and
 each endpoint whose socket is readable (or whose heartbeat is due) gets
 ``endpoint.poll()`` in turn — the synchronous loop of
-``ctlwire.kernel.engine_process --mode poll``, over K endpoints instead of one.
+``ctlwire.kernel.app.engine_process --mode poll``, over K endpoints instead of one.
 The request sockets are used only by this thread (one owner per socket); the
 beacon sockets only by their beacon threads.
 
 ``P`` (``--rank``) is the process index; the process prints ``READY P
 <incarnation of its first endpoint>`` once every endpoint is open (the line
-:class:`~ctlwire.kernel.engine_fleet.EngineFleet` waits for) and exits
+:class:`~ctlwire.kernel.app.engine_fleet.EngineFleet` waits for) and exits
 cleanly on SIGTERM/SIGINT.
 """
 

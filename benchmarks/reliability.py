@@ -2,7 +2,7 @@
 
 One fleet of 4 engine processes over ZeroMQ ipc serves every scenario; each
 scenario gets a fresh :class:`ControlClient` whose transport is wrapped in a
-:class:`~ctlwire.transports.fault_injection.FaultyClientTransport`, and runs
+:class:`~ctlwire.transports.testing.FaultyClientTransport`, and runs
 concurrent traffic (``echo`` calls, every 100th a ``fail`` that must come back
 as RemoteError, every 500th an ``echo`` fan-out to all ranks):
 

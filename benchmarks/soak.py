@@ -2,7 +2,7 @@
 
 * **Soak** (:func:`run_soak`): 100,000 calls (``quick``: 5,000) from 128
   concurrent callers to 4 engine processes, through a
-  :class:`~ctlwire.transports.fault_injection.FaultyClientTransport` injecting
+  :class:`~ctlwire.transports.testing.FaultyClientTransport` injecting
   1% drops, 1% duplicates and delays (2% of frames, up to 20 ms) both ways,
   while one engine is killed with SIGKILL and restarted mid-run. Every 100th
   call raises remotely and every 500th is a fan-out to all ranks. Checks:

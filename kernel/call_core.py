@@ -3,7 +3,7 @@
 :class:`CallCore` is the synchronous sequence every ``call`` and queueing
 ``fan_out`` follows; the anyio shells (:class:`ControlClient`,
 :class:`FanOutMailbox`) only add the awaits between its steps, and the
-interleaving explorer (:mod:`ctlwire.kernel.interleaving`) drives the same
+interleaving explorer (:mod:`ctlwire.kernel.testing.interleaving`) drives the same
 object step by step::
 
     core = CallCore(registry, "pause", ranks=(0, 1), queue=mailbox_queue)
