@@ -85,8 +85,8 @@ import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ctlwire.kernel.actor import Actor
+from ctlwire.kernel.builtin_methods import ENGINE_METRICS_METHOD
 from ctlwire.kernel.errors import FENCED_CODE, error_info
-from ctlwire.kernel.metrics import ENGINE_METRICS_METHOD, engine_metrics
 from ctlwire.kernel.result_cache import RUNNING, RecordedOutcome, ResultCache
 from ctlwire.kernel.tracing import current_trace
 from ctlwire.states import INBOUND_REQUEST_TABLE, InboundEvent, InboundState
@@ -105,6 +105,8 @@ __all__ = ["EngineEndpoint", "ErrorCode", "MethodSpec", "report_progress"]
 
 log = logging.getLogger("ctlwire.engine")
 _NONE = object()
+_ENGINE_DROPS = ("duplicates", "dropped_malformed", "dropped_oversized", "dropped_framing",
+                 "dropped_wrong_type", "reply_send_failures", "replies_too_large")
 STEP_METHOD = "(step)"
 """The method a heartbeat names while the engine's own step keeps it from polling."""
 
@@ -1037,10 +1039,41 @@ class EngineEndpoint:
             log.warning("engine %d: reply %d not sent: %r", self.rank, reply.id, exc)
 
     def metrics(self) -> dict[str, Any]:
-        """This engine's metrics (the engine side of the one metrics shape,
-        :func:`ctlwire.kernel.metrics.engine_metrics`); also served to clients as
-        the built-in ``ctlwire.metrics`` method (``await client.engine_metrics(rank)``)."""
-        return engine_metrics(self)
+        """This engine's metrics: the engine side of the one metrics shape (the
+        README's metrics table; :func:`ctlwire.kernel.metrics.engine_metrics` returns
+        the same); also served to clients as the built-in ``ctlwire.metrics``
+        method (``await client.engine_metrics(rank)``)."""
+        counters = dict(self.counters)
+        running = list(self.running.items())
+        cache = self.results
+        return {
+            "role": "engine",
+            "rank": self.rank,
+            "incarnation": self.incarnation,
+            "live_requests": len(running),
+            "outcomes": {s.name: n for s, n in self.states.items() if n},
+            "frames_dropped": {k.removeprefix("dropped_"): counters.get(k, 0)
+                               for k in _ENGINE_DROPS},
+            "methods": self.methods,
+            "running": {rid: m for rid, (m, _) in running},
+            "beacon": self.beacon_active,
+            "loops": self.loops,
+            "fence_high": self.fence_high,
+            "idempotency_cache": {"entries": len(cache), "bytes": cache.bytes, "hits": cache.hits,
+                                  "evicted": cache.evicted},
+            # replies waiting for clients that do not read, bounded per route and in total
+            "outbox": {"replies": self.outbox_replies, "bytes": self._outbox_bytes,
+                       "peak_bytes": self.outbox_peak_bytes, "routes": len(self._outbox),
+                       "stalled_routes": len(self._stalled)},
+            # client routes refused because the route table was full of live ones
+            "routes_refused": int(getattr(self.transport, "routes_refused", 0)),
+            "counters": counters,
+            # client keys this engine's CURVE authenticator refused (engines that bind)
+            "auth_rejections": int(getattr(self.transport, "auth_rejections", 0)),
+            # deprecated aliases of the shape before 0.2: top-level counters, states
+            "states": {s.name: n for s, n in self.states.items()},
+            **counters,
+        }
 
 
 def _payload_annotation(name: str, handler: Callable[..., Any], param: inspect.Parameter,

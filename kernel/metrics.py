@@ -30,21 +30,19 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from ctlwire.kernel.request_registry import PendingRequest
+from ctlwire.kernel.builtin_methods import ENGINE_METRICS_METHOD
+from ctlwire.kernel.peer_table import PeerTable
+from ctlwire.kernel.request_registry import PendingRequest, RequestRegistry
 from ctlwire.states import CONTROL_REQUEST_TABLE, RequestEvent, RequestState
-
-if TYPE_CHECKING:
-    from ctlwire.kernel.control_client import ControlClient
-    from ctlwire.kernel.engine_endpoint import EngineEndpoint
-    from ctlwire.kernel.operation_runner import OperationRunner
 
 __all__ = [
     "DEFAULT_BUCKETS",
     "ENGINE_METRICS_METHOD",
+    "EngineMetricsSource",
     "EnginePrometheusExporter",
     "LatencyHistogram",
     "PrometheusExporter",
@@ -55,6 +53,44 @@ __all__ = [
     "engine_metrics",
     "snapshot",
 ]
+
+
+# What the functions below read, as protocols: this module imports neither the
+# client, the endpoint nor the operation runner (each of which reaches for it),
+# so there is no import circle; mypy checks the real classes against these.
+class _Depth(Protocol):
+    @property
+    def depth(self) -> int: ...
+
+
+class _ClientView(Protocol):
+    """What :func:`client_metrics` and :func:`snapshot` read of a ControlClient."""
+
+    @property
+    def registry(self) -> RequestRegistry: ...
+    @property
+    def peers(self) -> PeerTable: ...
+    @property
+    def counters(self) -> Mapping[str, int]: ...
+    @property
+    def transport(self) -> object: ...
+    @property
+    def _mailboxes(self) -> Mapping[str, _Depth]: ...
+
+
+class _OperationsView(Protocol):
+    """What :func:`snapshot` reads of an OperationRunner."""
+
+    def metrics(self) -> dict[str, Any]: ...
+
+
+class EngineMetricsSource(Protocol):
+    """Anything with an engine's metrics (an EngineEndpoint)."""
+
+    @property
+    def rank(self) -> int: ...
+    def metrics(self) -> dict[str, Any]: ...
+
 
 DEFAULT_BUCKETS: tuple[float, ...] = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -155,17 +191,11 @@ class TransitionLog:
                    "state": new.name})
 
 
-ENGINE_METRICS_METHOD = "ctlwire.metrics"
-"""The built-in, read-only control method every :class:`EngineEndpoint` serves:
-its :func:`engine_metrics` (``await client.engine_metrics(rank)``)."""
-
 _CLIENT_DROPS = ("dropped_malformed", "dropped_oversized", "dropped_framing",
                  "dropped_wrong_type")
-_ENGINE_DROPS = ("duplicates", "dropped_malformed", "dropped_oversized", "dropped_framing",
-                 "dropped_wrong_type", "reply_send_failures", "replies_too_large")
 
 
-def client_metrics(client: ControlClient) -> dict[str, Any]:
+def client_metrics(client: _ClientView) -> dict[str, Any]:
     """``client.metrics()``: the client side of the one metrics shape (see the
     README's metrics table). Plain and JSON-able (msgpack-able too)."""
     reg = client.registry
@@ -206,44 +236,15 @@ def client_metrics(client: ControlClient) -> dict[str, Any]:
     }
 
 
-def engine_metrics(endpoint: EngineEndpoint) -> dict[str, Any]:
+def engine_metrics(endpoint: EngineMetricsSource) -> dict[str, Any]:
     """``endpoint.metrics()`` and the ``ctlwire.metrics`` control method: the
-    engine side of the one metrics shape (see the README's metrics table)."""
-    counters = dict(endpoint.counters)
-    running = list(endpoint.running.items())
-    cache = endpoint.results
-    return {
-        "role": "engine",
-        "rank": endpoint.rank,
-        "incarnation": endpoint.incarnation,
-        "live_requests": len(running),
-        "outcomes": {s.name: n for s, n in endpoint.states.items() if n},
-        "frames_dropped": {k.removeprefix("dropped_"): counters.get(k, 0)
-                           for k in _ENGINE_DROPS},
-        "methods": endpoint.methods,
-        "running": {rid: m for rid, (m, _) in running},
-        "beacon": endpoint.beacon_active,
-        "loops": endpoint.loops,
-        "fence_high": endpoint.fence_high,
-        "idempotency_cache": {"entries": len(cache), "bytes": cache.bytes, "hits": cache.hits,
-                              "evicted": cache.evicted},
-        # replies waiting for clients that do not read, bounded per route and in total
-        "outbox": {"replies": endpoint.outbox_replies, "bytes": endpoint._outbox_bytes,
-                   "peak_bytes": endpoint.outbox_peak_bytes, "routes": len(endpoint._outbox),
-                   "stalled_routes": len(endpoint._stalled)},
-        # client routes refused because the route table was full of live ones
-        "routes_refused": int(getattr(endpoint.transport, "routes_refused", 0)),
-        "counters": counters,
-        # client keys this engine's CURVE authenticator refused (engines that bind)
-        "auth_rejections": int(getattr(endpoint.transport, "auth_rejections", 0)),
-        # deprecated aliases of the shape before 0.2: top-level counters, states
-        "states": {s.name: n for s, n in endpoint.states.items()},
-        **counters,
-    }
+    engine side of the one metrics shape (see the README's metrics table). The
+    endpoint builds it (:meth:`EngineEndpoint.metrics`) from its own state."""
+    return endpoint.metrics()
 
 
-def snapshot(client: ControlClient, request_metrics: RequestMetrics | None = None,
-             operations: OperationRunner | None = None) -> dict[str, Any]:
+def snapshot(client: _ClientView, request_metrics: RequestMetrics | None = None,
+             operations: _OperationsView | None = None) -> dict[str, Any]:
     """``client.metrics()`` plus, when available, per-method latency histograms
     (``requests``, from a :class:`RequestMetrics` observer), an operation
     runner's state (``operations``) and the engine metrics last read with
@@ -269,8 +270,8 @@ class PrometheusExporter:
     ``prometheus`` extra.
     """
 
-    def __init__(self, client: ControlClient, request_metrics: RequestMetrics | None = None,
-                 namespace: str = "ctlwire", operations: OperationRunner | None = None
+    def __init__(self, client: _ClientView, request_metrics: RequestMetrics | None = None,
+                 namespace: str = "ctlwire", operations: _OperationsView | None = None
                  ) -> None:
         try:
             import prometheus_client  # noqa: F401
@@ -385,7 +386,7 @@ class EnginePrometheusExporter:
     exports the engines' metrics it last read with ``client.engine_metrics(rank)``
     through :class:`PrometheusExporter` (same families, same names)."""
 
-    def __init__(self, endpoint: EngineEndpoint, namespace: str = "ctlwire") -> None:
+    def __init__(self, endpoint: EngineMetricsSource, namespace: str = "ctlwire") -> None:
         self.endpoint = endpoint
         self.ns = namespace
 
