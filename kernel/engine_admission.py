@@ -1,0 +1,248 @@
+"""A received request's way through the ``InboundRequest`` table: classifying a
+transport event (duplicates, heartbeats, bad frames), admission (rank, method,
+deadline, fencing, idempotency keys, payload validation), the fast path of a sync
+inline method, and the replies for a result or an exception."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from ctlwire.kernel.engine_liveness import EngineLiveness, _current_request
+from ctlwire.kernel.engine_registry import _NONE, ErrorCode, MethodSpec
+from ctlwire.kernel.errors import error_info
+from ctlwire.kernel.result_cache import RUNNING
+from ctlwire.kernel.tracing import current_trace
+from ctlwire.states import INBOUND_REQUEST_TABLE, InboundEvent, InboundState
+from ctlwire.transports.codec import PayloadTypeError
+from ctlwire.transports.envelope import Heartbeat, Reply, Request
+from ctlwire.transports.transport import Dropped, Received, Route
+
+__all__ = ["EngineAdmission"]
+
+# INBOUND_REQUEST_TABLE's (state, event) -> state as nested dicts, read directly on the
+# per-request hot path (apply() is the same lookup behind a method call)
+_INBOUND_NEXT: dict[InboundState, dict[InboundEvent, InboundState]] = {}
+for (_state, _event), _next in INBOUND_REQUEST_TABLE:
+    _INBOUND_NEXT.setdefault(_state, {})[_event] = _next
+
+
+# the common case's path through the table, read once: Received -start-> Running
+# -reply-> Replied (the fast path below sets these states directly)
+_RUNNING = _INBOUND_NEXT[InboundState.RECEIVED][InboundEvent.START]
+_REPLIED = _INBOUND_NEXT[_RUNNING][InboundEvent.REPLY]
+assert (_RUNNING, _REPLIED) == (InboundState.RUNNING, InboundState.REPLIED)
+
+
+class _Inbound:
+    """One received request moving through the InboundRequest table."""
+
+    __slots__ = ("request", "route", "state")
+
+    def __init__(self, request: Request, route: Route) -> None:
+        self.request = request
+        self.route = route
+        self.state = InboundState.RECEIVED
+
+    def go(self, event: InboundEvent) -> None:
+        try:
+            self.state = _INBOUND_NEXT[self.state][event]
+        except KeyError:
+            INBOUND_REQUEST_TABLE.apply(self.state, event, self.request.id)  # IllegalTransition
+            raise
+
+
+@dataclass(frozen=True)
+class _BadFrameReply:
+    route: Route
+    reply: Reply
+
+
+class EngineAdmission(EngineLiveness):
+    """The admission part of an endpoint (see the module docstring)."""
+
+    _seen: OrderedDict[tuple[int, int], None]
+    _dedup_window: int
+    client_last_seen: float | None
+    fence_high: int
+
+    def _finish(self, item: _Inbound, event: InboundEvent, reply: Reply) -> Reply:
+        item.go(event)
+        self.states[item.state] += 1
+        return reply
+
+    def _admit(self, item: _Inbound) -> tuple[MethodSpec, Any] | Reply:
+        """Received → Running, or a Rejected/Expired reply."""
+        req = item.request
+        if req.rank != self.rank:
+            self.counters["rejected"] += 1
+            return self._finish(item, InboundEvent.REJECT, self._error_reply(
+                req.id, "WrongRank", f"this is rank {self.rank}, not {req.rank}",
+                ErrorCode.WRONG_RANK))
+        spec = self._methods.get(req.method)
+        if spec is None:
+            self.counters["rejected"] += 1
+            return self._finish(item, InboundEvent.REJECT, self._error_reply(
+                req.id, "UnknownMethod", f"no control method {req.method!r} on this engine",
+                ErrorCode.UNKNOWN_METHOD))
+        if req.deadline and self.clock() > req.deadline:
+            self.counters["expired"] += 1
+            return self._finish(item, InboundEvent.EXPIRE, self._error_reply(
+                req.id, "DeadlineExpired",
+                f"{req.method!r} arrived {self.clock() - req.deadline:.3f} s after its deadline",
+                ErrorCode.DEADLINE_EXPIRED))
+        if req.fence > 0:  # 0 (or a nonsensical negative token): unfenced
+            if req.fence < self.fence_high:
+                self.counters["fenced"] += 1
+                self.counters["rejected"] += 1
+                return self._finish(item, InboundEvent.REJECT, self._error_reply(
+                    req.id, "Fenced", f"{req.method!r}: fencing token {req.fence} is older than "
+                    f"{self.fence_high}, already accepted", ErrorCode.FENCED))
+            self.fence_high = req.fence
+        if req.key:
+            recorded = self.results.lookup(req.method, req.key)
+            if recorded is RUNNING:
+                self.counters["idempotent_in_progress"] += 1
+                self.counters["rejected"] += 1
+                return self._finish(item, InboundEvent.REJECT, self._error_reply(
+                    req.id, "InProgress", f"{req.method!r} with idempotency key {req.key!r} "
+                    "is still running", ErrorCode.IN_PROGRESS))
+            if recorded is not None:
+                self.counters["idempotent_replays"] += 1
+                item.go(InboundEvent.START)
+                return self._finish(item, InboundEvent.REPLY, Reply(
+                    req.id, self.rank, self.incarnation, recorded.ok,
+                    msgspec.Raw(recorded.result) if recorded.ok else self._nil, recorded.error))
+        if spec.payload_optional and req.payload == self._nil:
+            item.go(InboundEvent.START)
+            return spec, _NONE  # no payload sent: the handler's default applies
+        try:
+            payload = self.codec.decode_value(req.payload, spec.payload_type)
+        except PayloadTypeError as exc:
+            self.counters["rejected"] += 1
+            return self._finish(item, InboundEvent.REJECT, self._error_reply(
+                req.id, "InvalidPayload", f"{req.method!r}: {exc}", ErrorCode.INVALID_PAYLOAD))
+        if not spec.takes_payload and payload is not None:
+            self.counters["rejected"] += 1
+            return self._finish(item, InboundEvent.REJECT, self._error_reply(
+                req.id, "InvalidPayload", f"{req.method!r} takes no payload",
+                ErrorCode.INVALID_PAYLOAD))
+        item.go(InboundEvent.START)
+        return spec, payload
+
+    def _run_fast(self, item: _Inbound) -> Reply | None:
+        """The common case, start to reply, for a sync inline method: a request for
+        this rank, fresh, unkeyed, not fenced out, whose payload decodes as the
+        method's type. Exactly what :meth:`_admit` then running the handler does
+        (same counters, same states, same reply), minus the per-request lookups.
+        None, having changed nothing, for anything else: the general path takes it."""
+        req = item.request
+        fast = self._fast.get(req.method)
+        if fast is None or req.rank != self.rank or req.key:
+            return None
+        spec, encode, decode = fast
+        if req.deadline and self.clock() > req.deadline:
+            return None
+        fence = req.fence
+        if 0 < fence < self.fence_high:
+            return None
+        raw = req.payload
+        if spec.payload_optional and raw == self._nil:
+            args: tuple[Any, ...] = ()
+        else:
+            try:
+                payload = decode(raw)
+            except Exception:
+                return None  # the general path says why (InvalidPayload, or an empty Raw)
+            if spec.takes_payload:
+                args = (payload,)
+            elif payload is not None:
+                return None
+            else:
+                args = ()
+        if fence > 0:
+            self.fence_high = fence
+        item.state = _RUNNING
+        rid = req.id
+        running = self.running
+        running[rid] = (req.method, time.monotonic())
+        trace_token = current_trace.set(req.trace)
+        token = _current_request.set((self, rid))
+        done: Reply | None = None
+        try:
+            result = spec.handler(*args)
+        except Exception as exc:
+            done = self._exception_reply(item, exc)
+        else:
+            try:
+                data = encode(result)
+            except Exception:
+                done = self._result_reply(item, result)  # says ResultNotEncodable
+            else:
+                done = Reply(rid, self.rank, self.incarnation, True, msgspec.Raw(data))
+                item.state = _REPLIED
+                self.states[_REPLIED] += 1
+        finally:
+            _current_request.reset(token)
+            current_trace.reset(trace_token)
+            running.pop(rid, None)
+            if self._progress:
+                self._progress.pop(rid, None)
+            self._last_loop = time.monotonic()
+        return done
+
+    def _result_reply(self, item: _Inbound, result: Any) -> Reply:
+        req = item.request
+        try:
+            raw = self.codec.encode_value(result)
+        except PayloadTypeError as exc:
+            self.counters["handler_errors"] += 1
+            return self._finish(item, InboundEvent.REPLY, self._error_reply(
+                req.id, "ResultNotEncodable", f"{req.method!r}: {exc}",
+                ErrorCode.RESULT_NOT_ENCODABLE))
+        return self._finish(item, InboundEvent.REPLY,
+                            Reply(req.id, self.rank, self.incarnation, True, raw))
+
+    def _exception_reply(self, item: _Inbound, exc: BaseException) -> Reply:
+        self.counters["handler_errors"] += 1
+        info = error_info(exc)
+        return self._finish(item, InboundEvent.REPLY, Reply(
+            item.request.id, self.rank, self.incarnation, False, self.codec.encode_value(None),
+            info))
+
+    def _classify(self, event: Any) -> _Inbound | _BadFrameReply | None:
+        """Turn a transport event into work (an _Inbound), an immediate reply, or nothing."""
+        self.counters["received"] += 1
+        if type(event) is Received:
+            env = event.envelope
+            if type(env) is Request:
+                key = (env.client, env.id)
+                if key in self._seen:
+                    self.counters["duplicates"] += 1
+                    return None
+                self._seen[key] = None
+                if len(self._seen) > self._dedup_window:
+                    self._seen.popitem(last=False)
+                self.client_last_seen = self.clock()
+                return _Inbound(env, event.route)
+            if type(env) is Heartbeat:
+                self.counters["heartbeats_received"] += 1
+                self.client_last_seen = self.clock()
+                return None
+            self.counters["dropped_wrong_type"] += 1
+            return None
+        if type(event) is Dropped:
+            counter = f"dropped_{event.reason}"
+            self.counters[counter] = self.counters.get(counter, 0) + 1
+            if event.request_id:
+                self.counters["error_replies_for_bad_frames"] += 1
+                code = (ErrorCode.OVERSIZED_FRAME if event.reason == "oversized"
+                        else ErrorCode.MALFORMED_FRAME)
+                reply = self._error_reply(event.request_id, "MalformedFrame", event.detail, code)
+                return _BadFrameReply(event.route, reply)
+            return None
+        return None  # PeerDisconnected: nothing to do engine-side

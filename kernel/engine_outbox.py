@@ -1,0 +1,169 @@
+"""Replies on their way out of an engine: a reply that would not fit the codec
+becomes a small ``ReplyTooLarge`` error; in poll mode a reply that finds its
+client's pipe full waits in a queue of that client's route, bounded per route and
+in total; in serve mode it waits at most ``reply_send_timeout`` for room, and a
+route that timed out is marked stalled (its replies dropped at once, counted)
+until it takes one again."""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+import anyio
+import anyio.abc
+
+from ctlwire.kernel.engine_base import EngineBase, log
+from ctlwire.kernel.engine_registry import ErrorCode
+from ctlwire.transports.envelope import Reply
+from ctlwire.transports.errors import (
+    OversizedFrame,
+    TransportError,
+    Unroutable,
+    WouldBlock,
+)
+from ctlwire.transports.transport import Route
+
+__all__ = ["ReplyOutbox"]
+
+
+class ReplyOutbox(EngineBase):
+    """The reply-sending part of an endpoint (see the module docstring)."""
+
+    _outbox: OrderedDict[Route, deque[tuple[Reply, int]]]
+    _outbox_route_bytes: dict[Route, int]
+    _outbox_bytes: int
+    max_unread_replies: int
+    max_unread_bytes: int
+    max_outbox_bytes: int
+    reply_send_timeout: float
+    _stalled: OrderedDict[Route, None]
+    outbox_peak_bytes: int
+
+    def _fit(self, reply: Reply) -> Reply:
+        """A reply the codec would refuse as oversized (a huge result, or an error
+        message quoting a huge method name) becomes a small ReplyTooLarge error:
+        the caller gets an answer, not a timeout. Encodes only when a cheap size
+        bound says the reply might not fit."""
+        err = reply.error
+        bound = (len(reply.result) + 256 + reply.id.bit_length() // 3
+                 + (6 * (len(err.type) + len(err.message)) if err is not None else 0))
+        if bound <= self.codec.max_message_size:
+            return reply
+        try:
+            self.codec.encode(reply)
+        except OversizedFrame as exc:
+            self.counters["replies_too_large"] += 1
+            return self._error_reply(reply.id, "ReplyTooLarge", str(exc),
+                                     ErrorCode.OVERSIZED_FRAME)
+        return reply
+
+    def _send_sync(self, route: Route, reply: Reply) -> None:
+        reply = self._fit(reply)
+        if route in self._outbox:
+            self._enqueue(route, reply)  # behind the replies already waiting for this route
+            self._flush_route(route)
+            return
+        try:
+            self.transport.send_nowait(route, reply)
+            self.counters["replied"] += 1
+        except WouldBlock:
+            self._enqueue(route, reply)
+        except (Unroutable, TransportError) as exc:
+            self.counters["reply_send_failures"] += 1
+            log.warning("engine %d: reply %d not sent: %r", self.rank, reply.id, exc)
+
+    @staticmethod
+    def _reply_size(reply: Reply) -> int:
+        err = reply.error
+        return 64 + len(reply.result) + (len(err.type) + len(err.message) if err else 0)
+
+    def _enqueue(self, route: Route, reply: Reply) -> None:
+        """Queue ``reply`` for ``route``, whose pipe is full; drop and count it
+        when the route's queue or the whole outbox is at its bound."""
+        size = self._reply_size(reply)
+        queue = self._outbox.get(route)
+        held = self._outbox_route_bytes.get(route, 0)
+        if ((queue is not None and len(queue) >= self.max_unread_replies)
+                or held + size > self.max_unread_bytes
+                or self._outbox_bytes + size > self.max_outbox_bytes):
+            self.counters["replies_dropped_unread"] += 1
+            return
+        if queue is None:
+            queue = self._outbox[route] = deque()
+        queue.append((reply, size))
+        self._outbox_route_bytes[route] = held + size
+        self._outbox_bytes += size
+        self.outbox_peak_bytes = max(self.outbox_peak_bytes, self._outbox_bytes)
+
+    def _flush_route(self, route: Route) -> None:
+        """Send ``route``'s waiting replies until its pipe is full again."""
+        queue = self._outbox.get(route)
+        while queue:
+            reply, size = queue[0]
+            try:
+                self.transport.send_nowait(route, reply)
+                self.counters["replied"] += 1
+            except WouldBlock:
+                return
+            except (Unroutable, TransportError) as exc:
+                self.counters["reply_send_failures"] += 1
+                log.warning("engine %d: reply %d not sent: %r", self.rank, reply.id, exc)
+            queue.popleft()
+            self._outbox_bytes -= size
+            self._outbox_route_bytes[route] -= size
+        self._outbox.pop(route, None)
+        self._outbox_route_bytes.pop(route, None)
+
+    def _flush_outbox(self) -> None:
+        """Flush every route's queue; a full route does not hold up the others."""
+        for route in list(self._outbox):
+            self._flush_route(route)
+
+    @property
+    def outbox_bytes(self) -> int:
+        """Bytes of replies waiting for room (poll mode)."""
+        return self._outbox_bytes
+
+    @property
+    def outbox_replies(self) -> int:
+        return sum(len(q) for q in self._outbox.values())
+
+    def _send_now(self, route: Route, reply: Reply) -> bool:
+        """Serve mode: send ``reply`` (already fitted) if the client's pipe has room,
+        or drop it if that client is marked stalled, or count a failure. False
+        when it has to wait for room."""
+        try:
+            self.transport.send_nowait(route, reply)
+        except WouldBlock:
+            if route in self._stalled:
+                # this client stopped reading: do not make every request wait for it
+                self.counters["replies_dropped_unread"] += 1
+                return True
+            return False
+        except (Unroutable, TransportError) as exc:
+            self.counters["reply_send_failures"] += 1
+            log.warning("engine %d: reply %d not sent: %r", self.rank, reply.id, exc)
+            return True
+        if self._stalled:
+            self._stalled.pop(route, None)
+        self.counters["replied"] += 1
+        return True
+
+    async def _send_async(self, route: Route, reply: Reply) -> None:
+        reply = self._fit(reply)
+        if self._send_now(route, reply):
+            return
+        stalled = self._stalled
+        try:
+            with anyio.move_on_after(self.reply_send_timeout):
+                await self.transport.send(route, reply)
+                stalled.pop(route, None)
+                self.counters["replied"] += 1
+                return
+            self.counters["replies_dropped_unread"] += 1
+            stalled[route] = None
+            while len(stalled) > 4096:
+                stalled.popitem(last=False)
+        except (Unroutable, TransportError) as exc:
+            self.counters["reply_send_failures"] += 1
+            log.warning("engine %d: reply %d not sent: %r", self.rank, reply.id, exc)

@@ -1,0 +1,205 @@
+""":meth:`EngineEndpoint.serve`: the receive loop, the dispatcher actor that takes
+requests in arrival order, and the lanes (one per async or threaded method, at most
+``concurrency`` requests of a method at a time)."""
+
+from __future__ import annotations
+
+import anyio
+import anyio.abc
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from ctlwire.kernel.actor import Actor
+from ctlwire.kernel.engine_admission import EngineAdmission, _BadFrameReply, _Inbound
+from ctlwire.kernel.engine_base import log
+from ctlwire.kernel.engine_outbox import ReplyOutbox
+from ctlwire.kernel.engine_registry import _NONE, MethodSpec
+from ctlwire.kernel.tracing import current_trace
+from ctlwire.transports.envelope import Reply
+from ctlwire.transports.errors import TransportClosed
+
+__all__ = ["EngineServing"]
+
+
+class _Dispatcher(Actor["_Inbound | _BadFrameReply", None]):
+    """The actor that takes requests in arrival order for :meth:`EngineEndpoint.serve`:
+    sync inline handlers run here, one at a time; async and threaded ones are
+    passed to their method's lane. A reply handed over as such (a bad frame's, or
+    one whose client's pipe was full) is sent from here, in turn.
+
+    :attr:`inflight` counts messages told and not yet handled: while it is 0,
+    :meth:`EngineEndpoint.serve` may do a request's dispatching itself (run a
+    sync handler, pass to a lane) without overtaking anything."""
+
+    def __init__(self, endpoint: EngineServing, mailbox_size: int,
+                 lanes: anyio.abc.TaskGroup) -> None:
+        super().__init__(mailbox_size=mailbox_size, name=f"engine-{endpoint.rank}")
+        self.endpoint = endpoint
+        self.lanes_tg = lanes
+        self.lanes: dict[str, MemoryObjectSendStream[_Inbound]] = {}
+        self.inflight = 0
+
+    async def told(self, message: _Inbound | _BadFrameReply) -> None:
+        self.inflight += 1
+        try:
+            await self.tell(message)
+        except BaseException:
+            self.inflight -= 1
+            raise
+
+    async def handle(self, message: _Inbound | _BadFrameReply) -> None:
+        try:
+            endpoint = self.endpoint
+            if type(message) is _BadFrameReply:
+                await endpoint._send_async(message.route, message.reply)
+                return
+            assert isinstance(message, _Inbound)
+            spec = endpoint._methods.get(message.request.method)
+            if spec is None or not (spec.is_async or spec.threaded):
+                await endpoint._run_async(message)
+                return
+            lane = self.lanes.get(spec.name)
+            if lane is None:
+                lane = self.lanes[spec.name] = self._open_lane(spec)
+            await lane.send(message)  # waits while the lane is full (backpressure)
+        finally:
+            self.inflight -= 1
+
+    def _open_lane(self, spec: MethodSpec) -> MemoryObjectSendStream[_Inbound]:
+        send, recv = anyio.create_memory_object_stream[_Inbound](self.endpoint.mailbox_size)
+        with recv:
+            for i in range(spec.concurrency):
+                self.lanes_tg.start_soon(self._lane_worker, recv.clone(),
+                                         name=f"engine-{self.endpoint.rank}.{spec.name}.{i}")
+        return send
+
+    def close_lanes(self) -> None:
+        for send in self.lanes.values():
+            send.close()
+
+    async def _lane_worker(self, recv: MemoryObjectReceiveStream[_Inbound]) -> None:
+        endpoint = self.endpoint
+        with recv:
+            async for item in recv:  # workers take items in arrival order
+                try:
+                    await endpoint._run_async(item)
+                except Exception:  # pragma: no cover - never let one request end the lane
+                    endpoint.counters["internal_errors"] += 1
+                    log.exception("engine %d: internal error handling %r", endpoint.rank, item)
+
+
+class EngineServing(EngineAdmission, ReplyOutbox):
+    """The async embedding of an endpoint (see the module docstring)."""
+
+    # -- asynchronous embedding ------------------------------------------------
+    async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                    ) -> None:
+        """Serve until cancelled or the transport closes. Opens and closes the
+        transport; runs heartbeats in a task of its own, so a long async
+        handler does not make the engine look dead. Async and threaded
+        handlers run in one lane per method (see the module docstring's
+        ordering guarantee), so a long or hung handler delays only requests
+        of its own method."""
+        async with self.transport, anyio.create_task_group() as lanes:
+            dispatcher = _Dispatcher(self, self.mailbox_size, lanes)
+            async with dispatcher:
+                await self._serve_loop(dispatcher, lanes, task_status)
+
+    async def _serve_loop(self, dispatcher: _Dispatcher, lanes: anyio.abc.TaskGroup,
+                          task_status: anyio.abc.TaskStatus[None]) -> None:
+        self._polling = False
+        self._start_beacon()
+        if not self.beacon_active:
+            self.send_heartbeat()
+        async with anyio.create_task_group() as tg:
+            if self.heartbeat_interval:
+                tg.start_soon(self._heartbeat_loop)
+            task_status.started()
+            try:
+                while True:
+                    try:
+                        event = await self.transport.receive()
+                    except TransportClosed:
+                        break
+                    try:
+                        work = self._classify(event)
+                    except Exception:  # pragma: no cover
+                        self.counters["internal_errors"] += 1
+                        log.exception("engine %d: cannot classify %r", self.rank, event)
+                        continue
+                    if work is None:
+                        continue
+                    if isinstance(work, _BadFrameReply):
+                        await self._send_async(work.route, work.reply)
+                        continue
+                    if not dispatcher.inflight and self._dispatch_now(dispatcher, work):
+                        continue
+                    await dispatcher.told(work)
+            finally:
+                tg.cancel_scope.cancel()
+                lanes.cancel_scope.cancel()
+                dispatcher.close_lanes()
+
+    def _dispatch_now(self, dispatcher: _Dispatcher, work: _Inbound) -> bool:
+        """With nothing queued at the dispatcher, do its work for ``work`` here
+        (the same order, without the hop through its mailbox): run a sync
+        handler on the fast path and send the reply, or pass the request to its
+        method's open lane when that has room. False when the dispatcher has to
+        take it. A reply that finds the client's pipe full is handed to the
+        dispatcher, which waits for room (bounded, see :meth:`_send_async`)."""
+        reply = self._run_fast(work)
+        if reply is not None:
+            reply = self._fit(reply)
+            if not self._send_now(work.route, reply):
+                dispatcher.inflight += 1
+                try:
+                    dispatcher.tell_nowait(_BadFrameReply(work.route, reply))
+                except BaseException:
+                    dispatcher.inflight -= 1
+                    raise
+            return True
+        spec = self._methods.get(work.request.method)
+        if spec is None or not (spec.is_async or spec.threaded):
+            return False
+        lane = dispatcher.lanes.get(spec.name)
+        if lane is None:
+            return False
+        try:
+            lane.send_nowait(work)
+        except anyio.WouldBlock:
+            return False
+        return True
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.heartbeat_interval
+        assert interval
+        while True:
+            await anyio.sleep(interval)
+            self.loop_came_round()
+            if not self.beacon_active:
+                self.send_heartbeat()
+
+    async def _run_async(self, item: _Inbound) -> None:
+        admitted = self._admit(item)
+        if isinstance(admitted, Reply):
+            await self._send_async(item.route, admitted)
+            return
+        spec, payload = admitted
+        args = (payload,) if spec.takes_payload and payload is not _NONE else ()
+        current_trace.set(item.request.trace)  # this task handles one request at a time
+        running = self._begin(item.request)
+        done: Reply | None = None
+        try:
+            try:
+                if spec.is_async:
+                    result = await spec.handler(*args)
+                elif spec.threaded:
+                    result = await anyio.to_thread.run_sync(spec.handler, *args)
+                else:
+                    result = spec.handler(*args)
+            except Exception as exc:
+                reply = done = self._exception_reply(item, exc)
+            else:
+                reply = done = self._result_reply(item, result)
+        finally:
+            self._end(item.request, done, running)
+        await self._send_async(item.route, reply)
