@@ -41,11 +41,12 @@ assert (_RUNNING, _REPLIED) == (InboundState.RUNNING, InboundState.REPLIED)
 class _Inbound:
     """One received request moving through the InboundRequest table."""
 
-    __slots__ = ("request", "route", "state")
+    __slots__ = ("received", "request", "route", "state")
 
-    def __init__(self, request: Request, route: Route) -> None:
+    def __init__(self, request: Request, route: Route, received: float) -> None:
         self.request = request
         self.route = route
+        self.received = received  # the endpoint's clock() when it was classified
         self.state = InboundState.RECEIVED
 
     def go(self, event: InboundEvent) -> None:
@@ -139,13 +140,16 @@ class EngineAdmission(EngineLiveness):
         this rank, fresh, unkeyed, not fenced out, whose payload decodes as the
         method's type. Exactly what :meth:`_admit` then running the handler does
         (same counters, same states, same reply), minus the per-request lookups.
-        None, having changed nothing, for anything else: the general path takes it."""
+        None, having changed nothing, for anything else: the general path takes it.
+        Called only where ``item`` was classified (its ``received`` is the clock now)."""
         req = item.request
         fast = self._fast.get(req.method)
         if fast is None or req.rank != self.rank or req.key:
             return None
         spec, encode, decode = fast
-        if req.deadline and self.clock() > req.deadline:
+        # the fast path runs right where the request was classified: the clock read
+        # then (one per request) is the clock now
+        if req.deadline and item.received > req.deadline:
             return None
         fence = req.fence
         if 0 < fence < self.fence_high:
@@ -227,8 +231,8 @@ class EngineAdmission(EngineLiveness):
                 self._seen[key] = None
                 if len(self._seen) > self._dedup_window:
                     self._seen.popitem(last=False)
-                self.client_last_seen = self.clock()
-                return _Inbound(env, event.route)
+                now = self.client_last_seen = self.clock()
+                return _Inbound(env, event.route, now)
             if type(env) is Heartbeat:
                 self.counters["heartbeats_received"] += 1
                 self.client_last_seen = self.clock()

@@ -159,6 +159,15 @@ class EngineEndpoint(EngineServing):
         self.fence_high = 0
         self._polling = False
         self._nil = self.codec.encode_value(None)
+        # the reply hot path: encode with the codec's own encoder, check the size,
+        # send the bytes -- when the transport takes encoded envelopes (the ZMQ
+        # engine transports) and the codec has that encoder; else send_nowait
+        send_encoded = getattr(transport, "send_encoded_nowait", None)
+        encoder = self.codec.fast_envelope_encoder() if send_encoded is not None else None
+        self._encode_envelope = None
+        self._send_encoded = _no_encoded_send
+        if send_encoded is not None and encoder is not None:
+            self._encode_envelope, self._send_encoded = encoder, send_encoded
         self.counters: dict[str, int] = {
             "received": 0,
             "replied": 0,
@@ -327,6 +336,10 @@ class EngineEndpoint(EngineServing):
             "states": {s.name: n for s, n in self.states.items()},
             **counters,
         }
+
+
+def _no_encoded_send(route: Route, data: bytes) -> None:  # pragma: no cover - never called
+    raise AssertionError("no encoded send without an envelope encoder")
 
 
 class _AsyncHandlerInPoll(Exception):

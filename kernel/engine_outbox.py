@@ -8,13 +8,14 @@ until it takes one again."""
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Callable
 
 import anyio
 import anyio.abc
 
 from ctlwire.kernel.engine_base import EngineBase, log
 from ctlwire.kernel.engine_registry import ErrorCode
-from ctlwire.transports.envelope import Reply
+from ctlwire.transports.envelope import Envelope, Reply
 from ctlwire.transports.errors import (
     OversizedFrame,
     TransportError,
@@ -38,6 +39,11 @@ class ReplyOutbox(EngineBase):
     reply_send_timeout: float
     _stalled: OrderedDict[Route, None]
     outbox_peak_bytes: int
+    # the reply hot path, when the transport takes encoded envelopes and the codec
+    # has a shortcut encoder (else _encode_envelope is None and _send_encoded is
+    # never called): see EngineEndpoint.__init__
+    _encode_envelope: Callable[[Envelope], bytes] | None
+    _send_encoded: Callable[[Route, bytes], None]
 
     def _fit(self, reply: Reply) -> Reply:
         """A reply the codec would refuse as oversized (a huge result, or an error
@@ -58,6 +64,21 @@ class ReplyOutbox(EngineBase):
         return reply
 
     def _send_sync(self, route: Route, reply: Reply) -> None:
+        encode = self._encode_envelope
+        if encode is not None and not self._outbox:
+            # the hot path: encode once, check the exact size (what _fit then the
+            # transport's encode would check), send the bytes; else the path below
+            data = encode(reply)
+            if len(data) <= self.codec.max_message_size:
+                try:
+                    self._send_encoded(route, data)
+                    self.counters["replied"] += 1
+                except WouldBlock:
+                    self._enqueue(route, reply)
+                except (Unroutable, TransportError) as exc:
+                    self.counters["reply_send_failures"] += 1
+                    log.warning("engine %d: reply %d not sent: %r", self.rank, reply.id, exc)
+                return
         reply = self._fit(reply)
         if route in self._outbox:
             self._enqueue(route, reply)  # behind the replies already waiting for this route
@@ -128,12 +149,16 @@ class ReplyOutbox(EngineBase):
     def outbox_replies(self) -> int:
         return sum(len(q) for q in self._outbox.values())
 
-    def _send_now(self, route: Route, reply: Reply) -> bool:
+    def _send_now(self, route: Route, reply: Reply, data: bytes | None = None) -> bool:
         """Serve mode: send ``reply`` (already fitted) if the client's pipe has room,
         or drop it if that client is marked stalled, or count a failure. False
-        when it has to wait for room."""
+        when it has to wait for room. ``data``: the reply already encoded (within
+        the size limit), sent with the transport's ``send_encoded_nowait``."""
         try:
-            self.transport.send_nowait(route, reply)
+            if data is None:
+                self.transport.send_nowait(route, reply)
+            else:
+                self._send_encoded(route, data)
         except WouldBlock:
             if route in self._stalled:
                 # this client stopped reading: do not make every request wait for it
@@ -149,9 +174,19 @@ class ReplyOutbox(EngineBase):
         self.counters["replied"] += 1
         return True
 
+    def _fit_encoded(self, reply: Reply) -> tuple[Reply, bytes | None]:
+        """``reply`` fitted (see :meth:`_fit`), and encoded for the transport's
+        ``send_encoded_nowait`` when the endpoint has that hot path (else None)."""
+        encode = self._encode_envelope
+        if encode is not None:
+            data = encode(reply)
+            if len(data) <= self.codec.max_message_size:
+                return reply, data
+        return self._fit(reply), None
+
     async def _send_async(self, route: Route, reply: Reply) -> None:
-        reply = self._fit(reply)
-        if self._send_now(route, reply):
+        reply, data = self._fit_encoded(reply)
+        if self._send_now(route, reply, data):
             return
         stalled = self._stalled
         try:

@@ -148,8 +148,15 @@ class EngineServing(EngineAdmission, ReplyOutbox):
         dispatcher, which waits for room (bounded, see :meth:`_send_async`)."""
         reply = self._run_fast(work)
         if reply is not None:
-            reply = self._fit(reply)
-            if not self._send_now(work.route, reply):
+            data = None
+            encode = self._encode_envelope
+            if encode is not None:  # the hot path: ReplyOutbox._fit_encoded, inline
+                data = encode(reply)
+                if len(data) > self.codec.max_message_size:
+                    data = None
+            if data is None:
+                reply = self._fit(reply)
+            if not self._send_now(work.route, reply, data):
                 dispatcher.inflight += 1
                 try:
                     dispatcher.tell_nowait(_BadFrameReply(work.route, reply))

@@ -133,6 +133,13 @@ class Codec:
         codec has no such shortcut."""
         return None
 
+    def fast_envelope_encoder(self) -> Callable[[Envelope], bytes] | None:
+        """For the send hot path: a function that encodes an envelope as
+        :meth:`encode` does, *without* its size check (the caller compares the
+        length with :attr:`max_message_size` itself). None when this codec has no
+        such shortcut."""
+        return None
+
     def fast_value_codec(self, tp: Any = Any
                          ) -> tuple[Callable[[Any], bytes], Callable[[Any], Any]] | None:
         """For the engine's per-request hot path: ``(encode, decode)`` functions that
@@ -213,6 +220,11 @@ class _MsgspecCodec(Codec):
         if not self._unchanged("decode", "_decode_envelope"):
             return None
         return cast(Callable[[bytes], Envelope], self._envelope_decoder.decode)
+
+    def fast_envelope_encoder(self) -> Callable[[Envelope], bytes] | None:
+        if not self._unchanged("encode", "_encode"):
+            return None
+        return cast(Callable[[Envelope], bytes], self._encoder.encode)
 
     def fast_value_codec(self, tp: Any = Any
                          ) -> tuple[Callable[[Any], bytes], Callable[[Any], Any]] | None:

@@ -244,9 +244,23 @@ class _ZmqEngineBase:
         return self._send
 
     def send_nowait(self, route: Route, envelope: Envelope) -> None:
-        frames = self._frames(route, envelope)
+        self.send_encoded_nowait(route, self.codec.encode(envelope))
+
+    def send_encoded_nowait(self, route: Route, data: bytes) -> None:
+        """:meth:`send_nowait` of an envelope the caller already encoded with this
+        transport's codec, within its ``max_message_size`` (an engine's reply hot
+        path encodes with :meth:`Codec.fast_envelope_encoder`). Same errors."""
+        if self.routed:
+            if not isinstance(route, bytes):
+                raise Unroutable(self.rank, f"no client route {route!r}")
+            frames = [route, data]
+        else:
+            frames = [data]
+        sock = self._send
+        if sock is None or self._closed:
+            raise TransportClosed("engine transport is not open")
         try:
-            self._send_sock().send_multipart_nowait(frames)
+            sock.send_multipart_nowait(frames)
         except zmq.Again:
             raise WouldBlock("high-water mark reached") from None
         except zmq.ZMQError as exc:

@@ -10,6 +10,9 @@
   the dispatcher, so a request never overtakes an earlier one.
 * A burst of sends while a receiver waits re-reads ``EVENTS`` once, not once per
   send, and the receiver is never stranded.
+* One clock read per request on the fast path.
+* On ZMQ engine transports replies go out as bytes the endpoint encoded
+  (``send_encoded_nowait``): the same frames and counters as ``send_nowait``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import pytest
 import zmq
 
 from ctlwire.kernel.engine_endpoint import EngineEndpoint, report_progress
-from ctlwire.transports.envelope import Reply, Request
+from ctlwire.transports.envelope import ErrorInfo, Reply, Request
 from ctlwire.transports.memory import MemoryNetwork
 from ctlwire.transports.transport import Received
 from ctlwire.transports.zmq_socket import AsyncZmqSocket
@@ -143,6 +146,33 @@ def test_fast_path_answers_exactly_like_the_general_path() -> None:
     assert by_id[20].ok and bytes(by_id[20].result) == msgspec.msgpack.encode(True)
     assert by_id[11].error is not None and by_id[11].error.code == 418
     assert by_id[14].error is not None and by_id[14].error.type == "Fenced"
+
+
+def test_one_clock_read_per_request() -> None:
+    """The endpoint reads its clock once per request taken on the fast path (when it
+    is received: the deadline check and ``client_last_seen`` share the read)."""
+    net = MemoryNetwork()
+    reads: list[int] = []
+
+    def clock() -> float:
+        reads.append(1)
+        return 1000.0
+
+    ep = EngineEndpoint(net.engine_transport(0), heartbeat_interval=None, clock=clock)
+    methods(ep)
+    client = net.client_transport()
+    ep.open()
+    for i in range(1, 5):
+        client.send_nowait(0, Request(i, 0, "flush", net.codec.encode_value(None), 2000.0,
+                                      i, 9))
+    client.send_nowait(0, Request(5, 0, "flush", net.codec.encode_value(None), 999.0, 5, 9))
+    reads.clear()
+    assert ep.poll() == 5
+    assert ep.__dict__["ran"] == [("flush", None)] * 4  # the late one expired, not run
+    assert ep.counters["expired"] == 1 and ep.client_last_seen == 1000.0
+    # 4 fresh requests: one read each; the expired one: one when received, and the
+    # general path's (its deadline check and its error message)
+    assert len(reads) == 4 + 1 + 2
 
 
 def test_fast_path_is_taken_for_a_valid_fresh_request(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -342,6 +372,18 @@ def test_codec_shortcuts_agree_with_the_codec() -> None:
     pickled = PickleCodec(allow_pickle=True)
     assert pickled.fast_value_codec(Load) is None  # payloads pickled: no shortcut
     assert pickled.fast_envelope_decoder() is not None
+    reply = Reply(3, 0, 7, False, MsgpackCodec().encode_value(None), ErrorInfo("E", "m", 1))
+    for codec in (MsgpackCodec(), JsonCodec(), pickled):
+        enc = codec.fast_envelope_encoder()
+        assert enc is not None
+        for env in (Request(1, 0, "m", codec.encode_value(Load(2.5)), 5.0, key="k"), reply):
+            assert enc(env) == codec.encode(env)
+
+    class Framed(MsgpackCodec):  # a codec whose envelope encoding differs: no shortcut
+        def encode(self, envelope: Any) -> bytes:
+            return b"!" + super().encode(envelope)
+
+    assert Framed().fast_envelope_encoder() is None
 
 
 
@@ -405,3 +447,107 @@ async def test_client_transport_checkpoint_is_a_cancellation_point() -> None:
             assert scope.cancelled_caught
     finally:
         ctx.term()
+
+
+# -- the reply hot path on ZMQ engine transports ----------------------------------------
+
+
+def _zmq_run(hot: bool, serve: bool, address: str
+             ) -> tuple[list[list[bytes]], dict[str, int], list[int]]:
+    """One request stream (every kind, and a reply too large for the codec) through
+    an endpoint on a ZMQ DEALER engine transport; the raw reply frames the client's
+    ROUTER got, the counters, and the ids of the replies sent by ``send_nowait``
+    (envelopes) rather than ``send_encoded_nowait`` (bytes)."""
+    from ctlwire.transports.codec import MsgpackCodec
+    from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    router.bind(address)
+    codec = MsgpackCodec(max_message_size=4096)
+    transport = ZmqDealerEngineTransport(address, 0, codec=codec, context=ctx)
+    ep = EngineEndpoint(transport, heartbeat_interval=None, beacon=False,
+                        clock=lambda: 1000.0, incarnation=1)
+    methods(ep)
+
+    @ep.method()
+    def big(n: int) -> bytes:
+        return b"x" * n
+
+    if not hot:
+        ep._encode_envelope = None
+    plain: list[int] = []
+    send_nowait = transport.send_nowait
+
+    def counting(route: Any, envelope: Any) -> None:
+        if isinstance(envelope, Reply):
+            plain.append(envelope.id)
+        send_nowait(route, envelope)
+
+    transport.send_nowait = counting  # type: ignore[method-assign]
+    envs = [*requests(codec), Request(30, 0, "big", codec.encode_value(5000), 0.0, 30, 9),
+            Request(31, 0, "big", codec.encode_value(10), 0.0, 31, 9)]
+    expect = len(envs) - 1  # one duplicate
+    frames: list[list[bytes]] = []
+
+    def feed() -> None:
+        for env in envs:
+            router.send_multipart([b"rank-0", codec.encode(env)])
+
+    def collect() -> None:
+        while router.poll(0):
+            msg = router.recv_multipart()
+            if isinstance(codec.decode(msg[1]), Reply):  # not a heartbeat
+                frames.append(msg)
+
+    try:
+        if serve:
+            async def main() -> None:
+                async with anyio.create_task_group() as tg:
+                    await tg.start(ep.serve)
+                    feed()
+                    with anyio.fail_after(10):
+                        while len(frames) < expect:
+                            collect()
+                            await anyio.sleep(0.001)
+                    tg.cancel_scope.cancel()
+
+            anyio.run(main)
+        else:
+            ep.open()
+            feed()
+            deadline = 1000
+            while len(frames) < expect and deadline:
+                ep.poll()
+                collect()
+                transport.wait_readable(0.01)
+                deadline -= 1
+            ep.close()
+    finally:
+        router.close(0)
+        ctx.term()
+    return frames, dict(ep.counters), plain
+
+
+@pytest.mark.parametrize("serve", [False, True], ids=["poll", "serve"])
+def test_zmq_reply_hot_path_sends_the_same_bytes(serve: bool) -> None:
+    """On a ZMQ engine transport replies go out as bytes encoded by the endpoint
+    (``send_encoded_nowait``): the same frames and counters as through
+    ``send_nowait``, and a reply too large for the codec still becomes a
+    ``ReplyTooLarge`` error (through the general path)."""
+    name = "serve" if serve else "poll"
+    hot_frames, hot_counters, hot_plain = _zmq_run(True, serve, f"inproc://hot-{name}")
+    frames, counters, plain = _zmq_run(False, serve, f"inproc://plain-{name}")
+    key = (lambda f: f[1]) if serve else None  # serve: arrival order across lanes may vary
+    assert sorted(hot_frames, key=key) == sorted(frames, key=key)
+    assert hot_counters == counters
+    assert hot_counters["replies_too_large"] == 1 and hot_counters["replied"] == len(frames)
+    assert hot_plain == [30]  # only the reply that did not fit took send_nowait
+    assert sorted(plain) == sorted(set(plain)) and len(plain) == len(frames)
+    from ctlwire.transports.codec import MsgpackCodec
+
+    too_large = [MsgpackCodec().decode(f[1]) for f in hot_frames]
+    assert any(isinstance(r, Reply) and r.id == 30 and r.error is not None
+               and r.error.type == "ReplyTooLarge" for r in too_large)
+
