@@ -57,7 +57,7 @@ import msgspec
 from anyio.abc import TaskGroup
 
 from ctlwire.kernel.call_arguments import check_method, checked_timeout
-from ctlwire.kernel.call_issuer import CallIssuer, envelope_extras
+from ctlwire.kernel.call_issuer import CallIssuer
 from ctlwire.kernel.errors import (
     ClientClosed,
     EngineDead,
@@ -89,6 +89,7 @@ __all__ = ["ControlClient", "ResultTypeError"]
 
 log = logging.getLogger("ctlwire.client")
 _S = RequestState
+_POLICIES = {p.value: p for p in Policy}
 
 
 class ControlClient:
@@ -163,6 +164,7 @@ class ControlClient:
                                         fail_rank=self._fail_rank, counters=self.counters,
                                         stall_limit=stall_limit, stall_limits=stall_limits)
         self.peers = self.liveness.peers
+        self._reply_seen = self.peers.reply_seen
         #: which failures a ``retry=`` may send again, and the wait before it
         self.retry_policy = RetryPolicy(self.liveness, self.counters,
                                         idempotent_methods=self.idempotent_methods,
@@ -313,41 +315,29 @@ class ControlClient:
         budget = self.timeout_for(method, timeout)
         raw = self.issuer.encode_payload(payload, method)
         key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
-        extras = envelope_extras.set((key, fence))
-        deadline = self._now() + budget
-        try:
-            while True:
-                remaining = deadline - self._now()
-                try:
-                    return await self._call_once(method, raw, rank, remaining, budget,
-                                                 result_type, on_progress)
-                except (EngineDead, RemoteError) as exc:
-                    if retry <= 0 or not self.retry_policy.retryable(exc, method, key):
-                        raise
-                    retry -= 1
-                    if not await self.retry_policy.before_retry((rank,), deadline):
-                        raise
-        finally:
-            envelope_extras.reset(extras)
-
-    async def _call_once(self, method: str, raw: msgspec.Raw, rank: int, remaining: float,
-                         budget: float, result_type: Any,
-                         on_progress: ProgressCallback | None) -> Any:
         issuer = self.issuer
-        core = issuer.call_core(method, (rank,), Policy.ALL, budget,
-                                deadline=self._now() + remaining)
-        entry = None
-        try:
-            entry = core.register(issuer.new_waiter())
-            if on_progress is not None:
-                self.progress_callbacks.by_id[entry.id] = on_progress
-            await issuer.send_all(core, raw)
-            await issuer.wait_outcome(core, core.deadline or 0.0)
-            return issuer.single_outcome(entry, rank, result_type)
-        finally:
-            if entry is not None and on_progress is not None:
-                self.progress_callbacks.by_id.pop(entry.id, None)
-            core.finish()
+        deadline = self._now() + budget
+        while True:
+            core = issuer.call_core(method, (rank,), Policy.ALL, budget, deadline, None, key,
+                                    fence)
+            try:
+                try:
+                    entry = core.register(issuer.new_waiter())
+                    if on_progress is not None:
+                        self.progress_callbacks.by_id[entry.id] = on_progress
+                    await issuer.send_all(core, raw)
+                    await issuer.wait_outcome(core, deadline)
+                    return issuer.single_outcome(entry, rank, result_type)
+                finally:
+                    if on_progress is not None and core.entry is not None:
+                        self.progress_callbacks.by_id.pop(core.entry.id, None)
+                    core.finish()
+            except (EngineDead, RemoteError) as exc:
+                if retry <= 0 or not self.retry_policy.retryable(exc, method, key):
+                    raise
+                retry -= 1
+                if not await self.retry_policy.before_retry((rank,), deadline):
+                    raise
 
     async def fan_out(
         self,
@@ -380,21 +370,22 @@ class ControlClient:
         FanOutFailed means ranks could not answer at all (lost, unreachable).
         """
         check_method(method)
-        pol = policy if isinstance(policy, Policy) else Policy(policy)
+        pol = _POLICIES.get(policy) if type(policy) is str else None
+        if pol is None:
+            pol = policy if isinstance(policy, Policy) else Policy(policy)
         targets = tuple(ranks) if ranks is not None else self.ranks
         if not targets or not self._rank_set.issuperset(targets):
             raise ValueError(f"ranks {targets} must be a non-empty subset of {self.ranks}")
         budget = self.timeout_for(method, timeout)
         raw = self.issuer.encode_payload(payload, method)
         key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
-        extras = envelope_extras.set((key, fence))
         if on_progress is not None:
             self.progress_callbacks.add_method(method, on_progress)
         deadline = self._now() + budget
         try:
             try:
                 result = await self._fan_out_once(method, raw, targets, pol, budget, mode,
-                                                  result_type)
+                                                  result_type, key, fence)
                 failed = None
             except FanOutFailed as exc:
                 result, failed = exc.result, exc
@@ -406,7 +397,8 @@ class ControlClient:
                 retry -= 1
                 try:
                     more = await self._fan_out_once(method, raw, again, pol,
-                                                    deadline - self._now(), mode, result_type)
+                                                    deadline - self._now(), mode, result_type,
+                                                    key, fence)
                 except FanOutFailed as exc:
                     more = exc.result
                 failed = merge_retried(result, again, more, method, pol)
@@ -414,21 +406,20 @@ class ControlClient:
                 raise failed
             return result
         finally:
-            envelope_extras.reset(extras)
             if on_progress is not None:
                 self.progress_callbacks.remove_method(method, on_progress)
 
     async def _fan_out_once(self, method: str, raw: msgspec.Raw, targets: tuple[int, ...],
-                            pol: Policy, budget: float, mode: str,
-                            result_type: Any) -> FanOutResult:
+                            pol: Policy, budget: float, mode: str, result_type: Any,
+                            key: str, fence: int | None) -> FanOutResult:
         mailbox = self.mailbox(method)
         if mode == "queueing":
-            return await mailbox.queueing(raw, targets, pol, budget, result_type)
+            return await mailbox.queueing(raw, targets, pol, budget, result_type, key, fence)
         if mode == "watching":
-            return await mailbox.watching(raw, targets, pol, budget, result_type)
+            return await mailbox.watching(raw, targets, pol, budget, result_type, key, fence)
         if mode == "concurrent":
             return await self.issuer.run_fan_out(method, raw, targets, pol, budget,
-                                          anyio.current_time() + budget, result_type)
+                                                 self._now() + budget, result_type, key, fence)
         raise ValueError(f"unknown mode {mode!r}: expected queueing, watching or concurrent")
 
     def mailbox(self, method: str) -> FanOutMailbox:
@@ -482,11 +473,13 @@ class ControlClient:
 
     def _on_reply(self, reply: Reply, peer: int | None) -> None:
         rank = reply.rank if peer is None else peer
-        if self.peers.is_stale(rank, reply.incarnation):
-            self.counters["stale_incarnation"] += 1
-            return
-        self.liveness.seen(rank, reply.incarnation, authoritative=False)
-        self.peers.finished(rank, reply.id)
+        if not self._reply_seen(rank, reply.incarnation, self._now()):
+            # not the common case (Connected, its admitted incarnation): the general path
+            if self.peers.is_stale(rank, reply.incarnation):
+                self.counters["stale_incarnation"] += 1
+                return
+            self.liveness.seen(rank, reply.incarnation, authoritative=False)
+            self.peers.finished(rank, reply.id)
         disposition, entry = self.registry.on_reply(reply, peer)
         if disposition is ReplyDisposition.COMPLETED and entry is not None:
             self.issuer.wake(entry)
