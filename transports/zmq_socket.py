@@ -22,6 +22,17 @@ How waiting works (see :class:`AsyncZmqSocket`):
 * A ROUTER with ``ROUTER_MANDATORY`` reports ``POLLOUT`` while *any* peer has room, so a
   send to a full peer can fail although ``POLLOUT`` is set. Such a sender waits for the
   fd with a bounded back-off (1 ms doubling to 50 ms) instead of spinning.
+* On asyncio the fd reader is registered once per socket (first wait to close); its
+  callback resolves the current fd waiter's future, or drains the fd when nobody waits.
+
+Why this module is one file of ~650 lines: the receive, send and wait paths share one
+small state machine (who holds the fd, who waits on the event, which re-check of EVENTS
+is owed to whom). Its invariants — no lost edge, one fd waiter per backend, hand-over on
+every exit path — are only checkable when every transition of that state is read
+together; the asyncio and trio fd waiters are ~40 lines each and read and write the same
+slots as the rest. Splitting them into modules would spread the state across files
+without making any part usable on its own. What is not that state (frame helpers) is at
+the top.
 """
 
 from __future__ import annotations
