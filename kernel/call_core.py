@@ -14,6 +14,8 @@ object step by step::
     while (rank := core.next_send()) is not None:
         ...                      # hand the frame for `rank` to the transport
         # on failure: core.send_failed(rank, error)
+    # (or: for rank in core.release_all(): ... the same, every rank released at once,
+    #  when the frames are handed over without suspending in between)
     if core.begin_wait():
         ...                      # await the waiter until the deadline
         core.deadline_passed()   # if the wait timed out
@@ -48,13 +50,14 @@ __all__ = ["CallCore"]
 class CallCore:
     """One caller's protocol; see the module docstring."""
 
-    __slots__ = ("_next", "deadline", "entry", "is_lost", "method", "policy", "queue", "ranks",
-                 "registry", "ticket", "timeout")
+    __slots__ = ("_next", "deadline", "entry", "fence", "is_lost", "key", "method", "policy",
+                 "queue", "ranks", "registry", "ticket", "timeout")
 
     def __init__(self, registry: RequestRegistry, method: str, ranks: tuple[int, ...],
                  policy: Policy = Policy.ALL, *, deadline: float | None = None,
                  timeout: float = 0.0, queue: AdmissionQueue | None = None,
-                 is_lost: Callable[[int], bool] | None = None) -> None:
+                 is_lost: Callable[[int], bool] | None = None, key: str = "",
+                 fence: int | None = None) -> None:
         self.registry = registry
         self.method = method
         self.ranks = ranks
@@ -63,6 +66,9 @@ class CallCore:
         self.timeout = timeout
         self.queue = queue
         self.is_lost = is_lost
+        #: the envelope's idempotency key and fencing token (None: the client's)
+        self.key = key
+        self.fence = fence
         self.ticket: Ticket | None = None
         self.entry: PendingRequest | None = None
         self._next = 0
@@ -116,6 +122,47 @@ class CallCore:
             self.registry.mark_sent(entry, rank)
             return rank
         return None
+
+    def release_all(self) -> list[int]:
+        """Every rank :meth:`next_send` would still return, all at once and marked
+        Sent: for a shell that hands the frames over without suspending in between.
+        The shell must stop handing over once the request is no longer open.
+
+        Ranks known to be lost are failed (NotDelivered) instead, in order, as
+        :meth:`next_send` does; stops early if that decides the request. A frame
+        that cannot be handed over without waiting must be :meth:`withheld` before
+        the shell suspends.
+        """
+        entry = self.entry
+        if entry is None:
+            raise RuntimeError(f"{self.method!r}: send before register")
+        ranks = entry.ranks
+        start = self._next
+        is_lost = self.is_lost
+        if start >= len(ranks) or not entry.is_open:
+            return []
+        if is_lost is None or not any(map(is_lost, ranks[start:])):
+            # the common case: one transition for the batch
+            out = list(ranks[start:])
+            self._next = len(ranks)
+            self.registry.mark_sent_all(entry, out)
+            return out
+        out = []
+        while (rank := self.next_send()) is not None:
+            out.append(rank)
+        return out
+
+    def withheld(self, rank: int) -> None:
+        """The frame for ``rank``, released by :meth:`release_all`, was not handed over
+        (it must wait for room or a first contact): until it is marked sent again
+        (:meth:`resend`), a loss of ``rank`` means NotDelivered."""
+        assert self.entry is not None
+        self.registry.unmark_sent(self.entry, rank)
+
+    def resend(self, rank: int) -> None:
+        """The frame for a :meth:`withheld` rank is about to be handed over."""
+        assert self.entry is not None
+        self.registry.mark_sent(self.entry, rank)
 
     def send_failed(self, rank: int, error: Exception) -> bool:
         """The frame for ``rank`` could not be handed over. True when this decided

@@ -40,11 +40,11 @@ Guarantees:
 
 from __future__ import annotations
 
-import contextvars
+import contextlib
 import math
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 import anyio
 import msgspec
@@ -81,14 +81,9 @@ from ctlwire.transports.errors import (
 )
 from ctlwire.transports.transport import ClientTransport
 
-__all__ = ["CallIssuer", "envelope_extras"]
+__all__ = ["CallIssuer"]
 
 _S = RequestState
-#: the idempotency key and fencing token of the calling task's request (set by
-#: ``call`` and ``fan_out``, read by :meth:`CallIssuer.send_all`, which runs in
-#: the caller's task in every mode)
-envelope_extras: contextvars.ContextVar[tuple[str, int | None]] = contextvars.ContextVar(
-    "ctlwire_envelope_extras", default=("", None))
 # a failed reply that carries no ErrorInfo (a buggy or hostile peer): still a typed error
 _NO_ERROR_INFO = ErrorInfo("UnknownRemoteError", "the engine replied ok=false without an error")
 
@@ -106,6 +101,18 @@ def _event_loop_clock() -> Callable[[], float]:
 
         return trio.current_time
     return anyio.current_time  # pragma: no cover - another anyio backend
+
+
+def _checkpoint_if_cancelled() -> Callable[[], Awaitable[None]]:
+    """``anyio.lowlevel.checkpoint_if_cancelled`` of the running backend, without the
+    backend lookup (through sniffio) that anyio makes on every call."""
+    try:
+        from anyio._core._eventloop import get_async_backend
+
+        return cast(Callable[[], Awaitable[None]],
+                    get_async_backend().checkpoint_if_cancelled)
+    except Exception:  # pragma: no cover - another anyio layout
+        return anyio.lowlevel.checkpoint_if_cancelled
 
 
 def _event_loop_waiter() -> Callable[[], Any]:
@@ -134,7 +141,7 @@ class CallIssuer:
     """Runs the IO of one client's calls; see the module docstring.
 
     ``fence`` is the client's fencing token (0: none), used unless a call sets
-    its own through :data:`envelope_extras`. ``first_contact_retry`` paces
+    its own (``call_core(..., fence=)``). ``first_contact_retry`` paces
     the re-tries of a send to a rank never heard from.
     """
 
@@ -160,11 +167,20 @@ class CallIssuer:
         # request id -> (the scope of a send waiting for room or first contact, its rank)
         self._blocked_sends: dict[int, tuple[anyio.CancelScope, int]] = {}
         self._seq: dict[int, int] = {}
+        self._checkpoint_if_cancelled: Callable[[], Awaitable[None]] = (
+            anyio.lowlevel.checkpoint_if_cancelled)
+        #: the transport's ``batched_sends()`` (one readiness check for a burst), if any
+        self._batched_sends: Callable[[], contextlib.AbstractContextManager[Any]] | None = (
+            getattr(transport, "batched_sends", None))
+        # result type -> the codec's fast decoder for it (None: none, or unhashable)
+        self._decoders: dict[Any, Callable[[Any], Any] | None] = {}
 
     def enter_loop(self) -> None:
-        """Read the running event loop's own clock and event (faster than anyio's)."""
+        """Read the running event loop's own clock and event (faster than anyio's),
+        and resolve the backend's cancellation check once."""
         self.now = _event_loop_clock()
         self.new_waiter = _event_loop_waiter()
+        self._checkpoint_if_cancelled = _checkpoint_if_cancelled()
 
     def close(self) -> None:
         """Further calls raise ClientClosed; nothing more is sent."""
@@ -192,66 +208,130 @@ class CallIssuer:
         return raw
 
     def call_core(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
-                  deadline: float | None = None, queue: AdmissionQueue | None = None
-                  ) -> CallCore:
-        """The sans-IO protocol object for one call of this client."""
+                  deadline: float | None = None, queue: AdmissionQueue | None = None,
+                  key: str = "", fence: int | None = None) -> CallCore:
+        """The sans-IO protocol object for one call of this client; ``key`` and
+        ``fence`` go in its envelopes (``fence`` None: the client's)."""
         if self.closed:
             raise ClientClosed("client is closed")
         if deadline is None:
             deadline = self.now() + budget
         return CallCore(self.registry, method, ranks, policy, deadline=deadline, timeout=budget,
-                        queue=queue, is_lost=self.peers.is_lost)
+                        queue=queue, is_lost=self.peers.is_lost, key=key, fence=fence)
 
     async def send_all(self, core: CallCore, raw: msgspec.Raw) -> None:
         """Hand ``core``'s request to the transport for each rank ``core`` releases.
 
-        ``core.next_send()`` only names a rank once the request is registered
+        ``core.release_all()`` only names ranks once the request is registered
         and marked Sent: a reply can never beat the registration.
 
         Nothing is sent on behalf of a caller whose scope is already cancelled
         (its cancellation is raised here, before the first frame), nor after
-        the client was closed (ClientClosed). A send waiting at the high-water
-        mark, or for a rank's first contact, is bounded by the request's
-        deadline and abandoned when that rank is lost or the request decided;
-        the other ranks are still sent to.
+        the client was closed (ClientClosed). Frames are handed over in rank
+        order without suspending (inside the transport's ``batched_sends()``
+        when it has one and there are several ranks: one readiness re-check
+        for the batch) until one cannot be (a rank at its high-water mark, or
+        not connected yet): that send waits, bounded by the request's deadline
+        and abandoned when that rank is lost or the request decided, then the
+        rest follow, one by one. Until its frame is handed over a rank counts
+        as not sent (a loss means NotDelivered); the other ranks are still
+        sent to.
         """
         # the only checkpoint before the first frame: a caller cancelled before it
         # got here (even one handed the mailbox, then cancelled before it resumed)
         # raises now, and its finish() passes the mailbox on
-        await anyio.lowlevel.checkpoint_if_cancelled()
+        await self._checkpoint_if_cancelled()
         if self.closed:
             raise ClientClosed("client is closed")
         entry = core.entry
         assert entry is not None
-        remaining = (entry.deadline or 0.0) - self.now()
-        wall_deadline = (time.time() + remaining if entry.timeout and math.isfinite(remaining)
-                         else NO_DEADLINE)
+        ranks = core.release_all()
+        if len(ranks) > 1 and self._batched_sends is not None:
+            with self._batched_sends():
+                waiting = self._send_now(core, entry, ranks, raw)
+        else:
+            waiting = self._send_now(core, entry, ranks, raw)
+        if waiting:
+            await self._send_waiting(core, entry, waiting)
+        if not entry.is_open:
+            self.wake(entry)
+
+    def _send_now(self, core: CallCore, entry: PendingRequest, ranks: list[int],
+                  raw: msgspec.Raw) -> list[tuple[int, Request]] | None:
+        """Hand the frames over, in rank order, until one cannot be without waiting
+        (never suspends). Returns that rank and those after it, withheld from the
+        sent ranks, with their frames (None: all handed over or failed)."""
+        deadline = entry.deadline
+        wall_deadline = NO_DEADLINE
+        if entry.timeout and deadline is not None:
+            remaining = deadline - self.now()
+            if math.isfinite(remaining):
+                wall_deadline = time.time() + remaining
         incarnation = self.registry.incarnation
-        transport = self.transport
         trace = self.trace_provider() if self.trace_provider is not None else None
-        key, fence = envelope_extras.get()
-        fence = self.fence if fence is None else fence  # the client's, unless the call chose
-        while (rank := core.next_send()) is not None:
-            seq = self._seq.get(rank, 0) + 1
-            self._seq[rank] = seq
-            env = Request(entry.id, rank, entry.method, raw, wall_deadline, seq, incarnation,
-                          trace, key, fence)
+        key = core.key
+        fence = self.fence if core.fence is None else core.fence  # the client's, unless set
+        rid = entry.id
+        method = entry.method
+        seqs = self._seq
+        send_nowait = self.transport.send_nowait
+        waiting: list[tuple[int, Request]] | None = None
+        for rank in ranks:
+            if not entry.is_open:
+                break  # decided (a failed send): the rest are not handed over
+            seq = seqs[rank] = seqs.get(rank, 0) + 1
+            env = Request(rid, rank, method, raw, wall_deadline, seq, incarnation, trace, key,
+                          fence)
+            if waiting is not None:
+                # behind a rank that must wait: sent after it, in order, as before
+                core.withheld(rank)
+                waiting.append((rank, env))
+                continue
+            try:
+                send_nowait(rank, env)
+                continue
+            except WouldBlock:
+                error: Exception | None = None
+            except TransportAuthFailed as exc:
+                error = AuthenticationFailed(rank, exc.detail)
+            except Unroutable as exc:
+                # never heard from (an engine still starting), or heard from by its
+                # beacon while its request connection is (re)connecting: wait for it
+                error = (NotDelivered(rank, exc.detail or "unroutable")
+                         if self.peers.state(rank) is PeerState.LOST else None)
+            except TransportClosed as exc:
+                error = ClientClosed(str(exc))
+            except TransportError as exc:
+                error = NotDelivered(rank, repr(exc))
+            if error is not None:
+                if core.send_failed(rank, error):
+                    self.wake(entry)
+                continue
+            core.withheld(rank)  # not handed over: a loss meanwhile means NotDelivered
+            if waiting is None:
+                waiting = []
+            waiting.append((rank, env))
+        return waiting
+
+    async def _send_waiting(self, core: CallCore, entry: PendingRequest,
+                            waiting: list[tuple[int, Request]]) -> None:
+        """The frames :meth:`_send_now` could not hand over, one rank at a time:
+        wait for room (high-water mark) or first contact, within the deadline."""
+        transport = self.transport
+        for rank, env in waiting:
+            if not entry.is_open:
+                break
+            core.resend(rank)
             error: Exception | None = None
-            waited = False
             try:
                 try:
                     transport.send_nowait(rank, env)
                 except WouldBlock:
-                    waited = True
                     await self._send_blocking(entry, rank, env)
                 except Unroutable as exc:
                     if (self.peers.state(rank) is PeerState.LOST
                             or isinstance(exc, TransportAuthFailed)):
                         raise
-                    # never heard from (an engine still starting), or heard from by its
-                    # beacon while its request connection is (re)connecting: wait for
-                    # it within the deadline, then hand the frame over
-                    waited = True
                     if (not await self._send_after_first_contact(entry, rank, env)
                             and self.peers.state(rank) is not PeerState.LOST):
                         error = NotDelivered(rank, (
@@ -268,11 +348,8 @@ class CallIssuer:
                 error = NotDelivered(rank, repr(exc))
             if error is not None and core.send_failed(rank, error):
                 self.wake(entry)
-            if (waited and entry.is_open and entry.deadline is not None
-                    and self.now() >= entry.deadline):
+            if entry.is_open and entry.deadline is not None and self.now() >= entry.deadline:
                 break  # the deadline passed while a send waited: the request expires
-        if not entry.is_open:
-            self.wake(entry)
 
     async def _send_blocking(self, entry: PendingRequest, rank: int, env: Request) -> bool:
         """Wait for room to send (high-water mark), bounded by the request's
@@ -362,7 +439,7 @@ class CallIssuer:
             reply = entry.replies[rank]
             if reply.ok:
                 try:
-                    return self.codec.decode_value(reply.result, result_type)
+                    return self.decode_result(reply.result, result_type)
                 except PayloadTypeError as exc:
                     raise ResultTypeError(f"{entry.method!r} result from rank {rank}: {exc}"
                                           ) from None
@@ -374,13 +451,33 @@ class CallIssuer:
             raise RequestTimedOut(entry.method, entry.timeout, entry.id)
         raise RequestTimedOut(entry.method, entry.timeout, entry.id)  # still open: own deadline
 
+    def decode_result(self, raw: msgspec.Raw, result_type: Any) -> Any:
+        """``codec.decode_value(raw, result_type)``: a fresh object, or PayloadTypeError.
+
+        Decodes with the codec's fast decoder for ``result_type`` (looked up once per
+        type, no copy of ``raw``); anything it refuses goes through ``decode_value``
+        for the typed verdict."""
+        try:
+            decode = self._decoders[result_type]
+        except KeyError:
+            fast = self.codec.fast_value_codec(result_type)
+            decode = self._decoders[result_type] = fast[1] if fast is not None else None
+        except TypeError:  # an unhashable type
+            decode = None
+        if decode is not None and len(raw):
+            try:
+                return decode(raw)
+            except Exception:
+                pass
+        return self.codec.decode_value(raw, result_type)
+
     def fan_out_result(self, entry: PendingRequest, result_type: Any) -> FanOutResult:
         """A fresh FanOutResult (freshly decoded values) for one holder of ``entry``."""
         result = FanOutResult(entry.method, entry.id, entry.policy, entry.ranks)
         for rank, reply in entry.replies.items():
             if reply.ok:
                 try:
-                    result.results[rank] = self.codec.decode_value(reply.result, result_type)
+                    result.results[rank] = self.decode_result(reply.result, result_type)
                 except PayloadTypeError as exc:
                     result.errors[rank] = ResultTypeError(
                         f"{entry.method!r} result from rank {rank}: {exc}")
@@ -405,9 +502,10 @@ class CallIssuer:
 
     async def run_fan_out(self, method: str, raw: msgspec.Raw, ranks: tuple[int, ...],
                           policy: Policy, budget: float, deadline: float,
-                          result_type: Any) -> FanOutResult:
+                          result_type: Any, key: str = "", fence: int | None = None
+                          ) -> FanOutResult:
         """Register, send to every rank, wait, clean: one fan-out without admission."""
-        core = self.call_core(method, ranks, policy, budget, deadline)
+        core = self.call_core(method, ranks, policy, budget, deadline, None, key, fence)
         try:
             entry = core.register(self.new_waiter())
             await self.send_all(core, raw)

@@ -48,8 +48,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
-import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal
@@ -58,25 +56,27 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup
 
-from ctlwire.kernel.call_issuer import CallIssuer, envelope_extras
+from ctlwire.kernel.call_arguments import check_method, checked_timeout
+from ctlwire.kernel.call_issuer import CallIssuer
 from ctlwire.kernel.errors import (
     ClientClosed,
     EngineDead,
     FanOutFailed,
     RemoteError,
-    RequestTimedOut,
     ResultTypeError,
 )
 from ctlwire.kernel.fan_out_mailbox import FanOutMailbox
 from ctlwire.kernel.fan_out_policy import Policy
 from ctlwire.kernel.fan_out_result import FanOutResult
+from ctlwire.kernel.fencing import new_fence
 from ctlwire.kernel.liveness_monitor import LivenessMonitor
-from ctlwire.kernel.peer_table import Progress
+from ctlwire.kernel.progress_callbacks import ProgressCallback, ProgressCallbacks
 from ctlwire.kernel.request_registry import (
     ReplyDisposition,
     RequestRegistry,
     TransitionObserver,
 )
+from ctlwire.kernel.retry_policy import RetryPolicy, merge_retried
 from ctlwire.kernel.tracing import TraceProvider
 from ctlwire.states import RequestState
 from ctlwire.transports.envelope import Heartbeat, Reply
@@ -89,39 +89,7 @@ __all__ = ["ControlClient", "ResultTypeError"]
 
 log = logging.getLogger("ctlwire.client")
 _S = RequestState
-ProgressCallback = Callable[[int, Progress], Any]
-"""``on_progress(rank, progress)``: what a rank's heartbeat says about the call's request."""
-_IN_PROGRESS = 425
-
-
-def new_fence() -> int:
-    """A fencing token that grows with time (ms since the epoch, then 12 random
-    bits), so a controller started later holds a higher token."""
-    import secrets
-
-    return (time.time_ns() // 1_000_000) << 12 | secrets.randbits(12)
-
-
-def _checked_timeout(timeout: Any, what: str = "timeout") -> float:
-    """``timeout`` as a float: a positive number of seconds, ``inf`` for none.
-
-    TypeError for anything that is not a real number (``"5"``, ``None``,
-    ``True``); ValueError for 0, negative numbers and NaN. A call with such a
-    timeout sends nothing.
-    """
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"{what} must be a number of seconds, not {type(timeout).__name__}")
-    value = float(timeout)
-    if math.isnan(value) or value <= 0:
-        raise ValueError(f"{what} must be > 0 seconds (math.inf for no timeout), got {timeout!r}")
-    return value
-
-
-def _check_method(method: Any) -> None:
-    if not isinstance(method, str):
-        raise TypeError(f"method must be a str, not {type(method).__name__}")
-    if not method:
-        raise ValueError("method must be a non-empty str")
+_POLICIES = {p.value: p for p in Policy}
 
 
 class ControlClient:
@@ -161,15 +129,15 @@ class ControlClient:
         if not self.ranks:
             raise ValueError("a client needs at least one rank")
         self._rank_set = frozenset(self.ranks)
-        self.default_timeout = _checked_timeout(default_timeout, "default_timeout")
-        self.method_timeouts = {m: _checked_timeout(t, f"method_timeouts[{m!r}]")
+        self.default_timeout = checked_timeout(default_timeout, "default_timeout")
+        self.method_timeouts = {m: checked_timeout(t, f"method_timeouts[{m!r}]")
                                 for m, t in (method_timeouts or {}).items()}
         self.registry = RequestRegistry(max_tombstones=max_tombstones, observer=observer)
         self.heartbeat_interval = heartbeat_interval
         self.idempotent_methods = frozenset(idempotent_methods)
         self._key_seq = itertools.count(1)
-        self._progress_by_id: dict[int, ProgressCallback] = {}
-        self._progress_by_method: dict[str, list[ProgressCallback]] = {}
+        #: the ``on_progress`` callbacks of the calls in flight
+        self.progress_callbacks = ProgressCallbacks()
         self._mailboxes: dict[str, FanOutMailbox] = {}
         self._tg: TaskGroup | None = None
         self._closed = False
@@ -196,6 +164,12 @@ class ControlClient:
                                         fail_rank=self._fail_rank, counters=self.counters,
                                         stall_limit=stall_limit, stall_limits=stall_limits)
         self.peers = self.liveness.peers
+        self._reply_seen = self.peers.reply_seen
+        #: which failures a ``retry=`` may send again, and the wait before it
+        self.retry_policy = RetryPolicy(self.liveness, self.counters,
+                                        idempotent_methods=self.idempotent_methods,
+                                        heartbeat_interval=heartbeat_interval,
+                                        closed=lambda: self._closed)
         #: the IO of every call: register, send, wait, decode (the mailboxes' FanOutSender)
         self.issuer = CallIssuer(
             transport, self.registry, self.liveness, trace_provider=trace_provider,
@@ -229,7 +203,7 @@ class ControlClient:
         await self.transport.__aenter__()
         issuer = self.issuer
         issuer.enter_loop()
-        self._now = self.liveness.now = issuer.now
+        self._now = self.liveness.now = self.retry_policy.now = issuer.now
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -297,32 +271,12 @@ class ControlClient:
         number or NaN, before anything is registered or sent.
         """
         if timeout is not None:
-            return _checked_timeout(timeout)
+            return checked_timeout(timeout)
         return self.method_timeouts.get(method, self.default_timeout)
 
     def new_idempotency_key(self) -> str:
         """A key no other call of any client uses (this client's incarnation and a counter)."""
         return f"{self.registry.incarnation:x}-{next(self._key_seq)}"
-
-    def _retryable(self, error: BaseException, method: str, key: str) -> bool:
-        """May ``error`` be retried without risking a second run?"""
-        if isinstance(error, EngineDead):
-            return error.retry_safe or bool(key) or method in self.idempotent_methods
-        return isinstance(error, RemoteError) and error.code == _IN_PROGRESS
-
-    async def _before_retry(self, ranks: Sequence[int], deadline: float) -> bool:
-        """Wait (until ``deadline``) for ``ranks`` to be live again; False when time ran out."""
-        self.counters["retries"] += 1
-        while True:
-            if self._now() >= deadline or self._closed:
-                return False
-            if all(self.peers.is_live(r) for r in ranks):
-                # a short pause lets an InProgress run finish; it also paces retries
-                await anyio.sleep(min(self.heartbeat_interval or 0.05, 0.05))
-                return self._now() < deadline
-            event = self.liveness.peer_changed
-            with anyio.move_on_after(deadline - self._now()):
-                await event.wait()
 
     async def call(self, method: str, payload: Any = None, *, rank: int | None = None,
                    timeout: float | None = None, result_type: Any = Any,
@@ -353,7 +307,7 @@ class ControlClient:
         waited for within the call's deadline; a rank that was connected and
         is lost fails at once with NotDelivered.
         """
-        _check_method(method)
+        check_method(method)
         if rank is None:
             rank = self.ranks[0]
         elif rank not in self._rank_set:
@@ -361,41 +315,29 @@ class ControlClient:
         budget = self.timeout_for(method, timeout)
         raw = self.issuer.encode_payload(payload, method)
         key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
-        extras = envelope_extras.set((key, fence))
-        deadline = self._now() + budget
-        try:
-            while True:
-                remaining = deadline - self._now()
-                try:
-                    return await self._call_once(method, raw, rank, remaining, budget,
-                                                 result_type, on_progress)
-                except (EngineDead, RemoteError) as exc:
-                    if retry <= 0 or not self._retryable(exc, method, key):
-                        raise
-                    retry -= 1
-                    if not await self._before_retry((rank,), deadline):
-                        raise
-        finally:
-            envelope_extras.reset(extras)
-
-    async def _call_once(self, method: str, raw: msgspec.Raw, rank: int, remaining: float,
-                         budget: float, result_type: Any,
-                         on_progress: ProgressCallback | None) -> Any:
         issuer = self.issuer
-        core = issuer.call_core(method, (rank,), Policy.ALL, budget,
-                                deadline=self._now() + remaining)
-        entry = None
-        try:
-            entry = core.register(issuer.new_waiter())
-            if on_progress is not None:
-                self._progress_by_id[entry.id] = on_progress
-            await issuer.send_all(core, raw)
-            await issuer.wait_outcome(core, core.deadline or 0.0)
-            return issuer.single_outcome(entry, rank, result_type)
-        finally:
-            if entry is not None and on_progress is not None:
-                self._progress_by_id.pop(entry.id, None)
-            core.finish()
+        deadline = self._now() + budget
+        while True:
+            core = issuer.call_core(method, (rank,), Policy.ALL, budget, deadline, None, key,
+                                    fence)
+            try:
+                try:
+                    entry = core.register(issuer.new_waiter())
+                    if on_progress is not None:
+                        self.progress_callbacks.by_id[entry.id] = on_progress
+                    await issuer.send_all(core, raw)
+                    await issuer.wait_outcome(core, deadline)
+                    return issuer.single_outcome(entry, rank, result_type)
+                finally:
+                    if on_progress is not None and core.entry is not None:
+                        self.progress_callbacks.by_id.pop(core.entry.id, None)
+                    core.finish()
+            except (EngineDead, RemoteError) as exc:
+                if retry <= 0 or not self.retry_policy.retryable(exc, method, key):
+                    raise
+                retry -= 1
+                if not await self.retry_policy.before_retry((rank,), deadline):
+                    raise
 
     async def fan_out(
         self,
@@ -427,64 +369,57 @@ class ControlClient:
         answered with an error: read ``errors`` or call ``raise_for_errors()``;
         FanOutFailed means ranks could not answer at all (lost, unreachable).
         """
-        _check_method(method)
-        pol = policy if isinstance(policy, Policy) else Policy(policy)
+        check_method(method)
+        pol = _POLICIES.get(policy) if type(policy) is str else None
+        if pol is None:
+            pol = policy if isinstance(policy, Policy) else Policy(policy)
         targets = tuple(ranks) if ranks is not None else self.ranks
         if not targets or not self._rank_set.issuperset(targets):
             raise ValueError(f"ranks {targets} must be a non-empty subset of {self.ranks}")
         budget = self.timeout_for(method, timeout)
         raw = self.issuer.encode_payload(payload, method)
         key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
-        extras = envelope_extras.set((key, fence))
         if on_progress is not None:
-            self._progress_by_method.setdefault(method, []).append(on_progress)
+            self.progress_callbacks.add_method(method, on_progress)
         deadline = self._now() + budget
         try:
             try:
                 result = await self._fan_out_once(method, raw, targets, pol, budget, mode,
-                                                  result_type)
+                                                  result_type, key, fence)
                 failed = None
             except FanOutFailed as exc:
                 result, failed = exc.result, exc
             while retry > 0 and pol is Policy.ALL:
                 again = tuple(r for r, e in sorted(result.errors.items())
-                              if self._retryable(e, method, key))
-                if not again or not await self._before_retry(again, deadline):
+                              if self.retry_policy.retryable(e, method, key))
+                if not again or not await self.retry_policy.before_retry(again, deadline):
                     break
                 retry -= 1
                 try:
                     more = await self._fan_out_once(method, raw, again, pol,
-                                                    deadline - self._now(), mode, result_type)
+                                                    deadline - self._now(), mode, result_type,
+                                                    key, fence)
                 except FanOutFailed as exc:
                     more = exc.result
-                for r in again:
-                    result.errors.pop(r, None)
-                result.results.update(more.results)
-                result.errors.update(more.errors)
-                failed = (FanOutFailed(method, pol.value, result)
-                          if any(not isinstance(e, RemoteError) for e in result.errors.values())
-                          else None)
+                failed = merge_retried(result, again, more, method, pol)
             if failed is not None:
                 raise failed
             return result
         finally:
-            envelope_extras.reset(extras)
             if on_progress is not None:
-                self._progress_by_method[method].remove(on_progress)
-                if not self._progress_by_method[method]:
-                    del self._progress_by_method[method]
+                self.progress_callbacks.remove_method(method, on_progress)
 
     async def _fan_out_once(self, method: str, raw: msgspec.Raw, targets: tuple[int, ...],
-                            pol: Policy, budget: float, mode: str,
-                            result_type: Any) -> FanOutResult:
+                            pol: Policy, budget: float, mode: str, result_type: Any,
+                            key: str, fence: int | None) -> FanOutResult:
         mailbox = self.mailbox(method)
         if mode == "queueing":
-            return await mailbox.queueing(raw, targets, pol, budget, result_type)
+            return await mailbox.queueing(raw, targets, pol, budget, result_type, key, fence)
         if mode == "watching":
-            return await mailbox.watching(raw, targets, pol, budget, result_type)
+            return await mailbox.watching(raw, targets, pol, budget, result_type, key, fence)
         if mode == "concurrent":
             return await self.issuer.run_fan_out(method, raw, targets, pol, budget,
-                                          anyio.current_time() + budget, result_type)
+                                                 self._now() + budget, result_type, key, fence)
         raise ValueError(f"unknown mode {mode!r}: expected queueing, watching or concurrent")
 
     def mailbox(self, method: str) -> FanOutMailbox:
@@ -500,17 +435,8 @@ class ControlClient:
         Raises RequestTimedOut naming the ranks still missing, ClientClosed
         when the client closes meanwhile.
         """
-        targets = tuple(ranks) if ranks is not None else self.ranks
-        with anyio.move_on_after(timeout):
-            while True:
-                if self._closed:
-                    raise ClientClosed("client is closed")
-                missing = [r for r in targets if r not in self.peers.live_ranks()]
-                if not missing:
-                    return
-                await self.liveness.peer_changed.wait()
-        missing = [r for r in targets if r not in self.peers.live_ranks()]
-        raise RequestTimedOut(f"wait_ready (ranks {missing} not connected)", timeout)
+        await self.liveness.wait_ready(tuple(ranks) if ranks is not None else self.ranks,
+                                       timeout)
 
     # -- background tasks ------------------------------------------------------
     async def _receive_loop(self) -> None:
@@ -535,9 +461,8 @@ class ControlClient:
             elif type(env) is Heartbeat:
                 rank = env.rank if event.peer is None else event.peer
                 progress = self.liveness.heartbeat(rank, env)
-                if (progress is not None and progress.request_id
-                        and (self._progress_by_id or self._progress_by_method)):
-                    self._on_progress(rank, progress)
+                if progress is not None and progress.request_id and self.progress_callbacks:
+                    self.progress_callbacks.dispatch(self.registry, rank, progress)
             else:
                 self.counters["dropped_wrong_type"] += 1
         elif type(event) is Dropped:
@@ -548,32 +473,19 @@ class ControlClient:
 
     def _on_reply(self, reply: Reply, peer: int | None) -> None:
         rank = reply.rank if peer is None else peer
-        if self.peers.is_stale(rank, reply.incarnation):
-            self.counters["stale_incarnation"] += 1
-            return
-        self.liveness.seen(rank, reply.incarnation, authoritative=False)
-        self.peers.finished(rank, reply.id)
+        if not self._reply_seen(rank, reply.incarnation, self._now()):
+            # not the common case (Connected, its admitted incarnation): the general path
+            if self.peers.is_stale(rank, reply.incarnation):
+                self.counters["stale_incarnation"] += 1
+                return
+            self.liveness.seen(rank, reply.incarnation, authoritative=False)
+            self.peers.finished(rank, reply.id)
         disposition, entry = self.registry.on_reply(reply, peer)
         if disposition is ReplyDisposition.COMPLETED and entry is not None:
             self.issuer.wake(entry)
 
     def _fail_rank(self, rank: int, detail: str) -> None:
         self.issuer.fail_rank(rank, detail)  # the liveness monitor lost ``rank``
-
-    def _on_progress(self, rank: int, progress: Progress) -> None:
-        """Call the progress callbacks of the request ``rank`` says it is running."""
-        entry = self.registry.get(progress.request_id)
-        if entry is None or not entry.is_open or rank not in entry.ranks:
-            return
-        callbacks = list(self._progress_by_method.get(entry.method, ()))
-        by_id = self._progress_by_id.get(entry.id)
-        if by_id is not None:
-            callbacks.append(by_id)
-        for callback in callbacks:
-            try:
-                callback(rank, progress)
-            except Exception:  # a caller's callback must not break the receiver
-                log.exception("ctlwire: progress callback failed")
 
     # -- observability ---------------------------------------------------------
     def metrics(self) -> dict[str, Any]:

@@ -27,6 +27,7 @@ sends, the wait, the outcome, the deadline reaper); the client's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import anyio
@@ -54,6 +55,10 @@ class FanOutSender(Protocol):
         """True once the client closed: queued callers get ClientClosed."""
 
     @property
+    def now(self) -> Callable[[], float]:
+        """The client's clock (the event loop's, as anyio's cancel-scope deadlines)."""
+
+    @property
     def registry(self) -> RequestRegistry:
         """The request map (watchers retain the shared entry)."""
 
@@ -65,9 +70,9 @@ class FanOutSender(Protocol):
         """A new event of the running loop (``set``, ``wait``)."""
 
     def call_core(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
-                  deadline: float | None = None, queue: AdmissionQueue | None = None
-                  ) -> CallCore:
-        """The sans-IO protocol object of one caller."""
+                  deadline: float | None = None, queue: AdmissionQueue | None = None,
+                  key: str = "", fence: int | None = None) -> CallCore:
+        """The sans-IO protocol object of one caller (``key``, ``fence``: its envelopes')."""
 
     async def send_all(self, core: CallCore, raw: msgspec.Raw) -> None:
         """Hand the frames to the transport for each rank ``core`` releases."""
@@ -103,10 +108,12 @@ class FanOutMailbox:
         return len(self._watched)
 
     async def queueing(self, raw: msgspec.Raw, ranks: tuple[int, ...], policy: Policy,
-                       budget: float, result_type: Any) -> FanOutResult:
-        """One fan-out, admitted first come, first served; see the module docstring."""
+                       budget: float, result_type: Any, key: str = "",
+                       fence: int | None = None) -> FanOutResult:
+        """One fan-out, admitted first come, first served; see the module docstring.
+        ``key`` and ``fence`` go in its envelopes (``fence`` None: the client's)."""
         sender = self.sender
-        core = sender.call_core(self.method, ranks, policy, budget, queue=self.queue)
+        core = sender.call_core(self.method, ranks, policy, budget, None, self.queue, key, fence)
         deadline = core.deadline or 0.0
         try:
             if not core.arrive():
@@ -118,11 +125,11 @@ class FanOutMailbox:
                     reaper.arm(ticket, deadline)  # woken by hand-off or deadline
                     await waiter.wait()
                 else:
-                    with anyio.move_on_after(deadline - anyio.current_time()):
+                    with anyio.move_on_after(deadline - sender.now()):
                         await waiter.wait()
                 if sender.closed:
                     raise ClientClosed("client closed")  # woken by aclose(): nothing sent
-                if not core.admitted or anyio.current_time() >= deadline:
+                if not core.admitted or sender.now() >= deadline:
                     # timed out in the queue (possibly at the very moment of hand-off:
                     # then nothing is sent, and finish() passes the mailbox on)
                     raise RequestTimedOut(self.method, budget, admission=True)
@@ -137,12 +144,14 @@ class FanOutMailbox:
                 admitted.waiter.set()
 
     async def watching(self, raw: msgspec.Raw, ranks: tuple[int, ...], policy: Policy,
-                       budget: float, result_type: Any) -> FanOutResult:
-        """Join an identical in-flight request, or start one; own copy of the result."""
+                       budget: float, result_type: Any, key: str = "",
+                       fence: int | None = None) -> FanOutResult:
+        """Join an identical in-flight request, or start one; own copy of the result.
+        ``key`` and ``fence`` go in the envelopes of a request this caller starts."""
         sender = self.sender
         registry = sender.registry
-        key: _WatchKey = (bytes(raw), ranks, policy)
-        entry = self._watched.get(key)
+        shared: _WatchKey = (bytes(raw), ranks, policy)
+        entry = self._watched.get(shared)
         if entry is not None and entry.is_open:
             # join: a core over the shared entry, which only waits and releases
             core = sender.call_core(self.method, ranks, policy, budget)
@@ -151,9 +160,9 @@ class FanOutMailbox:
             self.watch_joins += 1
             leader = False
         else:
-            core = sender.call_core(self.method, ranks, policy, budget)
+            core = sender.call_core(self.method, ranks, policy, budget, None, None, key, fence)
             entry = core.register(sender.new_waiter())
-            self._watched[key] = entry
+            self._watched[shared] = entry
             leader = True
         deadline = core.deadline or 0.0
         try:
@@ -166,5 +175,5 @@ class FanOutMailbox:
             return sender.fan_out_outcome(entry, result_type)
         finally:
             core.finish()
-            if self._watched.get(key) is entry and not entry.is_open:
-                del self._watched[key]
+            if self._watched.get(shared) is entry and not entry.is_open:
+                del self._watched[shared]

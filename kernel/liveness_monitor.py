@@ -49,6 +49,7 @@ from typing import Any
 
 import anyio
 
+from ctlwire.kernel.errors import ClientClosed, RequestTimedOut
 from ctlwire.kernel.peer_table import PeerTable, Progress
 from ctlwire.states import LIVE_PEER_STATES
 from ctlwire.transports.envelope import Heartbeat
@@ -101,6 +102,21 @@ class LivenessMonitor:
         if peer is None:
             raise ValueError(f"rank {rank} is not one of this client's ranks {self.ranks}")
         return peer.describe()
+
+    async def wait_ready(self, ranks: Sequence[int], timeout: float) -> None:
+        """Wait until every rank in ``ranks`` has been heard from. Raises
+        RequestTimedOut naming the ranks still missing, ClientClosed when the
+        client closes meanwhile."""
+        with anyio.move_on_after(timeout):
+            while True:
+                if self.closed:
+                    raise ClientClosed("client is closed")
+                missing = [r for r in ranks if r not in self.peers.live_ranks()]
+                if not missing:
+                    return
+                await self.peer_changed.wait()
+        missing = [r for r in ranks if r not in self.peers.live_ranks()]
+        raise RequestTimedOut(f"wait_ready (ranks {missing} not connected)", timeout)
 
     # -- what the client hears -------------------------------------------------
     def heartbeat(self, rank: int, hb: Heartbeat) -> Progress | None:

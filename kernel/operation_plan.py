@@ -16,7 +16,8 @@ nothing that needs undoing. ``quarantine_on_error`` quarantines a rank whose
 own step answered with an error instead of compensating it (for a step that can
 leave a rank half-changed when it raises, e.g. a weight load).
 
-Operation ids and fencing tokens are minted here: :func:`new_fence` is strictly
+Operation ids are minted here; fencing tokens by :func:`~ctlwire.kernel.fencing.new_fence`
+(re-exported here), which is strictly
 increasing within a process and time-based across processes (microseconds since
 the epoch), so a controller that starts later holds a larger token than the one
 it replaces, clocks permitting.
@@ -24,10 +25,10 @@ it replaces, clocks permitting.
 
 from __future__ import annotations
 
-import threading
-import time
 from dataclasses import dataclass
 from typing import Any
+
+from ctlwire.kernel.fencing import new_fence
 
 __all__ = ["OperationPlan", "OperationStep", "StepCall", "new_fence", "new_operation_id",
            "step_key"]
@@ -77,19 +78,6 @@ class OperationPlan:
             if s.name == step:
                 return i
         raise ValueError(f"operation {self.name!r} has no step {step!r}")
-
-
-_lock = threading.Lock()
-_last_fence = 0
-
-
-def new_fence() -> int:
-    """A fencing token larger than every token this process minted before, and
-    (time-based, microseconds) than tokens minted earlier by other processes."""
-    global _last_fence
-    with _lock:
-        _last_fence = max(_last_fence + 1, time.time_ns() // 1000)
-        return _last_fence
 
 
 def new_operation_id(name: str, fence: int) -> str:

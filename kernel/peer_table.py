@@ -186,6 +186,20 @@ class PeerTable:
         p.misses = 0
         return lost
 
+    def reply_seen(self, rank: int, incarnation: int, now: float) -> bool:
+        """A reply came from ``rank`` under ``incarnation``: in the common case (the
+        rank Connected, the reply from its admitted incarnation) refresh its
+        liveness with one lookup and return True. False when anything else holds:
+        the caller then takes the general path (:meth:`is_stale`, :meth:`seen`
+        with ``authoritative=False``, :meth:`finished`), which this equals here."""
+        p = self.peers.get(rank)
+        if (p is not None and p.state is PeerState.CONNECTED
+                and (incarnation == p.incarnation or not incarnation)):
+            p.last_seen = now
+            p.misses = 0
+            return True
+        return False
+
     def finished(self, rank: int, request_id: int) -> None:
         """A reply to ``request_id`` came from ``rank``: if its last heartbeat said
         it was running that request, it no longer is (Busy/Stalled → Connected)."""

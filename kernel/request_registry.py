@@ -52,6 +52,7 @@ _S = RequestState
 _E = RequestEvent
 _OPEN = frozenset({_S.REGISTERED, _S.SENT, _S.AWAITING})
 _TERMINAL = CONTROL_REQUEST_TABLE.terminal
+_ALL = Policy.ALL
 
 
 class _Step:
@@ -301,6 +302,18 @@ class RequestRegistry:
             self._go(entry, _E.SEND)
         entry.sent_ranks.append(rank)
 
+    def mark_sent_all(self, entry: PendingRequest, ranks: list[int]) -> None:
+        """:meth:`mark_sent` for each of ``ranks`` (about to be handed over, without
+        anything happening in between): one transition for the batch."""
+        if entry.state is _S.REGISTERED:
+            self._go(entry, _E.SEND)
+        entry.sent_ranks.extend(ranks)
+
+    def unmark_sent(self, entry: PendingRequest, rank: int) -> None:
+        """The frame for ``rank``, marked sent, was not handed over after all (it
+        waits for room): a loss of ``rank`` until it is marked again means NotDelivered."""
+        entry.sent_ranks.remove(rank)
+
     def mark_awaiting(self, entry: PendingRequest) -> bool:
         """The caller reached its wait. False when the outcome is already known
         (the reply beat the wait), in which case there is nothing to wait for."""
@@ -367,9 +380,16 @@ class RequestRegistry:
             stats.late += 1
             return ReplyDisposition.LATE, entry
         entry.replies[rank] = reply
-        entry.answered += 1
+        answered = entry.answered = entry.answered + 1
         if reply.ok:
             entry.ok += 1
+        if entry.policy is _ALL:
+            # decide() for ``all``, inline: settled = answered + failed ranks, and a
+            # request with an answer is Done once every rank settled
+            if answered + len(entry.errors) < len(entry.ranks):
+                return ReplyDisposition.ACCEPTED, entry
+            self._go(entry, _E.COMPLETE)
+            return ReplyDisposition.COMPLETED, entry
         if self._decide(entry):
             return ReplyDisposition.COMPLETED, entry
         return ReplyDisposition.ACCEPTED, entry

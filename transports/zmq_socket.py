@@ -22,6 +22,17 @@ How waiting works (see :class:`AsyncZmqSocket`):
 * A ROUTER with ``ROUTER_MANDATORY`` reports ``POLLOUT`` while *any* peer has room, so a
   send to a full peer can fail although ``POLLOUT`` is set. Such a sender waits for the
   fd with a bounded back-off (1 ms doubling to 50 ms) instead of spinning.
+* On asyncio the fd reader is registered once per socket (first wait to close); its
+  callback resolves the current fd waiter's future, or drains the fd when nobody waits.
+
+Why this module is one file of ~650 lines: the receive, send and wait paths share one
+small state machine (who holds the fd, who waits on the event, which re-check of EVENTS
+is owed to whom). Its invariants — no lost edge, one fd waiter per backend, hand-over on
+every exit path — are only checkable when every transition of that state is read
+together; the asyncio and trio fd waiters are ~40 lines each and read and write the same
+slots as the rest. Splitting them into modules would spread the state across files
+without making any part usable on its own. What is not that state (frame helpers) is at
+the top.
 """
 
 from __future__ import annotations
@@ -121,11 +132,6 @@ def _send_frames(socket: zmq.Socket[bytes], frames: Frames,
     send(frames[last], _NOBLOCK)
 
 
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
 def _socket_type_name(socket: zmq.Socket[bytes]) -> str:
     try:
         return zmq.SocketType(cast(int, socket.get(zmq.TYPE))).name
@@ -171,6 +177,7 @@ class AsyncZmqSocket:
         "_meta",
         "_owner",
         "_pollout_waiters",
+        "_reader_loop",
         "_receiving",
         "_recv_missed",
         "_recv_streak",
@@ -204,6 +211,9 @@ class AsyncZmqSocket:
         self._fd_scope: anyio.CancelScope | None = None  # scope of the current fd waiter
         # ... or, on asyncio, the future it awaits (the reader callback resolves it)
         self._fd_future: asyncio.Future[None] | None = None
+        # the asyncio loop on which this socket's fd reader stays registered (from the
+        # first wait until close: no epoll_ctl pair per wait), None while none is
+        self._reader_loop: asyncio.AbstractEventLoop | None = None
         self._changed: anyio.Event | None = None  # wakes the tasks that are not the fd waiter
         self._recv_streak = 0
         self._send_streak = 0
@@ -488,12 +498,14 @@ class AsyncZmqSocket:
             with contextlib.suppress(RuntimeError):  # no running event loop after all
                 anyio.notify_closing(self._fd)
             self._fd_scope.cancel()
+        loop, self._reader_loop = self._reader_loop, None
+        if loop is not None:
+            # the asyncio reader is registered on the fd: unregister before libzmq closes
+            # it (a no-op on a loop that is closed already)
+            loop.remove_reader(self._fd)
         future = self._fd_future
-        if future is not None:
-            # an asyncio reader is registered on the fd: unregister before libzmq closes it
-            future.get_loop().remove_reader(self._fd)
-            if not future.done():
-                future.set_result(None)
+        if future is not None and not future.done():
+            future.set_result(None)
         self._set_changed()
         self._socket.close(linger=linger_ms)
 
@@ -506,9 +518,13 @@ class AsyncZmqSocket:
         must re-check EVENTS afterwards: every wake-up may be spurious.
         """
         if self._fd_scope is None and self._fd_future is None:
-            loop = asyncio._get_running_loop() if timeout is None else None
+            loop = asyncio._get_running_loop()
             if loop is not None:
-                await self._wait_fd_asyncio(loop)
+                if timeout is None:
+                    await self._wait_fd_asyncio(loop)
+                else:
+                    with anyio.move_on_after(timeout):
+                        await self._wait_fd_asyncio(loop)
                 if self._closed:
                     raise SocketClosed(f"{self._type_name} socket was closed")
                 return
@@ -540,19 +556,48 @@ class AsyncZmqSocket:
             raise SocketClosed(f"{self._type_name} socket was closed")
 
     async def _wait_fd_asyncio(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The fd waiter on asyncio: a reader callback resolving a future of its own
-        (what ``anyio.wait_readable`` does, without a cancel scope around it; anyio's
-        cancellation still reaches the ``await``)."""
+        """The fd waiter on asyncio: a future that the socket's reader callback
+        (:meth:`_on_readable`) resolves (what ``anyio.wait_readable`` does, without a
+        cancel scope around it; anyio's cancellation still reaches the ``await``).
+
+        The reader is registered once, at the first wait on ``loop``, and stays
+        registered until :meth:`close`: no ``epoll_ctl`` add/remove pair per wait."""
+        if self._reader_loop is not loop:
+            old = self._reader_loop
+            if old is not None and not old.is_closed():
+                old.remove_reader(self._fd)  # the socket moved to another loop
+            loop.add_reader(self._fd, self._on_readable)
+            self._reader_loop = loop
         future: asyncio.Future[None] = loop.create_future()
         self._fd_future = future
-        loop.add_reader(self._fd, _resolve, future)
         try:
             await future
         finally:
             if self._fd_future is future:
                 self._fd_future = None
-                loop.remove_reader(self._fd)
         self._set_changed()
+
+    def _on_readable(self) -> None:
+        """The asyncio reader callback: the fd fired (it stays readable until a socket
+        call drains it, and asyncio's epoll is level-triggered).
+
+        With a task waiting on the fd: resolve its future; the task drains the fd
+        (reads EVENTS) when it runs. With none: drain it here, by the check any socket
+        call owes suspended tasks (:meth:`_after_io`), so the loop does not spin on a
+        readable fd while nobody waits, and a task waiting on the shared event that
+        can now go on is woken."""
+        future = self._fd_future
+        if future is not None:
+            if not future.done():
+                future.set_result(None)
+            return
+        if self._socket.closed and not self._closed:
+            # closed underneath this object: its fd is gone, drop the reader
+            loop, self._reader_loop = self._reader_loop, None
+            if loop is not None:
+                loop.remove_reader(self._fd)
+            return
+        self._after_io()
 
     def _after_send(self) -> None:
         """After a send made while others are suspended: make sure EVENTS is re-read

@@ -555,3 +555,108 @@ async def test_cancelled_waiter_hands_the_fd_over(socks: Sockets, cancelled: str
         await router.send_multipart([ident, b"reply"])
         with anyio.fail_after(GUARD):
             assert await dealer.recv_multipart() == [b"reply"]
+
+
+# ------------------------------------------------------- the persistent asyncio reader
+
+
+class _ReaderCounts:
+    """Counts the running asyncio loop's add_reader/remove_reader calls on one fd."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, fd: int) -> None:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        self.added = self.removed = 0
+        add, remove = loop.add_reader, loop.remove_reader
+
+        def add_reader(fileno: Any, callback: Any, *args: Any) -> None:
+            if fileno == fd:
+                self.added += 1
+            add(fileno, callback, *args)
+
+        def remove_reader(fileno: Any) -> bool:
+            if fileno == fd:
+                self.removed += 1
+            return remove(fileno)
+
+        monkeypatch.setattr(loop, "add_reader", add_reader)
+        monkeypatch.setattr(loop, "remove_reader", remove_reader)
+
+
+@pytest.mark.anyio
+async def test_asyncio_fd_reader_is_registered_once_per_socket(
+        socks: Sockets, anyio_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On asyncio the fd reader stays registered from the first wait to close: waits
+    that suspend cost no add_reader/remove_reader (epoll_ctl) pair each. On trio the
+    same round trips just work."""
+    raw_router, raw_dealer = router_dealer(socks, "inproc://reader-once")
+    router, dealer = socks.wrap(raw_router), socks.wrap(raw_dealer)
+    counts = (_ReaderCounts(monkeypatch, raw_dealer.get(zmq.FD))
+              if anyio_backend == "asyncio" else None)
+    waits = 0
+
+    async def echo() -> None:
+        for _ in range(50):
+            ident, *frames = await router.recv_multipart()
+            await router.send_multipart([ident, *frames])
+
+    with anyio.fail_after(GUARD):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(echo)
+            for i in range(50):
+                await anyio.wait_all_tasks_blocked()  # the echo task waits: we will too
+                await dealer.send_multipart([b"%d" % i])
+                before = dealer._recv_missed
+                assert await dealer.recv_multipart() == [b"%d" % i]
+                waits += 1 if not before else 0
+    assert waits >= 1
+    if counts is not None:
+        assert (counts.added, counts.removed) == (1, 0)
+        dealer.close()
+        assert counts.removed == 1  # close unregisters before libzmq closes the fd
+        assert dealer._reader_loop is None
+
+
+@pytest.mark.anyio
+async def test_fd_firing_with_no_waiter_does_not_spin(
+        socks: Sockets, endpoint: str, anyio_backend: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader stays registered while no task waits; asyncio's epoll is
+    level-triggered, so a fd left readable would call it on every loop iteration.
+    The callback drains the fd itself (EVENTS) when nobody waits: messages arriving
+    while the receiver is busy elsewhere cost a callback or two, not one per loop
+    iteration, and are received afterwards."""
+    calls = 0
+    original = AsyncZmqSocket._on_readable
+
+    def counting(self: AsyncZmqSocket) -> None:
+        nonlocal calls
+        calls += 1
+        original(self)
+
+    monkeypatch.setattr(AsyncZmqSocket, "_on_readable", counting)
+    raw_router, raw_dealer = router_dealer(socks, endpoint)
+    router, dealer = socks.wrap(raw_router), socks.wrap(raw_dealer)
+    with anyio.fail_after(GUARD):
+        await dealer.send_multipart([b"hi"])
+        ident = (await router.recv_multipart())[0]
+        async with anyio.create_task_group() as tg:
+            async def first() -> None:  # a waited-for receive registers the reader
+                assert await dealer.recv_multipart() == [b"one"]
+            tg.start_soon(first)
+            await anyio.wait_all_tasks_blocked()
+            await router.send_multipart([ident, b"one"])
+        assert dealer.recv_multipart_nowait() is None  # found empty: the next one signals
+        before = calls
+        for i in range(5):  # nobody waits on the dealer now
+            await router.send_multipart([ident, b"%d" % i])
+        deadline = time.monotonic() + 0.05
+        spins = 0
+        while time.monotonic() < deadline or spins < 200:
+            await anyio.lowlevel.checkpoint()  # a loop iteration, fd signalled
+            spins += 1
+        if anyio_backend == "asyncio":
+            assert 1 <= calls - before <= 3, calls - before
+        assert [await dealer.recv_multipart() for _ in range(5)] == [[b"%d" % i]
+                                                                     for i in range(5)]

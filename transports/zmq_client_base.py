@@ -1,0 +1,166 @@
+"""What the ZeroMQ client transports share: context, options, CURVE, monitors, orderly close.
+
+:class:`_ZmqClientBase` is the base of the ROUTER client
+(:class:`~ctlwire.transports.zmq_client.ZmqRouterClientTransport`) and of the
+per-rank clients of :mod:`ctlwire.transports.zmq_per_rank_client`.
+Closing never hangs: monitors first, then sockets with a bounded linger, then
+the authenticator and the context the transport created, then the ipc files it bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Awaitable, Callable
+from functools import partial
+from types import TracebackType
+from typing import Any, cast
+
+import anyio
+import anyio.lowlevel
+import zmq
+from anyio.abc import TaskGroup
+
+from ctlwire.transports.codec import Codec, MsgpackCodec
+from ctlwire.transports.curve import CurveAuthenticator
+from ctlwire.transports.envelope import Envelope
+from ctlwire.transports.errors import TransportClosed
+from ctlwire.transports.zmq_config import (
+    ZmqOptions,
+    bind_socket,
+    private_ipc_address,
+    remove_ipc_file,
+)
+from ctlwire.transports.zmq_monitor import SocketMonitor
+from ctlwire.transports.zmq_socket import AsyncZmqSocket
+
+__all__ = ["_ZmqClientBase", "_fast_checkpoint"]
+
+
+def _fast_checkpoint() -> Callable[[], Awaitable[None]]:
+    """``anyio.lowlevel.checkpoint`` of the running backend, without the lookup of
+    the backend that anyio makes on every call (which costs more than the
+    checkpoint itself). Both are cancellation points and yield to the loop."""
+    try:
+        import sniffio
+
+        library = sniffio.current_async_library()
+    except Exception:  # pragma: no cover - no sniffio, or not in a loop
+        return anyio.lowlevel.checkpoint
+    if library == "asyncio":
+        return partial(asyncio.sleep, 0)
+    if library == "trio":
+        import trio
+
+        return cast(Callable[[], Awaitable[None]], trio.lowlevel.checkpoint)
+    return anyio.lowlevel.checkpoint  # pragma: no cover
+
+
+class _ZmqClientBase:
+    """Context, options, CURVE, monitors and orderly close, shared by the clients."""
+
+    def __init__(self, *, codec: Codec | None, options: ZmqOptions | None,
+                 context: zmq.Context[zmq.Socket[bytes]] | None) -> None:
+        self.codec = codec or MsgpackCodec()
+        self.options = options or ZmqOptions()
+        self._own_context = context is None
+        self.context: zmq.Context[zmq.Socket[bytes]] = context or zmq.Context()
+        self._sockets: list[AsyncZmqSocket] = []
+        self._raw: list[zmq.Socket[bytes]] = []  # every socket made, closed on close
+        self._monitors: list[SocketMonitor] = []
+        self._auth: CurveAuthenticator | None = None
+        self._tg: TaskGroup | None = None
+        self._closed = False
+        self._opened = False
+        self._bound_ipc: list[tuple[str, bool]] = []  # (address, in a private dir we made)
+        self.counters: dict[str, int] = {"sent": 0, "received": 0, "unknown_peer": 0}
+        self._checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint
+
+    def _socket(self, kind: int) -> zmq.Socket[bytes]:
+        sock: zmq.Socket[bytes] = self.context.socket(kind)
+        self._raw.append(sock)
+        self.options.apply(sock, self.codec.max_message_size)
+        return sock
+
+    def _wrap(self, sock: zmq.Socket[bytes]) -> AsyncZmqSocket:
+        wrapped = AsyncZmqSocket(sock)
+        self._sockets.append(wrapped)
+        return wrapped
+
+    def _open(self) -> None:
+        raise NotImplementedError
+
+    def _start_tasks(self, tg: TaskGroup) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Any:
+        if self._opened:
+            raise RuntimeError("a transport can be opened once")
+        self._opened = True
+        self._checkpoint = _fast_checkpoint()
+        try:
+            self._open()
+        except BaseException:
+            self._close_sync()
+            raise
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        self._start_tasks(tg)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    @property
+    def auth_failures(self) -> int:
+        """CURVE handshakes this side lost: a peer refused our key (monitor events)."""
+        return sum(m.auth_failures for m in self._monitors)
+
+    async def aclose(self) -> None:
+        tg, self._tg = self._tg, None
+        if tg is not None:
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+        self._close_sync()
+
+    def _close_sync(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for mon in self._monitors:
+            mon.close()
+        for sock in self._sockets:
+            sock.close(self.options.linger_ms)
+        for raw in self._raw:  # one a failed bind/connect left unwrapped
+            if not raw.closed:
+                raw.close(self.options.linger_ms)
+        if self._auth is not None:
+            self._auth.stop()
+        if self._own_context:
+            self.context.term()
+        for address, private in self._bound_ipc:
+            remove_ipc_file(address, private_dir=private)
+
+    def _private_address(self, name: str) -> str:
+        """A fresh ipc address in a private directory, removed when this transport
+        closes, or when it is garbage-collected without ever being opened."""
+        address = private_ipc_address(name)
+        weakref.finalize(self, remove_ipc_file, address, private_dir=True)
+        return address
+
+    def _bind(self, raw: zmq.Socket[bytes], address: str, private: bool = False) -> str:
+        address = bind_socket(raw, address)
+        if address.startswith("ipc://"):
+            self._bound_ipc.append((address, private))
+        return address
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _encode(self, envelope: Envelope) -> bytes:
+        if self._closed:
+            raise TransportClosed("transport is closed")
+        return self.codec.encode(envelope)

@@ -1,0 +1,310 @@
+"""ZeroMQ client transports with one sending socket per engine rank.
+
+* :class:`ZmqDealerClientTransport` — the reverse orientation (FastDeploy's):
+  each engine binds a ROUTER, the client connects one DEALER per rank (and a
+  SUB per rank to the engine's liveness beacon).
+* :class:`ZmqPushPullClientTransport` — separate channels: one PUSH per rank for
+  requests, one bound PULL for all replies.
+* :class:`ZmqPairClientTransport` — one PAIR per rank, for inproc engines in
+  the same process (the engine side must use the same ``zmq.Context``).
+
+A reader task per socket feeds one event stream that :meth:`receive` reads;
+the guarantees are those of :mod:`ctlwire.transports.zmq_client` (which
+re-exports these classes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+
+import anyio
+import zmq
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from ctlwire.transports.codec import Codec, check_pickle_allowed
+from ctlwire.transports.curve import CurveClientConfig
+from ctlwire.transports.envelope import Envelope, Heartbeat
+from ctlwire.transports.errors import (
+    AuthenticationFailed,
+    SocketClosed,
+    TransportClosed,
+    Unroutable,
+    WouldBlock,
+)
+from ctlwire.transports.memory import decode_event
+from ctlwire.transports.transport import Dropped, PeerDisconnected, Received, TransportEvent
+from ctlwire.transports.zmq_client_base import _ZmqClientBase
+from ctlwire.transports.zmq_config import (
+    ZmqOptions,
+    beacon_address_for,
+    check_bind_address,
+    connect_socket,
+)
+from ctlwire.transports.zmq_monitor import DOWN_EVENTS, UP_EVENTS, SocketMonitor
+from ctlwire.transports.zmq_socket import AsyncZmqSocket
+
+__all__ = [
+    "ZmqDealerClientTransport",
+    "ZmqPairClientTransport",
+    "ZmqPushPullClientTransport",
+]
+
+
+class _PerRankClient(_ZmqClientBase):
+    """One sending socket per rank (DEALER, PUSH or PAIR), reader tasks, monitors."""
+
+    send_kind: int = zmq.DEALER
+    bind_per_rank = False
+
+    def __init__(self, addresses: Mapping[int, str] | Sequence[str], *, codec: Codec | None,
+                 options: ZmqOptions | None, curve: CurveClientConfig | None,
+                 context: zmq.Context[zmq.Socket[bytes]] | None) -> None:
+        super().__init__(codec=codec, options=options, context=context)
+        self.addresses: dict[int, str] = (dict(addresses) if isinstance(addresses, Mapping)
+                                          else dict(enumerate(addresses)))
+        self.curve = curve
+        for addr in self.addresses.values():
+            check_pickle_allowed(self.codec, addr, curve is not None)
+        self._by_rank: dict[int, AsyncZmqSocket] = {}
+        self._up: dict[int, bool] = {}
+        self._auth_failed: set[int] = set()  # ranks whose CURVE server refused our key
+        send, recv = anyio.create_memory_object_stream[TransportEvent](
+            self.options.effective_rcvhwm(self.codec.max_message_size))
+        self._events_in: MemoryObjectSendStream[TransportEvent] = send
+        self._events_out: MemoryObjectReceiveStream[TransportEvent] = recv
+        self._hello = b""
+
+    def _open(self) -> None:
+        self._hello = self.codec.encode(Heartbeat(-1, 0, 0))
+        for rank, addr in self.addresses.items():
+            raw = self._socket(self.send_kind)
+            if self.send_kind == zmq.DEALER:
+                raw.setsockopt(zmq.IMMEDIATE, 1)
+            if self.curve is not None:
+                self.curve.apply(raw)
+            self._monitors.append(SocketMonitor(raw))
+            if self.bind_per_rank:
+                self._bind(raw, addr)
+            else:
+                connect_socket(raw, addr)
+            self._by_rank[rank] = self._wrap(raw)
+            self._up[rank] = self.bind_per_rank and addr.startswith("inproc://")
+
+    def _start_tasks(self, tg: TaskGroup) -> None:
+        for (rank, sock), monitor in zip(self._by_rank.items(), self._monitors, strict=False):
+            tg.start_soon(self._watch, rank, monitor)
+            if self.send_kind != zmq.PUSH:
+                tg.start_soon(self._read, rank, sock)
+
+    async def _read(self, rank: int | None, sock: AsyncZmqSocket) -> None:
+        while True:
+            try:
+                msg = await sock.recv_multipart()
+            except SocketClosed:
+                return
+            self.counters["received"] += 1
+            if len(msg) != 1:
+                event: TransportEvent = Dropped("framing", f"expected 1 frame, got {len(msg)}",
+                                                sum(len(f) for f in msg), rank)
+            else:
+                event = decode_event(self.codec, msg[0], rank, rank)
+                if rank is None:
+                    event = self._check_claimed_rank(event)
+            try:
+                await self._events_in.send(event)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return
+
+    async def _watch(self, rank: int, monitor: SocketMonitor) -> None:
+        async for event, _value, _endpoint in monitor.events():
+            if event & UP_EVENTS:
+                if event & zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self._auth_failed.discard(rank)
+                if not self._up.get(rank):
+                    self._up[rank] = True
+                    # announce ourselves so an engine that binds learns our route
+                    with contextlib.suppress(zmq.ZMQError, SocketClosed):
+                        self._by_rank[rank].send_multipart_nowait([self._hello])
+            elif event & zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self._auth_failed.add(rank)
+            elif event & DOWN_EVENTS and self._up.get(rank):
+                self._up[rank] = False
+                try:
+                    await self._events_in.send(PeerDisconnected(rank, "connection closed"))
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    return
+
+    def _not_connected(self, rank: int) -> Unroutable:
+        if rank in self._auth_failed:
+            return AuthenticationFailed(
+                rank, "CURVE authentication failed: the engine refused this client's key")
+        return Unroutable(rank, "not connected")
+    def _check_claimed_rank(self, event: TransportEvent) -> TransportEvent:
+        """A frame from a socket that cannot tell its sender (a PULL has no identity)
+        names its rank only in the envelope: a rank this transport has no address for
+        is dropped and counted (``unknown_peer``), so no per-rank state can grow from
+        made-up ranks."""
+        if isinstance(event, Received) and event.envelope.rank not in self.addresses:
+            self.counters["unknown_peer"] += 1
+            return Dropped("unknown_peer", f"rank {event.envelope.rank} is not one of this "
+                           "transport's ranks", event.size)
+        return event
+
+    def _sock_for(self, rank: int) -> AsyncZmqSocket:
+        if self._closed:
+            raise TransportClosed("transport is closed")
+        sock = self._by_rank.get(rank)
+        if sock is None:
+            raise Unroutable(rank, "no address configured for this rank")
+        return sock
+
+    def send_nowait(self, rank: int, envelope: Envelope) -> None:
+        sock = self._sock_for(rank)
+        data = self._encode(envelope)
+        try:
+            sock.send_multipart_nowait([data])
+        except zmq.Again:
+            if not self._up.get(rank):
+                raise self._not_connected(rank) from None
+            raise WouldBlock(f"rank {rank}: high-water mark reached") from None
+        except SocketClosed:
+            raise TransportClosed("transport is closed") from None
+        self.counters["sent"] += 1
+
+    async def send(self, rank: int, envelope: Envelope) -> None:
+        sock = self._sock_for(rank)
+        data = self._encode(envelope)
+        if not self._up.get(rank):
+            try:
+                sock.send_multipart_nowait([data])
+            except zmq.Again:
+                raise self._not_connected(rank) from None
+            except SocketClosed:
+                raise TransportClosed("transport is closed") from None
+        else:
+            try:
+                await sock.send_multipart([data])
+            except SocketClosed:
+                raise TransportClosed("transport is closed") from None
+        self.counters["sent"] += 1
+
+    async def receive(self) -> TransportEvent:
+        try:
+            return await self._events_out.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise TransportClosed("transport is closed") from None
+
+    async def aclose(self) -> None:
+        self._events_in.close()
+        await super().aclose()
+        self._events_out.close()
+
+
+class ZmqDealerClientTransport(_PerRankClient):
+    """Reverse orientation: each engine binds a ROUTER at ``addresses[rank]``; the
+    client connects one DEALER per rank, and one SUB per rank to the engine's
+    liveness beacon at ``beacon_addresses[rank]`` (default
+    :func:`~ctlwire.transports.zmq_config.beacon_address_for` of the rank's
+    address; a rank without one relies on in-band heartbeats). ``curve`` is a
+    :class:`CurveClientConfig` (the engines are the CURVE servers)."""
+
+    send_kind = zmq.DEALER
+
+    def __init__(self, addresses: Mapping[int, str] | Sequence[str], *,
+                 codec: Codec | None = None, options: ZmqOptions | None = None,
+                 curve: CurveClientConfig | None = None,
+                 context: zmq.Context[zmq.Socket[bytes]] | None = None,
+                 beacon_addresses: Mapping[int, str] | None = None) -> None:
+        super().__init__(addresses, codec=codec, options=options, curve=curve, context=context)
+        self.beacon_addresses: dict[int, str] = {}
+        for rank, address in self.addresses.items():
+            beacon = (beacon_addresses or {}).get(rank) or beacon_address_for(address)
+            if beacon is not None:
+                self.beacon_addresses[rank] = beacon
+        self._beacons: dict[int, AsyncZmqSocket] = {}
+
+    def _open(self) -> None:
+        super()._open()
+        for rank, address in self.beacon_addresses.items():
+            raw = self.context.socket(zmq.SUB)
+            raw.setsockopt(zmq.RCVHWM, 16)
+            raw.setsockopt(zmq.LINGER, 0)
+            raw.setsockopt(zmq.MAXMSGSIZE, 4096)
+            raw.setsockopt(zmq.RECONNECT_IVL, self.options.reconnect_ivl_ms)
+            raw.setsockopt(zmq.RECONNECT_IVL_MAX, self.options.reconnect_ivl_max_ms)
+            raw.setsockopt(zmq.SUBSCRIBE, b"")
+            if self.curve is not None:
+                self.curve.apply(raw)
+            raw.connect(address)
+            self._beacons[rank] = self._wrap(raw)
+
+    def _start_tasks(self, tg: TaskGroup) -> None:
+        super()._start_tasks(tg)
+        for rank, sock in self._beacons.items():
+            tg.start_soon(self._read_beacon, rank, sock)
+
+    async def _read_beacon(self, rank: int, sock: AsyncZmqSocket) -> None:
+        """Heartbeats of ``rank``'s beacon; anything else is dropped and counted."""
+        while True:
+            try:
+                msg = await sock.recv_multipart()
+            except SocketClosed:
+                return
+            event = (decode_event(self.codec, msg[0], rank, rank) if len(msg) == 1
+                     else Dropped("framing", "beacon frame", sum(map(len, msg)), rank))
+            if type(event) is Received and type(event.envelope) is not Heartbeat:
+                event = Dropped("wrong_type", "a beacon sent something else", event.size, rank)
+            try:
+                await self._events_in.send(event)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return
+
+
+class ZmqPairClientTransport(_PerRankClient):
+    """One PAIR per rank bound at ``addresses[rank]`` (inproc); the engine's PAIR
+    connects. Both ends must share ``context``."""
+
+    send_kind = zmq.PAIR
+    bind_per_rank = True
+
+    def __init__(self, addresses: Mapping[int, str] | Sequence[str], *,
+                 context: zmq.Context[zmq.Socket[bytes]], codec: Codec | None = None,
+                 options: ZmqOptions | None = None, allow_insecure_tcp: bool = False) -> None:
+        super().__init__(addresses, codec=codec, options=options, curve=None, context=context)
+        for addr in self.addresses.values():
+            check_bind_address(addr, curve=False, allow_insecure_tcp=allow_insecure_tcp)
+
+
+class ZmqPushPullClientTransport(_PerRankClient):
+    """Requests go out on one PUSH per rank (connected to ``request_addresses[rank]``,
+    where the engine's PULL binds); replies come back on one PULL bound at
+    ``reply_address`` (where every engine's PUSH connects)."""
+
+    send_kind = zmq.PUSH
+
+    def __init__(self, request_addresses: Mapping[int, str] | Sequence[str],
+                 reply_address: str | None = None, *, codec: Codec | None = None,
+                 options: ZmqOptions | None = None,
+                 context: zmq.Context[zmq.Socket[bytes]] | None = None,
+                 allow_insecure_tcp: bool = False) -> None:
+        super().__init__(request_addresses, codec=codec, options=options, curve=None,
+                         context=context)
+        self._private_reply = reply_address is None
+        self.reply_address = reply_address or self._private_address("replies")
+        check_bind_address(self.reply_address, curve=False,
+                           allow_insecure_tcp=allow_insecure_tcp)
+        check_pickle_allowed(self.codec, self.reply_address, False)
+        self._pull: AsyncZmqSocket | None = None
+
+    def _open(self) -> None:
+        super()._open()
+        raw = self._socket(zmq.PULL)
+        self.reply_address = self._bind(raw, self.reply_address, self._private_reply)
+        self._pull = self._wrap(raw)
+
+    def _start_tasks(self, tg: TaskGroup) -> None:
+        super()._start_tasks(tg)
+        assert self._pull is not None
+        tg.start_soon(self._read, None, self._pull)
