@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextvars
 import secrets
+import threading
 import time
 
 from ctlwire.kernel.engine_base import EngineBase
@@ -37,13 +38,24 @@ def report_progress(fraction: float, note: str = "") -> bool:
     return endpoint.report_progress(request_id, fraction, note)
 
 
+_incarnation_lock = threading.Lock()
+_last_incarnation = 0
+
+
 def new_incarnation() -> int:
     """An engine incarnation: milliseconds since the epoch, then 12 random bits.
 
     Later processes get larger numbers (clocks permitting), so a client can tell
     a heartbeat of an older, replaced process from one of a newer process.
+    Within one process every incarnation is larger than the one minted before
+    it, even in the same millisecond (an endpoint restarted at once must not
+    look older than the one it replaces).
     """
-    return (time.time_ns() // 1_000_000) << 12 | secrets.randbits(12)
+    global _last_incarnation
+    with _incarnation_lock:
+        minted = (time.time_ns() // 1_000_000) << 12 | secrets.randbits(12)
+        _last_incarnation = max(minted, _last_incarnation + 1)
+        return _last_incarnation
 
 
 class EngineLiveness(EngineBase):

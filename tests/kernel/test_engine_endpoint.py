@@ -255,3 +255,12 @@ async def test_sync_engine_in_a_poll_loop_task() -> None:
             assert second > first > 0
             tg.cancel_scope.cancel()
         ep.close()
+
+
+def test_incarnations_minted_in_one_process_only_grow() -> None:
+    """An endpoint restarted within the same millisecond must not look older
+    than the one it replaces (its heartbeats would be fenced as stale)."""
+    from ctlwire.kernel.engine_liveness import new_incarnation
+
+    minted = [new_incarnation() for _ in range(2_000)]
+    assert all(a < b for a, b in zip(minted, minted[1:]))
