@@ -263,4 +263,4 @@ def test_incarnations_minted_in_one_process_only_grow() -> None:
     from ctlwire.kernel.engine_liveness import new_incarnation
 
     minted = [new_incarnation() for _ in range(2_000)]
-    assert all(a < b for a, b in zip(minted, minted[1:]))
+    assert minted == sorted(set(minted))  # strictly increasing
