@@ -29,6 +29,7 @@ import itertools
 import json
 import os
 import platform
+import re
 import signal
 import sys
 import time
@@ -197,6 +198,21 @@ def _record(report: DemoReport, method: str, seconds: float) -> None:
     report.latencies[method].append(seconds)
 
 
+_UNDO_FAILED = re.compile(r"undo of .*? failed: (.*)", re.S)
+
+
+def error_name(detail: str) -> str:
+    """The exception type a rank report's ``detail`` names: ``"Type: message"``,
+    also inside ``"undo of 'step' failed: Type: message"`` (a compensation that
+    failed on a dead rank fails with the same typed error as the step did)."""
+    if not detail:
+        return "Unknown"
+    undo = _UNDO_FAILED.match(detail)
+    if undo is not None:
+        detail = undo.group(1)
+    return detail.split(":")[0].split()[-1] if detail.split(":")[0].split() else "Unknown"
+
+
 def _count_error(report: DemoReport, method: str, exc: BaseException) -> None:
     errs = report.errors[method]
     name = type(exc).__name__
@@ -280,7 +296,7 @@ async def _drive(cfg: DemoConfig, client: ControlClient, fleet: EngineFleet | No
             rep = result.ranks[rank]
             step = (rep.failed_step or "").split(":")[0]
             errs = report.errors[methods.get(step, step)]
-            name = rep.detail.split(":")[0].split()[-1] if rep.detail else "Unknown"
+            name = error_name(rep.detail)
             errs[name] = errs.get(name, 0) + 1
         if result.ok:
             for rank in result.committed:

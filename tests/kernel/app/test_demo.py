@@ -69,3 +69,12 @@ def test_demo_detects_a_broken_invariant() -> None:
     problems = report.problems(cfg)
     assert any("left behind" in p for p in problems)
     assert any("versions" in p for p in problems)
+
+
+def test_error_name_reads_the_type_inside_a_failed_undo() -> None:
+    """A rank killed mid-operation can fail the undo of a step too; the demo
+    counts the typed error inside, not the word 'failed'."""
+    assert demo.error_name("NotDelivered: rank 2 lost") == "NotDelivered"
+    assert demo.error_name("undo of 'pause' failed: OutcomeUnknown: rank 2 lost"
+                           ) == "OutcomeUnknown"
+    assert demo.error_name("") == "Unknown"
