@@ -189,7 +189,9 @@ class ZmqRouterClientTransport(_ZmqClientBase):
             if self._pending:
                 return self._pending.popleft()
             try:
-                msg = sock.recv_multipart_nowait()
+                # a queue that is most likely empty: no non-blocking attempt (it would
+                # read EVENTS for nothing), recv_multipart checks before it waits
+                msg = None if sock.likely_empty else sock.recv_multipart_nowait()
                 if msg is None:
                     # Nothing queued. Let the tasks the last events woke (a caller whose
                     # reply just came) run before this one sets up its wait: that setup
