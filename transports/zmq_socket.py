@@ -463,6 +463,20 @@ class AsyncZmqSocket:
             if self._recv_waiting or self._pollout_waiters:
                 self._after_send()
 
+    def send_pair_nowait(self, first: bytes, second: bytes) -> None:
+        """:meth:`send_multipart_nowait` of the two-frame message ``[first, second]``
+        (a ROUTER's identity and payload), without the per-frame checks of a frame
+        list: for a fan-out's many sends. Same errors, same guarantees."""
+        if self._closed or threading.get_ident() != self._owner:
+            self._raise_unusable()
+        send = self._send
+        try:
+            send(first, _NOBLOCK_SNDMORE)
+            send(second, _NOBLOCK)
+        finally:
+            if self._recv_waiting or self._pollout_waiters:
+                self._after_send()
+
     @contextlib.contextmanager
     def batched_sends(self) -> Iterator[None]:
         """Within the block, sends re-check readiness for suspended tasks once, at
