@@ -29,7 +29,7 @@ How waiting works (see :class:`AsyncZmqSocket`):
   event are resolved once per socket (:class:`_Native`), not looked up through anyio
   on every wait.
 
-Why this module is one file of ~650 lines: the receive, send and wait paths share one
+Why this module is one file of ~750 lines: the receive, send and wait paths share one
 small state machine (who holds the fd, who waits on the event, which re-check of EVENTS
 is owed to whom). Its invariants — no lost edge, one fd waiter per backend, hand-over on
 every exit path — are only checkable when every transition of that state is read
