@@ -7,16 +7,19 @@ less than latency:
 * ``seq`` — sequential ``ControlClient.call`` to one engine, against the raw
   pyzmq dict-of-futures client (:class:`PyzmqUtilityClient`) to a bare engine;
 * ``conc`` — 64 concurrent callers, same pair;
-* ``fanout`` — ``fan_out`` (queueing) to 8 engines: CPU per fan-out and per rank.
+* ``fanout`` — ``fan_out`` (queueing) to 8 engines: CPU per fan-out and per rank;
+* ``burst`` — 400 queueing fan-outs to 8 engines submitted at once, one task each
+  (the shape of ``ctlwire bench --only fanout_burst``): CPU per fan-out.
 
-``--profile seq|conc|fanout`` prints a cProfile (thread CPU time) of the
-ctlwire client instead.
+``--backend asyncio trio`` runs each kind on both backends, one after the other
+(the raw client is asyncio only). ``--profile
+seq|conc|fanout|burst`` prints a cProfile (thread CPU time) of the ctlwire
+client instead.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import cProfile
 import pstats
 import time
@@ -33,6 +36,9 @@ from .fleets import FleetPool
 from .scenarios import PAYLOAD
 
 __all__ = ["main"]
+
+#: fan-outs submitted at once by the ``burst`` kind, one task each
+BURST = 400
 
 
 async def _cpu(n: int, callers: int, one: Callable[[], Awaitable[Any]],
@@ -61,6 +67,12 @@ async def _ctlwire(address: str, ranks: int, kind: str, n: int,
     async with ControlClient(ZmqRouterClientTransport(address), ranks=ranks,
                              default_timeout=30.0) as ctl:
         await ctl.wait_ready(timeout=30)
+        if kind == "burst":
+            async def fan() -> Any:
+                return await ctl.fan_out("echo", PAYLOAD, mode="queueing")
+            await _cpu(BURST, BURST, fan)
+            rounds = max(1, n // BURST)
+            return await _cpu(rounds * BURST, BURST, fan, prof)
         if kind == "fanout":
             async def one() -> Any:
                 return await ctl.fan_out("echo", PAYLOAD, mode="queueing")
@@ -98,8 +110,11 @@ def _by_file(stats: pstats.Stats) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=5000)
-    parser.add_argument("--profile", choices=["seq", "conc", "fanout"])
-    parser.add_argument("--kinds", nargs="+", default=["seq", "conc", "fanout"])
+    parser.add_argument("--profile", choices=["seq", "conc", "fanout", "burst"])
+    parser.add_argument("--kinds", nargs="+", default=["seq", "conc", "fanout"],
+                        choices=["seq", "conc", "fanout", "burst"])
+    parser.add_argument("--backend", nargs="+", choices=["asyncio", "trio"],
+                        default=["asyncio"], help="one run per backend, in this order")
     parser.add_argument("--profile-out", metavar="PATH", help="also dump the profile's stats")
     args = parser.parse_args(argv)
     with FleetPool() as pool:
@@ -110,8 +125,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.profile:
             prof = cProfile.Profile(time.thread_time)
             kind = args.profile
-            ranks, name = (8, "eight") if kind == "fanout" else (1, "one")
-            us = asyncio.run(_ctlwire(pool.address(name), ranks, kind, args.n, prof))
+            ranks, name = (8, "eight") if kind in ("fanout", "burst") else (1, "one")
+            us = anyio.run(_ctlwire, pool.address(name), ranks, kind, args.n, prof,
+                           backend=args.backend[0])
             print(f"{kind}: {us:.1f} µs client CPU per operation (profiled)")
             if args.profile_out:
                 prof.dump_stats(args.profile_out)
@@ -119,14 +135,20 @@ def main(argv: list[str] | None = None) -> None:
             _by_file(stats)
             stats.sort_stats("tottime").print_stats(40)
             return
-        for kind in args.kinds:
-            if kind == "fanout":
-                us = asyncio.run(_ctlwire(pool.address("eight"), 8, kind, args.n // 10, None))
-                print(f"fanout to 8: {us:7.1f} µs client CPU per fan-out, "
-                      f"{us / 8:5.1f} per rank")
+        for kind, backend in ((k, b) for k in args.kinds for b in args.backend):
+            if kind in ("fanout", "burst"):
+                us = anyio.run(_ctlwire, pool.address("eight"), 8, kind, args.n // 10, None,
+                               backend=backend)
+                label = "fanout to 8" if kind == "fanout" else f"burst of {BURST}"
+                print(f"{label}: {us:7.1f} µs client CPU per fan-out, "
+                      f"{us / 8:5.1f} per rank ({backend})")
                 continue
-            ours = asyncio.run(_ctlwire(pool.address("one"), 1, kind, args.n, None))
-            raw = asyncio.run(_raw(pool.address("raw"), kind, args.n))
+            ours = anyio.run(_ctlwire, pool.address("one"), 1, kind, args.n, None,
+                             backend=backend)
+            if backend != "asyncio":
+                print(f"{kind:6s}: ctlwire {ours:6.1f} µs client CPU/call ({backend})")
+                continue
+            raw = anyio.run(_raw, pool.address("raw"), kind, args.n, backend="asyncio")
             print(f"{kind:6s}: ctlwire {ours:6.1f} µs client CPU/call, raw pyzmq {raw:6.1f}"
                   f"  ({ours / raw:.2f}x)")
 

@@ -44,34 +44,35 @@ import contextlib
 import math
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import msgspec
-import sniffio
 
 from ctlwire.kernel.admission_queue import AdmissionQueue
 from ctlwire.kernel.call_core import CallCore
+from ctlwire.kernel.call_outcome import CallOutcomes
 from ctlwire.kernel.deadline_reaper import DeadlineReaper
 from ctlwire.kernel.errors import (
     AuthenticationFailed,
     ClientClosed,
-    FanOutFailed,
     NotDelivered,
     OutcomeUnknown,
-    RequestTimedOut,
     RequestTooLarge,
-    ResultTypeError,
-    remote_error,
 )
 from ctlwire.kernel.fan_out_policy import Policy
 from ctlwire.kernel.fan_out_result import FanOutResult
 from ctlwire.kernel.liveness_monitor import LivenessMonitor
+from ctlwire.kernel.loop_native import (
+    checkpoint_if_cancelled,
+    event_loop_clock,
+    event_loop_waiter,
+)
 from ctlwire.kernel.request_registry import PendingRequest, RequestRegistry
 from ctlwire.kernel.tracing import TraceProvider
-from ctlwire.states import PeerState, RequestState
+from ctlwire.states import PeerState
 from ctlwire.transports.codec import PayloadTypeError
-from ctlwire.transports.envelope import NO_DEADLINE, ErrorInfo, Request
+from ctlwire.transports.envelope import NO_DEADLINE, Request
 from ctlwire.transports.errors import AuthenticationFailed as TransportAuthFailed
 from ctlwire.transports.errors import (
     TransportClosed,
@@ -83,61 +84,17 @@ from ctlwire.transports.transport import ClientTransport
 
 __all__ = ["CallIssuer"]
 
-_S = RequestState
-# a failed reply that carries no ErrorInfo (a buggy or hostile peer): still a typed error
-_NO_ERROR_INFO = ErrorInfo("UnknownRemoteError", "the engine replied ok=false without an error")
 
 
-def _event_loop_clock() -> Callable[[], float]:
-    """The running event loop's clock: what ``anyio.current_time()`` reads, without
-    anyio's per-call backend lookup (a call reads the clock several times)."""
-    library = sniffio.current_async_library()
-    if library == "asyncio":
-        import asyncio
-
-        return asyncio.get_running_loop().time
-    if library == "trio":
-        import trio
-
-        return trio.current_time
-    return anyio.current_time  # pragma: no cover - another anyio backend
-
-
-def _checkpoint_if_cancelled() -> Callable[[], Awaitable[None]]:
-    """``anyio.lowlevel.checkpoint_if_cancelled`` of the running backend, without the
-    backend lookup (through sniffio) that anyio makes on every call."""
-    try:
-        from anyio._core._eventloop import get_async_backend
-
-        return cast(Callable[[], Awaitable[None]],
-                    get_async_backend().checkpoint_if_cancelled)
-    except Exception:  # pragma: no cover - another anyio layout
-        return anyio.lowlevel.checkpoint_if_cancelled
-
-
-def _event_loop_waiter() -> Callable[[], Any]:
-    """The running event loop's own event (anyio's wraps it and adds a checkpoint).
-
-    Not a bare future: cancelling a task that awaits a future cancels the future,
-    which would take the answer away from the other watchers sharing it."""
-    library = sniffio.current_async_library()
-    if library == "asyncio":
-        import asyncio
-
-        return asyncio.Event
-    if library == "trio":
-        import trio
-
-        return trio.Event
-    return anyio.Event  # pragma: no cover - another anyio backend
-
-
+#: fan-outs to this many ranks or more encode the request once, as a template into
+#: which each rank's ``rank`` and ``seq`` are spliced (cutting it costs ~5 encodes)
+_SPLICE_MIN_RANKS = 16
 # generous stand-ins for the header fields when sizing a request envelope
 _MAX_ID = 2**63 - 1
 _ENVELOPE_SLACK = 512
 
 
-class CallIssuer:
+class CallIssuer(CallOutcomes):
     """Runs the IO of one client's calls; see the module docstring.
 
     ``fence`` is the client's fencing token (0: none), used unless a call sets
@@ -172,15 +129,26 @@ class CallIssuer:
         #: the transport's ``batched_sends()`` (one readiness check for a burst), if any
         self._batched_sends: Callable[[], contextlib.AbstractContextManager[Any]] | None = (
             getattr(transport, "batched_sends", None))
+        #: the transport's encoded-bytes send and the codec's encoder without size check,
+        #: when both exist (else None: envelopes go through ``send_nowait``)
+        # (defined by the transport's class: a wrapper that forwards attributes but
+        # intercepts send_nowait must not be bypassed)
+        encoded = (getattr(transport, "send_encoded_nowait", None)
+                   if hasattr(type(transport), "send_encoded_nowait") else None)
+        encode = self.codec.fast_envelope_encoder()
+        self._send_encoded: Callable[[int, bytes], None] | None = (
+            encoded if encoded is not None and encode is not None else None)
+        self._encode: Callable[[Request], bytes] = encode or self.codec.encode
+        self._limit = self.codec.max_message_size
         # result type -> the codec's fast decoder for it (None: none, or unhashable)
         self._decoders: dict[Any, Callable[[Any], Any] | None] = {}
 
     def enter_loop(self) -> None:
         """Read the running event loop's own clock and event (faster than anyio's),
         and resolve the backend's cancellation check once."""
-        self.now = _event_loop_clock()
-        self.new_waiter = _event_loop_waiter()
-        self._checkpoint_if_cancelled = _checkpoint_if_cancelled()
+        self.now = event_loop_clock()
+        self.new_waiter = event_loop_waiter()
+        self._checkpoint_if_cancelled = checkpoint_if_cancelled()
 
     def close(self) -> None:
         """Further calls raise ClientClosed; nothing more is sent."""
@@ -275,19 +243,39 @@ class CallIssuer:
         method = entry.method
         seqs = self._seq
         send_nowait = self.transport.send_nowait
+        # encoded bytes straight to the transport (no envelope object per rank where
+        # the template is spliced, no frame list); the envelope only for the rare paths
+        send_encoded, encode, limit = self._send_encoded, self._encode, self._limit
+        splice = None
+        if send_encoded is not None and len(ranks) >= _SPLICE_MIN_RANKS:
+            splice = self.codec.request_splicer(Request(
+                rid, 0, method, raw, wall_deadline, 0, incarnation, trace, key, fence))
         waiting: list[tuple[int, Request]] | None = None
         for rank in ranks:
             if not entry.is_open:
                 break  # decided (a failed send): the rest are not handed over
             seq = seqs[rank] = seqs.get(rank, 0) + 1
-            env = Request(rid, rank, method, raw, wall_deadline, seq, incarnation, trace, key,
-                          fence)
+            env: Request | None = None
             if waiting is not None:
                 # behind a rank that must wait: sent after it, in order, as before
                 core.withheld(rank)
-                waiting.append((rank, env))
+                waiting.append((rank, Request(rid, rank, method, raw, wall_deadline, seq,
+                                              incarnation, trace, key, fence)))
                 continue
             try:
+                if send_encoded is not None:
+                    if splice is not None:
+                        data = splice(rank, seq)
+                    else:
+                        env = Request(rid, rank, method, raw, wall_deadline, seq, incarnation,
+                                      trace, key, fence)
+                        data = encode(env)
+                    if len(data) <= limit:
+                        send_encoded(rank, data)
+                        continue
+                if env is None:  # oversized: the transport's encode says so, typed
+                    env = Request(rid, rank, method, raw, wall_deadline, seq, incarnation,
+                                  trace, key, fence)
                 send_nowait(rank, env)
                 continue
             except WouldBlock:
@@ -310,6 +298,9 @@ class CallIssuer:
             core.withheld(rank)  # not handed over: a loss meanwhile means NotDelivered
             if waiting is None:
                 waiting = []
+            if env is None:
+                env = Request(rid, rank, method, raw, wall_deadline, seq, incarnation, trace,
+                              key, fence)
             waiting.append((rank, env))
         return waiting
 
@@ -432,73 +423,6 @@ class CallIssuer:
         blocked = self._blocked_sends.get(entry.id)
         if blocked is not None:
             blocked[0].cancel()
-
-    def single_outcome(self, entry: PendingRequest, rank: int, result_type: Any) -> Any:
-        state = entry.state
-        if state is _S.DONE:
-            reply = entry.replies[rank]
-            if reply.ok:
-                try:
-                    return self.decode_result(reply.result, result_type)
-                except PayloadTypeError as exc:
-                    raise ResultTypeError(f"{entry.method!r} result from rank {rank}: {exc}"
-                                          ) from None
-            raise remote_error(reply.error or _NO_ERROR_INFO, rank=rank, method=entry.method)
-        if state is _S.FAILED:
-            error = entry.errors.get(rank)
-            raise error if error is not None else OutcomeUnknown(rank, "failed")
-        if state is _S.TIMED_OUT:
-            raise RequestTimedOut(entry.method, entry.timeout, entry.id)
-        raise RequestTimedOut(entry.method, entry.timeout, entry.id)  # still open: own deadline
-
-    def decode_result(self, raw: msgspec.Raw, result_type: Any) -> Any:
-        """``codec.decode_value(raw, result_type)``: a fresh object, or PayloadTypeError.
-
-        Decodes with the codec's fast decoder for ``result_type`` (looked up once per
-        type, no copy of ``raw``); anything it refuses goes through ``decode_value``
-        for the typed verdict."""
-        try:
-            decode = self._decoders[result_type]
-        except KeyError:
-            fast = self.codec.fast_value_codec(result_type)
-            decode = self._decoders[result_type] = fast[1] if fast is not None else None
-        except TypeError:  # an unhashable type
-            decode = None
-        if decode is not None and len(raw):
-            try:
-                return decode(raw)
-            except Exception:
-                pass
-        return self.codec.decode_value(raw, result_type)
-
-    def fan_out_result(self, entry: PendingRequest, result_type: Any) -> FanOutResult:
-        """A fresh FanOutResult (freshly decoded values) for one holder of ``entry``."""
-        result = FanOutResult(entry.method, entry.id, entry.policy, entry.ranks)
-        for rank, reply in entry.replies.items():
-            if reply.ok:
-                try:
-                    result.results[rank] = self.decode_result(reply.result, result_type)
-                except PayloadTypeError as exc:
-                    result.errors[rank] = ResultTypeError(
-                        f"{entry.method!r} result from rank {rank}: {exc}")
-            else:
-                result.errors[rank] = remote_error(reply.error or _NO_ERROR_INFO, rank=rank,
-                                                   method=entry.method)
-        for rank, error in entry.errors.items():
-            result.errors.setdefault(rank, error)
-        result.pending = tuple(r for r in entry.ranks
-                               if r not in result.results and r not in result.errors)
-        return result
-
-    def fan_out_outcome(self, entry: PendingRequest, result_type: Any) -> FanOutResult:
-        result = self.fan_out_result(entry, result_type)
-        if entry.state is _S.DONE:
-            return result
-        if entry.state is _S.FAILED:
-            if self.closed and any(type(e) is ClientClosed for e in entry.errors.values()):
-                raise ClientClosed("client closed")  # close ends every call the same way
-            raise FanOutFailed(entry.method, entry.policy.value, result)
-        raise RequestTimedOut(entry.method, entry.timeout, entry.id, partial=result)
 
     async def run_fan_out(self, method: str, raw: msgspec.Raw, ranks: tuple[int, ...],
                           policy: Policy, budget: float, deadline: float,

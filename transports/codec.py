@@ -42,6 +42,11 @@ T = TypeVar("T")
 DEFAULT_MAX_MESSAGE_SIZE = 16 * 1024 * 1024
 #: How much of a malformed frame :meth:`Codec.salvage_id` looks at.
 _SALVAGE_PREFIX = 64
+#: Stand-ins for a request's ``rank`` and ``seq`` while its encoding is cut into a
+#: template (:meth:`Codec.request_splicer`): wide enough to encode the same way as any
+#: value these fields take, unlikely to occur anywhere else in a frame.
+_RANK_MARK = 0x5EC7_1CE5_0000_7A4B
+_SEQ_MARK = 0x5EC7_1CE5_0000_5E91
 _JSON_REQUEST_ID = re.compile(rb'\s*\[\s*"q"\s*,\s*(-?\d{1,20})\s*[,\]]')
 
 
@@ -140,6 +145,15 @@ class Codec:
         such shortcut."""
         return None
 
+    def request_splicer(self, template: Request) -> Callable[[int, int], bytes] | None:
+        """For a fan-out's send path: ``splice(rank, seq)`` gives what :meth:`encode`
+        gives for ``template`` with its ``rank`` and ``seq`` replaced (without the size
+        check: the caller compares the length with :attr:`max_message_size`), from
+        one encoding of the template cut around those two fields, instead of one
+        full encoding per rank. None when this codec has no such shortcut or the
+        template cannot be cut (then encode each request)."""
+        return None
+
     def fast_value_codec(self, tp: Any = Any
                          ) -> tuple[Callable[[Any], bytes], Callable[[Any], Any]] | None:
         """For the engine's per-request hot path: ``(encode, decode)`` functions that
@@ -226,6 +240,20 @@ class _MsgspecCodec(Codec):
             return None
         return cast(Callable[[Envelope], bytes], self._encoder.encode)
 
+    def request_splicer(self, template: Request) -> Callable[[int, int], bytes] | None:
+        if not self._splices():
+            return None
+        return _splicer(self._encoder.encode, template)
+
+    def _splices(self) -> bool:
+        """Whether a spliced request encodes exactly as :meth:`encode` would (checked
+        once per codec, over sample requests and field values)."""
+        ok: bool | None = self.__dict__.get("_splice_ok")
+        if ok is None:
+            ok = self._unchanged("encode", "_encode") and _splice_self_test(self._encoder.encode)
+            self.__dict__["_splice_ok"] = ok
+        return ok
+
     def fast_value_codec(self, tp: Any = Any
                          ) -> tuple[Callable[[Any], bytes], Callable[[Any], Any]] | None:
         if not self._unchanged("encode_value", "decode_value", "_encode", "_decode_raw"):
@@ -234,6 +262,45 @@ class _MsgspecCodec(Codec):
         if dec is None:
             dec = self._decoders[tp] = self._protocol.Decoder(tp)
         return self._encoder.encode, dec.decode
+
+
+def _splicer(encode: Callable[[Any], bytes], template: Request
+             ) -> Callable[[int, int], bytes] | None:
+    """``splice(rank, seq)`` for ``template`` (see :meth:`Codec.request_splicer`), or
+    None when the marks do not occur exactly once each, rank's first."""
+    data = encode(msgspec.structs.replace(template, rank=_RANK_MARK, seq=_SEQ_MARK))
+    rank_mark, seq_mark = encode(_RANK_MARK), encode(_SEQ_MARK)
+    at_rank, at_seq = data.find(rank_mark), data.find(seq_mark)
+    if (at_rank < 0 or at_seq < at_rank + len(rank_mark)
+            or data.count(rank_mark) != 1 or data.count(seq_mark) != 1):
+        return None
+    head = data[:at_rank]
+    middle = data[at_rank + len(rank_mark):at_seq]
+    tail = data[at_seq + len(seq_mark):]
+    join = b"".join
+
+    def splice(rank: int, seq: int) -> bytes:
+        return join((head, encode(rank), middle, encode(seq), tail))
+
+    return splice
+
+
+def _splice_self_test(encode: Callable[[Any], bytes]) -> bool:
+    """Spliced requests equal full encodings, over field values of every width."""
+    raw = msgspec.Raw(encode({"x": [1, 2.5, "y"]}))
+    samples = [Request(1, 0, "m", raw),
+               Request(2**40, 5, "x" * 40, raw, 1.7e9, 3, 2**62, {"t": "p"}, "k", 2**33)]
+    values = (0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**62)
+    for template in samples:
+        splice = _splicer(encode, template)
+        if splice is None:
+            return False
+        for rank in values:
+            for seq in values:
+                if splice(rank, seq) != encode(msgspec.structs.replace(template, rank=rank,
+                                                                        seq=seq)):
+                    return False
+    return True
 
 
 class MsgpackCodec(_MsgspecCodec):

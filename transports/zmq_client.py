@@ -147,6 +147,28 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         with sock.batched_sends():
             yield
 
+    def send_encoded_nowait(self, rank: int, data: bytes) -> None:
+        """:meth:`send_nowait` of an envelope already encoded by :attr:`codec` (no
+        longer than its ``max_message_size``: the caller checks): for a fan-out's
+        per-rank sends, with no envelope object, no encode and no frame list."""
+        sock = self._sock
+        if sock is None or self._closed:
+            raise TransportClosed("transport is not open")
+        identity = self._identity_of.get(rank)
+        if identity is None:
+            identity = rank_identity(rank)
+            if len(self._identity_of) < _CACHE_LIMIT:
+                self._identity_of[rank] = identity
+        try:
+            sock.send_pair_nowait(identity, data)
+        except zmq.Again:
+            raise WouldBlock(f"rank {rank}: high-water mark reached") from None
+        except zmq.ZMQError as exc:
+            raise self._send_error(rank, exc) from None
+        except SocketClosed:
+            raise TransportClosed("transport is closed") from None
+        self.counters["sent"] += 1
+
     def send_nowait(self, rank: int, envelope: Envelope) -> None:
         sock = self._sock
         if sock is None or self._closed:
@@ -189,7 +211,9 @@ class ZmqRouterClientTransport(_ZmqClientBase):
             if self._pending:
                 return self._pending.popleft()
             try:
-                msg = sock.recv_multipart_nowait()
+                # a queue that is most likely empty: no non-blocking attempt (it would
+                # read EVENTS for nothing), recv_multipart checks before it waits
+                msg = None if sock.likely_empty else sock.recv_multipart_nowait()
                 if msg is None:
                     # Nothing queued. Let the tasks the last events woke (a caller whose
                     # reply just came) run before this one sets up its wait: that setup

@@ -7,10 +7,11 @@ only reliable question is ``getsockopt(EVENTS)``; the fd only says "ask again".
 
 How waiting works (see :class:`AsyncZmqSocket`):
 
-* At most one task at a time waits on the fd (``anyio.wait_readable``), inside a
-  :class:`anyio.CancelScope` stored on the object: the *fd waiter*. Any other task that
-  has to wait (the receiver, or a sender blocked on the high-water mark) waits on a shared
-  :class:`anyio.Event` instead. Both backends refuse two waiters on one fd, so this is
+* At most one task at a time waits on the fd (``trio.lowlevel.wait_readable`` inside a
+  ``trio.CancelScope`` stored on the object on trio, resolved once per socket; a future
+  resolved by the socket's reader callback on asyncio): the *fd waiter*. Any other task
+  that has to wait (the receiver, or a sender blocked on the high-water mark) waits on a
+  shared event (the backend's own) instead. Both backends refuse two waiters on one fd, so this is
   not an optimisation but a requirement.
 * The fd waiter wakes the event waiters when the fd fires; a task leaving an operation
   while others still wait hands the fd role over by setting the event.
@@ -24,8 +25,11 @@ How waiting works (see :class:`AsyncZmqSocket`):
   fd with a bounded back-off (1 ms doubling to 50 ms) instead of spinning.
 * On asyncio the fd reader is registered once per socket (first wait to close); its
   callback resolves the current fd waiter's future, or drains the fd when nobody waits.
+  On trio (or another anyio backend) the backend's own wait, cancel scope, clock and
+  event are resolved once per socket (:class:`_Native`), not looked up through anyio
+  on every wait.
 
-Why this module is one file of ~650 lines: the receive, send and wait paths share one
+Why this module is one file of ~750 lines: the receive, send and wait paths share one
 small state machine (who holds the fd, who waits on the event, which re-check of EVENTS
 is owed to whom). Its invariants — no lost edge, one fd waiter per backend, hand-over on
 every exit path — are only checkable when every transition of that state is read
@@ -41,9 +45,9 @@ import asyncio
 import contextlib
 import math
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from functools import partial
-from typing import Any, Final, cast
+from typing import Any, Final, NamedTuple, cast
 
 import anyio
 import anyio.lowlevel
@@ -70,9 +74,39 @@ _POLLOUT: Final = int(zmq.POLLOUT)
 #: Consecutive operations that completed without suspending before one forced checkpoint,
 #: so that a flood of queued messages cannot starve the event loop or hide cancellation.
 _FAIRNESS_BUDGET: Final = 64
+#: Consecutive right "empty" guesses after which :attr:`AsyncZmqSocket.likely_empty` says so.
+_GUESS_TRUSTED: Final = 2
 #: Back-off of a sender whose peer is full while POLLOUT is set (ROUTER_MANDATORY), seconds.
 _RETRY_MIN: Final = 0.001
 _RETRY_MAX: Final = 0.05
+
+
+class _Native(NamedTuple):
+    """The fd wait of a non-asyncio backend, its primitives resolved once (anyio's
+    module-level functions look the backend up through sniffio on every call, and
+    ``anyio.CancelScope`` wraps trio's own)."""
+
+    wait_readable: Callable[[int], Awaitable[None]]
+    cancel_scope: Callable[..., Any]  # (deadline=) -> a cancel scope (cancel())
+    current_time: Callable[[], float]
+    new_event: Callable[[], Any]  # -> an event (set, wait)
+    closed_error: type[BaseException]  # what wait_readable raises on notify_closing
+    notify_closing: Callable[[int], None]
+
+
+def _native_backend() -> _Native:
+    """The running backend's own primitives (trio's); anyio's for another backend."""
+    import sniffio
+
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return _Native(trio.lowlevel.wait_readable, trio.CancelScope, trio.current_time,
+                       trio.Event, trio.ClosedResourceError,
+                       trio.lowlevel.notify_closing)
+    return _Native(anyio.wait_readable, anyio.CancelScope,  # pragma: no cover
+                   anyio.current_time, anyio.Event, anyio.ClosedResourceError,
+                   anyio.notify_closing)
 
 
 class ReceiveInterrupted(Exception):
@@ -169,12 +203,14 @@ class AsyncZmqSocket:
         "_check_pending",
         "_check_queued",
         "_closed",
+        "_empty_guesses",
         "_fd",
         "_fd_future",
         "_fd_scope",
         "_get",
         "_interrupt",
         "_meta",
+        "_native",
         "_owner",
         "_pollout_waiters",
         "_reader_loop",
@@ -208,18 +244,24 @@ class AsyncZmqSocket:
         self._receiving = False  # a recv call is in progress
         self._recv_waiting = False  # ... and is suspended
         self._pollout_waiters = 0  # senders suspended until POLLOUT
-        self._fd_scope: anyio.CancelScope | None = None  # scope of the current fd waiter
+        # the cancel scope of the current fd waiter (not on asyncio), and the backend's
+        # primitives it uses (resolved at the first wait outside asyncio)
+        self._fd_scope: Any = None
+        self._native: _Native | None = None
         # ... or, on asyncio, the future it awaits (the reader callback resolves it)
         self._fd_future: asyncio.Future[None] | None = None
         # the asyncio loop on which this socket's fd reader stays registered (from the
         # first wait until close: no epoll_ctl pair per wait), None while none is
         self._reader_loop: asyncio.AbstractEventLoop | None = None
-        self._changed: anyio.Event | None = None  # wakes the tasks that are not the fd waiter
+        self._changed: Any = None  # an event: wakes the tasks that are not the fd waiter
         self._recv_streak = 0
         self._send_streak = 0
         # the last receive attempt found the queue empty: ask EVENTS before recv next
         # time (a miss costs a zmq.Again exception, which is several times dearer)
         self._recv_missed = False
+        # how many times in a row the queue was indeed empty when _recv_missed guessed
+        # so (0.._GUESS_TRUSTED): see likely_empty
+        self._empty_guesses = 0
         self._interrupt = False  # interrupt_receive() was called for the receive in progress
         self._meta: list[str | None] | None = None  # [User-Id of the last message] when tracked
         # a re-check of EVENTS on behalf of suspended tasks is owed at the end of
@@ -265,8 +307,11 @@ class AsyncZmqSocket:
         if self._receiving:
             raise anyio.BusyResourceError("receiving from")
         try:
-            if self._recv_missed and not self._get(_EVENTS) & _POLLIN:
-                return None
+            if self._recv_missed:
+                if not self._get(_EVENTS) & _POLLIN:
+                    self._guessed(True)
+                    return None
+                self._guessed(False)
             msg = _recv_frames(self._socket, self._meta)
         except zmq.Again:
             self._recv_missed = True
@@ -314,11 +359,32 @@ class AsyncZmqSocket:
         finally:
             self._receiving = False
 
+    @property
+    def likely_empty(self) -> bool:
+        """True when the receive queue is most likely empty: the last receive found it
+        so (or its message had to be waited for), and that guess was right the last
+        few times. A receiver may then skip a non-blocking attempt
+        (:meth:`recv_multipart_nowait`, an ``EVENTS`` read when it finds nothing) and
+        go straight to :meth:`recv_multipart`, which checks before it waits: only the
+        cost changes, never what is received."""
+        return self._recv_missed and self._empty_guesses >= _GUESS_TRUSTED
+
+    def _guessed(self, right: bool) -> None:
+        """An "empty" guess (``_recv_missed``) was checked against EVENTS."""
+        if not right:
+            self._empty_guesses = 0
+        elif self._empty_guesses < _GUESS_TRUSTED:
+            self._empty_guesses += 1
+
     async def _recv_slow(self) -> list[bytes]:
         waited = False
+        guessed = self._recv_missed
         try:
             while True:
                 events = self._get(_EVENTS)  # drains the fd: a later edge means news
+                if guessed:
+                    guessed = False
+                    self._guessed(not events & _POLLIN)
                 if events & _POLLIN:
                     try:
                         msg = _recv_frames(self._socket, self._meta)
@@ -393,6 +459,20 @@ class AsyncZmqSocket:
             self._raise_unusable()
         try:
             _send_frames(self._socket, frames, self._send)
+        finally:
+            if self._recv_waiting or self._pollout_waiters:
+                self._after_send()
+
+    def send_pair_nowait(self, first: bytes, second: bytes) -> None:
+        """:meth:`send_multipart_nowait` of the two-frame message ``[first, second]``
+        (a ROUTER's identity and payload), without the per-frame checks of a frame
+        list: for a fan-out's many sends. Same errors, same guarantees."""
+        if self._closed or threading.get_ident() != self._owner:
+            self._raise_unusable()
+        send = self._send
+        try:
+            send(first, _NOBLOCK_SNDMORE)
+            send(second, _NOBLOCK)
         finally:
             if self._recv_waiting or self._pollout_waiters:
                 self._after_send()
@@ -495,8 +575,12 @@ class AsyncZmqSocket:
         self._closed = True
         if self._fd_scope is not None:
             # A task is inside wait_readable(fd), so an event loop runs in this thread.
+            native = self._native
             with contextlib.suppress(RuntimeError):  # no running event loop after all
-                anyio.notify_closing(self._fd)
+                if native is not None:
+                    native.notify_closing(self._fd)
+                else:  # pragma: no cover - a scope is only set with _native resolved
+                    anyio.notify_closing(self._fd)
             self._fd_scope.cancel()
         loop, self._reader_loop = self._reader_loop, None
         if loop is not None:
@@ -528,15 +612,18 @@ class AsyncZmqSocket:
                 if self._closed:
                     raise SocketClosed(f"{self._type_name} socket was closed")
                 return
-            deadline = math.inf if timeout is None else anyio.current_time() + timeout
-            scope = anyio.CancelScope(deadline=deadline)
+            native = self._native
+            if native is None:
+                native = self._native = _native_backend()
+            deadline = math.inf if timeout is None else native.current_time() + timeout
+            scope = native.cancel_scope(deadline=deadline)
             self._fd_scope = scope
             fired = False
             try:
                 with scope:
-                    await anyio.wait_readable(self._fd)
+                    await native.wait_readable(self._fd)
                     fired = True
-            except anyio.ClosedResourceError:
+            except native.closed_error:
                 raise SocketClosed(f"{self._type_name} socket was closed") from None
             finally:
                 if self._fd_scope is scope:
@@ -546,7 +633,11 @@ class AsyncZmqSocket:
         else:
             event = self._changed
             if event is None:
-                event = self._changed = anyio.Event()
+                native = self._native
+                if native is None and asyncio._get_running_loop() is None:
+                    native = self._native = _native_backend()
+                event = self._changed = (anyio.Event() if native is None
+                                         else native.new_event())
             if timeout is None:
                 await event.wait()
             else:

@@ -660,3 +660,144 @@ async def test_fd_firing_with_no_waiter_does_not_spin(
             assert 1 <= calls - before <= 3, calls - before
         assert [await dealer.recv_multipart() for _ in range(5)] == [[b"%d" % i]
                                                                      for i in range(5)]
+
+
+@pytest.mark.anyio
+async def test_trio_waits_use_trio_primitives_resolved_once(
+        socks: Sockets, anyio_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On trio, the fd waiter waits with trio's own ``wait_readable`` inside trio's
+    own cancel scope, resolved once per socket: anyio's per-call functions (which look
+    the backend up on every call) are never used. Waking the fd waiter (a send while
+    it waits, interrupt) and closing it still work."""
+    if anyio_backend != "trio":
+        pytest.skip("trio only (asyncio's fd waiter is the reader callback's future)")
+    import trio
+    import trio.testing
+
+    def refused(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("anyio's per-call fd wait used on trio")
+
+    monkeypatch.setattr(anyio, "wait_readable", refused)
+    monkeypatch.setattr(anyio, "CancelScope", refused)
+    monkeypatch.setattr(anyio, "current_time", refused)
+    resolved = 0
+    import ctlwire.transports.zmq_socket as zs
+
+    original = zs._native_backend
+
+    def counting() -> Any:
+        nonlocal resolved
+        resolved += 1
+        return original()
+
+    monkeypatch.setattr(zs, "_native_backend", counting)
+    raw_router, raw_dealer = router_dealer(socks, "inproc://trio-native")
+    router, dealer = socks.wrap(raw_router), socks.wrap(raw_dealer)
+    with trio.fail_after(GUARD):
+        await dealer.send_multipart([b"hi"])
+        ident = (await router.recv_multipart())[0]
+        for i in range(20):
+            async with trio.open_nursery() as nursery:
+                async def reply(i: int = i) -> None:
+                    await trio.testing.wait_all_tasks_blocked()
+                    await router.send_multipart([ident, b"%d" % i])
+                nursery.start_soon(reply)
+                assert await dealer.recv_multipart() == [b"%d" % i]
+        assert isinstance(dealer._native, zs._Native)
+        assert dealer._native.wait_readable is trio.lowlevel.wait_readable
+        assert resolved == 1  # once for the dealer (the router never had to wait)
+        # close wakes a waiter parked in trio's wait_readable: SocketClosed, typed
+        async with trio.open_nursery() as nursery:
+            async def closer() -> None:
+                await trio.testing.wait_all_tasks_blocked()
+                assert dealer._fd_scope is not None
+                dealer.close()
+            nursery.start_soon(closer)
+            with pytest.raises(SocketClosed):
+                await dealer.recv_multipart()
+
+
+@pytest.mark.anyio
+async def test_empty_guess_is_trusted_after_right_guesses_and_dropped_when_wrong(
+        socks: Sockets) -> None:
+    """``likely_empty`` turns on once the "empty" guess (after a waited-for message)
+    was right twice in a row, so a receiver may skip its non-blocking attempt; a queue
+    found non-empty while it was guessed empty turns it off at once. Every message is
+    received either way."""
+    raw_router, raw_dealer = router_dealer(socks, "inproc://empty-guess")
+    router, dealer = socks.wrap(raw_router), socks.wrap(raw_dealer)
+    with anyio.fail_after(GUARD):
+        await dealer.send_multipart([b"hi"])
+        ident = (await router.recv_multipart())[0]
+        trusted = []
+        for i in range(4):  # each reply comes while the dealer waits for it
+            async with anyio.create_task_group() as tg:
+                async def reply(i: int = i) -> None:
+                    await anyio.wait_all_tasks_blocked()
+                    await router.send_multipart([ident, b"%d" % i])
+                tg.start_soon(reply)
+                assert await dealer.recv_multipart() == [b"%d" % i]
+            trusted.append(dealer.likely_empty)
+        assert trusted == [False, False, True, True]
+        # a wrong guess: two replies already queued while the guess says empty
+        await router.send_multipart([ident, b"a"])
+        await router.send_multipart([ident, b"b"])
+        for _ in range(100):
+            if fd_readable(dealer) or dealer.socket.get(zmq.EVENTS) & zmq.POLLIN:
+                break
+            await anyio.sleep(0.001)
+        assert await dealer.recv_multipart() == [b"a"]
+        assert not dealer.likely_empty
+        assert dealer.recv_multipart_nowait() == [b"b"]
+        assert dealer.recv_multipart_nowait() is None
+
+
+@pytest.mark.anyio
+async def test_router_client_skips_the_probe_of_a_queue_likely_empty(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sequential round trips through ZmqRouterClientTransport: once the socket's
+    "empty" guess is trusted, ``receive`` no longer makes a non-blocking attempt
+    before it waits (one EVENTS read less per reply), and still gets every reply."""
+    from ctlwire.transports.envelope import Reply
+    from ctlwire.transports.transport import Received
+    from ctlwire.transports.zmq_client import ZmqRouterClientTransport
+    from ctlwire.transports.zmq_config import rank_identity
+
+    probes = 0
+    original = AsyncZmqSocket.recv_multipart_nowait
+
+    def counting(self: AsyncZmqSocket) -> list[bytes] | None:
+        nonlocal probes
+        probes += 1
+        return original(self)
+
+    monkeypatch.setattr(AsyncZmqSocket, "recv_multipart_nowait", counting)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    engine = ctx.socket(zmq.DEALER)
+    engine.setsockopt(zmq.LINGER, 0)
+    engine.setsockopt(zmq.IDENTITY, rank_identity(0))
+    try:
+        async with ZmqRouterClientTransport(f"ipc://{tmp_path}/c.sock") as client:
+            engine.connect(client.address)
+            codec = client.codec
+            n = 12
+            with anyio.fail_after(GUARD):
+                async with anyio.create_task_group() as tg:
+                    async def engine_side() -> None:
+                        for i in range(n):
+                            await anyio.wait_all_tasks_blocked()
+                            engine.send(codec.encode(Reply(i, 0, 1, True, b"\xc0")))
+                            await anyio.sleep(0.002)
+                    tg.start_soon(engine_side)
+                    got = []
+                    for _ in range(n):
+                        event = await client.receive()
+                        assert type(event) is Received
+                        got.append(event.envelope.id)  # type: ignore[union-attr]
+            assert got == list(range(n))
+            # every reply was waited for: after the guess is trusted (3 replies), the
+            # receives go straight to waiting
+            assert probes <= 4, probes
+    finally:
+        engine.close(0)
+        ctx.term()

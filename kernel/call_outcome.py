@@ -1,0 +1,112 @@
+"""Turning a decided request into each holder's outcome: values decoded, errors typed.
+
+:class:`CallOutcomes` is the part of :class:`~ctlwire.kernel.call_issuer.CallIssuer`
+that reads a decided :class:`~ctlwire.kernel.request_registry.PendingRequest`:
+values are decoded per holder (each caller gets its own copy, with the codec's
+fast decoder for the result type, looked up once per type); failures are
+RemoteError, ResultTypeError, EngineDead (NotDelivered, OutcomeUnknown),
+RequestTimedOut (with the partial result), FanOutFailed, ClientClosed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from ctlwire.kernel.errors import (
+    ClientClosed,
+    FanOutFailed,
+    OutcomeUnknown,
+    RequestTimedOut,
+    ResultTypeError,
+    remote_error,
+)
+from ctlwire.kernel.fan_out_result import FanOutResult
+from ctlwire.kernel.request_registry import PendingRequest
+from ctlwire.states import RequestState
+from ctlwire.transports.codec import Codec, PayloadTypeError
+from ctlwire.transports.envelope import ErrorInfo
+
+__all__ = ["CallOutcomes"]
+
+_S = RequestState
+# a failed reply that carries no ErrorInfo (a buggy or hostile peer): still a typed error
+_NO_ERROR_INFO = ErrorInfo("UnknownRemoteError", "the engine replied ok=false without an error")
+
+
+class CallOutcomes:
+    """The outcome half of a call issuer (a mixin: the issuer sets the attributes)."""
+
+    codec: Codec
+    closed: bool
+    # result type -> the codec's fast decoder for it (None: none, or unhashable)
+    _decoders: dict[Any, Callable[[Any], Any] | None]
+
+    def single_outcome(self, entry: PendingRequest, rank: int, result_type: Any) -> Any:
+        state = entry.state
+        if state is _S.DONE:
+            reply = entry.replies[rank]
+            if reply.ok:
+                try:
+                    return self.decode_result(reply.result, result_type)
+                except PayloadTypeError as exc:
+                    raise ResultTypeError(f"{entry.method!r} result from rank {rank}: {exc}"
+                                          ) from None
+            raise remote_error(reply.error or _NO_ERROR_INFO, rank=rank, method=entry.method)
+        if state is _S.FAILED:
+            error = entry.errors.get(rank)
+            raise error if error is not None else OutcomeUnknown(rank, "failed")
+        if state is _S.TIMED_OUT:
+            raise RequestTimedOut(entry.method, entry.timeout, entry.id)
+        raise RequestTimedOut(entry.method, entry.timeout, entry.id)  # still open: own deadline
+
+    def decode_result(self, raw: msgspec.Raw, result_type: Any) -> Any:
+        """``codec.decode_value(raw, result_type)``: a fresh object, or PayloadTypeError.
+
+        Decodes with the codec's fast decoder for ``result_type`` (looked up once per
+        type, no copy of ``raw``); anything it refuses goes through ``decode_value``
+        for the typed verdict."""
+        try:
+            decode = self._decoders[result_type]
+        except KeyError:
+            fast = self.codec.fast_value_codec(result_type)
+            decode = self._decoders[result_type] = fast[1] if fast is not None else None
+        except TypeError:  # an unhashable type
+            decode = None
+        if decode is not None and len(raw):
+            try:
+                return decode(raw)
+            except Exception:
+                pass
+        return self.codec.decode_value(raw, result_type)
+
+    def fan_out_result(self, entry: PendingRequest, result_type: Any) -> FanOutResult:
+        """A fresh FanOutResult (freshly decoded values) for one holder of ``entry``."""
+        result = FanOutResult(entry.method, entry.id, entry.policy, entry.ranks)
+        for rank, reply in entry.replies.items():
+            if reply.ok:
+                try:
+                    result.results[rank] = self.decode_result(reply.result, result_type)
+                except PayloadTypeError as exc:
+                    result.errors[rank] = ResultTypeError(
+                        f"{entry.method!r} result from rank {rank}: {exc}")
+            else:
+                result.errors[rank] = remote_error(reply.error or _NO_ERROR_INFO, rank=rank,
+                                                   method=entry.method)
+        for rank, error in entry.errors.items():
+            result.errors.setdefault(rank, error)
+        result.pending = tuple(r for r in entry.ranks
+                               if r not in result.results and r not in result.errors)
+        return result
+
+    def fan_out_outcome(self, entry: PendingRequest, result_type: Any) -> FanOutResult:
+        result = self.fan_out_result(entry, result_type)
+        if entry.state is _S.DONE:
+            return result
+        if entry.state is _S.FAILED:
+            if self.closed and any(type(e) is ClientClosed for e in entry.errors.values()):
+                raise ClientClosed("client closed")  # close ends every call the same way
+            raise FanOutFailed(entry.method, entry.policy.value, result)
+        raise RequestTimedOut(entry.method, entry.timeout, entry.id, partial=result)

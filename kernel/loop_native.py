@@ -1,0 +1,62 @@
+"""The running event loop's own clock, event and cancellation check, resolved once.
+
+anyio's module-level functions (``anyio.current_time``,
+``anyio.lowlevel.checkpoint_if_cancelled``) and ``anyio.Event`` look the backend
+up through sniffio on every call, which costs more than what they do: the
+client's hot path resolves the backend's own once, when it enters its loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+import anyio
+import anyio.lowlevel
+import sniffio
+
+__all__ = ["checkpoint_if_cancelled", "event_loop_clock", "event_loop_waiter"]
+
+
+def event_loop_clock() -> Callable[[], float]:
+    """The running event loop's clock: what ``anyio.current_time()`` reads, without
+    anyio's per-call backend lookup (a call reads the clock several times)."""
+    library = sniffio.current_async_library()
+    if library == "asyncio":
+        import asyncio
+
+        return asyncio.get_running_loop().time
+    if library == "trio":
+        import trio
+
+        return trio.current_time
+    return anyio.current_time  # pragma: no cover - another anyio backend
+
+
+def checkpoint_if_cancelled() -> Callable[[], Awaitable[None]]:
+    """``anyio.lowlevel.checkpoint_if_cancelled`` of the running backend, without the
+    backend lookup (through sniffio) that anyio makes on every call."""
+    try:
+        from anyio._core._eventloop import get_async_backend
+
+        return cast(Callable[[], Awaitable[None]],
+                    get_async_backend().checkpoint_if_cancelled)
+    except Exception:  # pragma: no cover - another anyio layout
+        return anyio.lowlevel.checkpoint_if_cancelled
+
+
+def event_loop_waiter() -> Callable[[], Any]:
+    """The running event loop's own event (anyio's wraps it and adds a checkpoint).
+
+    Not a bare future: cancelling a task that awaits a future cancels the future,
+    which would take the answer away from the other watchers sharing it."""
+    library = sniffio.current_async_library()
+    if library == "asyncio":
+        import asyncio
+
+        return asyncio.Event
+    if library == "trio":
+        import trio
+
+        return trio.Event
+    return anyio.Event  # pragma: no cover - another anyio backend
