@@ -214,6 +214,38 @@ class _ZmqEngineBase:
             raise TransportClosed("engine transport is closed") from None
         return None if msg is None else self._event(msg)
 
+    def receive_ready(self, limit: int) -> list[TransportEvent]:
+        """Up to ``limit`` events that can be received now, without blocking (an
+        empty list when none is queued): :meth:`try_receive` in a loop, for an
+        engine that takes every queued request per wake-up."""
+        sock = self._recv
+        if sock is None or self._closed:
+            raise TransportClosed("engine transport is not open")
+        recv = sock.recv_multipart_nowait
+        fast = None if self.routed else self._fast_decode
+        max_size = self._max_size
+        events: list[TransportEvent] = []
+        append = events.append
+        try:
+            while len(events) < limit:
+                msg = recv()
+                if msg is None:
+                    break
+                if fast is not None and len(msg) == 1:
+                    data = msg[0]
+                    size = len(data)
+                    if size <= max_size:
+                        try:
+                            append(Received(fast(data), None, None, size))
+                            continue
+                        except Exception:
+                            pass  # not an envelope: decode_event gives the verdict
+                append(self._event(msg))
+        except SocketClosed:
+            if not events:
+                raise TransportClosed("engine transport is closed") from None
+        return events
+
     def wait_readable(self, timeout: float) -> bool:
         """Block this thread up to ``timeout`` s until a message can be received."""
         sock = self._recv_sock()
