@@ -81,8 +81,11 @@ def _settle(pair: _Pair, n: int) -> None:
             break
 
 
-def test_receive_ready_takes_everything_queued_in_order_up_to_the_limit() -> None:
+@pytest.mark.parametrize("direct", [True, False], ids=["raw-socket", "wrapper"])
+def test_receive_ready_takes_everything_queued_in_order_up_to_the_limit(direct: bool) -> None:
     pair = _Pair()
+    assert pair.transport._direct  # opened by this thread, no async use yet
+    pair.transport._direct = direct
     try:
         codec = pair.codec
         for i in range(1, 6):
@@ -225,5 +228,49 @@ def test_fast_path_trace_carrier_is_set_cleared_and_restored() -> None:
         assert seen == [None, {"t": "2"}, {"t": "3"}]
         assert [r.ok for r in replies if isinstance(r, Reply)] == [True, True, False]
         assert current_trace.get() is None
+    finally:
+        pair.close()
+
+
+def test_direct_socket_path_is_for_the_owner_thread_until_the_first_async_use() -> None:
+    """The sync methods call the raw socket only from the thread that opened the
+    transport, and only until an async receive/send (after which a task may be
+    suspended on the socket, and every call must go through the wrapper)."""
+    import threading
+
+    import anyio
+
+    from ctlwire.transports.errors import ForeignThreadError
+
+    pair = _Pair()
+    try:
+        transport, codec = pair.transport, pair.codec
+        reply = codec.encode(Reply(1, 0, 1, True, codec.encode_value(None)))
+        errors: list[BaseException] = []
+
+        def foreign() -> None:
+            try:
+                transport.send_encoded_nowait(None, reply)
+            except BaseException as exc:
+                errors.append(exc)
+
+        th = threading.Thread(target=foreign)
+        th.start()
+        th.join()
+        assert len(errors) == 1 and isinstance(errors[0], ForeignThreadError)
+        assert transport._direct
+        transport.send_encoded_nowait(None, reply)
+        assert pair.router.poll(5000) and pair.router.recv_multipart()[1] == reply
+
+        async def receive_one() -> Any:
+            with anyio.fail_after(10):
+                return await transport.receive()
+
+        pair.send(codec.encode(Heartbeat(0, 1)))
+        event = anyio.run(receive_one)
+        assert isinstance(event, Received) and isinstance(event.envelope, Heartbeat)
+        assert not transport._direct  # for good
+        transport.send_encoded_nowait(None, reply)  # through the wrapper, same frames
+        assert pair.router.poll(5000) and pair.router.recv_multipart()[1] == reply
     finally:
         pair.close()
