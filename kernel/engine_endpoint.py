@@ -83,7 +83,7 @@ from ctlwire.kernel.result_cache import ResultCache
 from ctlwire.kernel.tracing import current_trace
 from ctlwire.states import InboundState
 from ctlwire.transports.envelope import Reply, Request
-from ctlwire.transports.errors import TransportClosed
+from ctlwire.transports.errors import TransportClosed, TransportError, Unroutable, WouldBlock
 from ctlwire.transports.transport import EngineTransport, Received, Route
 
 # EngineEndpoint is composed of parts, one module each (see engine_base); the
@@ -291,15 +291,36 @@ class EngineEndpoint(EngineServing):
             self.close()
 
     def _handle_request_sync(self, req: Request, route: Route) -> int:
-        """Poll mode: one received request, on the fast path when it can take it."""
-        now = self._accept(req)
-        if now is None:
+        """Poll mode: one received request, on the fast path when it can take it.
+        :meth:`_accept` and, for an encoded reply with nothing queued,
+        :meth:`_send_data_sync`, inline (this runs once per request)."""
+        counters = self.counters
+        counters["received"] += 1
+        seen = self._seen
+        key = (req.client, req.id)
+        if key in seen:
+            counters["duplicates"] += 1
             return 0
+        seen[key] = None
+        if len(seen) > self._dedup_window:
+            seen.popitem(last=False)
+        now = self.client_last_seen = self.clock()
         out = self._run_fast(req, now)
         if out is None:
             return self._handle_admitted_sync(_Inbound(req, route, now))
         if type(out) is bytes:
-            self._send_data_sync(route, out)
+            if self._outbox:
+                self._send_data_sync(route, out)
+                return 1
+            try:
+                self._send_encoded(route, out)
+            except WouldBlock:
+                self._enqueue(route, self._reply_of(out))
+            except (Unroutable, TransportError) as exc:
+                counters["reply_send_failures"] += 1
+                log.warning("engine %d: reply %d not sent: %r", self.rank, req.id, exc)
+            else:
+                counters["replied"] += 1
         else:
             assert isinstance(out, Reply)
             self._send_sync(route, out)

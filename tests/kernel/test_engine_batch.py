@@ -274,3 +274,59 @@ def test_direct_socket_path_is_for_the_owner_thread_until_the_first_async_use() 
         assert pair.router.poll(5000) and pair.router.recv_multipart()[1] == reply
     finally:
         pair.close()
+
+
+class _FullRoute:
+    """An engine transport taking encoded replies whose route ``b"hostile"`` is
+    always full (WouldBlock) and ``b"gone"`` unroutable."""
+
+    rank = 0
+
+    def __init__(self) -> None:
+        self.codec = MsgpackCodec()
+        self.inbox: list[Any] = []
+        self.sent: list[tuple[Any, int]] = []
+
+    def open(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def try_receive(self) -> Any:
+        return self.inbox.pop(0) if self.inbox else None
+
+    def send_nowait(self, route: Any, envelope: Any) -> None:
+        self.send_encoded_nowait(route, self.codec.encode(envelope))
+
+    def send_encoded_nowait(self, route: Any, data: bytes) -> None:
+        from ctlwire.transports.errors import Unroutable, WouldBlock
+
+        if route == b"hostile":
+            raise WouldBlock("full")
+        if route == b"gone":
+            raise Unroutable(0, "gone")
+        reply = self.codec.decode(data)
+        assert isinstance(reply, Reply)
+        self.sent.append((route, reply.id))
+
+    def heartbeat_routes(self) -> list[Any]:
+        return []
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_encoded_fast_reply_to_a_full_or_gone_route_is_queued_or_counted(fast: bool) -> None:
+    transport = _FullRoute()
+    ep = EngineEndpoint(transport, heartbeat_interval=None, max_unread_replies=4)  # type: ignore[arg-type]
+    ep.register("echo", lambda v: v, payload_type=Any)
+    if not fast:
+        ep._fast.clear()
+    assert ep._ok_reply is not None
+    codec = transport.codec
+    for i in range(1, 11):
+        route = (b"hostile", b"legit", b"gone")[i % 3]
+        transport.inbox.append(Received(Request(i, 0, "echo", codec.encode_value(i), client=1),
+                                        route=route))
+    assert ep.poll() == 10
+    assert transport.sent == [(b"legit", i) for i in (1, 4, 7, 10)]
+    assert ep.outbox_replies == 3  # 3, 6, 9 wait for room (bound 4)
+    assert [r.id for r, _ in ep._outbox[b"hostile"]] == [3, 6, 9]
+    assert ep.counters["reply_send_failures"] == 3 and ep.counters["replied"] == 4
