@@ -3,9 +3,9 @@
 Measures the CPU time one engine *thread* spends per request
 (``time.thread_time``, so the libzmq IO thread, the beacon and the load
 generator are not counted), which is far less sensitive to a loaded machine
-than wall-clock latency. A load thread with a plain ROUTER (inproc, one shared
-context) keeps ``--window`` requests in flight to one rank and reads the
-replies; the engine thread serves them with:
+than wall-clock latency. A load *process* with a plain ROUTER (ipc, like the
+bench's engine fleets) keeps ``--window`` requests in flight to one rank and
+reads the replies; the engine thread serves them with:
 
 * ``bare`` — a bare decode/dispatch/encode loop over the same envelopes
   (msgspec ``Request`` in, ``Reply`` out, a dict of handlers): the floor;
@@ -14,14 +14,21 @@ replies; the engine thread serves them with:
 
 Every variant runs in the same process, one after the other, so the ratios
 ``ctlwire / bare`` are comparable within one run. ``--profile`` prints a
-cProfile of the ctlwire variant's engine thread instead.
+cProfile of the ctlwire variant's engine thread instead. The load runs in a
+process of its own: as a thread of the engine's process it took the GIL from
+the engine at every libzmq call (pyzmq releases it there), and the engine
+thread's CPU then mostly measured GIL hand-overs, which vary with batching.
+Sync variants also report how many requests they found per wait for input.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import multiprocessing
 import pstats
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -37,17 +44,18 @@ from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
 
 __all__ = ["main", "measure"]
 
-_ADDRESS = "inproc://ctlwire-engine-cpu"
+_ADDRESS = "ipc:///tmp/ctlwire-engine-cpu.sock"  # set per measure(), in a private directory
+_WAITS = [0]  # times the engine thread of a sync variant waited for input
 
 
-def _load(ctx: zmq.Context[zmq.Socket[bytes]], n: int, window: int, ready: threading.Event,
-          started: threading.Event, done: threading.Event, payload: Any) -> None:
-    """The client: keep ``window`` requests in flight to rank 0, ``n`` in all."""
+def _load(address: str, n: int, window: int, ready: Any, done: Any, payload: Any) -> None:
+    """The client process: keep ``window`` requests in flight to rank 0, ``n`` in all."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
-    sock.bind(_ADDRESS)
+    sock.bind(address)
     ready.set()
     enc = msgspec.msgpack.Encoder()
     raw = msgspec.Raw(enc.encode(payload))
@@ -66,7 +74,6 @@ def _load(ctx: zmq.Context[zmq.Socket[bytes]], n: int, window: int, ready: threa
     # drain whatever the warm-up produced (error reply, heartbeats)
     while poller.poll(100):
         sock.recv_multipart()
-    started.set()
     sent = 0
     while sent < min(window, n):
         sock.send_multipart([ident, frames[sent]])
@@ -83,6 +90,7 @@ def _load(ctx: zmq.Context[zmq.Socket[bytes]], n: int, window: int, ready: threa
             sent += 1
     done.set()
     sock.close(linger=0)
+    ctx.term()
 
 
 def _bare(ctx: zmq.Context[zmq.Socket[bytes]], stop: threading.Event,
@@ -98,6 +106,7 @@ def _bare(ctx: zmq.Context[zmq.Socket[bytes]], stop: threading.Event,
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     while not stop.is_set():
+        _WAITS[0] += 1
         if not poller.poll(50):
             continue
         while True:
@@ -123,6 +132,7 @@ def _poll(ctx: zmq.Context[zmq.Socket[bytes]], stop: threading.Event,
     try:
         while not stop.is_set():
             if not ep.poll():
+                _WAITS[0] += 1
                 ep.transport.wait_readable(0.05)
     finally:
         ep.close()
@@ -168,12 +178,18 @@ VARIANTS: dict[str, Callable[[zmq.Context[zmq.Socket[bytes]], threading.Event,
 def measure(variant: str, n: int = 20_000, window: int = 16, payload: Any = None,
             profile: bool = False) -> float:
     """CPU µs per request of the engine thread of ``variant``."""
+    global _ADDRESS
+    _WAITS[0] = 0
+    directory = tempfile.mkdtemp(prefix="ctlwire-engine-cpu-")
+    _ADDRESS = f"ipc://{directory}/load.sock"
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    ready, started, done, stop = (threading.Event() for _ in range(4))
-    load = threading.Thread(target=_load, args=(ctx, n, window, ready, started, done, payload),
-                            daemon=True)
+    started, stop = threading.Event(), threading.Event()
+    mp = multiprocessing.get_context("spawn")
+    ready, done = mp.Event(), mp.Event()
+    load = mp.Process(target=_load, args=(_ADDRESS, n, window, ready, done, payload),
+                      daemon=True)
     load.start()
-    ready.wait()
+    ready.wait(60)
     result: dict[str, float] = {}
     prof = cProfile.Profile(time.thread_time) if profile else None
 
@@ -196,7 +212,10 @@ def measure(variant: str, n: int = 20_000, window: int = 16, payload: Any = None
     stop.set()
     th.join(10)
     load.join(10)
+    if load.is_alive():  # pragma: no cover - the load process is stuck
+        load.kill()
     ctx.term()
+    shutil.rmtree(directory, ignore_errors=True)
     if prof is not None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(30)
     return result["cpu"] / n * 1e6
@@ -214,14 +233,18 @@ def main(argv: list[str] | None = None) -> None:
         measure(args.profile, args.n, args.window, profile=True)
         return
     best: dict[str, float] = {}
+    waits: dict[str, int] = {}
     for _ in range(args.repeat):
         for v in args.variants:
             us = measure(v, args.n, args.window)
-            best[v] = min(best.get(v, float("inf")), us)
+            if us < best.get(v, float("inf")):
+                best[v], waits[v] = us, _WAITS[0]
     base = best.get("bare")
     for v, us in best.items():
         ratio = f"  {us / base:.2f}x bare" if base else ""
-        print(f"{v:15s} {us:6.2f} µs CPU/request (best of {args.repeat}){ratio}")
+        # requests per wait for input (sync variants): fewer, larger batches are cheaper
+        batch = f"  {args.n / waits[v]:5.1f} req/wait" if waits.get(v) else ""
+        print(f"{v:15s} {us:6.2f} µs CPU/request (best of {args.repeat}){ratio}{batch}")
 
 
 if __name__ == "__main__":

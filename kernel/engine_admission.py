@@ -49,6 +49,13 @@ class _Inbound:
         self.received = received  # the endpoint's clock() when it was classified
         self.state = InboundState.RECEIVED
 
+    @classmethod
+    def running(cls, request: Request, received: float) -> _Inbound:
+        """One the fast path took (it sets the states without an _Inbound): Running."""
+        item = cls(request, None, received)
+        item.state = _RUNNING
+        return item
+
     def go(self, event: InboundEvent) -> None:
         try:
             self.state = _INBOUND_NEXT[self.state][event]
@@ -135,21 +142,22 @@ class EngineAdmission(EngineLiveness):
         item.go(InboundEvent.START)
         return spec, payload
 
-    def _run_fast(self, item: _Inbound) -> Reply | None:
+    def _run_fast(self, req: Request, now: float) -> bytes | Reply | None:
         """The common case, start to reply, for a sync inline method: a request for
         this rank, fresh, unkeyed, not fenced out, whose payload decodes as the
         method's type. Exactly what :meth:`_admit` then running the handler does
         (same counters, same states, same reply), minus the per-request lookups.
         None, having changed nothing, for anything else: the general path takes it.
-        Called only where ``item`` was classified (its ``received`` is the clock now)."""
-        req = item.request
+
+        ``now`` is the clock read when the request was accepted (:meth:`_accept`),
+        right before. The reply comes back encoded (bytes, within the codec's size
+        limit, for the transport's ``send_encoded_nowait``) when the endpoint has
+        that hot path and the handler succeeded; else as a :class:`Reply`."""
         fast = self._fast.get(req.method)
         if fast is None or req.rank != self.rank or req.key:
             return None
         spec, encode, decode = fast
-        # the fast path runs right where the request was classified: the clock read
-        # then (one per request) is the clock now
-        if req.deadline and item.received > req.deadline:
+        if req.deadline and now > req.deadline:
             return None
         fence = req.fence
         if 0 < fence < self.fence_high:
@@ -170,29 +178,37 @@ class EngineAdmission(EngineLiveness):
                 args = ()
         if fence > 0:
             self.fence_high = fence
-        item.state = _RUNNING
         rid = req.id
         running = self.running
         running[rid] = (req.method, time.monotonic())
-        trace_token = current_trace.set(req.trace)
+        # the trace carrier: set only when there is one to set, or one to clear
+        trace = req.trace
+        trace_token = (current_trace.set(trace)
+                       if trace is not None or current_trace.get() is not None else None)
         token = _current_request.set((self, rid))
-        done: Reply | None = None
+        done: bytes | Reply
         try:
             result = spec.handler(*args)
         except Exception as exc:
-            done = self._exception_reply(item, exc)
+            done = self._exception_reply(_Inbound.running(req, now), exc)
         else:
             try:
                 data = encode(result)
-            except Exception:
-                done = self._result_reply(item, result)  # says ResultNotEncodable
+            except Exception:  # says ResultNotEncodable
+                done = self._result_reply(_Inbound.running(req, now), result)
             else:
-                done = Reply(rid, self.rank, self.incarnation, True, msgspec.Raw(data))
-                item.state = _REPLIED
                 self.states[_REPLIED] += 1
+                ok_reply = self._ok_reply
+                if ok_reply is not None:
+                    done = ok_reply(rid, data)
+                    if len(done) > self._max_reply_size:  # _fit makes it ReplyTooLarge
+                        done = Reply(rid, self.rank, self.incarnation, True, msgspec.Raw(data))
+                else:
+                    done = Reply(rid, self.rank, self.incarnation, True, msgspec.Raw(data))
         finally:
             _current_request.reset(token)
-            current_trace.reset(trace_token)
+            if trace_token is not None:
+                current_trace.reset(trace_token)
             running.pop(rid, None)
             if self._progress:
                 self._progress.pop(rid, None)
@@ -218,27 +234,38 @@ class EngineAdmission(EngineLiveness):
             item.request.id, self.rank, self.incarnation, False, self.codec.encode_value(None),
             info))
 
+    def _accept(self, req: Request) -> float | None:
+        """Count a received request; None for a duplicate (dropped, counted), else
+        the clock now (also :attr:`client_last_seen`): the one clock read of a
+        request the fast path takes."""
+        counters = self.counters
+        counters["received"] += 1
+        seen = self._seen
+        key = (req.client, req.id)
+        if key in seen:
+            counters["duplicates"] += 1
+            return None
+        seen[key] = None
+        if len(seen) > self._dedup_window:
+            seen.popitem(last=False)
+        now = self.client_last_seen = self.clock()
+        return now
+
     def _classify(self, event: Any) -> _Inbound | _BadFrameReply | None:
         """Turn a transport event into work (an _Inbound), an immediate reply, or nothing."""
-        self.counters["received"] += 1
         if type(event) is Received:
             env = event.envelope
             if type(env) is Request:
-                key = (env.client, env.id)
-                if key in self._seen:
-                    self.counters["duplicates"] += 1
-                    return None
-                self._seen[key] = None
-                if len(self._seen) > self._dedup_window:
-                    self._seen.popitem(last=False)
-                now = self.client_last_seen = self.clock()
-                return _Inbound(env, event.route, now)
+                now = self._accept(env)
+                return None if now is None else _Inbound(env, event.route, now)
+            self.counters["received"] += 1
             if type(env) is Heartbeat:
                 self.counters["heartbeats_received"] += 1
                 self.client_last_seen = self.clock()
                 return None
             self.counters["dropped_wrong_type"] += 1
             return None
+        self.counters["received"] += 1
         if type(event) is Dropped:
             counter = f"dropped_{event.reason}"
             self.counters[counter] = self.counters.get(counter, 0) + 1

@@ -44,6 +44,9 @@ class EngineBase(MethodRegistry):
     _last_loop: float
     _polling: bool
     _nil: msgspec.Raw
+    # the fast path's encoded OK reply (engine_outbox.ok_reply_encoder), or None
+    _ok_reply: Callable[[int, bytes], bytes] | None
+    _max_reply_size: int
 
     def _error_reply(self, request_id: int, type_name: str, message: str, code: int) -> Reply:
         return Reply(request_id, self.rank, self.incarnation, False, self.codec.encode_value(None),

@@ -82,9 +82,9 @@ from ctlwire.kernel.engine_serve import EngineServing
 from ctlwire.kernel.result_cache import ResultCache
 from ctlwire.kernel.tracing import current_trace
 from ctlwire.states import InboundState
-from ctlwire.transports.envelope import Reply
-from ctlwire.transports.errors import TransportClosed
-from ctlwire.transports.transport import EngineTransport, Route
+from ctlwire.transports.envelope import Reply, Request
+from ctlwire.transports.errors import TransportClosed, TransportError, Unroutable, WouldBlock
+from ctlwire.transports.transport import EngineTransport, Received, Route
 
 # EngineEndpoint is composed of parts, one module each (see engine_base); the
 # names below are re-exported from there (this module is their documented home).
@@ -168,6 +168,14 @@ class EngineEndpoint(EngineServing):
         self._send_encoded = _no_encoded_send
         if send_encoded is not None and encoder is not None:
             self._encode_envelope, self._send_encoded = encoder, send_encoded
+        self._ok_reply: Callable[[int, bytes], bytes] | None = None
+        self._max_reply_size = self.codec.max_message_size
+        self._set_ok_reply()
+        # poll(): every event that can be received now, in one call where the
+        # transport can (the ZMQ engine transports), else try_receive in a loop
+        ready = getattr(transport, "receive_ready", None)
+        self._take_ready: Callable[[int], list[Any]] = (
+            ready if ready is not None else self._try_receive_many)
         self.counters: dict[str, int] = {
             "received": 0,
             "replied": 0,
@@ -202,6 +210,7 @@ class EngineEndpoint(EngineServing):
         :meth:`poll` calls it when it was not called."""
         self.transport.open()
         if not self._opened:
+            self._set_ok_reply()  # rank and incarnation are fixed from here on
             self._opened = True
             self._polling = True
             self._last_loop = time.monotonic()
@@ -228,21 +237,39 @@ class EngineEndpoint(EngineServing):
             self.open()
         self.loop_came_round()
         self._heartbeat_if_due()
-        self._flush_outbox()
+        if self._outbox:
+            self._flush_outbox()
+        try:
+            events = self._take_ready(max_messages)
+        except TransportClosed:
+            return 0
         handled = 0
-        for _ in range(max_messages):
+        for event in events:
             try:
-                event = self.transport.try_receive()
-            except TransportClosed:
-                break
-            if event is None:
-                break
-            try:
-                handled += self._handle_sync(event)
+                if type(event) is Received and type(event.envelope) is Request:
+                    handled += self._handle_request_sync(event.envelope, event.route)
+                else:
+                    handled += self._handle_sync(event)
             except Exception:  # pragma: no cover - never let one frame end the loop
                 self.counters["internal_errors"] += 1
                 log.exception("engine %d: internal error handling %r", self.rank, event)
         return handled
+
+    def _try_receive_many(self, limit: int) -> list[Any]:
+        """``receive_ready`` of a transport that has none: try_receive in a loop."""
+        events: list[Any] = []
+        try_receive = self.transport.try_receive
+        while len(events) < limit:
+            try:
+                event = try_receive()
+            except TransportClosed:
+                if not events:
+                    raise
+                break
+            if event is None:
+                break
+            events.append(event)
+        return events
 
     def run_blocking(self, stop: threading.Event | None = None, *,
                      step: Callable[[], None] | None = None, idle_wait: float | None = None
@@ -263,6 +290,42 @@ class EngineEndpoint(EngineServing):
         finally:
             self.close()
 
+    def _handle_request_sync(self, req: Request, route: Route) -> int:
+        """Poll mode: one received request, on the fast path when it can take it.
+        :meth:`_accept` and, for an encoded reply with nothing queued,
+        :meth:`_send_data_sync`, inline (this runs once per request)."""
+        counters = self.counters
+        counters["received"] += 1
+        seen = self._seen
+        key = (req.client, req.id)
+        if key in seen:
+            counters["duplicates"] += 1
+            return 0
+        seen[key] = None
+        if len(seen) > self._dedup_window:
+            seen.popitem(last=False)
+        now = self.client_last_seen = self.clock()
+        out = self._run_fast(req, now)
+        if out is None:
+            return self._handle_admitted_sync(_Inbound(req, route, now))
+        if type(out) is bytes:
+            if self._outbox:
+                self._send_data_sync(route, out)
+                return 1
+            try:
+                self._send_encoded(route, out)
+            except WouldBlock:
+                self._enqueue(route, self._reply_of(out))
+            except (Unroutable, TransportError) as exc:
+                counters["reply_send_failures"] += 1
+                log.warning("engine %d: reply %d not sent: %r", self.rank, req.id, exc)
+            else:
+                counters["replied"] += 1
+        else:
+            assert isinstance(out, Reply)
+            self._send_sync(route, out)
+        return 1
+
     def _handle_sync(self, event: Any) -> int:
         work = self._classify(event)
         if work is None:
@@ -271,10 +334,18 @@ class EngineEndpoint(EngineServing):
             self._send_sync(work.route, work.reply)
             return 0
         assert isinstance(work, _Inbound)
-        fast = self._run_fast(work)
+        fast = self._run_fast(work.request, work.received)
         if fast is not None:
-            self._send_sync(work.route, fast)
+            if type(fast) is bytes:
+                self._send_data_sync(work.route, fast)
+            else:
+                assert isinstance(fast, Reply)
+                self._send_sync(work.route, fast)
             return 1
+        return self._handle_admitted_sync(work)
+
+    def _handle_admitted_sync(self, work: _Inbound) -> int:
+        """Poll mode, the general path: admission, then the handler."""
         admitted = self._admit(work)
         if isinstance(admitted, Reply):
             self._send_sync(work.route, admitted)

@@ -12,9 +12,11 @@ from collections.abc import Callable
 
 import anyio
 import anyio.abc
+import msgspec
 
 from ctlwire.kernel.engine_base import EngineBase, log
 from ctlwire.kernel.engine_registry import ErrorCode
+from ctlwire.transports.codec import Codec
 from ctlwire.transports.envelope import Envelope, Reply
 from ctlwire.transports.errors import (
     OversizedFrame,
@@ -24,7 +26,7 @@ from ctlwire.transports.errors import (
 )
 from ctlwire.transports.transport import Route
 
-__all__ = ["ReplyOutbox"]
+__all__ = ["ReplyOutbox", "ok_reply_encoder"]
 
 
 class ReplyOutbox(EngineBase):
@@ -62,6 +64,35 @@ class ReplyOutbox(EngineBase):
             return self._error_reply(reply.id, "ReplyTooLarge", str(exc),
                                      ErrorCode.OVERSIZED_FRAME)
         return reply
+
+    def _set_ok_reply(self) -> None:
+        """The fast path's encoded OK reply: only where replies go out encoded
+        (``send_encoded_nowait``), for this endpoint's rank and incarnation."""
+        self._ok_reply = None
+        if self._encode_envelope is not None:
+            self._ok_reply = ok_reply_encoder(self.codec, self.rank, self.incarnation)
+
+    def _reply_of(self, data: bytes) -> Reply:
+        """The Reply a fast-path reply encoded (for the rare paths that queue one)."""
+        reply = self.codec.decode(data)
+        assert type(reply) is Reply
+        return reply
+
+    def _send_data_sync(self, route: Route, data: bytes) -> None:
+        """Poll mode: :meth:`_send_sync` of a reply the fast path encoded (within the
+        size limit, so nothing to fit)."""
+        if not self._outbox:
+            try:
+                self._send_encoded(route, data)
+            except WouldBlock:
+                self._enqueue(route, self._reply_of(data))
+            except (Unroutable, TransportError) as exc:
+                self.counters["reply_send_failures"] += 1
+                log.warning("engine %d: reply not sent: %r", self.rank, exc)
+            else:
+                self.counters["replied"] += 1
+            return
+        self._send_sync(route, self._reply_of(data))
 
     def _send_sync(self, route: Route, reply: Reply) -> None:
         encode = self._encode_envelope
@@ -149,13 +180,15 @@ class ReplyOutbox(EngineBase):
     def outbox_replies(self) -> int:
         return sum(len(q) for q in self._outbox.values())
 
-    def _send_now(self, route: Route, reply: Reply, data: bytes | None = None) -> bool:
+    def _send_now(self, route: Route, reply: Reply | None, data: bytes | None = None) -> bool:
         """Serve mode: send ``reply`` (already fitted) if the client's pipe has room,
         or drop it if that client is marked stalled, or count a failure. False
         when it has to wait for room. ``data``: the reply already encoded (within
-        the size limit), sent with the transport's ``send_encoded_nowait``."""
+        the size limit), sent with the transport's ``send_encoded_nowait`` (then
+        ``reply`` may be None)."""
         try:
             if data is None:
+                assert reply is not None
                 self.transport.send_nowait(route, reply)
             else:
                 self._send_encoded(route, data)
@@ -167,7 +200,8 @@ class ReplyOutbox(EngineBase):
             return False
         except (Unroutable, TransportError) as exc:
             self.counters["reply_send_failures"] += 1
-            log.warning("engine %d: reply %d not sent: %r", self.rank, reply.id, exc)
+            log.warning("engine %d: reply %d not sent: %r", self.rank,
+                        reply.id if reply is not None else -1, exc)
             return True
         if self._stalled:
             self._stalled.pop(route, None)
@@ -202,3 +236,38 @@ class ReplyOutbox(EngineBase):
         except (Unroutable, TransportError) as exc:
             self.counters["reply_send_failures"] += 1
             log.warning("engine %d: reply %d not sent: %r", self.rank, reply.id, exc)
+
+
+def ok_reply_encoder(codec: Codec, rank: int, incarnation: int
+                     ) -> Callable[[int, bytes], bytes] | None:
+    """For the engine's fast path: ``encode(request_id, result)`` giving exactly the
+    bytes ``codec.encode(Reply(request_id, rank, incarnation, True, Raw(result)))``
+    gives (``result`` an encoded value), by splicing the request id and the result
+    into the constant rest, or None when ``codec`` has no such shortcut.
+
+    msgpack only (the default codec, array-like tagged structs): the layout is
+    checked against the codec's own encoder here, for ids of every integer width
+    and results of several sizes; any difference and the shortcut is refused."""
+    encoder = codec.fast_envelope_encoder()
+    if encoder is None or codec.name != "msgpack":
+        return None
+    encode_int = msgspec.msgpack.Encoder().encode
+    # [tag "r", id, rank, incarnation, ok true, result, error nil]
+    head = b"\x97\xa1r"
+    mid = encode_int(rank) + encode_int(incarnation) + b"\xc3"
+    tail = b"\xc0"
+    join = b"".join
+
+    def encode(request_id: int, result: bytes) -> bytes:
+        return join((head, encode_int(request_id), mid, result, tail))
+
+    try:
+        for rid in (0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1,
+                    2**64 - 1):
+            for result in (b"\xc0", b"\x01", b"\xa3abc", bytes(codec.encode_value("x" * 300))):
+                reply = Reply(rid, rank, incarnation, True, msgspec.Raw(result))
+                if encoder(reply) != encode(rid, result):
+                    return None
+    except Exception:
+        return None
+    return encode

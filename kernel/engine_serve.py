@@ -14,8 +14,9 @@ from ctlwire.kernel.engine_base import log
 from ctlwire.kernel.engine_outbox import ReplyOutbox
 from ctlwire.kernel.engine_registry import _NONE, MethodSpec
 from ctlwire.kernel.tracing import current_trace
-from ctlwire.transports.envelope import Reply
+from ctlwire.transports.envelope import Reply, Request
 from ctlwire.transports.errors import TransportClosed
+from ctlwire.transports.transport import Received, Route
 
 __all__ = ["EngineServing"]
 
@@ -107,6 +108,7 @@ class EngineServing(EngineAdmission, ReplyOutbox):
     async def _serve_loop(self, dispatcher: _Dispatcher, lanes: anyio.abc.TaskGroup,
                           task_status: anyio.abc.TaskStatus[None]) -> None:
         self._polling = False
+        self._set_ok_reply()  # rank and incarnation are fixed from here on
         self._start_beacon()
         if not self.beacon_active:
             self.send_heartbeat()
@@ -121,7 +123,18 @@ class EngineServing(EngineAdmission, ReplyOutbox):
                     except TransportClosed:
                         break
                     try:
-                        work = self._classify(event)
+                        if type(event) is Received and type(event.envelope) is Request:
+                            req = event.envelope
+                            now = self._accept(req)
+                            if now is None:
+                                continue
+                            if not dispatcher.inflight and self._dispatch_now(
+                                    dispatcher, req, event.route, now):
+                                continue
+                            work: _Inbound | _BadFrameReply | None = _Inbound(
+                                req, event.route, now)
+                        else:
+                            work = self._classify(event)
                     except Exception:  # pragma: no cover
                         self.counters["internal_errors"] += 1
                         log.exception("engine %d: cannot classify %r", self.rank, event)
@@ -131,50 +144,53 @@ class EngineServing(EngineAdmission, ReplyOutbox):
                     if isinstance(work, _BadFrameReply):
                         await self._send_async(work.route, work.reply)
                         continue
-                    if not dispatcher.inflight and self._dispatch_now(dispatcher, work):
-                        continue
                     await dispatcher.told(work)
             finally:
                 tg.cancel_scope.cancel()
                 lanes.cancel_scope.cancel()
                 dispatcher.close_lanes()
 
-    def _dispatch_now(self, dispatcher: _Dispatcher, work: _Inbound) -> bool:
-        """With nothing queued at the dispatcher, do its work for ``work`` here
+    def _dispatch_now(self, dispatcher: _Dispatcher, req: Request, route: Route,
+                      now: float) -> bool:
+        """With nothing queued at the dispatcher, do its work for ``req`` here
         (the same order, without the hop through its mailbox): run a sync
         handler on the fast path and send the reply, or pass the request to its
-        method's open lane when that has room. False when the dispatcher has to
-        take it. A reply that finds the client's pipe full is handed to the
-        dispatcher, which waits for room (bounded, see :meth:`_send_async`)."""
-        reply = self._run_fast(work)
-        if reply is not None:
-            data = None
-            encode = self._encode_envelope
-            if encode is not None:  # the hot path: ReplyOutbox._fit_encoded, inline
-                data = encode(reply)
-                if len(data) > self.codec.max_message_size:
-                    data = None
-            if data is None:
-                reply = self._fit(reply)
-            if not self._send_now(work.route, reply, data):
-                dispatcher.inflight += 1
-                try:
-                    dispatcher.tell_nowait(_BadFrameReply(work.route, reply))
-                except BaseException:
-                    dispatcher.inflight -= 1
-                    raise
+        method's open lane when that has room. False, having changed nothing,
+        when the dispatcher has to take it. A reply that finds the client's pipe
+        full is handed to the dispatcher, which waits for room (bounded, see
+        :meth:`_send_async`)."""
+        out = self._run_fast(req, now)
+        if out is not None:
+            if type(out) is bytes:
+                if not self._send_now(route, None, out):
+                    self._hand_reply(dispatcher, route, self._reply_of(out))
+                return True
+            assert isinstance(out, Reply)
+            reply, data = self._fit_encoded(out)
+            if not self._send_now(route, reply, data):
+                self._hand_reply(dispatcher, route, reply)
             return True
-        spec = self._methods.get(work.request.method)
+        spec = self._methods.get(req.method)
         if spec is None or not (spec.is_async or spec.threaded):
             return False
         lane = dispatcher.lanes.get(spec.name)
         if lane is None:
             return False
         try:
-            lane.send_nowait(work)
+            lane.send_nowait(_Inbound(req, route, now))
         except anyio.WouldBlock:
             return False
         return True
+
+    @staticmethod
+    def _hand_reply(dispatcher: _Dispatcher, route: Route, reply: Reply) -> None:
+        """A reply whose client's pipe is full: the dispatcher sends it, in turn."""
+        dispatcher.inflight += 1
+        try:
+            dispatcher.tell_nowait(_BadFrameReply(route, reply))
+        except BaseException:
+            dispatcher.inflight -= 1
+            raise
 
     async def _heartbeat_loop(self) -> None:
         interval = self.heartbeat_interval

@@ -225,10 +225,10 @@ async def test_serve_fast_path_same_answers_and_taken() -> None:
         else:
             run_fast = ep._run_fast
 
-            def spy(item: Any) -> Reply | None:
-                reply = run_fast(item)
+            def spy(req: Request, now: float) -> Any:
+                reply = run_fast(req, now)
                 if reply is not None:
-                    taken.append(item.request.id)
+                    taken.append(req.id)
                 return reply
 
             ep._run_fast = spy  # type: ignore[method-assign]

@@ -1,0 +1,332 @@
+"""The engine's per-wake-up batch and its encoded fast-path replies.
+
+* ``poll()`` takes every queued event in one ``receive_ready`` call of a ZMQ
+  engine transport (up to ``max_messages``), in arrival order, bad frames
+  included; a transport without it is read with ``try_receive`` in a loop.
+* The fast path's OK reply is spliced from constant bytes
+  (:func:`ok_reply_encoder`): byte-identical to the codec's encoding of the
+  Reply, refused for codecs it does not match.
+* Fast vs general path over a real ZMQ transport (where replies go out as
+  encoded bytes): the same frames, counters, states and handler runs.
+* The trace carrier a handler sees on the fast path, and that it is restored.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import msgspec
+import pytest
+import zmq
+from test_engine_fast_path import methods, requests  # the same stream and methods
+
+from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine_outbox import ok_reply_encoder
+from ctlwire.kernel.tracing import current_trace
+from ctlwire.transports.codec import JsonCodec, MsgpackCodec
+from ctlwire.transports.envelope import Heartbeat, Reply, Request
+from ctlwire.transports.errors import TransportClosed
+from ctlwire.transports.memory import MemoryNetwork
+from ctlwire.transports.transport import Dropped, Received
+from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
+
+_counter = itertools.count()
+
+
+class _Pair:
+    """A raw ROUTER (the client) and an engine endpoint on a ZMQ DEALER, inproc."""
+
+    def __init__(self, *, fast: bool = True, **kw: Any) -> None:
+        self.address = f"inproc://engine-batch-{next(_counter)}"
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.router.bind(self.address)
+        self.transport = ZmqDealerEngineTransport(self.address, 0, context=self.ctx)
+        self.codec = self.transport.codec
+        self.ep = EngineEndpoint(self.transport, heartbeat_interval=None, beacon=False,
+                                 clock=lambda: 1000.0, incarnation=1, **kw)
+        methods(self.ep)
+        if not fast:
+            self.ep._fast.clear()
+        self.ep.open()
+
+    def send(self, *frames: bytes) -> None:
+        self.router.send_multipart([b"rank-0", *frames])
+
+    def replies(self, expect: int) -> list[bytes]:
+        got: list[bytes] = []
+        for _ in range(1000):
+            if len(got) >= expect:
+                break
+            self.ep.poll()
+            while self.router.poll(0):
+                got.append(self.router.recv_multipart()[1])
+            if len(got) < expect:
+                self.transport.wait_readable(0.01)
+        return got
+
+    def close(self) -> None:
+        self.ep.close()
+        self.router.close(0)
+        self.ctx.term()
+
+
+def _settle(pair: _Pair) -> None:
+    """Wait until the messages sent are readable at the engine (inproc queues them
+    at once; the pipe's activation is processed by the next socket call)."""
+    for _ in range(500):
+        if pair.transport.wait_readable(0.01):
+            break
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["raw-socket", "wrapper"])
+def test_receive_ready_takes_everything_queued_in_order_up_to_the_limit(direct: bool) -> None:
+    pair = _Pair()
+    assert pair.transport._direct  # opened by this thread, no async use yet
+    pair.transport._direct = direct
+    try:
+        codec = pair.codec
+        for i in range(1, 6):
+            pair.send(codec.encode(Request(i, 0, "flush", codec.encode_value(None))))
+        pair.send(b"\xc1junk")                                   # malformed
+        pair.send(codec.encode(Request(9, 0, "flush", codec.encode_value(None))), b"x")
+        pair.send(codec.encode(Heartbeat(0, 1)))
+        _settle(pair)
+        first = pair.transport.receive_ready(3)
+        rest = pair.transport.receive_ready(64)
+        assert pair.transport.receive_ready(64) == []
+        assert len(first) == 3 and len(rest) == 5
+        events = first + rest
+        ids = [e.envelope.id for e in events[:5] if isinstance(e, Received)
+               and isinstance(e.envelope, Request)]
+        assert ids == [1, 2, 3, 4, 5]
+        assert isinstance(events[5], Dropped) and events[5].reason == "malformed"
+        assert isinstance(events[6], Dropped) and events[6].reason == "framing"
+        assert isinstance(events[7], Received) and isinstance(events[7].envelope, Heartbeat)
+    finally:
+        pair.close()
+    with pytest.raises(TransportClosed):
+        pair.transport.receive_ready(1)
+
+
+def test_poll_takes_one_batch_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    pair = _Pair()
+    try:
+        calls: list[int] = []
+        take = pair.ep._take_ready
+
+        def counting(limit: int) -> list[Any]:
+            calls.append(limit)
+            return take(limit)
+
+        monkeypatch.setattr(pair.ep, "_take_ready", counting)
+        codec = pair.codec
+        for i in range(1, 11):
+            pair.send(codec.encode(Request(i, 0, "flush", codec.encode_value(None), 0.0, i, 9)))
+        _settle(pair)
+        assert pair.ep.poll(max_messages=4) == 4
+        assert pair.ep.poll() == 6
+        assert calls == [4, 64]
+        assert pair.ep.__dict__["ran"] == [("flush", None)] * 10
+    finally:
+        pair.close()
+
+
+def test_poll_without_receive_ready_reads_try_receive_in_a_loop() -> None:
+    net = MemoryNetwork()
+    transport = net.engine_transport(0)
+    assert not hasattr(transport, "receive_ready")
+    ep = EngineEndpoint(transport, heartbeat_interval=None)
+    methods(ep)
+    client = net.client_transport()
+    ep.open()
+    for i in range(1, 6):
+        client.send_nowait(0, Request(i, 0, "flush", net.codec.encode_value(None), 0.0, i, 9))
+    assert ep.poll(max_messages=3) == 3
+    assert ep.poll() == 2
+    assert ep.poll() == 0
+
+
+def test_ok_reply_encoder_is_byte_identical_or_refused() -> None:
+    codec = MsgpackCodec()
+    for rank, incarnation in ((0, 1), (3, (1 << 52) | 77), (255, 2**63 - 1)):
+        encode = ok_reply_encoder(codec, rank, incarnation)
+        assert encode is not None
+        for rid in (1, 2, 200, 70_000, 2**40, 2**64 - 1):
+            for value in (None, 1.5, "text", [1, 2, 3], {"a": b"x" * 100}):
+                data = bytes(codec.encode_value(value))
+                expected = codec.encode(Reply(rid, rank, incarnation, True, msgspec.Raw(data)))
+                assert encode(rid, data) == expected
+    assert ok_reply_encoder(JsonCodec(), 0, 1) is None  # another layout: no shortcut
+
+    class Framed(MsgpackCodec):
+        def encode(self, envelope: Any) -> bytes:
+            return b"!" + super().encode(envelope)
+
+    assert ok_reply_encoder(Framed(), 0, 1) is None
+
+
+def test_endpoint_uses_the_encoded_reply_only_where_replies_go_out_as_bytes() -> None:
+    pair = _Pair()
+    try:
+        assert pair.ep._ok_reply is not None
+    finally:
+        pair.close()
+    net = MemoryNetwork()  # no send_encoded_nowait: replies as envelopes
+    assert EngineEndpoint(net.engine_transport(0))._ok_reply is None
+
+
+def _zmq_stream(fast: bool) -> tuple[list[bytes], dict[str, int], dict[Any, int], list[Any], int]:
+    pair = _Pair(fast=fast)
+    try:
+        envs = requests(pair.codec)
+        for env in envs:
+            pair.send(pair.codec.encode(env))
+        frames = pair.replies(len(envs) - 1)  # one duplicate
+        assert not pair.ep.running
+        ep = pair.ep
+        return frames, dict(ep.counters), dict(ep.states), ep.__dict__["ran"], ep.fence_high
+    finally:
+        pair.close()
+
+
+def test_fast_path_over_zmq_answers_exactly_like_the_general_path() -> None:
+    """Over a ZMQ transport the fast path's replies are spliced bytes: the client
+    gets the very bytes the general path's Reply encodes to, in the same order."""
+    fast, slow = _zmq_stream(True), _zmq_stream(False)
+    assert len(fast[0]) == 21
+    assert fast == slow
+
+
+def test_fast_path_trace_carrier_is_set_cleared_and_restored() -> None:
+    pair = _Pair()
+    seen: list[dict[str, str] | None] = []
+
+    @pair.ep.method()
+    def traced() -> None:
+        seen.append(current_trace.get())
+
+    @pair.ep.method()
+    def traced_fails() -> None:
+        seen.append(current_trace.get())
+        raise RuntimeError("no")
+
+    try:
+        codec = pair.codec
+        nil = codec.encode_value(None)
+        stale = current_trace.set({"stale": "1"})  # whatever the caller's context holds
+        try:
+            pair.send(codec.encode(Request(1, 0, "traced", nil, 0.0, 1, 9)))
+            pair.send(codec.encode(Request(2, 0, "traced", nil, 0.0, 2, 9, {"t": "2"})))
+            pair.send(codec.encode(Request(3, 0, "traced_fails", nil, 0.0, 3, 9, {"t": "3"})))
+            replies = [codec.decode(f) for f in pair.replies(3)]
+            assert current_trace.get() == {"stale": "1"}  # restored after each handler
+        finally:
+            current_trace.reset(stale)
+        assert seen == [None, {"t": "2"}, {"t": "3"}]
+        assert [r.ok for r in replies if isinstance(r, Reply)] == [True, True, False]
+        assert current_trace.get() is None
+    finally:
+        pair.close()
+
+
+def test_direct_socket_path_is_for_the_owner_thread_until_the_first_async_use() -> None:
+    """The sync methods call the raw socket only from the thread that opened the
+    transport, and only until an async receive/send (after which a task may be
+    suspended on the socket, and every call must go through the wrapper)."""
+    import threading
+
+    import anyio
+
+    from ctlwire.transports.errors import ForeignThreadError
+
+    pair = _Pair()
+    try:
+        transport, codec = pair.transport, pair.codec
+        reply = codec.encode(Reply(1, 0, 1, True, codec.encode_value(None)))
+        errors: list[BaseException] = []
+
+        def foreign() -> None:
+            try:
+                transport.send_encoded_nowait(None, reply)
+            except BaseException as exc:
+                errors.append(exc)
+
+        th = threading.Thread(target=foreign)
+        th.start()
+        th.join()
+        assert len(errors) == 1 and isinstance(errors[0], ForeignThreadError)
+        assert transport._direct
+        transport.send_encoded_nowait(None, reply)
+        assert pair.router.poll(5000) and pair.router.recv_multipart()[1] == reply
+
+        async def receive_one() -> Any:
+            with anyio.fail_after(10):
+                return await transport.receive()
+
+        pair.send(codec.encode(Heartbeat(0, 1)))
+        event = anyio.run(receive_one)
+        assert isinstance(event, Received) and isinstance(event.envelope, Heartbeat)
+        assert not transport._direct  # for good
+        transport.send_encoded_nowait(None, reply)  # through the wrapper, same frames
+        assert pair.router.poll(5000) and pair.router.recv_multipart()[1] == reply
+    finally:
+        pair.close()
+
+
+class _FullRoute:
+    """An engine transport taking encoded replies whose route ``b"hostile"`` is
+    always full (WouldBlock) and ``b"gone"`` unroutable."""
+
+    rank = 0
+
+    def __init__(self) -> None:
+        self.codec = MsgpackCodec()
+        self.inbox: list[Any] = []
+        self.sent: list[tuple[Any, int]] = []
+
+    def open(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def try_receive(self) -> Any:
+        return self.inbox.pop(0) if self.inbox else None
+
+    def send_nowait(self, route: Any, envelope: Any) -> None:
+        self.send_encoded_nowait(route, self.codec.encode(envelope))
+
+    def send_encoded_nowait(self, route: Any, data: bytes) -> None:
+        from ctlwire.transports.errors import Unroutable, WouldBlock
+
+        if route == b"hostile":
+            raise WouldBlock("full")
+        if route == b"gone":
+            raise Unroutable(0, "gone")
+        reply = self.codec.decode(data)
+        assert isinstance(reply, Reply)
+        self.sent.append((route, reply.id))
+
+    def heartbeat_routes(self) -> list[Any]:
+        return []
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_encoded_fast_reply_to_a_full_or_gone_route_is_queued_or_counted(fast: bool) -> None:
+    transport = _FullRoute()
+    ep = EngineEndpoint(transport, heartbeat_interval=None, max_unread_replies=4)  # type: ignore[arg-type]
+    ep.register("echo", lambda v: v, payload_type=Any)
+    if not fast:
+        ep._fast.clear()
+    assert ep._ok_reply is not None
+    codec = transport.codec
+    for i in range(1, 11):
+        route = (b"hostile", b"legit", b"gone")[i % 3]
+        transport.inbox.append(Received(Request(i, 0, "echo", codec.encode_value(i), client=1),
+                                        route=route))
+    assert ep.poll() == 10
+    assert transport.sent == [(b"legit", i) for i in (1, 4, 7, 10)]
+    assert ep.outbox_replies == 3  # 3, 6, 9 wait for room (bound 4)
+    assert [r.id for r, _ in ep._outbox[b"hostile"]] == [3, 6, 9]
+    assert ep.counters["reply_send_failures"] == 3 and ep.counters["replied"] == 4

@@ -1,0 +1,400 @@
+"""The part every ZeroMQ engine-side transport shares (:mod:`ctlwire.transports.zmq_engine`
+has the transports themselves): opening and closing the sockets, the liveness
+beacon, receiving (one event, or every event queued now) and sending.
+
+The sync methods (:meth:`~ZmqEngineBase.receive_ready`,
+:meth:`~ZmqEngineBase.send_encoded_nowait`) call the raw sockets directly from
+the thread that opened the transport until its first async receive or send
+(no task can be suspended on the socket before that); after it, every call
+goes through :class:`~ctlwire.transports.zmq_socket.AsyncZmqSocket`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from functools import partial
+from types import TracebackType
+from typing import Any
+
+import zmq
+import zmq.backend
+
+from ctlwire.transports.codec import Codec, MsgpackCodec
+from ctlwire.transports.curve import CurveAuthenticator
+from ctlwire.transports.envelope import Envelope
+from ctlwire.transports.errors import SocketClosed, TransportClosed, Unroutable, WouldBlock
+from ctlwire.transports.memory import decode_event
+from ctlwire.transports.transport import Dropped, Received, Route, TransportEvent
+from ctlwire.transports.zmq_beacon import BeaconStatus, LivenessBeacon, configure_beacon_socket
+from ctlwire.transports.zmq_config import (
+    ZmqOptions,
+    bind_socket,
+    remove_ipc_file,
+)
+from ctlwire.transports.zmq_socket import AsyncZmqSocket
+
+_NOBLOCK = int(zmq.NOBLOCK)
+_NOBLOCK_SNDMORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
+_BACKEND_SEND = zmq.backend.Socket.send  # zmq.Socket.send adds a DRAFT-options frame
+
+__all__ = ["ZmqEngineBase"]
+
+
+class ZmqEngineBase:
+    """One receiving socket (and the same or another for sending)."""
+
+    recv_kind = zmq.DEALER
+    routed = False  # frames carry a routing identity (ROUTER)
+
+    def __init__(self, rank: int, *, codec: Codec | None,
+                 options: ZmqOptions | None,
+                 context: zmq.Context[zmq.Socket[bytes]] | None) -> None:
+        self.rank = rank
+        self.codec = codec or MsgpackCodec()
+        self.options = options or ZmqOptions()
+        self._own_context = context is None
+        self.context: zmq.Context[zmq.Socket[bytes]] = context or zmq.Context()
+        self._recv: AsyncZmqSocket | None = None
+        self._send: AsyncZmqSocket | None = None
+        self._auth: CurveAuthenticator | None = None
+        self._opened = False
+        self._closed = False
+        self._bound_ipc: list[str] = []
+        self._beacon: LivenessBeacon | None = None
+        self._raw: list[zmq.Socket[bytes]] = []  # every socket made, closed by close()
+        # hot path: the codec's envelope decoder and encoder, for frames within the limit
+        self._fast_decode = self.codec.fast_envelope_decoder()
+        self._max_size = self.codec.max_message_size
+        # the sync hot path (see _enable_direct): the raw sockets' own recv and send,
+        # used from the owner thread until the first async receive or send
+        self._direct = False
+        self._owner = 0
+        self._raw_recv: Callable[..., Any] | None = None
+        self._raw_send: Callable[..., Any] | None = None
+
+    def _bind(self, raw: zmq.Socket[bytes], address: str) -> str:
+        address = bind_socket(raw, address)
+        if address.startswith("ipc://"):
+            self._bound_ipc.append(address)
+        return address
+
+    def _socket(self, kind: int) -> zmq.Socket[bytes]:
+        sock: zmq.Socket[bytes] = self.context.socket(kind)
+        self._raw.append(sock)
+        self.options.apply(sock, self.codec.max_message_size)
+        return sock
+
+    def _setup(self) -> None:
+        raise NotImplementedError
+
+    def _enable_direct(self) -> None:
+        """After ``_setup``: let the sync methods (:meth:`receive_ready`,
+        :meth:`send_encoded_nowait`) call the raw sockets directly.
+
+        The :class:`AsyncZmqSocket` wrapper exists for tasks suspended on the
+        socket (the fd-edge state machine: a socket call must re-check readiness
+        for them). None can be suspended before the first async :meth:`receive`
+        or :meth:`send` of this transport, which turns the direct path off for
+        good; a sync engine (``poll()``) never makes one, and saves the wrapper's
+        per-message layers. Only from the thread that opened the transport (any
+        other goes through the wrapper, which raises ForeignThreadError)."""
+        if self._recv is None or self._send is None:
+            return
+        recv_raw, send_raw = self._recv.socket, self._send.socket
+        if type(send_raw).send is not zmq.Socket.send:
+            return  # a socket class of its own: keep to its methods
+        self._owner = threading.get_ident()
+        self._raw_recv = recv_raw.recv
+        self._raw_send = partial(_BACKEND_SEND, send_raw)
+        self._direct = True
+
+    # -- liveness beacon -----------------------------------------------------------
+    def _beacon_socket(self) -> Callable[[], zmq.Socket[bytes]] | None:
+        """A factory of this transport's beacon socket (run in the beacon's
+        thread), or None where this transport has no beacon."""
+        return None
+
+    def start_beacon(self, interval: float, status: BeaconStatus) -> bool:
+        """Send ``status()`` heartbeats every ``interval`` s from a thread and a
+        socket of their own (:class:`~ctlwire.transports.zmq_beacon.LivenessBeacon`),
+        so they keep flowing while the engine's thread blocks. True when
+        started; False where this transport has none (the engine then sends
+        heartbeats in-band). Call after :meth:`open`; stopped by :meth:`close`."""
+        if self._closed or not self._opened or self._beacon is not None:
+            return self._beacon is not None
+        make = self._beacon_socket()
+        if make is None:
+            return False
+        beacon = LivenessBeacon(make, self.codec, interval, status,
+                                name=f"ctlwire-beacon-{self.rank}")
+        beacon.start()
+        self._beacon = beacon
+        return True
+
+    @property
+    def beacon(self) -> LivenessBeacon | None:
+        return self._beacon
+
+    def _new_beacon_socket(self, kind: int) -> zmq.Socket[bytes]:
+        raw: zmq.Socket[bytes] = self.context.socket(kind)
+        configure_beacon_socket(raw)
+        return raw
+
+    def open(self) -> None:
+        """Create, configure and bind/connect the socket(s); idempotent."""
+        if self._closed:
+            raise TransportClosed("engine transport is closed")
+        if self._opened:
+            return
+        self._opened = True
+        try:
+            self._setup()
+        except BaseException:
+            self.close()
+            raise
+        self._enable_direct()
+
+    def close(self) -> None:
+        """Close with the configured linger; idempotent; never hangs."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._beacon is not None:
+            self._beacon.stop()
+        for sock in {id(s): s for s in (self._recv, self._send) if s is not None}.values():
+            sock.close(self.options.linger_ms)
+        for raw in self._raw:  # one a failed bind/connect left unwrapped
+            if not raw.closed:
+                raw.close(self.options.linger_ms)
+        if self._auth is not None:
+            self._auth.stop()
+        if self._own_context:
+            self.context.term()
+        for address in self._bound_ipc:
+            remove_ipc_file(address)
+
+    async def __aenter__(self) -> Any:
+        self.open()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def auth_rejections(self) -> int:
+        """Client keys this engine's CURVE authenticator refused (engines that bind)."""
+        return self._auth.rejected if self._auth is not None else 0
+
+    # -- receiving ---------------------------------------------------------------
+    def _event(self, msg: list[bytes]) -> TransportEvent:
+        fast = self._fast_decode
+        if fast is not None and len(msg) == 1 and not self.routed:
+            data = msg[0]
+            if len(data) <= self._max_size:
+                try:
+                    return Received(fast(data), None, None, len(data))
+                except Exception:
+                    pass  # not an envelope: decode_event gives the verdict
+        if self.routed:
+            if len(msg) != 2:
+                return Dropped("framing", f"expected 2 frames, got {len(msg)}",
+                               sum(len(f) for f in msg), None, msg[0] if msg else None)
+            route, data = msg
+            event = decode_event(self.codec, data, None, route)
+            self._note_route(route, event)
+            return event
+        if len(msg) != 1:
+            return Dropped("framing", f"expected 1 frame, got {len(msg)}",
+                           sum(len(f) for f in msg))
+        return decode_event(self.codec, msg[0], None, None)
+
+    def _note_route(self, route: bytes, event: TransportEvent) -> None:
+        pass
+
+    def _recv_sock(self) -> AsyncZmqSocket:
+        if self._recv is None or self._closed:
+            raise TransportClosed("engine transport is not open")
+        return self._recv
+
+    def try_receive(self) -> TransportEvent | None:
+        try:
+            msg = self._recv_sock().recv_multipart_nowait()
+        except SocketClosed:
+            raise TransportClosed("engine transport is closed") from None
+        return None if msg is None else self._event(msg)
+
+    def receive_ready(self, limit: int) -> list[TransportEvent]:
+        """Up to ``limit`` events that can be received now, without blocking (an
+        empty list when none is queued): :meth:`try_receive` in a loop, for an
+        engine that takes every queued request per wake-up."""
+        sock = self._recv
+        if sock is None or self._closed:
+            raise TransportClosed("engine transport is not open")
+        if self._direct and threading.get_ident() == self._owner:
+            return self._receive_direct(limit)
+        recv = sock.recv_multipart_nowait
+        fast = None if self.routed else self._fast_decode
+        max_size = self._max_size
+        events: list[TransportEvent] = []
+        append = events.append
+        try:
+            while len(events) < limit:
+                msg = recv()
+                if msg is None:
+                    break
+                if fast is not None and len(msg) == 1:
+                    data = msg[0]
+                    size = len(data)
+                    if size <= max_size:
+                        try:
+                            append(Received(fast(data), None, None, size))
+                            continue
+                        except Exception:
+                            pass  # not an envelope: decode_event gives the verdict
+                append(self._event(msg))
+        except SocketClosed:
+            if not events:
+                raise TransportClosed("engine transport is closed") from None
+        return events
+
+    def _receive_direct(self, limit: int) -> list[TransportEvent]:
+        """:meth:`receive_ready` on the raw socket (see :meth:`_enable_direct`): the
+        same events, the parts of a message read by their own "more" flag."""
+        recv = self._raw_recv
+        assert recv is not None
+        fast = None if self.routed else self._fast_decode
+        max_size = self._max_size
+        events: list[TransportEvent] = []
+        append = events.append
+        try:
+            while len(events) < limit:
+                try:
+                    frame = recv(_NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                data = frame.bytes
+                if frame.more:  # the parts of a message arrive together
+                    parts = [data]
+                    while frame.more:
+                        frame = recv(_NOBLOCK, copy=False)
+                        parts.append(frame.bytes)
+                    append(self._event(parts))
+                    continue
+                if fast is not None:
+                    size = len(data)
+                    if size <= max_size:
+                        try:
+                            append(Received(fast(data), None, None, size))
+                            continue
+                        except Exception:
+                            pass  # not an envelope: decode_event gives the verdict
+                append(self._event([data]))
+        except zmq.ZMQError:
+            if not self._recv_sock().closed:
+                raise
+            if not events:
+                raise TransportClosed("engine transport is closed") from None
+        return events
+
+    def wait_readable(self, timeout: float) -> bool:
+        """Block this thread up to ``timeout`` s until a message can be received."""
+        sock = self._recv_sock()
+        try:
+            return sock.poll_readable(timeout)
+        except (SocketClosed, zmq.ZMQError):
+            return False
+
+    async def receive(self) -> TransportEvent:
+        self._direct = False  # a task may be suspended on the socket from now on
+        try:
+            msg = await self._recv_sock().recv_multipart()
+        except SocketClosed:
+            raise TransportClosed("engine transport is closed") from None
+        return self._event(msg)
+
+    # -- sending -----------------------------------------------------------------
+    def _frames(self, route: Route, envelope: Envelope) -> list[bytes]:
+        data = self.codec.encode(envelope)
+        if self.routed:
+            if not isinstance(route, bytes):
+                raise Unroutable(self.rank, f"no client route {route!r}")
+            return [route, data]
+        return [data]
+
+    def _send_sock(self) -> AsyncZmqSocket:
+        if self._send is None or self._closed:
+            raise TransportClosed("engine transport is not open")
+        return self._send
+
+    def send_nowait(self, route: Route, envelope: Envelope) -> None:
+        self.send_encoded_nowait(route, self.codec.encode(envelope))
+
+    def send_encoded_nowait(self, route: Route, data: bytes) -> None:
+        """:meth:`send_nowait` of an envelope the caller already encoded with this
+        transport's codec, within its ``max_message_size`` (an engine's reply hot
+        path encodes with :meth:`Codec.fast_envelope_encoder`). Same errors."""
+        if self._direct and not self._closed and threading.get_ident() == self._owner:
+            send = self._raw_send
+            assert send is not None
+            try:
+                if self.routed:
+                    if not isinstance(route, bytes):
+                        raise Unroutable(self.rank, f"no client route {route!r}")
+                    # libzmq takes all parts or, at the first, none
+                    send(route, _NOBLOCK_SNDMORE)
+                send(data, _NOBLOCK)
+            except zmq.Again:
+                raise WouldBlock("high-water mark reached") from None
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.EHOSTUNREACH:
+                    self._forget_route(route)
+                    raise Unroutable(self.rank, "the client that asked is gone") from None
+                if self._send_sock().closed:
+                    raise TransportClosed("engine transport is closed") from None
+                raise
+            return
+        if self.routed:
+            if not isinstance(route, bytes):
+                raise Unroutable(self.rank, f"no client route {route!r}")
+            frames = [route, data]
+        else:
+            frames = [data]
+        sock = self._send
+        if sock is None or self._closed:
+            raise TransportClosed("engine transport is not open")
+        try:
+            sock.send_multipart_nowait(frames)
+        except zmq.Again:
+            raise WouldBlock("high-water mark reached") from None
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                self._forget_route(route)
+                raise Unroutable(self.rank, "the client that asked is gone") from None
+            raise
+        except SocketClosed:
+            raise TransportClosed("engine transport is closed") from None
+
+    async def send(self, route: Route, envelope: Envelope) -> None:
+        self._direct = False  # a task may be suspended on the socket from now on
+        frames = self._frames(route, envelope)
+        try:
+            await self._send_sock().send_multipart(frames)
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                self._forget_route(route)
+                raise Unroutable(self.rank, "the client that asked is gone") from None
+            raise
+        except SocketClosed:
+            raise TransportClosed("engine transport is closed") from None
+
+    def _forget_route(self, route: Route) -> None:
+        pass
+
+    def heartbeat_routes(self) -> Iterable[Route]:
+        return () if self._closed or not self._opened else (None,)
