@@ -23,6 +23,29 @@ if TYPE_CHECKING:
     from ctlwire.kernel.control_client import (
         ControlClient,
     )
+    from ctlwire.kernel.core.fan_out_policy import (
+        Policy,
+    )
+    from ctlwire.kernel.core.fan_out_result import (
+        FanOutResult,
+    )
+    from ctlwire.kernel.core.operation_plan import (
+        OperationPlan,
+        OperationStep,
+        StepCall,
+        new_fence,
+        new_operation_id,
+        step_key,
+    )
+    from ctlwire.kernel.core.operation_result import (
+        OperationResult,
+        Phase,
+        ProgressEvent,
+        RankReport,
+    )
+    from ctlwire.kernel.core.result_cache import (
+        ResultCache,
+    )
     from ctlwire.kernel.engine_endpoint import (
         EngineEndpoint,
         ErrorCode,
@@ -47,12 +70,6 @@ if TYPE_CHECKING:
         RequestTooLarge,
         ResultTypeError,
     )
-    from ctlwire.kernel.fan_out_policy import (
-        Policy,
-    )
-    from ctlwire.kernel.fan_out_result import (
-        FanOutResult,
-    )
     from ctlwire.kernel.metrics import (
         PrometheusExporter,
         RequestMetrics,
@@ -64,27 +81,10 @@ if TYPE_CHECKING:
         OperationLedger,
         StepRequest,
     )
-    from ctlwire.kernel.operation_plan import (
-        OperationPlan,
-        OperationStep,
-        StepCall,
-        new_fence,
-        new_operation_id,
-        step_key,
-    )
-    from ctlwire.kernel.operation_result import (
-        OperationResult,
-        Phase,
-        ProgressEvent,
-        RankReport,
-    )
     from ctlwire.kernel.operation_runner import (
         OperationRunner,
         Quarantine,
         Recovery,
-    )
-    from ctlwire.kernel.result_cache import (
-        ResultCache,
     )
     from ctlwire.kernel.testing import (
         EngineHarness,
@@ -120,8 +120,8 @@ _EXPORTS: dict[str, str] = {
     "RequestTimedOut": "ctlwire.kernel.errors",
     "RequestTooLarge": "ctlwire.kernel.errors",
     "ResultTypeError": "ctlwire.kernel.errors",
-    "FanOutResult": "ctlwire.kernel.fan_out_result",
-    "Policy": "ctlwire.kernel.fan_out_policy",
+    "FanOutResult": "ctlwire.kernel.core.fan_out_result",
+    "Policy": "ctlwire.kernel.core.fan_out_policy",
     "EngineFleet": "ctlwire.kernel.app.engine_fleet",
     "EngineProcess": "ctlwire.kernel.app.engine_fleet",
     "EngineStartError": "ctlwire.kernel.app.engine_fleet",
@@ -132,20 +132,20 @@ _EXPORTS: dict[str, str] = {
     "LastOperation": "ctlwire.kernel.operation_ledger",
     "OperationLedger": "ctlwire.kernel.operation_ledger",
     "StepRequest": "ctlwire.kernel.operation_ledger",
-    "new_fence": "ctlwire.kernel.operation_plan",
-    "new_operation_id": "ctlwire.kernel.operation_plan",
-    "OperationPlan": "ctlwire.kernel.operation_plan",
-    "OperationStep": "ctlwire.kernel.operation_plan",
-    "step_key": "ctlwire.kernel.operation_plan",
-    "StepCall": "ctlwire.kernel.operation_plan",
-    "OperationResult": "ctlwire.kernel.operation_result",
-    "Phase": "ctlwire.kernel.operation_result",
-    "ProgressEvent": "ctlwire.kernel.operation_result",
-    "RankReport": "ctlwire.kernel.operation_result",
+    "new_fence": "ctlwire.kernel.core.operation_plan",
+    "new_operation_id": "ctlwire.kernel.core.operation_plan",
+    "OperationPlan": "ctlwire.kernel.core.operation_plan",
+    "OperationStep": "ctlwire.kernel.core.operation_plan",
+    "step_key": "ctlwire.kernel.core.operation_plan",
+    "StepCall": "ctlwire.kernel.core.operation_plan",
+    "OperationResult": "ctlwire.kernel.core.operation_result",
+    "Phase": "ctlwire.kernel.core.operation_result",
+    "ProgressEvent": "ctlwire.kernel.core.operation_result",
+    "RankReport": "ctlwire.kernel.core.operation_result",
     "OperationRunner": "ctlwire.kernel.operation_runner",
     "Quarantine": "ctlwire.kernel.operation_runner",
     "Recovery": "ctlwire.kernel.operation_runner",
-    "ResultCache": "ctlwire.kernel.result_cache",
+    "ResultCache": "ctlwire.kernel.core.result_cache",
     "EngineHarness": "ctlwire.kernel.testing",
     "TransitionRecorder": "ctlwire.kernel.testing",
     "virtual_backend": "ctlwire.kernel.testing",

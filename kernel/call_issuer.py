@@ -1,7 +1,7 @@
 """One call's IO: register, hand frames to the transport, wait, decode (anyio shell).
 
 :class:`CallIssuer` is the half of a :class:`~ctlwire.kernel.control_client.ControlClient`
-that runs the steps of the sans-IO :class:`~ctlwire.kernel.call_core.CallCore`
+that runs the steps of the sans-IO :class:`~ctlwire.kernel.core.call_core.CallCore`
 with the awaits between them. ``ControlClient.call``, every fan-out mode and
 the :class:`~ctlwire.kernel.fan_out_mailbox.FanOutMailbox` (through its
 :class:`~ctlwire.kernel.fan_out_mailbox.FanOutSender` interface) use it::
@@ -49,9 +49,12 @@ from typing import Any
 import anyio
 import msgspec
 
-from ctlwire.kernel.admission_queue import AdmissionQueue
-from ctlwire.kernel.call_core import CallCore
 from ctlwire.kernel.call_outcome import CallOutcomes
+from ctlwire.kernel.core.admission_queue import AdmissionQueue
+from ctlwire.kernel.core.call_core import CallCore
+from ctlwire.kernel.core.fan_out_policy import Policy
+from ctlwire.kernel.core.fan_out_result import FanOutResult
+from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
 from ctlwire.kernel.deadline_reaper import DeadlineReaper
 from ctlwire.kernel.errors import (
     AuthenticationFailed,
@@ -60,15 +63,12 @@ from ctlwire.kernel.errors import (
     OutcomeUnknown,
     RequestTooLarge,
 )
-from ctlwire.kernel.fan_out_policy import Policy
-from ctlwire.kernel.fan_out_result import FanOutResult
 from ctlwire.kernel.liveness_monitor import LivenessMonitor
 from ctlwire.kernel.loop_native import (
     checkpoint_if_cancelled,
     event_loop_clock,
     event_loop_waiter,
 )
-from ctlwire.kernel.request_registry import PendingRequest, RequestRegistry
 from ctlwire.kernel.tracing import TraceProvider
 from ctlwire.states import PeerState
 from ctlwire.transports.codec import PayloadTypeError

@@ -1,7 +1,7 @@
 """Turning a decided request into each holder's outcome: values decoded, errors typed.
 
 :class:`CallOutcomes` is the part of :class:`~ctlwire.kernel.call_issuer.CallIssuer`
-that reads a decided :class:`~ctlwire.kernel.request_registry.PendingRequest`:
+that reads a decided :class:`~ctlwire.kernel.core.request_registry.PendingRequest`:
 values are decoded per holder (each caller gets its own copy, with the codec's
 fast decoder for the result type, looked up once per type); failures are
 RemoteError, ResultTypeError, EngineDead (NotDelivered, OutcomeUnknown),
@@ -15,6 +15,8 @@ from typing import Any
 
 import msgspec
 
+from ctlwire.kernel.core.fan_out_result import FanOutResult
+from ctlwire.kernel.core.request_registry import PendingRequest
 from ctlwire.kernel.errors import (
     ClientClosed,
     FanOutFailed,
@@ -23,8 +25,6 @@ from ctlwire.kernel.errors import (
     ResultTypeError,
     remote_error,
 )
-from ctlwire.kernel.fan_out_result import FanOutResult
-from ctlwire.kernel.request_registry import PendingRequest
 from ctlwire.states import RequestState
 from ctlwire.transports.codec import Codec, PayloadTypeError
 from ctlwire.transports.envelope import ErrorInfo

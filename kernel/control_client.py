@@ -58,6 +58,14 @@ from anyio.abc import TaskGroup
 
 from ctlwire.kernel.call_arguments import check_method, checked_timeout
 from ctlwire.kernel.call_issuer import CallIssuer
+from ctlwire.kernel.core.fan_out_policy import Policy
+from ctlwire.kernel.core.fan_out_result import FanOutResult
+from ctlwire.kernel.core.fencing import new_fence
+from ctlwire.kernel.core.request_registry import (
+    ReplyDisposition,
+    RequestRegistry,
+    TransitionObserver,
+)
 from ctlwire.kernel.errors import (
     ClientClosed,
     EngineDead,
@@ -66,16 +74,8 @@ from ctlwire.kernel.errors import (
     ResultTypeError,
 )
 from ctlwire.kernel.fan_out_mailbox import FanOutMailbox
-from ctlwire.kernel.fan_out_policy import Policy
-from ctlwire.kernel.fan_out_result import FanOutResult
-from ctlwire.kernel.fencing import new_fence
 from ctlwire.kernel.liveness_monitor import LivenessMonitor
 from ctlwire.kernel.progress_callbacks import ProgressCallback, ProgressCallbacks
-from ctlwire.kernel.request_registry import (
-    ReplyDisposition,
-    RequestRegistry,
-    TransitionObserver,
-)
 from ctlwire.kernel.retry_policy import RetryPolicy, merge_retried
 from ctlwire.kernel.tracing import TraceProvider
 from ctlwire.states import RequestState

@@ -41,8 +41,8 @@ from collections.abc import Callable
 
 import anyio
 
-from ctlwire.kernel.admission_queue import Ticket
-from ctlwire.kernel.request_registry import PendingRequest, RequestRegistry
+from ctlwire.kernel.core.admission_queue import Ticket
+from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
 from ctlwire.states import TicketState
 
 __all__ = ["DeadlineReaper"]

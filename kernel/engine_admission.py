@@ -12,10 +12,10 @@ from typing import Any
 
 import msgspec
 
+from ctlwire.kernel.core.result_cache import RUNNING
 from ctlwire.kernel.engine_liveness import EngineLiveness, _current_request
 from ctlwire.kernel.engine_registry import _NONE, ErrorCode, MethodSpec
 from ctlwire.kernel.errors import error_info
-from ctlwire.kernel.result_cache import RUNNING
 from ctlwire.kernel.tracing import current_trace
 from ctlwire.states import INBOUND_REQUEST_TABLE, InboundEvent, InboundState
 from ctlwire.transports.codec import PayloadTypeError

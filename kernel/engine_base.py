@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import msgspec
 
+from ctlwire.kernel.core.result_cache import ResultCache
 from ctlwire.kernel.engine_registry import MethodRegistry
-from ctlwire.kernel.result_cache import ResultCache
 from ctlwire.states import InboundState
 from ctlwire.transports.envelope import ErrorInfo, Reply
 from ctlwire.transports.transport import EngineTransport

@@ -51,7 +51,7 @@ Guarantees:
   being called for more than an interval is reported as method ``"(step)"``.
 * **Idempotency keys.** A request with a key (``Request.key``) whose
   ``(method, key)`` already ran is answered with the first run's outcome
-  (:class:`~ctlwire.kernel.result_cache.ResultCache`); the handler runs once.
+  (:class:`~ctlwire.kernel.core.result_cache.ResultCache`); the handler runs once.
 * **Fencing.** A request whose fencing token is lower than the highest token
   this engine has accepted is refused with ``Fenced`` (code 409) and not run.
 * **A client that does not read cannot stall the others.** Replies that find
@@ -74,12 +74,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ctlwire.kernel.builtin_methods import ENGINE_METRICS_METHOD
+from ctlwire.kernel.core.result_cache import ResultCache
 from ctlwire.kernel.engine_admission import _BadFrameReply, _Inbound
 from ctlwire.kernel.engine_base import log
 from ctlwire.kernel.engine_liveness import STEP_METHOD, new_incarnation, report_progress
 from ctlwire.kernel.engine_registry import _NONE, ErrorCode, MethodSpec
 from ctlwire.kernel.engine_serve import EngineServing
-from ctlwire.kernel.result_cache import ResultCache
 from ctlwire.kernel.tracing import current_trace
 from ctlwire.states import InboundState
 from ctlwire.transports.envelope import Reply, Request

@@ -9,8 +9,8 @@ import secrets
 import threading
 import time
 
+from ctlwire.kernel.core.result_cache import RecordedOutcome
 from ctlwire.kernel.engine_base import EngineBase
-from ctlwire.kernel.result_cache import RecordedOutcome
 from ctlwire.transports.envelope import Heartbeat, Reply, Request
 from ctlwire.transports.errors import (
     TransportError,

@@ -14,7 +14,7 @@ from ctlwire.states import IllegalTransition
 from ctlwire.transports.envelope import ErrorInfo
 
 if TYPE_CHECKING:
-    from ctlwire.kernel.fan_out_result import FanOutResult
+    from ctlwire.kernel.core.fan_out_result import FanOutResult
 
 __all__ = [
     "ActorStopped",

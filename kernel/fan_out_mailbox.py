@@ -2,7 +2,7 @@
 
 Queueing mode (:meth:`FanOutMailbox.queueing`): concurrent callers are
 admitted strictly in arrival order, one in flight at a time, through the
-:class:`~ctlwire.kernel.admission_queue.AdmissionQueue` core. Admission is a
+:class:`~ctlwire.kernel.core.admission_queue.AdmissionQueue` core. Admission is a
 hand-off done by the leaving holder, so a caller arriving in the wake-up
 window queues behind, a queued caller's cancellation or timeout removes only
 its own ticket, and an exception or cancellation in the holder still passes
@@ -33,13 +33,13 @@ from typing import Any, Protocol
 import anyio
 import msgspec
 
-from ctlwire.kernel.admission_queue import AdmissionQueue
-from ctlwire.kernel.call_core import CallCore
+from ctlwire.kernel.core.admission_queue import AdmissionQueue
+from ctlwire.kernel.core.call_core import CallCore
+from ctlwire.kernel.core.fan_out_policy import Policy
+from ctlwire.kernel.core.fan_out_result import FanOutResult
+from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
 from ctlwire.kernel.deadline_reaper import DeadlineReaper
 from ctlwire.kernel.errors import ClientClosed, RequestTimedOut
-from ctlwire.kernel.fan_out_policy import Policy
-from ctlwire.kernel.fan_out_result import FanOutResult
-from ctlwire.kernel.request_registry import PendingRequest, RequestRegistry
 
 __all__ = ["FanOutMailbox", "FanOutSender"]
 

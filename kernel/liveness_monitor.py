@@ -1,6 +1,6 @@
 """Is each engine rank alive? The client's liveness monitor (anyio shell over the peer table).
 
-:class:`LivenessMonitor` drives the sans-IO :class:`~ctlwire.kernel.peer_table.PeerTable`
+:class:`LivenessMonitor` drives the sans-IO :class:`~ctlwire.kernel.core.peer_table.PeerTable`
 from what the client hears and from the passing of time, and tells the client
 which ranks to give up on::
 
@@ -49,8 +49,8 @@ from typing import Any
 
 import anyio
 
+from ctlwire.kernel.core.peer_table import PeerTable, Progress
 from ctlwire.kernel.errors import ClientClosed, RequestTimedOut
-from ctlwire.kernel.peer_table import PeerTable, Progress
 from ctlwire.states import LIVE_PEER_STATES
 from ctlwire.transports.envelope import Heartbeat
 from ctlwire.transports.errors import TransportError, Unroutable, WouldBlock

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ctlwire.kernel.builtin_methods import ENGINE_METRICS_METHOD
-from ctlwire.kernel.peer_table import PeerTable
-from ctlwire.kernel.request_registry import PendingRequest, RequestRegistry
+from ctlwire.kernel.core.peer_table import PeerTable
+from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
 from ctlwire.states import CONTROL_REQUEST_TABLE, RequestEvent, RequestState
 
 __all__ = [

@@ -9,7 +9,7 @@
     await client.fan_out("get_load", ranks=runner.routable_ranks())   # skips quarantined
     runner.release(2)                                       # back in routing
 
-:class:`OperationRunner` drives an :class:`~ctlwire.kernel.operation_core.OperationCore`:
+:class:`OperationRunner` drives an :class:`~ctlwire.kernel.core.operation_core.OperationCore`:
 each dispatch is one ``concurrent`` fan-out of ``ctlwire.step`` (see
 :mod:`~ctlwire.kernel.operation_ledger`) with the step's own timeout, and each
 rank's typed outcome is fed back -- a result is OK, ``Fenced`` is FENCED,
@@ -42,6 +42,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.core.fan_out_result import FanOutResult
+from ctlwire.kernel.core.operation_core import Dispatch, OperationCore, StepOutcome
+from ctlwire.kernel.core.operation_plan import OperationPlan, new_fence, new_operation_id
+from ctlwire.kernel.core.operation_result import OperationResult, ProgressEvent
 from ctlwire.kernel.errors import (
     FanOutFailed,
     Fenced,
@@ -49,16 +53,12 @@ from ctlwire.kernel.errors import (
     RemoteError,
     RequestTimedOut,
 )
-from ctlwire.kernel.fan_out_result import FanOutResult
-from ctlwire.kernel.operation_core import Dispatch, OperationCore, StepOutcome
 from ctlwire.kernel.operation_ledger import (
     LAST_OPERATION_METHOD,
     STEP_METHOD,
     LastOperation,
     StepRequest,
 )
-from ctlwire.kernel.operation_plan import OperationPlan, new_fence, new_operation_id
-from ctlwire.kernel.operation_result import OperationResult, ProgressEvent
 
 __all__ = ["OperationRunner", "Quarantine", "Recovery", "classify"]
 

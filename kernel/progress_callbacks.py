@@ -13,8 +13,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ctlwire.kernel.peer_table import Progress
-from ctlwire.kernel.request_registry import RequestRegistry
+from ctlwire.kernel.core.peer_table import Progress
+from ctlwire.kernel.core.request_registry import RequestRegistry
 
 __all__ = ["ProgressCallback", "ProgressCallbacks"]
 

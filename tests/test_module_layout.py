@@ -121,11 +121,11 @@ def graph() -> dict[str, set[str]]:
 
 def test_the_graph_sees_every_kind_of_import(graph: dict[str, set[str]]) -> None:
     # a module-level import, a TYPE_CHECKING one and a lazy one inside a function
-    assert "ctlwire.kernel.call_core" in graph["ctlwire.kernel.control_client"] or \
+    assert "ctlwire.kernel.core.call_core" in graph["ctlwire.kernel.control_client"] or \
         "ctlwire.kernel.call_issuer" in graph["ctlwire.kernel.control_client"]
-    assert "ctlwire.kernel.fan_out_result" in graph["ctlwire.kernel.errors"]  # TYPE_CHECKING
+    assert "ctlwire.kernel.core.fan_out_result" in graph["ctlwire.kernel.errors"]  # TYPE_CHECKING
     assert "ctlwire.kernel.metrics" in graph["ctlwire.kernel.control_client"]  # lazy
-    assert "ctlwire.kernel.request_registry" in graph["ctlwire.kernel.metrics"]  # module level
+    assert "ctlwire.kernel.core.request_registry" in graph["ctlwire.kernel.metrics"]  # module level
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -145,8 +145,31 @@ def test_the_client_parts_import_nothing_that_imports_the_client(
         graph: dict[str, set[str]]) -> None:
     client = "ctlwire.kernel.control_client"
     for part in ("call_issuer", "deadline_reaper", "liveness_monitor", "fan_out_mailbox",
-                 "call_core", "peer_table", "request_registry"):
+                 "core.call_core", "core.peer_table", "core.request_registry"):
         assert client not in graph[f"ctlwire.kernel.{part}"], part
+
+
+def test_the_sans_io_cores_import_no_io_and_no_shell(graph: dict[str, set[str]]) -> None:
+    """``ctlwire.kernel.core`` is the sans-IO layer: no anyio, trio, asyncio or
+    zmq, and nothing of the kernel but other cores and the error types."""
+    modules, _ = _modules()
+    cores = sorted(m for m in modules if m.startswith("ctlwire.kernel.core"))
+    assert len(cores) >= 10
+    io_roots = {"anyio", "trio", "asyncio", "zmq", "sniffio"}
+    for name in cores:
+        tree = ast.parse(modules[name].read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                roots = {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                roots = {node.module.split(".")[0]}
+            else:
+                continue
+            assert not roots & io_roots, (name, roots)
+        for target in graph[name]:
+            if target.startswith("ctlwire.kernel"):
+                assert (target.startswith("ctlwire.kernel.core")
+                        or target == "ctlwire.kernel.errors"), (name, target)
 
 
 def test_the_import_graph_has_no_circle(graph: dict[str, set[str]]) -> None:

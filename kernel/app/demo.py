@@ -43,8 +43,8 @@ import anyio
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.app.operation_engine import Fault, weight_update_plan
 from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.core.operation_result import ProgressEvent
 from ctlwire.kernel.errors import CtlwireError
-from ctlwire.kernel.operation_result import ProgressEvent
 from ctlwire.kernel.operation_runner import OperationRunner
 from ctlwire.states import RankState
 from ctlwire.transports.transport import ClientTransport

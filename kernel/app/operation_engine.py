@@ -31,9 +31,9 @@ from typing import Any
 import msgspec
 
 from ctlwire.kernel.app.demo_engine import Pause, SimulatedEngine, UpdateWeights
+from ctlwire.kernel.core.operation_plan import OperationPlan, OperationStep, StepCall
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.operation_ledger import OperationLedger
-from ctlwire.kernel.operation_plan import OperationPlan, OperationStep, StepCall
 
 __all__ = ["Fault", "OperationEngine", "RestoreWeights", "register", "weight_update_plan"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from ctlwire.kernel.request_registry import PendingRequest
+from ctlwire.kernel.core.request_registry import PendingRequest
 from ctlwire.states import RequestEvent, RequestState
 
 __all__ = ["TransitionRecorder"]

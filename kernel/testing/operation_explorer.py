@@ -39,14 +39,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctlwire.kernel.operation_core import Dispatch, OperationCore, StepOutcome
-from ctlwire.kernel.operation_plan import (
+from ctlwire.kernel.core.operation_core import Dispatch, OperationCore, StepOutcome
+from ctlwire.kernel.core.operation_plan import (
     OperationPlan,
     OperationStep,
     StepCall,
     step_key,
 )
-from ctlwire.kernel.operation_result import ProgressEvent
+from ctlwire.kernel.core.operation_result import ProgressEvent
 from ctlwire.states import OperationState, RankState
 
 __all__ = ["CHOICES", "OperationViolation", "explore", "main", "weight_sync_plan"]

@@ -15,15 +15,15 @@ from typing import Any
 import msgspec
 import pytest
 
-from ctlwire.kernel import call_core as call_core_module
-from ctlwire.kernel import request_registry as registry_module
-from ctlwire.kernel.call_core import CallCore
+from ctlwire.kernel.core import call_core as call_core_module
+from ctlwire.kernel.core import request_registry as registry_module
 from ctlwire.kernel.call_issuer import CallIssuer
+from ctlwire.kernel.core.call_core import CallCore
+from ctlwire.kernel.core.fan_out_policy import Policy
+from ctlwire.kernel.core.peer_table import PeerTable, Progress
+from ctlwire.kernel.core.request_registry import ReplyDisposition, RequestRegistry
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.errors import NotDelivered, OutcomeUnknown
-from ctlwire.kernel.fan_out_policy import Policy
-from ctlwire.kernel.peer_table import PeerTable, Progress
-from ctlwire.kernel.request_registry import ReplyDisposition, RequestRegistry
 from ctlwire.kernel.testing import EngineHarness, TransitionRecorder
 from ctlwire.states import PeerState, RequestEvent, RequestState
 from ctlwire.transports.codec import JsonCodec, MsgpackCodec, PayloadTypeError

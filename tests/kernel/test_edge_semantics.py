@@ -431,7 +431,7 @@ async def test_watching_mode_shares_only_requests_with_the_same_policy() -> None
 
 
 def test_tombstone_eviction_drops_the_oldest_first() -> None:
-    from ctlwire.kernel.request_registry import ReplyDisposition, RequestRegistry
+    from ctlwire.kernel.core.request_registry import ReplyDisposition, RequestRegistry
     from ctlwire.transports.envelope import Reply
 
     reg = RequestRegistry(max_tombstones=2)

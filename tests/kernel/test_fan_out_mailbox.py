@@ -7,7 +7,7 @@ from typing import Any
 import anyio
 import pytest
 
-from ctlwire.kernel.admission_queue import AdmissionQueue, Ticket
+from ctlwire.kernel.core.admission_queue import AdmissionQueue, Ticket
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.errors import FanOutFailed, RequestTimedOut
 from ctlwire.kernel.testing import EngineHarness, virtual_backend

@@ -41,9 +41,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctlwire.kernel.control_client import ResultTypeError
+from ctlwire.kernel.core.request_registry import PendingRequest
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.errors import EngineDead, RemoteError, RequestTimedOut
-from ctlwire.kernel.request_registry import PendingRequest
 from ctlwire.kernel.testing import EngineHarness
 from ctlwire.states import RequestEvent, RequestState
 from ctlwire.transports.codec import Codec, JsonCodec, MsgpackCodec, PayloadTypeError

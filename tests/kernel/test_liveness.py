@@ -18,8 +18,8 @@ import pytest
 
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.core.peer_table import Progress
 from ctlwire.kernel.errors import EngineDead, NotDelivered, OutcomeUnknown
-from ctlwire.kernel.peer_table import Progress
 from ctlwire.states import PeerState
 from ctlwire.transports.zmq_client import ZmqDealerClientTransport, ZmqRouterClientTransport
 

@@ -9,6 +9,9 @@ import msgspec
 import pytest
 
 from ctlwire.kernel.app.operation_engine import Fault, register, weight_update_plan
+from ctlwire.kernel.core.operation_core import StepOutcome
+from ctlwire.kernel.core.operation_plan import OperationPlan, OperationStep, StepCall
+from ctlwire.kernel.core.operation_result import ProgressEvent
 from ctlwire.kernel.errors import (
     Fenced,
     NotDelivered,
@@ -16,7 +19,6 @@ from ctlwire.kernel.errors import (
     RemoteError,
     RequestTimedOut,
 )
-from ctlwire.kernel.operation_core import StepOutcome
 from ctlwire.kernel.operation_ledger import (
     Fenced as EngineFenced,
 )
@@ -26,8 +28,6 @@ from ctlwire.kernel.operation_ledger import (
     StepRequest,
     UnknownStepMethod,
 )
-from ctlwire.kernel.operation_plan import OperationPlan, OperationStep, StepCall
-from ctlwire.kernel.operation_result import ProgressEvent
 from ctlwire.kernel.operation_runner import OperationRunner, classify
 from ctlwire.kernel.testing import EngineHarness
 from ctlwire.states import OperationState, RankState

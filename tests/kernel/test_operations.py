@@ -18,8 +18,8 @@ import pytest
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.app.operation_engine import Fault, weight_update_plan
 from ctlwire.kernel.control_client import ControlClient
-from ctlwire.kernel.operation_plan import new_fence
-from ctlwire.kernel.operation_result import ProgressEvent
+from ctlwire.kernel.core.operation_plan import new_fence
+from ctlwire.kernel.core.operation_result import ProgressEvent
 from ctlwire.kernel.operation_runner import OperationRunner
 from ctlwire.states import OperationState, RankState
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
@@ -207,7 +207,7 @@ async def test_stale_controller_mid_operation_cannot_apply_after_its_successor(
     tries to apply its weights: every engine refuses, and A compensates nothing."""
     import anyio
 
-    from ctlwire.kernel.operation_core import Dispatch, StepOutcome
+    from ctlwire.kernel.core.operation_core import Dispatch, StepOutcome
 
     address, _ = fleet
     paused = anyio.Event()

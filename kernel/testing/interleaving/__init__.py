@@ -17,9 +17,9 @@ registry at once). Every such event is *optional*: an exploration covers the
 paths where it fires at every possible point and the paths where it never
 fires.
 
-:func:`explore` drives the real cores -- :class:`~ctlwire.kernel.call_core.CallCore`,
-:class:`~ctlwire.kernel.admission_queue.AdmissionQueue` and
-:class:`~ctlwire.kernel.request_registry.RequestRegistry`, or any subclasses
+:func:`explore` drives the real cores -- :class:`~ctlwire.kernel.core.call_core.CallCore`,
+:class:`~ctlwire.kernel.core.admission_queue.AdmissionQueue` and
+:class:`~ctlwire.kernel.core.request_registry.RequestRegistry`, or any subclasses
 passed in (the tests plug in deliberately broken ones) -- exactly the way the
 anyio shell :meth:`FanOutMailbox.queueing
 <ctlwire.kernel.fan_out_mailbox.FanOutMailbox.queueing>` and

@@ -10,9 +10,9 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ctlwire.kernel.admission_queue import AdmissionQueue
-from ctlwire.kernel.call_core import CallCore
-from ctlwire.kernel.request_registry import RequestRegistry
+from ctlwire.kernel.core.admission_queue import AdmissionQueue
+from ctlwire.kernel.core.call_core import CallCore
+from ctlwire.kernel.core.request_registry import RequestRegistry
 from ctlwire.kernel.testing.interleaving._checks import _check_final, _step
 from ctlwire.kernel.testing.interleaving._scenario import (
     _PRIORITY,

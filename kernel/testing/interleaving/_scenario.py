@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from ctlwire.kernel.fan_out_policy import Policy
+from ctlwire.kernel.core.fan_out_policy import Policy
 
 __all__ = [
     "CHECKS",

@@ -4,8 +4,8 @@
 
 from __future__ import annotations
 
+from ctlwire.kernel.core.request_registry import PendingRequest, ReplyDisposition
 from ctlwire.kernel.errors import EngineDead
-from ctlwire.kernel.request_registry import PendingRequest, ReplyDisposition
 from ctlwire.kernel.testing.interleaving._scenario import (
     _ENGINE_INCARNATION,
     _NIL,

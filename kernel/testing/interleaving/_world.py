@@ -12,9 +12,9 @@ from typing import Any
 
 import msgspec
 
-from ctlwire.kernel.admission_queue import AdmissionQueue
-from ctlwire.kernel.call_core import CallCore
-from ctlwire.kernel.request_registry import PendingRequest, RequestRegistry
+from ctlwire.kernel.core.admission_queue import AdmissionQueue
+from ctlwire.kernel.core.call_core import CallCore
+from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
 from ctlwire.kernel.testing.interleaving._scenario import (
     _ENGINE_INCARNATION,
     _METHOD,

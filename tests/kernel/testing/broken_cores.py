@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ctlwire.kernel.admission_queue import AdmissionQueue, Ticket
-from ctlwire.kernel.call_core import CallCore
-from ctlwire.kernel.fan_out_policy import Policy
-from ctlwire.kernel.request_registry import (
+from ctlwire.kernel.core.admission_queue import AdmissionQueue, Ticket
+from ctlwire.kernel.core.call_core import CallCore
+from ctlwire.kernel.core.fan_out_policy import Policy
+from ctlwire.kernel.core.request_registry import (
     PendingRequest,
     ReplyDisposition,
     RequestRegistry,

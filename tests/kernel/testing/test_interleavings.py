@@ -23,9 +23,9 @@ from broken_cores import (
     WakeupWindowQueue,
 )
 
-from ctlwire.kernel.admission_queue import AdmissionQueue
-from ctlwire.kernel.call_core import CallCore
-from ctlwire.kernel.request_registry import RequestRegistry
+from ctlwire.kernel.core.admission_queue import AdmissionQueue
+from ctlwire.kernel.core.call_core import CallCore
+from ctlwire.kernel.core.request_registry import RequestRegistry
 from ctlwire.kernel.testing.interleaving import (
     CHECKS,
     EVERY_KIND,

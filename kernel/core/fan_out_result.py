@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctlwire.kernel.fan_out_policy import Policy
+from ctlwire.kernel.core.fan_out_policy import Policy
 
 __all__ = ["FanOutResult"]
 

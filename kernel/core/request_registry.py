@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
-from ctlwire.kernel.fan_out_policy import Decision, Policy, decide
-from ctlwire.kernel.request_id import RequestIdAllocator
+from ctlwire.kernel.core.fan_out_policy import Decision, Policy, decide
+from ctlwire.kernel.core.request_id import RequestIdAllocator
 from ctlwire.states import CONTROL_REQUEST_TABLE, RequestEvent, RequestState
 from ctlwire.transports.envelope import Reply
 

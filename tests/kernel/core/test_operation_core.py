@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 
-from ctlwire.kernel.operation_core import OperationCore, StepOutcome
-from ctlwire.kernel.operation_plan import (
+from ctlwire.kernel.core.operation_core import OperationCore, StepOutcome
+from ctlwire.kernel.core.operation_plan import (
     OperationPlan,
     OperationStep,
     StepCall,
     new_fence,
     new_operation_id,
 )
-from ctlwire.kernel.operation_result import ProgressEvent
+from ctlwire.kernel.core.operation_result import ProgressEvent
 from ctlwire.kernel.testing.operation_explorer import OperationViolation, explore, main
 from ctlwire.states import IllegalTransition, OperationState, RankState
 
@@ -195,7 +195,7 @@ def benign_first() -> OperationPlan:
 
 def test_the_explorer_exercises_every_declared_transition(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from ctlwire.kernel import operation_core
+    from ctlwire.kernel.core import operation_core
     from ctlwire.states import OPERATION_RANK_TABLE, OPERATION_TABLE, StateTable
 
     used: set[tuple[object, object]] = set()

@@ -1,7 +1,8 @@
 """The sans-IO coordinator of a multi-rank operation (no anyio, no sockets, no clock).
 
-:class:`OperationCore` is handed a declared :class:`~ctlwire.kernel.operation_plan.OperationPlan`,
-the ranks, an operation id and a fencing token. Its driver (the anyio shell
+:class:`OperationCore` is handed a declared
+:class:`~ctlwire.kernel.core.operation_plan.OperationPlan`, the ranks, an
+operation id and a fencing token. Its driver (the anyio shell
 :class:`~ctlwire.kernel.operation_runner.OperationRunner`, or the exhaustive
 explorer in the tests) loops::
 
@@ -32,7 +33,7 @@ Guarantees (checked for every outcome at every step on up to three ranks):
 * Every rank transition goes through the ``OperationRank`` table and the
   operation's through the ``Operation`` table (an illegal one raises
   :class:`~ctlwire.states.IllegalTransition`), and each is reported to the
-  ``observer`` as a :class:`~ctlwire.kernel.operation_result.ProgressEvent`.
+  ``observer`` as a :class:`~ctlwire.kernel.core.operation_result.ProgressEvent`.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from ctlwire.kernel.operation_plan import OperationPlan, step_key
-from ctlwire.kernel.operation_result import OperationResult, Phase, ProgressEvent, RankReport
+from ctlwire.kernel.core.operation_plan import OperationPlan, step_key
+from ctlwire.kernel.core.operation_result import OperationResult, Phase, ProgressEvent, RankReport
 from ctlwire.states import (
     OPERATION_RANK_TABLE,
     OPERATION_TABLE,

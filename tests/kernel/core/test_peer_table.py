@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ctlwire.kernel.peer_table import PeerTable, Progress
+from ctlwire.kernel.core.peer_table import PeerTable, Progress
 from ctlwire.states import PeerState
 
 

@@ -16,7 +16,7 @@ nothing that needs undoing. ``quarantine_on_error`` quarantines a rank whose
 own step answered with an error instead of compensating it (for a step that can
 leave a rank half-changed when it raises, e.g. a weight load).
 
-Operation ids are minted here; fencing tokens by :func:`~ctlwire.kernel.fencing.new_fence`
+Operation ids are minted here; fencing tokens by :func:`~ctlwire.kernel.core.fencing.new_fence`
 (re-exported here), which is strictly
 increasing within a process and time-based across processes (microseconds since
 the epoch), so a controller that starts later holds a larger token than the one
@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ctlwire.kernel.fencing import new_fence
+from ctlwire.kernel.core.fencing import new_fence
 
 __all__ = ["OperationPlan", "OperationStep", "StepCall", "new_fence", "new_operation_id",
            "step_key"]

@@ -22,10 +22,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from ctlwire.kernel.admission_queue import AdmissionQueue, Ticket
+from ctlwire.kernel.core.admission_queue import AdmissionQueue, Ticket
+from ctlwire.kernel.core.fan_out_policy import Policy
+from ctlwire.kernel.core.request_registry import PendingRequest, ReplyDisposition, RequestRegistry
 from ctlwire.kernel.errors import EngineDead
-from ctlwire.kernel.fan_out_policy import Policy
-from ctlwire.kernel.request_registry import PendingRequest, ReplyDisposition, RequestRegistry
 from ctlwire.states import RequestEvent, RequestState, TicketEvent, TicketState
 from ctlwire.transports.envelope import ErrorInfo, Reply
 
@@ -248,7 +248,7 @@ TestAdmission.settings = settings(max_examples=300, stateful_step_count=50, dead
 
 
 def test_policy_table() -> None:
-    from ctlwire.kernel.fan_out_policy import Decision, decide
+    from ctlwire.kernel.core.fan_out_policy import Decision, decide
 
     d: Any = decide
     assert d(Policy.ALL, 3, 2, 2, 2) is Decision.PENDING

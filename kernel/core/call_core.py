@@ -39,9 +39,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ctlwire.kernel.admission_queue import AdmissionQueue, Ticket
-from ctlwire.kernel.fan_out_policy import Policy
-from ctlwire.kernel.request_registry import PendingRequest, RequestRegistry, Waiter
+from ctlwire.kernel.core.admission_queue import AdmissionQueue, Ticket
+from ctlwire.kernel.core.fan_out_policy import Policy
+from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry, Waiter
 from ctlwire.states import TicketState
 
 __all__ = ["CallCore"]

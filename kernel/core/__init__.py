@@ -1,0 +1,21 @@
+"""The sans-IO cores of the kernel: pure, synchronous logic with no event loop,
+no sockets and no clock of their own (time is passed in).
+
+* :mod:`.request_registry` -- the request map and each request's
+  ``ControlRequest`` machine; cleanup on every path, bounded tombstones.
+* :mod:`.request_id` -- request ids never reused (incarnation + counter).
+* :mod:`.call_core` -- one call's protocol (register, release to ranks, settle).
+* :mod:`.admission_queue` -- strict FIFO admission by hand-off (fan-out mailbox).
+* :mod:`.fan_out_policy`, :mod:`.fan_out_result` -- when a fan-out is decided,
+  and what it returns.
+* :mod:`.peer_table` -- each rank's ``PeerLink`` machine: connected, busy,
+  stalled, suspect, lost; incarnations and fencing.
+* :mod:`.result_cache` -- the engine's idempotency cache (bounded).
+* :mod:`.operation_core`, :mod:`.operation_plan`, :mod:`.operation_result` --
+  coordinated multi-step operations with compensation.
+* :mod:`.fencing` -- fencing tokens.
+
+The anyio shells that drive them (client, mailbox, endpoint, runner) live one
+level up in :mod:`ctlwire.kernel`; the interleaving explorer
+(:mod:`ctlwire.kernel.testing.interleaving`) drives these same cores directly.
+"""
