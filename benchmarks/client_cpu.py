@@ -9,7 +9,9 @@ less than latency:
 * ``conc`` — 64 concurrent callers, same pair;
 * ``fanout`` — ``fan_out`` (queueing) to 8 engines: CPU per fan-out and per rank;
 * ``burst`` — 400 queueing fan-outs to 8 engines submitted at once, one task each
-  (the shape of ``ctlwire bench --only fanout_burst``): CPU per fan-out.
+  (the shape of ``ctlwire bench --only fanout_burst``): CPU per fan-out; ``--burst N``
+  submits N at once instead (beyond ~1,000 queued callers the admission bookkeeping's
+  scaling shows).
 
 ``--backend asyncio trio`` runs each kind on both backends, one after the other
 (the raw client is asyncio only). ``--profile
@@ -63,16 +65,16 @@ async def _cpu(n: int, callers: int, one: Callable[[], Awaitable[Any]],
 
 
 async def _ctlwire(address: str, ranks: int, kind: str, n: int,
-                   prof: cProfile.Profile | None) -> float:
+                   prof: cProfile.Profile | None, burst: int = BURST) -> float:
     async with ControlClient(ZmqRouterClientTransport(address), ranks=ranks,
                              default_timeout=30.0) as ctl:
         await ctl.wait_ready(timeout=30)
         if kind == "burst":
             async def fan() -> Any:
                 return await ctl.fan_out("echo", PAYLOAD, mode="queueing")
-            await _cpu(BURST, BURST, fan)
-            rounds = max(1, n // BURST)
-            return await _cpu(rounds * BURST, BURST, fan, prof)
+            await _cpu(burst, burst, fan)
+            rounds = max(1, n // burst)
+            return await _cpu(rounds * burst, burst, fan, prof)
         if kind == "fanout":
             async def one() -> Any:
                 return await ctl.fan_out("echo", PAYLOAD, mode="queueing")
@@ -116,6 +118,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", nargs="+", choices=["asyncio", "trio"],
                         default=["asyncio"], help="one run per backend, in this order")
     parser.add_argument("--profile-out", metavar="PATH", help="also dump the profile's stats")
+    parser.add_argument("--burst", type=int, default=BURST,
+                        help="fan-outs submitted at once by the burst kind")
     args = parser.parse_args(argv)
     with FleetPool() as pool:
         pool.ctlwire("one", 1)
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
             kind = args.profile
             ranks, name = (8, "eight") if kind in ("fanout", "burst") else (1, "one")
             us = anyio.run(_ctlwire, pool.address(name), ranks, kind, args.n, prof,
-                           backend=args.backend[0])
+                           args.burst, backend=args.backend[0])
             print(f"{kind}: {us:.1f} µs client CPU per operation (profiled)")
             if args.profile_out:
                 prof.dump_stats(args.profile_out)
@@ -138,8 +142,8 @@ def main(argv: list[str] | None = None) -> None:
         for kind, backend in ((k, b) for k in args.kinds for b in args.backend):
             if kind in ("fanout", "burst"):
                 us = anyio.run(_ctlwire, pool.address("eight"), 8, kind, args.n // 10, None,
-                               backend=backend)
-                label = "fanout to 8" if kind == "fanout" else f"burst of {BURST}"
+                               args.burst, backend=backend)
+                label = "fanout to 8" if kind == "fanout" else f"burst of {args.burst}"
                 print(f"{label}: {us:7.1f} µs client CPU per fan-out, "
                       f"{us / 8:5.1f} per rank ({backend})")
                 continue

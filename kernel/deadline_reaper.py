@@ -22,8 +22,12 @@ Guarantees:
   earlier deadline than the one the task sleeps until wakes the task earlier.
 * **Finished items cost nothing.** A request decided, or a ticket admitted or
   abandoned, before its deadline is skipped when its turn comes (lazy
-  deletion); the heap is rebuilt whenever it holds more than twice the live
-  requests (plus 1,024), so it stays bounded by the waits in progress.
+  deletion), and the reaper never sleeps until the deadline of a finished item
+  it can see at the top of the heap. The heap is rebuilt (finished items
+  dropped) once it holds more than twice what the last rebuild kept plus
+  1,024 items, so it stays bounded by the waits in progress and the rebuilds
+  cost O(1) per arm however many waits are live (queued tickets count as live:
+  a burst of thousands of queued callers does not rebuild on every arm).
 * **No reaper, no promise.** :attr:`running` is False before :meth:`run`
   starts and after it ends (the client is closing, or the task failed); a
   caller must then bound its wait with a cancel scope of its own. Items armed
@@ -57,7 +61,11 @@ def _still_waiting(item: PendingRequest | Ticket) -> bool:
 class DeadlineReaper:
     """Ends armed waits at their deadlines; see the module docstring."""
 
-    __slots__ = ("_deadline_seq", "_deadlines", "_registry", "_wake", "scope")
+    __slots__ = ("_deadline_seq", "_deadlines", "_rebuild_at", "_registry", "_wake",
+                 "rebuilds", "scope")
+
+    #: slack of the rebuild threshold: a heap of up to this many items is never rebuilt
+    REBUILD_SLACK = 1024
 
     def __init__(self, registry: RequestRegistry,
                  wake: Callable[[PendingRequest], None]) -> None:
@@ -66,6 +74,10 @@ class DeadlineReaper:
         # (deadline, sequence, entry); finished entries are skipped lazily
         self._deadlines: list[tuple[float, int, PendingRequest | Ticket]] = []
         self._deadline_seq = itertools.count()
+        # rebuild once the heap holds more items than this (2 x kept + slack)
+        self._rebuild_at = self.REBUILD_SLACK
+        #: heap rebuilds so far (dropping finished items)
+        self.rebuilds = 0
         #: the scope the reaper task sleeps in (its deadline: the earliest armed
         #: deadline); None while the task is not running
         self.scope: anyio.CancelScope | None = None
@@ -88,10 +100,15 @@ class DeadlineReaper:
         scope = self.scope
         if scope is not None and deadline < scope.deadline:
             scope.deadline = deadline  # the reaper wakes earlier
-        if len(heap) > 2 * self._registry.live_count + 1024:
-            # lazy deletion left too many finished items behind: rebuild
-            self._deadlines = [i for i in heap if _still_waiting(i[2])]
-            heapq.heapify(self._deadlines)
+        if len(heap) > self._rebuild_at:
+            # lazy deletion left too many finished items behind: rebuild. The next
+            # rebuild waits for at least as many arms as this one kept (+ slack),
+            # so rebuilding costs O(1) per arm even when most items are live.
+            kept = [i for i in heap if _still_waiting(i[2])]
+            heapq.heapify(kept)
+            self._deadlines = kept
+            self._rebuild_at = 2 * len(kept) + self.REBUILD_SLACK
+            self.rebuilds += 1
 
     async def run(self, now: Callable[[], float]) -> None:
         """The reaper task: end waits at their deadlines on the clock ``now``
@@ -108,6 +125,8 @@ class DeadlineReaper:
                         wake(item)
                 elif item.state is TicketState.QUEUED and item.waiter is not None:
                     item.waiter.set()  # the caller finds itself not admitted: timed out
+            while heap and not _still_waiting(heap[0][2]):
+                heapq.heappop(heap)  # finished early: no wake-up at its deadline
             scope = anyio.CancelScope(deadline=heap[0][0] if heap else float("inf"))
             self.scope = scope
             try:

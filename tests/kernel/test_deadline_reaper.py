@@ -1,0 +1,93 @@
+"""DeadlineReaper bookkeeping: rebuild cost with many live waits, finished items skipped.
+
+Counts, not timings: a burst of thousands of queued tickets must not rebuild the
+heap on every arm (it did when the threshold counted only live requests), the
+heap stays bounded by the waits in progress, and the reaper does not sleep until
+the deadline of an item it can see has already finished.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from ctlwire.kernel.admission_queue import AdmissionQueue, Ticket
+from ctlwire.kernel.deadline_reaper import DeadlineReaper
+from ctlwire.kernel.request_registry import RequestRegistry
+from ctlwire.kernel.testing import virtual_backend
+from ctlwire.states import TicketState
+
+SLACK = DeadlineReaper.REBUILD_SLACK
+
+
+def _reaper() -> DeadlineReaper:
+    return DeadlineReaper(RequestRegistry(), wake=lambda entry: None)
+
+
+def _queued(queue: AdmissionQueue, n: int) -> list[Ticket]:
+    tickets = [queue.arrive() for _ in range(n)]
+    assert all(t.state is TicketState.QUEUED for t in tickets[1:])
+    return tickets
+
+
+def test_many_live_queued_tickets_rebuild_rarely() -> None:
+    # 3 x slack queued tickets, all live, no live request in the registry:
+    # the old threshold (2 x live requests + slack) rebuilt on every arm past the slack
+    reaper = _reaper()
+    queue = AdmissionQueue("m")
+    tickets = _queued(queue, 3 * SLACK)
+    for i, ticket in enumerate(tickets[1:]):
+        reaper.arm(ticket, 100.0 + i)
+    assert reaper.armed == len(tickets) - 1  # nothing live dropped
+    assert reaper.rebuilds <= 2
+
+
+def test_rebuild_drops_finished_items_and_keeps_live_ones() -> None:
+    reaper = _reaper()
+    queue = AdmissionQueue("m")
+    tickets = _queued(queue, 4 * SLACK)
+    for i, ticket in enumerate(tickets[1:]):
+        reaper.arm(ticket, 100.0 + i)
+        # the holder leaves as soon as the next one is armed: most armed tickets finish
+        if i % 4 != 3:
+            admitted = queue.leave(queue.holder) if queue.holder is not None else None
+            assert admitted is not None
+    live = sum(1 for t in tickets if t.state is TicketState.QUEUED)
+    assert live > 0
+    assert reaper.rebuilds >= 1
+    # bounded by the waits in progress: twice what the last rebuild kept, plus slack
+    assert reaper.armed <= 2 * live + SLACK + 2 * SLACK
+    heap_items = [item for (_d, _s, item) in reaper._deadlines]
+    assert all(t in heap_items for t in tickets if t.state is TicketState.QUEUED)
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    return virtual_backend(request.param)
+
+
+@pytest.mark.anyio
+async def test_reaper_sleeps_until_the_first_live_deadline() -> None:
+    reaper = _reaper()
+    queue = AdmissionQueue("m")
+    holder, early, late = _queued(queue, 3)
+    now = anyio.current_time()
+    early.waiter = anyio.Event()
+    late.waiter = anyio.Event()
+    reaper.arm(early, now + 1.0)
+    reaper.arm(late, now + 50.0)
+    assert queue.leave(holder) is early  # early is admitted: its deadline is moot
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reaper.run, anyio.current_time)
+        await anyio.sleep(0.5)
+        assert reaper.scope is not None
+        # not woken at early's deadline for nothing: it sleeps until late's
+        assert reaper.scope.deadline == now + 50.0
+        assert reaper.armed == 1
+        await anyio.sleep(60.0)
+        assert late.waiter.is_set()  # late still timed out in the queue, at its deadline
+        assert late.state is TicketState.QUEUED
+        tg.cancel_scope.cancel()
+    assert reaper.scope is None
