@@ -15,9 +15,9 @@ from typing import Any
 import msgspec
 import pytest
 
+from ctlwire.kernel.call_issuer import CallIssuer
 from ctlwire.kernel.core import call_core as call_core_module
 from ctlwire.kernel.core import request_registry as registry_module
-from ctlwire.kernel.call_issuer import CallIssuer
 from ctlwire.kernel.core.call_core import CallCore
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.peer_table import PeerTable, Progress
