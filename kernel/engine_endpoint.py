@@ -239,10 +239,29 @@ class EngineEndpoint(EngineServing):
         self._heartbeat_if_due()
         if self._outbox:
             self._flush_outbox()
+        # The first event is taken and handled on its own, the rest after it in one
+        # batch: a batch ends with a receive that finds the queue empty (a zmq.Again,
+        # the dearest socket call), and that miss must not delay the reply to a lone
+        # request (the common case of a sequential caller), only follow it.
+        take = self._take_ready
         try:
-            events = self._take_ready(max_messages)
+            events = take(min(1, max_messages))
         except TransportClosed:
             return 0
+        if not events:
+            return 0
+        handled = self._handle_events(events)
+        if max_messages > 1:
+            try:
+                events = take(max_messages - 1)
+            except TransportClosed:
+                return handled
+            handled += self._handle_events(events)
+        return handled
+
+    def _handle_events(self, events: list[Any]) -> int:
+        """Handle events received by :meth:`poll`, in order; how many were requests
+        handled."""
         handled = 0
         for event in events:
             try:

@@ -1,8 +1,11 @@
 """The engine's per-wake-up batch and its encoded fast-path replies.
 
-* ``poll()`` takes every queued event in one ``receive_ready`` call of a ZMQ
-  engine transport (up to ``max_messages``), in arrival order, bad frames
-  included; a transport without it is read with ``try_receive`` in a loop.
+* ``poll()`` takes the first queued event alone and handles it, then every
+  other queued event in one ``receive_ready`` call of a ZMQ engine transport
+  (up to ``max_messages`` in all), in arrival order, bad frames included: the
+  receive that finds the queue empty follows the first reply instead of
+  delaying it. A transport without ``receive_ready`` is read with
+  ``try_receive`` in a loop.
 * The fast path's OK reply is spliced from constant bytes
   (:func:`ok_reply_encoder`): byte-identical to the codec's encoding of the
   Reply, refused for codecs it does not match.
@@ -111,7 +114,8 @@ def test_receive_ready_takes_everything_queued_in_order_up_to_the_limit(direct: 
         pair.transport.receive_ready(1)
 
 
-def test_poll_takes_one_batch_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_poll_takes_the_first_event_alone_then_the_rest_in_one_batch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     pair = _Pair()
     try:
         calls: list[int] = []
@@ -128,8 +132,39 @@ def test_poll_takes_one_batch_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
         _settle(pair)
         assert pair.ep.poll(max_messages=4) == 4
         assert pair.ep.poll() == 6
-        assert calls == [4, 64]
+        assert calls == [1, 3, 1, 63]
         assert pair.ep.__dict__["ran"] == [("flush", None)] * 10
+        calls.clear()
+        assert pair.ep.poll() == 0  # nothing queued: one empty take, no second
+        assert pair.ep.poll(max_messages=1) == 0
+        assert pair.ep.poll(max_messages=0) == 0
+        assert calls == [1, 1, 0]
+    finally:
+        pair.close()
+
+
+def test_poll_replies_to_a_lone_request_before_the_receive_that_finds_the_queue_empty(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The receive that ends a batch (a miss: zmq.Again) comes after the first
+    request's reply, not between its arrival and its reply."""
+    pair = _Pair()
+    try:
+        seen: list[tuple[int, int, int]] = []  # (limit, events taken, replies sent before)
+        take = pair.ep._take_ready
+
+        def recording(limit: int) -> list[Any]:
+            replied = pair.ep.counters["replied"]
+            events = take(limit)
+            seen.append((limit, len(events), replied))
+            return events
+
+        monkeypatch.setattr(pair.ep, "_take_ready", recording)
+        codec = pair.codec
+        pair.send(codec.encode(Request(1, 0, "flush", codec.encode_value(None), 0.0, 1, 9)))
+        _settle(pair)
+        assert pair.ep.poll() == 1
+        assert seen == [(1, 1, 0), (63, 0, 1)]
+        assert len(pair.replies(1)) == 1
     finally:
         pair.close()
 
