@@ -37,6 +37,9 @@ from ctlwire.transports.zmq_socket import AsyncZmqSocket
 _NOBLOCK = int(zmq.NOBLOCK)
 _NOBLOCK_SNDMORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 _BACKEND_SEND = zmq.backend.Socket.send  # zmq.Socket.send adds a DRAFT-options frame
+_BACKEND_GET = zmq.backend.Socket.get  # zmq.Socket.get builds a SocketOption enum per call
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 __all__ = ["ZmqEngineBase"]
 
@@ -72,6 +75,7 @@ class ZmqEngineBase:
         self._owner = 0
         self._raw_recv: Callable[..., Any] | None = None
         self._raw_send: Callable[..., Any] | None = None
+        self._raw_events: Callable[[], Any] | None = None
 
     def _bind(self, raw: zmq.Socket[bytes], address: str) -> str:
         address = bind_socket(raw, address)
@@ -107,6 +111,7 @@ class ZmqEngineBase:
         self._owner = threading.get_ident()
         self._raw_recv = recv_raw.recv
         self._raw_send = partial(_BACKEND_SEND, send_raw)
+        self._raw_events = partial(_BACKEND_GET, recv_raw, _EVENTS)
         self._direct = True
 
     # -- liveness beacon -----------------------------------------------------------
@@ -262,6 +267,23 @@ class ZmqEngineBase:
             if not events:
                 raise TransportClosed("engine transport is closed") from None
         return events
+
+    def maybe_ready(self) -> bool:
+        """False only when :meth:`receive_ready` would certainly find nothing now.
+
+        On the direct (sync, owner-thread) path this reads the socket's ``EVENTS``
+        (~1.4 µs), which is cheaper than the receive that finds the queue empty (a
+        ``zmq.Again``, ~3.5 µs with its exception): :meth:`EngineEndpoint.poll`
+        asks it before the receive that would end a batch. True whenever it cannot
+        tell (async use, another thread, a closed socket): the receive decides."""
+        events = self._raw_events
+        if events is None or not self._direct or self._closed \
+                or threading.get_ident() != self._owner:
+            return True
+        try:
+            return bool(events() & _POLLIN)
+        except zmq.ZMQError:
+            return True  # closed under us: receive_ready raises TransportClosed
 
     def _receive_direct(self, limit: int) -> list[TransportEvent]:
         """:meth:`receive_ready` on the raw socket (see :meth:`_enable_direct`): the

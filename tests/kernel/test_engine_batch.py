@@ -163,8 +163,66 @@ def test_poll_replies_to_a_lone_request_before_the_receive_that_finds_the_queue_
         pair.send(codec.encode(Request(1, 0, "flush", codec.encode_value(None), 0.0, 1, 9)))
         _settle(pair)
         assert pair.ep.poll() == 1
-        assert seen == [(1, 1, 0), (63, 0, 1)]
+        # nothing else queued: the EVENTS probe says so, and no receive misses
+        assert seen == [(1, 1, 0)]
         assert len(pair.replies(1)) == 1
+    finally:
+        pair.close()
+
+
+def test_poll_probes_before_the_batch_receive_and_takes_only_when_something_is_queued(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the first event, ``poll()`` asks the transport's ``maybe_ready``
+    (an EVENTS read on the direct path) before the receive that would end the
+    batch: a lone request costs no ``zmq.Again``; a queued one is still taken in
+    the same poll, in order; the probe is True whenever it cannot tell."""
+    pair = _Pair()
+    try:
+        calls: list[int] = []
+        probes: list[bool] = []
+        take, probe = pair.ep._take_ready, pair.ep._maybe_ready
+
+        def counting(limit: int) -> list[Any]:
+            calls.append(limit)
+            return take(limit)
+
+        def probing() -> bool:
+            probes.append(probe())
+            return probes[-1]
+
+        monkeypatch.setattr(pair.ep, "_take_ready", counting)
+        monkeypatch.setattr(pair.ep, "_maybe_ready", probing)
+        assert pair.transport._direct
+        codec = pair.codec
+
+        def request(i: int) -> bytes:
+            return codec.encode(Request(i, 0, "flush", codec.encode_value(None), 0.0, i, 9))
+
+        pair.send(request(1))
+        _settle(pair)
+        assert pair.ep.poll() == 1
+        assert (calls, probes) == ([1], [False])
+        calls.clear(), probes.clear()
+        for i in (2, 3, 4):
+            pair.send(request(i))
+        _settle(pair)
+        assert pair.ep.poll() == 3  # the probe sees the rest: taken in this poll
+        assert (calls, probes) == ([1, 63], [True])
+        assert pair.ep.counters["replied"] == 4
+        assert len(pair.replies(4)) == 4
+        # a request arriving after the probe said "empty" is taken by the next poll
+        pair.send(request(5))
+        _settle(pair)
+        assert pair.ep.poll() == 1 and pair.ep.counters["replied"] == 5
+        # the probe cannot tell off the direct path (another thread; async use)
+        import threading
+        other: list[bool] = []
+        t = threading.Thread(target=lambda: other.append(pair.transport.maybe_ready()))
+        t.start()
+        t.join()
+        assert other == [True]
+        pair.transport._direct = False
+        assert pair.transport.maybe_ready() is True
     finally:
         pair.close()
 
