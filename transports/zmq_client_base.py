@@ -56,6 +56,15 @@ def _fast_checkpoint() -> Callable[[], Awaitable[None]]:
     return anyio.lowlevel.checkpoint  # pragma: no cover
 
 
+def _current_library() -> str:
+    try:
+        import sniffio
+
+        return sniffio.current_async_library()
+    except Exception:  # pragma: no cover - no sniffio, or not in a loop
+        return ""
+
+
 class _ZmqClientBase:
     """Context, options, CURVE, monitors and orderly close, shared by the clients."""
 
@@ -75,6 +84,9 @@ class _ZmqClientBase:
         self._bound_ipc: list[tuple[str, bool]] = []  # (address, in a private dir we made)
         self.counters: dict[str, int] = {"sent": 0, "received": 0, "unknown_peer": 0}
         self._checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint
+        #: whether a receiver yields once before it waits for the socket (not on trio:
+        #: see ZmqRouterClientTransport.receive)
+        self._yield_before_wait = True
 
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self.context.socket(kind)
@@ -98,6 +110,7 @@ class _ZmqClientBase:
             raise RuntimeError("a transport can be opened once")
         self._opened = True
         self._checkpoint = _fast_checkpoint()
+        self._yield_before_wait = _current_library() != "trio"
         try:
             self._open()
         except BaseException:

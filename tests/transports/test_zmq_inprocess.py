@@ -137,3 +137,40 @@ def test_foreign_thread_use_is_refused(tmp_path: Path) -> None:
     t.join()
     et.close()
     assert len(errors) == 1 and isinstance(errors[0], ForeignThreadError)
+
+
+async def test_receiver_yields_before_waiting_on_asyncio_only(
+        tmp_path: Path, anyio_backend: str) -> None:
+    """The router client's receiver lets the callers it just woke run before it
+    waits for the socket on asyncio; on trio it goes straight to the wait (a
+    checkpoint of its own: one scheduler pass fewer per call). Calls still
+    complete in order, and a cancelled caller is still cleaned up."""
+    client_t, engine_ts = router_dealer(tmp_path, 1)
+    async with ControlClient(client_t, ranks=1, default_timeout=10.0) as c, \
+            anyio.create_task_group() as tg:
+        ep = EngineEndpoint(engine_ts[0])
+        ep.register("echo", lambda x=None: x)
+        ep.register("sleep", lambda: __import__("time").sleep(0.2))
+        await tg.start(ep.serve)
+        await c.wait_ready(timeout=10)
+        yields = 0
+        checkpoint = client_t._checkpoint  # type: ignore[attr-defined]
+
+        async def counting() -> None:
+            nonlocal yields
+            yields += 1
+            await checkpoint()
+
+        client_t._checkpoint = counting  # type: ignore[attr-defined]
+        for i in range(20):
+            assert await c.call("echo", i) == i
+        if anyio_backend == "trio":
+            assert yields == 0
+        else:
+            assert yields >= 10
+        with anyio.move_on_after(0.05) as scope:
+            await c.call("sleep")
+        assert scope.cancelled_caught
+        assert c.registry.live_count == 0
+        assert await c.call("echo", "after") == "after"
+        tg.cancel_scope.cancel()
