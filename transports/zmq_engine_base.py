@@ -253,20 +253,26 @@ class ZmqEngineBase:
                 msg = recv()
                 if msg is None:
                     break
-                if fast is not None and len(msg) == 1:
-                    data = msg[0]
-                    size = len(data)
-                    if size <= max_size:
-                        try:
-                            append(Received(fast(data), None, None, size))
-                            continue
-                        except Exception:
-                            pass  # not an envelope: decode_event gives the verdict
-                append(self._event(msg))
+                append(self._single_frame_event(msg[0], fast, max_size) if len(msg) == 1
+                       else self._event(msg))
         except SocketClosed:
             if not events:
                 raise TransportClosed("engine transport is closed") from None
         return events
+
+    def _single_frame_event(self, data: bytes, fast: Callable[[bytes], Any] | None,
+                            max_size: int) -> TransportEvent:
+        """One single-frame message as an event: decoded straight by the codec's
+        fast decoder when it is within the size limit and decodes, else through
+        :meth:`_event` (which gives the typed verdict for anything else)."""
+        if fast is not None:
+            size = len(data)
+            if size <= max_size:
+                try:
+                    return Received(fast(data), None, None, size)
+                except Exception:
+                    pass  # not an envelope: decode_event gives the verdict
+        return self._event([data])
 
     def maybe_ready(self) -> bool:
         """False only when :meth:`receive_ready` would certainly find nothing now.
@@ -308,15 +314,7 @@ class ZmqEngineBase:
                         parts.append(frame.bytes)
                     append(self._event(parts))
                     continue
-                if fast is not None:
-                    size = len(data)
-                    if size <= max_size:
-                        try:
-                            append(Received(fast(data), None, None, size))
-                            continue
-                        except Exception:
-                            pass  # not an envelope: decode_event gives the verdict
-                append(self._event([data]))
+                append(self._single_frame_event(data, fast, max_size))
         except zmq.ZMQError:
             if not self._recv_sock().closed:
                 raise
