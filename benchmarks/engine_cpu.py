@@ -46,10 +46,14 @@ __all__ = ["main", "measure"]
 
 _ADDRESS = "ipc:///tmp/ctlwire-engine-cpu.sock"  # set per measure(), in a private directory
 _WAITS = [0]  # times the engine thread of a sync variant waited for input
+_RTT = [0.0]  # with --window 1: the load's median round trip (µs)
 
 
-def _load(address: str, n: int, window: int, ready: Any, done: Any, payload: Any) -> None:
-    """The client process: keep ``window`` requests in flight to rank 0, ``n`` in all."""
+def _load(address: str, n: int, window: int, ready: Any, done: Any, payload: Any,
+          rtt: Any) -> None:
+    """The client process: keep ``window`` requests in flight to rank 0, ``n`` in all.
+
+    With ``window == 1`` it also puts the median round trip (µs) on ``rtt``."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -75,6 +79,9 @@ def _load(address: str, n: int, window: int, ready: Any, done: Any, payload: Any
     while poller.poll(100):
         sock.recv_multipart()
     sent = 0
+    rtts: list[int] = []
+    clock = time.perf_counter_ns
+    t0 = clock()
     while sent < min(window, n):
         sock.send_multipart([ident, frames[sent]])
         sent += 1
@@ -85,9 +92,14 @@ def _load(address: str, n: int, window: int, ready: Any, done: Any, payload: Any
         if data[1:3] != b"\xa1r":  # not a reply (tag "r"): a heartbeat
             continue
         got += 1
+        t1 = clock()
+        rtts.append(t1 - t0)
+        t0 = t1
         if sent < n:
             sock.send_multipart([ident, frames[sent]])
             sent += 1
+    rtts.sort()
+    rtt.put(rtts[len(rtts) // 2] / 1e3 if rtts and window == 1 else 0.0)
     done.set()
     sock.close(linger=0)
     ctx.term()
@@ -185,8 +197,8 @@ def measure(variant: str, n: int = 20_000, window: int = 16, payload: Any = None
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     started, stop = threading.Event(), threading.Event()
     mp = multiprocessing.get_context("spawn")
-    ready, done = mp.Event(), mp.Event()
-    load = mp.Process(target=_load, args=(_ADDRESS, n, window, ready, done, payload),
+    ready, done, rtt = mp.Event(), mp.Event(), mp.Queue()
+    load = mp.Process(target=_load, args=(_ADDRESS, n, window, ready, done, payload, rtt),
                       daemon=True)
     load.start()
     ready.wait(60)
@@ -209,6 +221,7 @@ def measure(variant: str, n: int = 20_000, window: int = 16, payload: Any = None
     th = threading.Thread(target=engine, daemon=True)
     th.start()
     done.wait(120)
+    _RTT[0] = rtt.get(timeout=10)
     stop.set()
     th.join(10)
     load.join(10)
@@ -234,9 +247,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     best: dict[str, float] = {}
     waits: dict[str, int] = {}
+    rtts: dict[str, list[float]] = {}
     for _ in range(args.repeat):
         for v in args.variants:
             us = measure(v, args.n, args.window)
+            rtts.setdefault(v, []).append(_RTT[0])
             if us < best.get(v, float("inf")):
                 best[v], waits[v] = us, _WAITS[0]
     base = best.get("bare")
@@ -244,7 +259,10 @@ def main(argv: list[str] | None = None) -> None:
         ratio = f"  {us / base:.2f}x bare" if base else ""
         # requests per wait for input (sync variants): fewer, larger batches are cheaper
         batch = f"  {args.n / waits[v]:5.1f} req/wait" if waits.get(v) else ""
-        print(f"{v:15s} {us:6.2f} µs CPU/request (best of {args.repeat}){ratio}{batch}")
+        rtt = ""
+        if args.window == 1:  # sequential: the round trip a client sees, per run
+            rtt = "  p50 round trip " + "/".join(f"{x:.0f}" for x in rtts[v]) + " µs"
+        print(f"{v:15s} {us:6.2f} µs CPU/request (best of {args.repeat}){ratio}{batch}{rtt}")
 
 
 if __name__ == "__main__":

@@ -84,9 +84,9 @@ class _ZmqClientBase:
         self._bound_ipc: list[tuple[str, bool]] = []  # (address, in a private dir we made)
         self.counters: dict[str, int] = {"sent": 0, "received": 0, "unknown_peer": 0}
         self._checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint
-        #: whether a receiver yields once before it waits for the socket (not on trio:
-        #: see ZmqRouterClientTransport.receive)
-        self._yield_before_wait = True
+        #: how many times a receiver yields before it waits for the socket (see
+        #: ZmqRouterClientTransport.receive): once on asyncio, twice on trio
+        self._yields_before_wait = 1
 
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self.context.socket(kind)
@@ -110,7 +110,7 @@ class _ZmqClientBase:
             raise RuntimeError("a transport can be opened once")
         self._opened = True
         self._checkpoint = _fast_checkpoint()
-        self._yield_before_wait = _current_library() != "trio"
+        self._yields_before_wait = 2 if _current_library() == "trio" else 1
         try:
             self._open()
         except BaseException:

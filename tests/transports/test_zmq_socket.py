@@ -801,3 +801,64 @@ async def test_router_client_skips_the_probe_of_a_queue_likely_empty(
     finally:
         engine.close(0)
         ctx.term()
+
+
+@pytest.mark.anyio
+async def test_router_client_lets_the_task_a_reply_woke_run_before_it_waits_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After handing out an event, ``receive`` (finding nothing queued) yields before it
+    waits for the socket again, so the task the event woke runs first: a caller's next
+    request then overlaps the receiver's wait set-up instead of following it. On trio,
+    whose scheduler runs each batch of ready tasks in a random order, one yield is not
+    enough (the receiver would run first half of the time): it yields twice there."""
+    from ctlwire.transports.envelope import Reply
+    from ctlwire.transports.transport import Received
+    from ctlwire.transports.zmq_client import ZmqRouterClientTransport
+    from ctlwire.transports.zmq_config import rank_identity
+
+    waits = 0
+    original = AsyncZmqSocket.recv_multipart
+
+    async def counting(self: AsyncZmqSocket) -> list[bytes]:
+        nonlocal waits
+        waits += 1
+        return await original(self)
+
+    monkeypatch.setattr(AsyncZmqSocket, "recv_multipart", counting)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    engine = ctx.socket(zmq.DEALER)
+    engine.setsockopt(zmq.LINGER, 0)
+    engine.setsockopt(zmq.IDENTITY, rank_identity(0))
+    rounds = 40
+    overtaken = []  # rounds in which the receiver was back in its wait before the caller ran
+    try:
+        async with ZmqRouterClientTransport(f"ipc://{tmp_path}/c.sock") as client:
+            engine.connect(client.address)
+            codec = client.codec
+            woken = [anyio.Event() for _ in range(rounds)]
+            at_delivery = [0] * rounds
+            with anyio.fail_after(GUARD):
+                async with anyio.create_task_group() as tg:
+                    async def receiver() -> None:
+                        for i in range(rounds):
+                            event = await client.receive()
+                            assert type(event) is Received
+                            assert event.envelope.id == i  # type: ignore[union-attr]
+                            at_delivery[i] = waits
+                            woken[i].set()
+                        # the caller of the last round must be able to run too
+                        await anyio.sleep(0.05)
+
+                    tg.start_soon(receiver)
+                    for i in range(rounds):
+                        engine.send(codec.encode(Reply(i, 0, 1, True, b"\xc0")))
+                        await woken[i].wait()
+                        # (round 0 is a warm-up: the transport's start-up tasks, its
+                        # connection monitor, still share the scheduler's first batches)
+                        if i and waits != at_delivery[i]:
+                            overtaken.append(i)
+                        await anyio.sleep(0.002)  # the receiver is in its wait again
+            assert overtaken == []
+    finally:
+        engine.close(0)
+        ctx.term()
