@@ -48,7 +48,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from functools import partial
 from types import TracebackType
 from typing import Any, Literal
 
@@ -441,9 +442,15 @@ class ControlClient:
     # -- background tasks ------------------------------------------------------
     async def _receive_loop(self) -> None:
         transport = self.transport
+        receive: Callable[[], Awaitable[Any]] = transport.receive
+        # a transport that can hand replies over from the event loop's reader callback
+        # (asyncio): replies complete their calls without waking this task. Looked up on
+        # the class, so that a wrapper forwarding attributes is not bypassed.
+        if hasattr(type(transport), "receive_or_handle"):
+            receive = partial(transport.receive_or_handle, self._handle_reply)  # type: ignore[attr-defined]
         while True:
             try:
-                event = await transport.receive()
+                event = await receive()
             except TransportClosed:
                 # the transport closed under us: pending calls fail now, typed
                 await self.aclose()
@@ -452,6 +459,17 @@ class ControlClient:
                 self._on_event(event)
             except Exception:  # pragma: no cover - a bug must not kill the receiver
                 log.exception("ctlwire client: failed to handle %r", event)
+
+    def _handle_reply(self, event: Any) -> bool:
+        """A reply, handled where it arrives (the transport's reader callback); any
+        other event is declined, for the receiving task (:meth:`_on_event`)."""
+        if type(event) is not Received or type(event.envelope) is not Reply:
+            return False
+        try:
+            self._on_reply(event.envelope, event.peer)
+        except Exception:  # pragma: no cover - a bug must not kill the receiver
+            log.exception("ctlwire client: failed to handle %r", event)
+        return True
 
     def _on_event(self, event: Any) -> None:
         if type(event) is Received:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -100,6 +100,11 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         check_pickle_allowed(self.codec, self.address, curve is not None)
         self._sock: AsyncZmqSocket | None = None
         self._pending: deque[TransportEvent] = deque()
+        # receive_or_handle: (its handle, the socket-level divert built for it), and the
+        # event the handle declined, which the suspended receive returns
+        self._diverts: tuple[Callable[[TransportEvent], bool],
+                             Callable[[list[bytes]], bool]] | None = None
+        self._declined: TransportEvent | None = None
         self._known: set[int] = set()
         self._probe_hb = b""
         # hot path caches, bounded: rank -> identity (sends), identity -> rank (replies)
@@ -204,6 +209,33 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         return TransportError(f"rank {rank}: {exc}")
 
     async def receive(self) -> TransportEvent:
+        return await self._receive(None)
+
+    async def receive_or_handle(self, handle: Callable[[TransportEvent], bool]
+                                ) -> TransportEvent:
+        """:meth:`receive`, except that on asyncio the events that arrive while it
+        waits are passed to ``handle(event)`` from the event loop's reader callback,
+        in order and synchronously, without waking the receiving task (one task
+        step and one loop iteration less per reply); ``handle`` returns True when
+        it handled the event. Returns the first event ``handle`` declines, or one
+        that was queued or pending when it was called (on trio: :meth:`receive`).
+
+        ``handle`` must not use this transport; an exception it raises is raised
+        here (its event counts as received).
+        """
+        diverts = self._diverts
+        if diverts is None or diverts[0] is not handle:
+            def divert(msg: list[bytes]) -> bool:
+                event = self._event(msg)
+                if handle(event):
+                    return True
+                self._declined = event  # what the suspended receive returns
+                return False
+
+            diverts = self._diverts = (handle, divert)
+        return await self._receive(diverts[1])
+
+    async def _receive(self, divert: Callable[[list[bytes]], bool] | None) -> TransportEvent:
         sock = self._sock
         if sock is None:
             raise TransportClosed("transport is not open")
@@ -230,9 +262,13 @@ class ZmqRouterClientTransport(_ZmqClientBase):
                         continue
                 if msg is None:
                     try:
-                        msg = await sock.recv_multipart()
+                        msg = await sock.recv_multipart(divert)
                     except ReceiveInterrupted:
                         continue  # woken for a pending event
+                    declined = self._declined
+                    if declined is not None:  # decoded already, by the divert
+                        self._declined = None
+                        return declined
             except SocketClosed:
                 raise TransportClosed("transport is closed") from None
             return self._event(msg)

@@ -203,6 +203,9 @@ class AsyncZmqSocket:
         "_check_pending",
         "_check_queued",
         "_closed",
+        "_divert",
+        "_divert_error",
+        "_diverted_back",
         "_empty_guesses",
         "_fd",
         "_fd_future",
@@ -264,6 +267,12 @@ class AsyncZmqSocket:
         self._empty_guesses = 0
         self._interrupt = False  # interrupt_receive() was called for the receive in progress
         self._meta: list[str | None] | None = None  # [User-Id of the last message] when tracked
+        # while a receive that passed ``divert`` is suspended (asyncio): the callable the
+        # reader callback hands arriving messages to; what it raised; the message it
+        # declined, which that receive returns
+        self._divert: Callable[[list[bytes]], bool] | None = None
+        self._divert_error: BaseException | None = None
+        self._diverted_back: list[bytes] | None = None
         # a re-check of EVENTS on behalf of suspended tasks is owed at the end of
         # batched_sends() / queued on the asyncio loop (see _after_send)
         self._check_pending = False
@@ -322,8 +331,17 @@ class AsyncZmqSocket:
         self._recv_missed = False
         return msg
 
-    async def recv_multipart(self) -> list[bytes]:
+    async def recv_multipart(self, divert: Callable[[list[bytes]], bool] | None = None
+                             ) -> list[bytes]:
         """Receive the next message, suspending until one arrives.
+
+        ``divert`` (asyncio only; ignored elsewhere): while this receive is suspended,
+        messages that arrive are handed to ``divert(message)`` from the event loop's
+        reader callback, in libzmq order, without waking the receiving task; it returns
+        True when it consumed the message. The first message it declines (False) is
+        the one this receive returns, and so is, after 64 consumed in one callback, the
+        next one (fairness). An exception ``divert`` raises (the message is consumed)
+        is raised by this receive. ``divert`` must not use this socket.
 
         :raises ForeignThreadError: if called from a thread other than the owner.
         :raises SocketClosed: if the socket is or gets closed.
@@ -346,12 +364,12 @@ class AsyncZmqSocket:
                     raise ReceiveInterrupted("receive interrupted")
             if self._recv_missed:  # just found empty: go straight to EVENTS and waiting
                 self._recv_streak = 0
-                return await self._recv_slow()
+                return await self._recv_slow(divert)
             try:
                 msg = _recv_frames(self._socket, self._meta)
             except zmq.Again:
                 self._recv_streak = 0
-                return await self._recv_slow()
+                return await self._recv_slow(divert)
             self._recv_streak += 1
             if self._pollout_waiters:
                 self._after_io()
@@ -376,7 +394,8 @@ class AsyncZmqSocket:
         elif self._empty_guesses < _GUESS_TRUSTED:
             self._empty_guesses += 1
 
-    async def _recv_slow(self) -> list[bytes]:
+    async def _recv_slow(self, divert: Callable[[list[bytes]], bool] | None = None
+                         ) -> list[bytes]:
         waited = False
         guessed = self._recv_missed
         try:
@@ -399,11 +418,20 @@ class AsyncZmqSocket:
                 if self._pollout_waiters and events & _POLLOUT:
                     self._wake()
                 self._recv_waiting = True
+                self._divert = divert
                 waited = True
                 try:
                     await self._wait(None)
                 finally:
                     self._recv_waiting = False
+                    self._divert = None
+                if self._diverted_back is not None:
+                    msg, self._diverted_back = self._diverted_back, None
+                    self._recv_missed = True  # it most likely came alone
+                    return msg
+                if self._divert_error is not None:
+                    error, self._divert_error = self._divert_error, None
+                    raise error
                 if self._interrupt:
                     raise ReceiveInterrupted("receive interrupted")
         finally:
@@ -679,7 +707,7 @@ class AsyncZmqSocket:
         can now go on is woken."""
         future = self._fd_future
         if future is not None:
-            if not future.done():
+            if not future.done() and not (self._divert is not None and self._diverted()):
                 future.set_result(None)
             return
         if self._socket.closed and not self._closed:
@@ -689,6 +717,34 @@ class AsyncZmqSocket:
                 loop.remove_reader(self._fd)
             return
         self._after_io()
+
+    def _diverted(self) -> bool:
+        """The reader callback, while a receive with ``divert`` is suspended: hand what
+        is queued to ``divert``. True when everything was consumed and the receive may
+        stay suspended; False when it must be woken (a message declined, an error,
+        the fairness budget spent, the socket closed, or senders to wake)."""
+        divert = self._divert
+        assert divert is not None
+        if not self._recv_waiting or self._pollout_waiters or self._closed:
+            return False
+        socket, meta, get = self._socket, self._meta, self._get
+        for _ in range(_FAIRNESS_BUDGET):
+            if self._closed or self._socket.closed:
+                return False
+            if not get(_EVENTS) & _POLLIN:  # drains the fd: a later edge means news
+                return True
+            try:
+                msg = _recv_frames(socket, meta)
+            except zmq.Again:
+                continue
+            try:
+                if not divert(msg):
+                    self._diverted_back = msg
+                    return False
+            except BaseException as exc:  # raised by the suspended receive instead
+                self._divert_error = exc
+                return False
+        return False
 
     def _after_send(self) -> None:
         """After a send made while others are suspended: make sure EVENTS is re-read
@@ -710,6 +766,12 @@ class AsyncZmqSocket:
 
     def _deferred_check(self) -> None:
         self._check_queued = False
+        future = self._fd_future
+        if (self._divert is not None and future is not None and not future.done()
+                and not self._pollout_waiters):
+            if not self._diverted():  # what a send's edge announced, handed to divert
+                self._wake()
+            return
         self._after_io()
 
     def _after_io(self) -> None:

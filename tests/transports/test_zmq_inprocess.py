@@ -139,16 +139,36 @@ def test_foreign_thread_use_is_refused(tmp_path: Path) -> None:
     assert len(errors) == 1 and isinstance(errors[0], ForeignThreadError)
 
 
-async def test_receiver_yields_before_waiting_on_asyncio_only(
-        tmp_path: Path, anyio_backend: str) -> None:
-    """The router client's receiver lets the callers it just woke run before it
-    waits for the socket on asyncio; on trio it goes straight to the wait (a
-    checkpoint of its own: one scheduler pass fewer per call). Calls still
-    complete in order, and a cancelled caller is still cleaned up."""
+async def test_replies_complete_calls_from_the_reader_callback_on_asyncio(
+        tmp_path: Path, anyio_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On asyncio the router client hands each reply over from the event loop's
+    reader callback: the calls complete while the receiving task stays in its wait
+    (one task step and one loop iteration less per reply). On trio the receiving
+    task takes each reply and yields twice before it waits again (the caller runs
+    first). Either way calls complete in order, other events still reach the task,
+    and a cancelled caller is still cleaned up."""
+    in_callback = in_task = heartbeats = 0
+    handle_reply, on_event = ControlClient._handle_reply, ControlClient._on_event
+
+    def counting_handle(self: ControlClient, event: Any) -> bool:
+        nonlocal in_callback
+        handled = handle_reply(self, event)
+        in_callback += handled
+        return handled
+
+    def counting_event(self: ControlClient, event: Any) -> None:
+        nonlocal in_task, heartbeats
+        kind = type(getattr(event, "envelope", None)).__name__
+        in_task += kind == "Reply"
+        heartbeats += kind == "Heartbeat"
+        on_event(self, event)
+
+    monkeypatch.setattr(ControlClient, "_handle_reply", counting_handle)
+    monkeypatch.setattr(ControlClient, "_on_event", counting_event)
     client_t, engine_ts = router_dealer(tmp_path, 1)
-    async with ControlClient(client_t, ranks=1, default_timeout=10.0) as c, \
-            anyio.create_task_group() as tg:
-        ep = EngineEndpoint(engine_ts[0])
+    async with ControlClient(client_t, ranks=1, default_timeout=10.0,
+                             heartbeat_interval=0.05) as c, anyio.create_task_group() as tg:
+        ep = EngineEndpoint(engine_ts[0], heartbeat_interval=0.05)
         ep.register("echo", lambda x=None: x)
         ep.register("sleep", lambda: __import__("time").sleep(0.2))
         await tg.start(ep.serve)
@@ -162,12 +182,17 @@ async def test_receiver_yields_before_waiting_on_asyncio_only(
             await checkpoint()
 
         client_t._checkpoint = counting  # type: ignore[attr-defined]
+        in_callback = in_task = 0
         for i in range(20):
             assert await c.call("echo", i) == i
         if anyio_backend == "trio":
-            assert yields == 0
+            assert (in_callback, in_task) == (0, 20)
+            assert yields >= 2 * 18
         else:
-            assert yields >= 10
+            assert in_callback >= 18 and in_callback + in_task == 20, (in_callback, in_task)
+        heartbeats = 0
+        await anyio.sleep(0.3)  # heartbeats are declined by the callback: the task takes them
+        assert heartbeats >= 2
         with anyio.move_on_after(0.05) as scope:
             await c.call("sleep")
         assert scope.cancelled_caught

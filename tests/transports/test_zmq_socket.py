@@ -819,10 +819,10 @@ async def test_router_client_lets_the_task_a_reply_woke_run_before_it_waits_agai
     waits = 0
     original = AsyncZmqSocket.recv_multipart
 
-    async def counting(self: AsyncZmqSocket) -> list[bytes]:
+    async def counting(self: AsyncZmqSocket, divert: Any = None) -> list[bytes]:
         nonlocal waits
         waits += 1
-        return await original(self)
+        return await original(self, divert)
 
     monkeypatch.setattr(AsyncZmqSocket, "recv_multipart", counting)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -862,3 +862,102 @@ async def test_router_client_lets_the_task_a_reply_woke_run_before_it_waits_agai
     finally:
         engine.close(0)
         ctx.term()
+
+
+# ------------------------------------------------------------------ divert (asyncio)
+
+
+@pytest.mark.anyio
+async def test_divert_consumes_in_order_and_the_declined_message_ends_the_receive(
+        socks: Sockets, endpoint: str, anyio_backend: str) -> None:
+    """Messages that arrive while a ``recv_multipart(divert)`` is suspended go to
+    ``divert`` in order, without waking the receive (asyncio); the first one it
+    declines is what the receive returns; nothing is lost or reordered. On trio
+    ``divert`` is never called: the receive returns the first message."""
+    router, raw = router_dealer(socks, endpoint)
+    dealer = socks.wrap(raw)
+    seen: list[bytes] = []
+
+    def divert(msg: list[bytes]) -> bool:
+        seen.append(msg[0])
+        return msg[0] != b"stop"
+
+    got: list[list[bytes]] = []
+    with anyio.fail_after(GUARD):
+        async with anyio.create_task_group() as tg:
+            async def receive() -> None:
+                got.append(await dealer.recv_multipart(divert))
+
+            tg.start_soon(receive)
+            await anyio.wait_all_tasks_blocked()
+            ident = _first_identity(router, raw)
+            for i in range(5):
+                router.send_multipart([ident, b"%d" % i])
+                await anyio.sleep(0.005)
+            router.send_multipart([ident, b"stop"])
+            router.send_multipart([ident, b"after"])
+    if anyio_backend == "asyncio":
+        assert seen == [b"0", b"1", b"2", b"3", b"4", b"stop"]
+        assert got == [[b"stop"]]
+        left = [b"after"]
+    else:
+        assert seen == []
+        assert got == [[b"0"]]
+        left = [b"1", b"2", b"3", b"4", b"stop", b"after"]
+    with anyio.fail_after(GUARD):
+        assert [(await dealer.recv_multipart())[0] for _ in left] == left
+    assert dealer.recv_multipart_nowait() is None
+
+
+def _first_identity(router: zmq.Socket[bytes], dealer: zmq.Socket[bytes]) -> bytes:
+    """The ROUTER's identity for ``dealer``: the dealer says hello once."""
+    dealer.send(b"hello")
+    ident, hello = router.recv_multipart()
+    assert hello == b"hello"
+    return ident
+
+
+@pytest.mark.anyio
+async def test_divert_error_is_raised_by_the_receive_and_fairness_returns_the_65th(
+        socks: Sockets, endpoint: str, anyio_backend: str) -> None:
+    """An exception ``divert`` raises comes out of the suspended receive (its
+    message consumed); a burst longer than the fairness budget ends the receive
+    with the next message instead of being consumed in one reader callback."""
+    if anyio_backend != "asyncio":
+        pytest.skip("divert is an asyncio reader-callback path")
+    router, raw = router_dealer(socks, endpoint)
+    dealer = socks.wrap(raw)
+
+    def failing(msg: list[bytes]) -> bool:
+        raise KeyError(msg[0])
+
+    with anyio.fail_after(GUARD):
+        async with anyio.create_task_group() as tg:
+            errors: list[BaseException] = []
+
+            async def receive() -> None:
+                try:
+                    await dealer.recv_multipart(failing)
+                except KeyError as exc:
+                    errors.append(exc)
+
+            tg.start_soon(receive)
+            await anyio.wait_all_tasks_blocked()
+            ident = _first_identity(router, raw)
+            router.send_multipart([ident, b"boom"])
+        assert [e.args for e in errors] == [(b"boom",)]
+        # a burst of 100 queued at once, all accepted by divert
+        taken: list[bytes] = []
+        got: list[list[bytes]] = []
+        async with anyio.create_task_group() as tg:
+            async def receive_all() -> None:
+                got.append(await dealer.recv_multipart(lambda m: taken.append(m[0]) is None))
+
+            tg.start_soon(receive_all)
+            await anyio.wait_all_tasks_blocked()
+            for i in range(100):
+                router.send_multipart([ident, b"%d" % i])
+        assert len(taken) == 64 and got == [[b"64"]]
+        assert taken == [b"%d" % i for i in range(64)]
+        for i in range(65, 100):
+            assert dealer.recv_multipart_nowait() == [b"%d" % i]
