@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from functools import partial
