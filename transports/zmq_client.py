@@ -78,6 +78,10 @@ _PROBE_DELAYS = (0.0, 0.005, 0.02, 0.1, 0.5)
 _CACHE_LIMIT = 4096
 
 
+#: events a receiving task hands to ``receive_or_handle``'s handle before a checkpoint
+_INLINE_BUDGET = 64
+
+
 class ZmqRouterClientTransport(_ZmqClientBase):
     """The client binds a ROUTER at ``address``; engine ranks connect DEALERs.
 
@@ -213,12 +217,14 @@ class ZmqRouterClientTransport(_ZmqClientBase):
 
     async def receive_or_handle(self, handle: Callable[[TransportEvent], bool]
                                 ) -> TransportEvent:
-        """:meth:`receive`, except that on asyncio the events that arrive while it
-        waits are passed to ``handle(event)`` from the event loop's reader callback,
-        in order and synchronously, without waking the receiving task (one task
-        step and one loop iteration less per reply); ``handle`` returns True when
-        it handled the event. Returns the first event ``handle`` declines, or one
-        that was queued or pending when it was called (on trio: :meth:`receive`).
+        """:meth:`receive`, except that each received event is first passed to
+        ``handle(event)``, in order and synchronously, which returns True when it
+        handled it; returns the first event ``handle`` declines, or a pending one
+        (a disconnection). On asyncio the events that arrive while it waits are
+        handled from the event loop's reader callback, without waking the receiving
+        task (one task step and one loop iteration less per reply); elsewhere, and
+        for what is already queued, by the receiving task, which yields once every
+        64 handled without a wait.
 
         ``handle`` must not use this transport; an exception it raises is raised
         here (its event counts as received).
@@ -239,6 +245,7 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         sock = self._sock
         if sock is None:
             raise TransportClosed("transport is not open")
+        inline = 0  # messages handed to ``divert`` by this task without a checkpoint
         while True:
             if self._pending:
                 return self._pending.popleft()
@@ -271,7 +278,18 @@ class ZmqRouterClientTransport(_ZmqClientBase):
                         return declined
             except SocketClosed:
                 raise TransportClosed("transport is closed") from None
-            return self._event(msg)
+            if divert is None:
+                return self._event(msg)
+            # a message this task received itself (queued already, or on trio every
+            # one): handled here too, without returning to the caller's loop
+            if not divert(msg):
+                declined, self._declined = self._declined, None
+                assert declined is not None
+                return declined
+            inline += 1
+            if inline >= _INLINE_BUDGET:  # a flood: let the tasks it woke run
+                inline = 0
+                await self._checkpoint()
 
     def _event(self, msg: list[bytes]) -> TransportEvent:
         self.counters["received"] += 1

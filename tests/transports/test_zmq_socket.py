@@ -1044,3 +1044,53 @@ async def test_divert_error_is_raised_by_the_receive_and_fairness_returns_the_65
         assert taken == [b"%d" % i for i in range(64)]
         for i in range(65, 100):
             assert dealer.recv_multipart_nowait() == [b"%d" % i]
+
+
+@pytest.mark.anyio
+async def test_router_client_handles_a_queued_flood_in_order_and_yields_every_64(
+        tmp_path: Path) -> None:
+    """``receive_or_handle`` hands queued events to its handle in order, from the
+    receiving task, and yields once every 64 of them (a flood of replies cannot
+    keep the callers they woke from running); it returns the first event the handle
+    declines."""
+    from ctlwire.transports.envelope import Reply
+    from ctlwire.transports.zmq_client import ZmqRouterClientTransport
+    from ctlwire.transports.zmq_config import rank_identity
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    engine = ctx.socket(zmq.DEALER)
+    engine.setsockopt(zmq.LINGER, 0)
+    engine.setsockopt(zmq.IDENTITY, rank_identity(0))
+    handled: list[int] = []
+    try:
+        async with ZmqRouterClientTransport(f"ipc://{tmp_path}/c.sock") as client:
+            engine.connect(client.address)
+            codec = client.codec
+            yields = 0
+            checkpoint = client._checkpoint
+
+            async def counting() -> None:
+                nonlocal yields
+                yields += 1
+                await checkpoint()
+
+            client._checkpoint = counting  # type: ignore[method-assign]
+
+            def handle(event: Any) -> bool:
+                rid = event.envelope.id
+                if rid == 200:
+                    return False
+                handled.append(rid)
+                return True
+
+            for i in range(201):
+                engine.send(codec.encode(Reply(i, 0, 1, True, b"\xc0")))
+            time.sleep(0.2)  # all queued at the client (libzmq's IO threads deliver them)
+            with anyio.fail_after(GUARD):
+                last = await client.receive_or_handle(handle)
+            assert last.envelope.id == 200  # type: ignore[union-attr]
+            assert handled == list(range(200))
+            assert yields >= 3, yields
+    finally:
+        engine.close(0)
+        ctx.term()
