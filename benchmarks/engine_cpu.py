@@ -142,10 +142,13 @@ def _poll(ctx: zmq.Context[zmq.Socket[bytes]], stop: threading.Event,
     ep = _endpoint(ctx)
     ep.open()
     try:
+        # the loop of the bench's engine processes (kernel/app/engine_process.py) and of
+        # EngineEndpoint.run_blocking: poll, then wait (zmq_poll returns at once when
+        # more is queued)
         while not stop.is_set():
-            if not ep.poll():
-                _WAITS[0] += 1
-                ep.transport.wait_readable(0.05)
+            ep.poll()
+            _WAITS[0] += 1
+            ep.transport.wait_readable(0.05)
     finally:
         ep.close()
 
