@@ -109,6 +109,7 @@ class CallIssuer(CallOutcomes):
         self.transport = transport
         self.codec = transport.codec
         self.registry = registry
+        self._incarnation = registry.incarnation  # fixed for the registry's life
         self.liveness = liveness
         self.peers = liveness.peers
         self.fence = fence
@@ -235,14 +236,13 @@ class CallIssuer(CallOutcomes):
             remaining = deadline - self.now()
             if math.isfinite(remaining):
                 wall_deadline = time.time() + remaining
-        incarnation = self.registry.incarnation
+        incarnation = self._incarnation
         trace = self.trace_provider() if self.trace_provider is not None else None
         key = core.key
         fence = self.fence if core.fence is None else core.fence  # the client's, unless set
         rid = entry.id
         method = entry.method
         seqs = self._seq
-        send_nowait = self.transport.send_nowait
         # encoded bytes straight to the transport (no envelope object per rank where
         # the template is spliced, no frame list); the envelope only for the rare paths
         send_encoded, encode, limit = self._send_encoded, self._encode, self._limit
@@ -276,7 +276,7 @@ class CallIssuer(CallOutcomes):
                 if env is None:  # oversized: the transport's encode says so, typed
                     env = Request(rid, rank, method, raw, wall_deadline, seq, incarnation,
                                   trace, key, fence)
-                send_nowait(rank, env)
+                self.transport.send_nowait(rank, env)
                 continue
             except WouldBlock:
                 error: Exception | None = None

@@ -277,7 +277,9 @@ class RequestRegistry:
                  deadline: float | None = None, timeout: float = 0.0,
                  waiter: Waiter | None = None) -> PendingRequest:
         """A new entry in Registered, holding one reference. Its id is fresh."""
-        rank_tuple = tuple(dict.fromkeys(ranks))
+        # (one rank, already a tuple: the common single call, nothing to de-duplicate)
+        rank_tuple = (ranks if len(ranks) == 1 and type(ranks) is tuple
+                      else tuple(dict.fromkeys(ranks)))
         if not rank_tuple:
             raise ValueError("a request needs at least one rank")
         entry = PendingRequest(self._ids.next(), method, rank_tuple, policy, deadline, timeout,
