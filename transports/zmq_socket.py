@@ -212,6 +212,7 @@ class AsyncZmqSocket:
         "_fd",
         "_fd_future",
         "_fd_scope",
+        "_fires_carry",
         "_get",
         "_interrupt",
         "_meta",
@@ -275,6 +276,8 @@ class AsyncZmqSocket:
         # declined, which that receive returns
         self._divert: Callable[[list[bytes]], bool] | None = None
         self._divert_error: BaseException | None = None
+        # how many of the last fires of the fd (0.._GUESS_TRUSTED) brought a message
+        self._fires_carry = 0
         self._diverted_back: list[bytes] | None = None
         # a re-check of EVENTS on behalf of suspended tasks is owed at the end of
         # batched_sends() / queued on the asyncio loop (see _after_send)
@@ -726,7 +729,7 @@ class AsyncZmqSocket:
         can now go on is woken."""
         future = self._fd_future
         if future is not None:
-            if not future.done() and not (self._divert is not None and self._diverted()):
+            if not future.done() and not (self._divert is not None and self._diverted(True)):
                 future.set_result(None)
             return
         if self._socket.closed and not self._closed:
@@ -737,25 +740,40 @@ class AsyncZmqSocket:
             return
         self._after_io()
 
-    def _diverted(self) -> bool:
+    def _diverted(self, fired: bool = False) -> bool:
         """The reader callback, while a receive with ``divert`` is suspended: hand what
         is queued to ``divert``. True when everything was consumed and the receive may
         stay suspended; False when it must be woken (a message declined, an error,
-        the fairness budget spent, the socket closed, or senders to wake)."""
+        the fairness budget spent, the socket closed, or senders to wake).
+
+        ``fired``: called because the fd fired. When the last fires brought a message
+        (:attr:`_fires_carry`), the first receive is tried before any EVENTS read: a
+        non-blocking receive processes libzmq's pending commands itself, so it finds
+        a message that just arrived, and when it finds none it has drained the fd as
+        the EVENTS read would have."""
         divert = self._divert
         assert divert is not None
         if not self._recv_waiting or self._pollout_waiters or self._closed:
             return False
         socket, meta, get = self._socket, self._meta, self._get
-        for _ in range(_FAIRNESS_BUDGET):
+        probe = fired and self._fires_carry >= _GUESS_TRUSTED
+        for i in range(_FAIRNESS_BUDGET):
             if self._closed or self._socket.closed:
                 return False
-            if not get(_EVENTS) & _POLLIN:  # drains the fd: a later edge means news
+            if not probe and not get(_EVENTS) & _POLLIN:  # drains the fd: a later edge
+                if fired and not i:                        # means news
+                    self._fires_carry = 0
                 return True
             try:
                 msg = _recv_frames(socket, meta)
             except zmq.Again:
+                if probe:  # this fire brought no message: EVENTS first next time
+                    self._fires_carry = 0
+                    return True
                 continue
+            if fired and not i and self._fires_carry < _GUESS_TRUSTED:
+                self._fires_carry += 1
+            probe = False
             try:
                 if not divert(msg):
                     self._diverted_back = msg

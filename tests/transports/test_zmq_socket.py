@@ -1094,3 +1094,47 @@ async def test_router_client_handles_a_queued_flood_in_order_and_yields_every_64
     finally:
         engine.close(0)
         ctx.term()
+
+
+@pytest.mark.anyio
+async def test_divert_receives_before_reading_events_once_fires_bring_messages(
+        socks: Sockets, endpoint: str, anyio_backend: str) -> None:
+    """While a ``recv_multipart(divert)`` waits (asyncio), a fire of the fd that
+    follows fires which each brought a message is answered by a receive first: one
+    EVENTS read per message (the one that finds the queue drained) instead of two.
+    Every message still reaches ``divert`` in order."""
+    if anyio_backend != "asyncio":
+        pytest.skip("divert is an asyncio reader-callback path")
+    router, raw = router_dealer(socks, endpoint)
+    dealer = socks.wrap(raw)
+    reads = 0
+    get = dealer._get
+
+    def counting(option: int) -> int:
+        nonlocal reads
+        reads += option == zmq.EVENTS
+        return get(option)
+
+    dealer._get = counting
+    seen: list[bytes] = []
+    per_message: list[int] = []
+    with anyio.fail_after(GUARD):
+        async with anyio.create_task_group() as tg:
+            async def receive() -> None:
+                await dealer.recv_multipart(lambda m: seen.append(m[0]) is None)
+
+            tg.start_soon(receive)
+            await anyio.wait_all_tasks_blocked()
+            ident = _first_identity(router, raw)
+            for i in range(8):
+                before = reads
+                router.send_multipart([ident, b"%d" % i])
+                for _ in range(200):  # until the reader callback took it
+                    await anyio.sleep(0.001)
+                    if len(seen) == i + 1:
+                        break
+                per_message.append(reads - before)
+            tg.cancel_scope.cancel()
+    assert seen == [b"%d" % i for i in range(8)]
+    assert per_message[:2] == [2, 2], per_message  # not trusted yet: EVENTS, then receive
+    assert per_message[2:] == [1] * 6, per_message
