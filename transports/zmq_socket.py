@@ -256,7 +256,7 @@ class AsyncZmqSocket:
         self._fd_scope: Any = None
         self._native: _Native | None = None
         # ... or, on asyncio, the future it awaits (the reader callback resolves it)
-        self._fd_future: asyncio.Future[None] | None = None
+        self._fd_future: asyncio.Future[bool | None] | None = None
         # the asyncio loop on which this socket's fd reader stays registered (from the
         # first wait until close: no epoll_ctl pair per wait), None while none is
         self._reader_loop: asyncio.AbstractEventLoop | None = None
@@ -403,10 +403,28 @@ class AsyncZmqSocket:
     async def _recv_slow(self, divert: Callable[[list[bytes]], bool] | None = None
                          ) -> list[bytes]:
         waited = False
+        fired = False  # the last wait ended because the fd fired
         guessed = self._recv_missed
         try:
             while True:
-                events = self._get(_EVENTS)  # drains the fd: a later edge means news
+                if fired and self._fires_carry >= _GUESS_TRUSTED and not self._pollout_waiters:
+                    # the last fires brought a message: receive first (a non-blocking
+                    # receive processes libzmq's commands itself; finding nothing, it
+                    # has drained the fd as the EVENTS read would have)
+                    try:
+                        msg = _recv_frames(self._socket, self._meta)
+                    except zmq.Again:
+                        self._fires_carry = 0  # a fire without a message: EVENTS first
+                        events = 0
+                    else:
+                        self._recv_missed = True  # waited for: it most likely came alone
+                        return msg
+                else:
+                    events = self._get(_EVENTS)  # drains the fd: a later edge means news
+                    if fired:
+                        self._fires_carry = (min(self._fires_carry + 1, _GUESS_TRUSTED)
+                                             if events & _POLLIN else 0)
+                fired = False
                 if guessed:
                     guessed = False
                     self._guessed(not events & _POLLIN)
@@ -427,7 +445,7 @@ class AsyncZmqSocket:
                 self._divert = divert
                 waited = True
                 try:
-                    await self._wait(None)
+                    fired = await self._wait(None)
                 finally:
                     self._recv_waiting = False
                     self._divert = None
@@ -630,23 +648,25 @@ class AsyncZmqSocket:
 
     # ---------------------------------------------------------------- internals
 
-    async def _wait(self, timeout: float | None) -> None:
+    async def _wait(self, timeout: float | None) -> bool:
         """Suspend until the fd fires, another task calls :meth:`_wake`, or ``timeout``.
+        True when this task waited on the fd and it fired.
 
         The caller must have read EVENTS (draining the fd) after its last socket call, and
-        must re-check EVENTS afterwards: every wake-up may be spurious.
+        must re-check readiness afterwards: every wake-up may be spurious.
         """
         if self._fd_scope is None and self._fd_future is None:
             loop = asyncio._get_running_loop()
             if loop is not None:
+                fired = False
                 if timeout is None:
-                    await self._wait_fd_asyncio(loop)
+                    fired = await self._wait_fd_asyncio(loop)
                 else:
                     with anyio.move_on_after(timeout):
-                        await self._wait_fd_asyncio(loop)
+                        fired = await self._wait_fd_asyncio(loop)
                 if self._closed:
                     raise SocketClosed(f"{self._type_name} socket was closed")
-                return
+                return fired
             native = self._native
             if native is None:
                 native = self._native = _native_backend()
@@ -680,6 +700,9 @@ class AsyncZmqSocket:
                         self._fd_scope = None
             if fired:
                 self._set_changed()
+            if self._closed:
+                raise SocketClosed(f"{self._type_name} socket was closed")
+            return fired
         else:
             event = self._changed
             if event is None:
@@ -695,8 +718,9 @@ class AsyncZmqSocket:
                     await event.wait()
         if self._closed:
             raise SocketClosed(f"{self._type_name} socket was closed")
+        return False
 
-    async def _wait_fd_asyncio(self, loop: asyncio.AbstractEventLoop) -> None:
+    async def _wait_fd_asyncio(self, loop: asyncio.AbstractEventLoop) -> bool:
         """The fd waiter on asyncio: a future that the socket's reader callback
         (:meth:`_on_readable`) resolves (what ``anyio.wait_readable`` does, without a
         cancel scope around it; anyio's cancellation still reaches the ``await``).
@@ -709,14 +733,15 @@ class AsyncZmqSocket:
                 old.remove_reader(self._fd)  # the socket moved to another loop
             loop.add_reader(self._fd, self._on_readable)
             self._reader_loop = loop
-        future: asyncio.Future[None] = loop.create_future()
+        future: asyncio.Future[bool | None] = loop.create_future()
         self._fd_future = future
         try:
-            await future
+            fired = await future
         finally:
             if self._fd_future is future:
                 self._fd_future = None
         self._set_changed()
+        return bool(fired)
 
     def _on_readable(self) -> None:
         """The asyncio reader callback: the fd fired (it stays readable until a socket
@@ -729,8 +754,11 @@ class AsyncZmqSocket:
         can now go on is woken."""
         future = self._fd_future
         if future is not None:
-            if not future.done() and not (self._divert is not None and self._diverted(True)):
-                future.set_result(None)
+            if not future.done():
+                if self._divert is None:
+                    future.set_result(True)  # the fd fired: the waiter receives
+                elif not self._diverted(True):
+                    future.set_result(None)
             return
         if self._socket.closed and not self._closed:
             # closed underneath this object: its fd is gone, drop the reader
