@@ -801,7 +801,6 @@ class AsyncZmqSocket:
                 continue
             if fired and not i and self._fires_carry < _GUESS_TRUSTED:
                 self._fires_carry += 1
-            probe = False
             try:
                 if not divert(msg):
                     self._diverted_back = msg
@@ -809,6 +808,19 @@ class AsyncZmqSocket:
             except BaseException as exc:  # raised by the suspended receive instead
                 self._divert_error = exc
                 return False
+            if probe:
+                # The fire brought its message, as usual. The EVENTS read that tells
+                # whether more is queued (and re-arms the fd) runs as the deferred check
+                # instead, after the tasks this message woke (a caller whose reply it
+                # was): off their path, and shared with the check their next send owes.
+                # Until then a later message either fires the fd again or is found by
+                # that check.
+                loop = self._reader_loop
+                if loop is not None and not self._check_queued:
+                    self._check_queued = True
+                    loop.call_soon(self._deferred_check)
+                    return True
+            probe = False
         return False
 
     def _after_send(self) -> None:
