@@ -393,6 +393,11 @@ class AsyncZmqSocket:
         cost changes, never what is received."""
         return self._recv_missed and self._empty_guesses >= _GUESS_TRUSTED
 
+    def _fire_brought(self, message: bool) -> None:
+        """A fire of the fd was checked: did it bring a message? (:attr:`_fires_carry`:
+        after _GUESS_TRUSTED fires in a row that did, receive before reading EVENTS)."""
+        self._fires_carry = min(self._fires_carry + 1, _GUESS_TRUSTED) if message else 0
+
     def _guessed(self, right: bool) -> None:
         """An "empty" guess (``_recv_missed``) was checked against EVENTS."""
         if not right:
@@ -414,7 +419,7 @@ class AsyncZmqSocket:
                     try:
                         msg = _recv_frames(self._socket, self._meta)
                     except zmq.Again:
-                        self._fires_carry = 0  # a fire without a message: EVENTS first
+                        self._fire_brought(False)  # EVENTS first next time
                         events = 0
                     else:
                         self._recv_missed = True  # waited for: it most likely came alone
@@ -422,8 +427,7 @@ class AsyncZmqSocket:
                 else:
                     events = self._get(_EVENTS)  # drains the fd: a later edge means news
                     if fired:
-                        self._fires_carry = (min(self._fires_carry + 1, _GUESS_TRUSTED)
-                                             if events & _POLLIN else 0)
+                        self._fire_brought(bool(events & _POLLIN))
                 fired = False
                 if guessed:
                     guessed = False
@@ -670,34 +674,28 @@ class AsyncZmqSocket:
             native = self._native
             if native is None:
                 native = self._native = _native_backend()
+            # An untimed wait has no cancel scope around it (entering and leaving one
+            # costs ~7 µs on trio, more than the rest of a reply's handling): _wake() ends
+            # it with notify_closing(fd), which wakes the waiter with closed_error and
+            # drops the fd's registration (the next wait registers it again).
+            holder: Any = (_NOTIFY_WAKES if timeout is None
+                           else native.cancel_scope(deadline=native.current_time() + timeout))
+            self._fd_scope = holder
             fired = False
-            if timeout is None:
-                # No cancel scope around the wait (entering and leaving one costs ~7 µs on
-                # trio, more than the rest of a reply's handling): _wake() ends it with
-                # notify_closing(fd), which wakes the waiter with closed_error and drops
-                # the fd's registration (the next wait registers it again).
-                self._fd_scope = _NOTIFY_WAKES
-                try:
+            try:
+                if holder is _NOTIFY_WAKES:
                     await native.wait_readable(self._fd)
                     fired = True
-                except native.closed_error:
-                    if self._closed:
-                        raise SocketClosed(f"{self._type_name} socket was closed") from None
-                finally:
-                    if self._fd_scope is _NOTIFY_WAKES:
-                        self._fd_scope = None
-            else:
-                scope = native.cancel_scope(deadline=native.current_time() + timeout)
-                self._fd_scope = scope
-                try:
-                    with scope:
+                else:
+                    with holder:
                         await native.wait_readable(self._fd)
                         fired = True
-                except native.closed_error:
+            except native.closed_error:
+                if self._closed:
                     raise SocketClosed(f"{self._type_name} socket was closed") from None
-                finally:
-                    if self._fd_scope is scope:
-                        self._fd_scope = None
+            finally:
+                if self._fd_scope is holder:
+                    self._fd_scope = None
             if fired:
                 self._set_changed()
             if self._closed:
@@ -790,17 +788,17 @@ class AsyncZmqSocket:
                 return False
             if not probe and not get(_EVENTS) & _POLLIN:  # drains the fd: a later edge
                 if fired and not i:                        # means news
-                    self._fires_carry = 0
+                    self._fire_brought(False)
                 return True
             try:
                 msg = _recv_frames(socket, meta)
             except zmq.Again:
                 if probe:  # this fire brought no message: EVENTS first next time
-                    self._fires_carry = 0
+                    self._fire_brought(False)
                     return True
                 continue
-            if fired and not i and self._fires_carry < _GUESS_TRUSTED:
-                self._fires_carry += 1
+            if fired and not i:
+                self._fire_brought(True)
             try:
                 if not divert(msg):
                     self._diverted_back = msg

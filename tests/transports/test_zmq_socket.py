@@ -93,6 +93,20 @@ def fd_readable(sock: AsyncZmqSocket) -> bool:
     return bool(select.select([fd], [], [], 0)[0])
 
 
+class EventsReads:
+    """Counts the EVENTS reads of an :class:`AsyncZmqSocket` (through its ``_get``)."""
+
+    def __init__(self, sock: AsyncZmqSocket) -> None:
+        self.count = 0
+        get = sock._get
+
+        def counting(option: int) -> int:
+            self.count += option == zmq.EVENTS
+            return get(option)
+
+        sock._get = counting
+
+
 def fill_until_again(send: Callable[[list[bytes]], None]) -> int:
     """Send numbered messages until the high-water mark; return how many were queued."""
     for sent in range(100_000):
@@ -1107,15 +1121,7 @@ async def test_divert_receives_before_reading_events_once_fires_bring_messages(
         pytest.skip("divert is an asyncio reader-callback path")
     router, raw = router_dealer(socks, endpoint)
     dealer = socks.wrap(raw)
-    reads = 0
-    get = dealer._get
-
-    def counting(option: int) -> int:
-        nonlocal reads
-        reads += option == zmq.EVENTS
-        return get(option)
-
-    dealer._get = counting
+    reads = EventsReads(dealer)
     seen: list[bytes] = []
     per_message: list[int] = []
     with anyio.fail_after(GUARD):
@@ -1127,13 +1133,13 @@ async def test_divert_receives_before_reading_events_once_fires_bring_messages(
             await anyio.wait_all_tasks_blocked()
             ident = _first_identity(router, raw)
             for i in range(8):
-                before = reads
+                before = reads.count
                 router.send_multipart([ident, b"%d" % i])
                 for _ in range(200):  # until the reader callback took it
                     await anyio.sleep(0.001)
                     if len(seen) == i + 1:
                         break
-                per_message.append(reads - before)
+                per_message.append(reads.count - before)
             tg.cancel_scope.cancel()
     assert seen == [b"%d" % i for i in range(8)]
     assert per_message[:2] == [2, 2], per_message  # not trusted yet: EVENTS, then receive
@@ -1149,15 +1155,7 @@ async def test_a_waiting_receive_takes_the_message_before_reading_events_once_tr
     engines); the messages arrive in order."""
     router, raw = router_dealer(socks, endpoint)
     dealer = socks.wrap(raw)
-    reads = 0
-    get = dealer._get
-
-    def counting(option: int) -> int:
-        nonlocal reads
-        reads += option == zmq.EVENTS
-        return get(option)
-
-    dealer._get = counting
+    reads = EventsReads(dealer)
     got: list[list[bytes]] = []
     after_wake: list[int] = []
     with anyio.fail_after(GUARD):
@@ -1169,9 +1167,9 @@ async def test_a_waiting_receive_takes_the_message_before_reading_events_once_tr
 
                 tg.start_soon(receive)
                 await anyio.wait_all_tasks_blocked()
-                before = reads
+                before = reads.count
                 router.send_multipart([ident, b"%d" % i])
-            after_wake.append(reads - before)
+            after_wake.append(reads.count - before)
     assert got == [[b"%d" % i] for i in range(8)]
     # not trusted yet: EVENTS, then the receive (plus, on asyncio, the drain of the fd's
     # stale readiness after the task took the message); trusted: one read less
@@ -1191,15 +1189,7 @@ async def test_divert_reads_events_after_the_task_a_trusted_fire_woke(
         pytest.skip("divert is an asyncio reader-callback path")
     router, raw = router_dealer(socks, endpoint)
     dealer = socks.wrap(raw)
-    reads = 0
-    get = dealer._get
-
-    def counting(option: int) -> int:
-        nonlocal reads
-        reads += option == zmq.EVENTS
-        return get(option)
-
-    dealer._get = counting
+    reads = EventsReads(dealer)
     seen: list[bytes] = []
     woken: list[anyio.Event] = [anyio.Event() for _ in range(10)]
     at_delivery: list[int] = []
@@ -1207,7 +1197,7 @@ async def test_divert_reads_events_after_the_task_a_trusted_fire_woke(
 
     def divert(msg: list[bytes]) -> bool:
         seen.append(msg[0])
-        at_delivery.append(reads)
+        at_delivery.append(reads.count)
         woken[len(seen) - 1].set()
         return True
 
@@ -1222,7 +1212,7 @@ async def test_divert_reads_events_after_the_task_a_trusted_fire_woke(
             for i in range(8):
                 router.send_multipart([ident, b"%d" % i])
                 await woken[i].wait()
-                when_task_ran.append(reads)
+                when_task_ran.append(reads.count)
                 await anyio.sleep(0.005)  # the deferred check ran; the receive waits again
             # two at once: the second is found by the deferred check, in order
             router.send_multipart([ident, b"a"])
