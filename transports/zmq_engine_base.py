@@ -372,9 +372,7 @@ class ZmqEngineBase:
             except zmq.Again:
                 raise WouldBlock("high-water mark reached") from None
             except zmq.ZMQError as exc:
-                if exc.errno == zmq.EHOSTUNREACH:
-                    self._forget_route(route)
-                    raise Unroutable(self.rank, "the client that asked is gone") from None
+                self._raise_unroutable(route, exc)
                 if self._send_sock().closed:
                     raise TransportClosed("engine transport is closed") from None
                 raise
@@ -393,9 +391,7 @@ class ZmqEngineBase:
         except zmq.Again:
             raise WouldBlock("high-water mark reached") from None
         except zmq.ZMQError as exc:
-            if exc.errno == zmq.EHOSTUNREACH:
-                self._forget_route(route)
-                raise Unroutable(self.rank, "the client that asked is gone") from None
+            self._raise_unroutable(route, exc)
             raise
         except SocketClosed:
             raise TransportClosed("engine transport is closed") from None
@@ -406,12 +402,17 @@ class ZmqEngineBase:
         try:
             await self._send_sock().send_multipart(frames)
         except zmq.ZMQError as exc:
-            if exc.errno == zmq.EHOSTUNREACH:
-                self._forget_route(route)
-                raise Unroutable(self.rank, "the client that asked is gone") from None
+            self._raise_unroutable(route, exc)
             raise
         except SocketClosed:
             raise TransportClosed("engine transport is closed") from None
+
+    def _raise_unroutable(self, route: Route, exc: zmq.ZMQError) -> None:
+        """A send to ``route`` failed with ``exc``: EHOSTUNREACH means the client that
+        asked is gone (its route is forgotten, Unroutable raised); else returns."""
+        if exc.errno == zmq.EHOSTUNREACH:
+            self._forget_route(route)
+            raise Unroutable(self.rank, "the client that asked is gone") from None
 
     def _forget_route(self, route: Route) -> None:
         pass
