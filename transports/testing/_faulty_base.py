@@ -1,5 +1,5 @@
 """What both faulty wrappers share: the delay line of frames delivered later, held
-(reordered) frames, the partition schedule.
+(reordered) frames, the partition schedule, opening the wrapped transport.
 """
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -147,6 +148,21 @@ class _FaultyBase:
 
     def _notify_partition(self, rank: int) -> None:
         pass
+
+    async def _enter(self, inner: Any) -> None:
+        """Open the wrapped transport ``inner``, then start the fault tasks and the
+        pump (:meth:`_pump`); if that fails, ``inner`` is closed again."""
+        await inner.__aenter__()
+        try:
+            await self._start_tasks()
+            assert self._tg is not None
+            self._tg.start_soon(self._pump, name="ctlwire.faults.pump")
+        except BaseException:
+            await inner.__aexit__(None, None, None)
+            raise
+
+    async def _pump(self) -> None:
+        raise NotImplementedError
 
     async def _start_tasks(self) -> None:
         self.faults.start(anyio.current_time)

@@ -44,14 +44,7 @@ class FaultyClientTransport(_FaultyBase):
         self._in: MemoryObjectReceiveStream[TransportEvent] = recv
 
     async def __aenter__(self) -> FaultyClientTransport:
-        await self.inner.__aenter__()
-        try:
-            await self._start_tasks()
-            assert self._tg is not None
-            self._tg.start_soon(self._pump, name="ctlwire.faults.pump")
-        except BaseException:
-            await self.inner.__aexit__(None, None, None)
-            raise
+        await self._enter(self.inner)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,

@@ -65,15 +65,8 @@ class FaultyEngineTransport(_FaultyBase):
             self._signal()
 
     async def __aenter__(self) -> FaultyEngineTransport:
-        await self.inner.__aenter__()
         self._async = True
-        try:
-            await self._start_tasks()
-            assert self._tg is not None
-            self._tg.start_soon(self._pump, name="ctlwire.faults.pump")
-        except BaseException:
-            await self.inner.__aexit__(None, None, None)
-            raise
+        await self._enter(self.inner)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
