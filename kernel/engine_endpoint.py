@@ -178,6 +178,9 @@ class EngineEndpoint(EngineServing):
             ready if ready is not None else self._try_receive_many)
         # before the receive that would end a batch: a cheap "is anything queued?"
         # (the ZMQ engine transports' EVENTS read) instead of a certain miss
+        #: the first event of a poll, on its own (None: nothing queued)
+        self._take_one: Callable[[], Any] = (getattr(transport, "receive_one", None)
+                                             or self._take_one_of_many)
         self._maybe_ready: Callable[[], bool] = getattr(
             transport, "maybe_ready", None) or _always_ready
         self.counters: dict[str, int] = {
@@ -239,44 +242,51 @@ class EngineEndpoint(EngineServing):
             raise TransportClosed(f"engine {self.rank}: poll() after close()")
         if not self._opened:
             self.open()
-        self.loop_came_round()
-        self._heartbeat_if_due()
+        # loop_came_round() and the heartbeat's due check, on one clock read
+        now = time.monotonic()
+        self.loops += 1
+        self._last_loop = now
+        if now >= self._next_heartbeat:
+            self._heartbeat_if_due()
         if self._outbox:
             self._flush_outbox()
         # The first event is taken and handled on its own, the rest after it in one
         # batch: a batch ends with a receive that finds the queue empty (a zmq.Again,
         # the dearest socket call), and that miss must not delay the reply to a lone
         # request (the common case of a sequential caller), only follow it.
-        take = self._take_ready
+        if max_messages < 1:
+            return 0
         try:
-            events = take(min(1, max_messages))
+            event = self._take_one()
         except TransportClosed:
             return 0
-        if not events:
+        if event is None:
             return 0
-        handled = self._handle_events(events)
+        handled = self._handle_event(event)
         if max_messages > 1 and self._maybe_ready():
             try:
-                events = take(max_messages - 1)
+                events = self._take_ready(max_messages - 1)
             except TransportClosed:
                 return handled
-            handled += self._handle_events(events)
+            for event in events:
+                handled += self._handle_event(event)
         return handled
 
-    def _handle_events(self, events: list[Any]) -> int:
-        """Handle events received by :meth:`poll`, in order; how many were requests
-        handled."""
-        handled = 0
-        for event in events:
-            try:
-                if type(event) is Received and type(event.envelope) is Request:
-                    handled += self._handle_request_sync(event.envelope, event.route)
-                else:
-                    handled += self._handle_sync(event)
-            except Exception:  # pragma: no cover - never let one frame end the loop
-                self.counters["internal_errors"] += 1
-                log.exception("engine %d: internal error handling %r", self.rank, event)
-        return handled
+    def _handle_event(self, event: Any) -> int:
+        """Handle one event received by :meth:`poll`; 1 when it was a request handled."""
+        try:
+            if type(event) is Received and type(event.envelope) is Request:
+                return self._handle_request_sync(event.envelope, event.route)
+            return self._handle_sync(event)
+        except Exception:  # pragma: no cover - never let one frame end the loop
+            self.counters["internal_errors"] += 1
+            log.exception("engine %d: internal error handling %r", self.rank, event)
+            return 0
+
+    def _take_one_of_many(self) -> Any:
+        """``receive_one`` of a transport that has none: the first of ``_take_ready(1)``."""
+        events = self._take_ready(1)
+        return events[0] if events else None
 
     def _try_receive_many(self, limit: int) -> list[Any]:
         """``receive_ready`` of a transport that has none: try_receive in a loop."""

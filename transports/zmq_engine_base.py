@@ -291,35 +291,53 @@ class ZmqEngineBase:
         except zmq.ZMQError:
             return True  # closed under us: receive_ready raises TransportClosed
 
-    def _receive_direct(self, limit: int) -> list[TransportEvent]:
-        """:meth:`receive_ready` on the raw socket (see :meth:`_enable_direct`): the
-        same events, the parts of a message read by their own "more" flag."""
+    def receive_one(self) -> TransportEvent | None:
+        """The next event that can be received now, without blocking (None when
+        none is queued): :meth:`receive_ready` of one, without the list, for a
+        poll that takes a lone request first."""
+        if self._direct and not self._closed and threading.get_ident() == self._owner:
+            return self._receive_one_direct()
+        events = self.receive_ready(1)
+        return events[0] if events else None
+
+    def _receive_one_direct(self) -> TransportEvent | None:
+        """:meth:`receive_one` on the raw socket (see :meth:`_enable_direct`): the
+        parts of a message read by their own "more" flag."""
         recv = self._raw_recv
         assert recv is not None
-        fast = None if self.routed else self._fast_decode
-        max_size = self._max_size
+        try:
+            try:
+                frame = recv(_NOBLOCK, copy=False)
+            except zmq.Again:
+                return None
+            data = frame.bytes
+            if frame.more:  # the parts of a message arrive together
+                parts = [data]
+                while frame.more:
+                    frame = recv(_NOBLOCK, copy=False)
+                    parts.append(frame.bytes)
+                return self._event(parts)
+        except zmq.ZMQError:
+            if not self._recv_sock().closed:
+                raise
+            raise TransportClosed("engine transport is closed") from None
+        return self._single_frame_event(data, None if self.routed else self._fast_decode,
+                                        self._max_size)
+
+    def _receive_direct(self, limit: int) -> list[TransportEvent]:
+        """:meth:`receive_ready` on the raw socket (see :meth:`_enable_direct`)."""
+        one = self._receive_one_direct
         events: list[TransportEvent] = []
         append = events.append
         try:
             while len(events) < limit:
-                try:
-                    frame = recv(_NOBLOCK, copy=False)
-                except zmq.Again:
+                event = one()
+                if event is None:
                     break
-                data = frame.bytes
-                if frame.more:  # the parts of a message arrive together
-                    parts = [data]
-                    while frame.more:
-                        frame = recv(_NOBLOCK, copy=False)
-                        parts.append(frame.bytes)
-                    append(self._event(parts))
-                    continue
-                append(self._single_frame_event(data, fast, max_size))
-        except zmq.ZMQError:
-            if not self._recv_sock().closed:
-                raise
+                append(event)
+        except TransportClosed:
             if not events:
-                raise TransportClosed("engine transport is closed") from None
+                raise
         return events
 
     def wait_readable(self, timeout: float) -> bool:

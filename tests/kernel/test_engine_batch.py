@@ -114,18 +114,61 @@ def test_receive_ready_takes_everything_queued_in_order_up_to_the_limit(direct: 
         pair.transport.receive_ready(1)
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["raw-socket", "wrapper"])
+def test_receive_one_gives_the_same_events_as_receive_ready_one_at_a_time(
+        direct: bool) -> None:
+    """``receive_one`` (poll's first take) hands over each queued message as the
+    same typed event ``receive_ready`` would, in order, then None; a message of
+    several parts is one framing drop, not a request."""
+    pair = _Pair()
+    pair.transport._direct = direct
+    try:
+        codec = pair.codec
+        for i in range(1, 3):
+            pair.send(codec.encode(Request(i, 0, "flush", codec.encode_value(None))))
+        pair.send(codec.encode(Request(9, 0, "flush", codec.encode_value(None))), b"x")
+        pair.send(b"\xc1junk")
+        pair.send(codec.encode(Request(3, 0, "flush", codec.encode_value(None))))
+        _settle(pair)
+        events = []
+        while (event := pair.transport.receive_one()) is not None:
+            events.append(event)
+        assert pair.transport.receive_one() is None
+        assert [type(e) for e in events] == [Received, Received, Dropped, Dropped, Received]
+        assert [e.envelope.id for e in events if isinstance(e, Received)] == [1, 2, 3]
+        assert [e.reason for e in events if isinstance(e, Dropped)] == ["framing", "malformed"]
+    finally:
+        pair.close()
+    with pytest.raises(TransportClosed):
+        pair.transport.receive_one()
+
+
+def _count_takes(monkeypatch: pytest.MonkeyPatch, ep: EngineEndpoint,
+                 record: Any) -> None:
+    """Call ``record(limit, events taken)`` at every receive ``poll()`` makes: the
+    first event's (``_take_one``, limit 1) and the batch's (``_take_ready``)."""
+    take_one, take = ep._take_one, ep._take_ready
+
+    def one() -> Any:
+        event = take_one()
+        record(1, 0 if event is None else 1)
+        return event
+
+    def many(limit: int) -> list[Any]:
+        events = take(limit)
+        record(limit, len(events))
+        return events
+
+    monkeypatch.setattr(ep, "_take_one", one)
+    monkeypatch.setattr(ep, "_take_ready", many)
+
+
 def test_poll_takes_the_first_event_alone_then_the_rest_in_one_batch(
         monkeypatch: pytest.MonkeyPatch) -> None:
     pair = _Pair()
     try:
         calls: list[int] = []
-        take = pair.ep._take_ready
-
-        def counting(limit: int) -> list[Any]:
-            calls.append(limit)
-            return take(limit)
-
-        monkeypatch.setattr(pair.ep, "_take_ready", counting)
+        _count_takes(monkeypatch, pair.ep, lambda limit, taken: calls.append(limit))
         codec = pair.codec
         for i in range(1, 11):
             pair.send(codec.encode(Request(i, 0, "flush", codec.encode_value(None), 0.0, i, 9)))
@@ -137,8 +180,8 @@ def test_poll_takes_the_first_event_alone_then_the_rest_in_one_batch(
         calls.clear()
         assert pair.ep.poll() == 0  # nothing queued: one empty take, no second
         assert pair.ep.poll(max_messages=1) == 0
-        assert pair.ep.poll(max_messages=0) == 0
-        assert calls == [1, 1, 0]
+        assert pair.ep.poll(max_messages=0) == 0  # takes nothing
+        assert calls == [1, 1]
     finally:
         pair.close()
 
@@ -150,15 +193,8 @@ def test_poll_replies_to_a_lone_request_before_the_receive_that_finds_the_queue_
     pair = _Pair()
     try:
         seen: list[tuple[int, int, int]] = []  # (limit, events taken, replies sent before)
-        take = pair.ep._take_ready
-
-        def recording(limit: int) -> list[Any]:
-            replied = pair.ep.counters["replied"]
-            events = take(limit)
-            seen.append((limit, len(events), replied))
-            return events
-
-        monkeypatch.setattr(pair.ep, "_take_ready", recording)
+        _count_takes(monkeypatch, pair.ep, lambda limit, taken: seen.append(
+            (limit, taken, pair.ep.counters["replied"])))
         codec = pair.codec
         pair.send(codec.encode(Request(1, 0, "flush", codec.encode_value(None), 0.0, 1, 9)))
         _settle(pair)
@@ -180,17 +216,13 @@ def test_poll_probes_before_the_batch_receive_and_takes_only_when_something_is_q
     try:
         calls: list[int] = []
         probes: list[bool] = []
-        take, probe = pair.ep._take_ready, pair.ep._maybe_ready
-
-        def counting(limit: int) -> list[Any]:
-            calls.append(limit)
-            return take(limit)
+        probe = pair.ep._maybe_ready
 
         def probing() -> bool:
             probes.append(probe())
             return probes[-1]
 
-        monkeypatch.setattr(pair.ep, "_take_ready", counting)
+        _count_takes(monkeypatch, pair.ep, lambda limit, taken: calls.append(limit))
         monkeypatch.setattr(pair.ep, "_maybe_ready", probing)
         assert pair.transport._direct
         codec = pair.codec
