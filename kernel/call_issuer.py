@@ -15,6 +15,9 @@ the :class:`~ctlwire.kernel.fan_out_mailbox.FanOutMailbox` (through its
     finally:
         core.finish()
 
+``ControlClient.call`` runs the same steps for its one rank in one frame
+(:meth:`CallIssuer.call_one`).
+
 Guarantees:
 
 * **Register before send.** :meth:`send_all` hands a frame over only for a
@@ -68,6 +71,7 @@ from ctlwire.kernel.loop_native import (
     checkpoint_if_cancelled,
     event_loop_clock,
     event_loop_waiter,
+    single_waiter_factory,
 )
 from ctlwire.kernel.tracing import TraceProvider
 from ctlwire.states import PeerState
@@ -89,6 +93,7 @@ __all__ = ["CallIssuer"]
 #: fan-outs to this many ranks or more encode the request once, as a template into
 #: which each rank's ``rank`` and ``seq`` are spliced (cutting it costs ~5 encodes)
 _SPLICE_MIN_RANKS = 16
+_ALL = Policy.ALL
 # generous stand-ins for the header fields when sizing a request envelope
 _MAX_ID = 2**63 - 1
 _ENVELOPE_SLACK = 512
@@ -120,6 +125,8 @@ class CallIssuer(CallOutcomes):
         self.now: Callable[[], float] = anyio.current_time
         #: a new waiter (the running loop's own event once :meth:`enter_loop` ran)
         self.new_waiter: Callable[[], Any] = anyio.Event
+        #: a new waiter for a request only its caller waits on (:meth:`call_one`)
+        self.new_single_waiter: Callable[[], Any] = anyio.Event
         #: ends the waits of requests and admission tickets at their deadlines (one task)
         self.reaper = DeadlineReaper(registry, self.wake)
         # request id -> (the scope of a send waiting for room or first contact, its rank)
@@ -149,6 +156,7 @@ class CallIssuer(CallOutcomes):
         and resolve the backend's cancellation check once."""
         self.now = event_loop_clock()
         self.new_waiter = event_loop_waiter()
+        self.new_single_waiter = single_waiter_factory()
         self._checkpoint_if_cancelled = checkpoint_if_cancelled()
 
     def close(self) -> None:
@@ -278,24 +286,9 @@ class CallIssuer(CallOutcomes):
                                   trace, key, fence)
                 self.transport.send_nowait(rank, env)
                 continue
-            except WouldBlock:
-                error: Exception | None = None
-            except TransportAuthFailed as exc:
-                error = AuthenticationFailed(rank, exc.detail)
-            except Unroutable as exc:
-                # never heard from (an engine still starting), or heard from by its
-                # beacon while its request connection is (re)connecting: wait for it
-                error = (NotDelivered(rank, exc.detail or "unroutable")
-                         if self.peers.state(rank) is PeerState.LOST else None)
-            except TransportClosed as exc:
-                error = ClientClosed(str(exc))
             except TransportError as exc:
-                error = NotDelivered(rank, repr(exc))
-            if error is not None:
-                if core.send_failed(rank, error):
-                    self.wake(entry)
-                continue
-            core.withheld(rank)  # not handed over: a loss meanwhile means NotDelivered
+                if not self._refused(core, entry, rank, exc):
+                    continue
             if waiting is None:
                 waiting = []
             if env is None:
@@ -303,6 +296,93 @@ class CallIssuer(CallOutcomes):
                               key, fence)
             waiting.append((rank, env))
         return waiting
+
+    def _refused(self, core: CallCore, entry: PendingRequest, rank: int,
+                 exc: TransportError) -> bool:
+        """The transport refused ``rank``'s frame with ``exc``. True when the frame
+        must wait (for room, or for the rank's first contact): it is marked withheld.
+        Else ``rank`` failed, typed (and the request's waiters are woken if that
+        decided it)."""
+        error: Exception | None = None
+        if isinstance(exc, WouldBlock):
+            pass
+        elif isinstance(exc, TransportAuthFailed):
+            error = AuthenticationFailed(rank, exc.detail)
+        elif isinstance(exc, Unroutable):
+            # never heard from (an engine still starting), or heard from by its
+            # beacon while its request connection is (re)connecting: wait for it
+            if self.peers.state(rank) is PeerState.LOST:
+                error = NotDelivered(rank, exc.detail or "unroutable")
+        elif isinstance(exc, TransportClosed):
+            error = ClientClosed(str(exc))
+        else:
+            error = NotDelivered(rank, repr(exc))
+        if error is not None:
+            if core.send_failed(rank, error):
+                self.wake(entry)
+            return False
+        core.withheld(rank)  # not handed over: a loss meanwhile means NotDelivered
+        return True
+
+    async def call_one(self, method: str, raw: msgspec.Raw, rank: int, budget: float,
+                       deadline: float, result_type: Any, key: str = "",
+                       fence: int | None = None) -> Any:
+        """One call of ``method`` to ``rank``, registration to decoded outcome: what
+        ``call_core``, ``register``, :meth:`send_all`, :meth:`wait_outcome`,
+        ``single_outcome`` and ``finish`` do for a one-rank call, in one frame
+        (``ControlClient.call``, the common case). The same steps in the same
+        order (register, the cancellation check, marked Sent, handed over), the
+        same transitions, frames and outcomes; a frame the transport does not
+        take at once waits as in :meth:`send_all`, and a lost rank, a trace
+        carrier or a transport without encoded sends go through :meth:`_send_now`."""
+        if self.closed:
+            raise ClientClosed("client is closed")
+        ranks = (rank,)
+        core = CallCore(self.registry, method, ranks, _ALL, deadline=deadline, timeout=budget,
+                        is_lost=self.peers.is_lost, key=key, fence=fence)
+        try:
+            entry = core.register(self.new_single_waiter())  # only this caller waits on it
+            await self._checkpoint_if_cancelled()  # nothing sent for a cancelled caller
+            if self.closed:
+                raise ClientClosed("client is closed")
+            send = self._send_encoded
+            released = core.release_all()  # marked Sent (a lost rank: failed, not released)
+            if released != [rank] or send is None or self.trace_provider is not None:
+                waiting = self._send_now(core, entry, released, raw)
+                if waiting:
+                    await self._send_waiting(core, entry, waiting)
+            else:
+                seq = self._seq[rank] = self._seq.get(rank, 0) + 1
+                wall_deadline = NO_DEADLINE
+                if budget:
+                    remaining = deadline - self.now()
+                    if math.isfinite(remaining):
+                        wall_deadline = time.time() + remaining
+                env = Request(entry.id, rank, method, raw, wall_deadline, seq,
+                              self._incarnation, None, key,
+                              self.fence if fence is None else fence)
+                data = self._encode(env)
+                try:
+                    if len(data) <= self._limit:
+                        send(rank, data)
+                    else:  # oversized: the transport's encode says so, typed
+                        self.transport.send_nowait(rank, env)
+                except TransportError as exc:
+                    if self._refused(core, entry, rank, exc):
+                        await self._send_waiting(core, entry, [(rank, env)])
+            if not entry.is_open:
+                self.wake(entry)
+            reaper = self.reaper
+            if reaper.scope is None:
+                await self.wait_outcome(core, deadline)
+            elif core.begin_wait():
+                # wait_outcome's common case, inline: the reaper ends the wait at the
+                # request's own deadline
+                reaper.arm(entry, deadline)
+                await entry.waiter.wait()  # type: ignore[union-attr]
+            return self.single_outcome(entry, rank, result_type)
+        finally:
+            core.finish()
 
     async def _send_waiting(self, core: CallCore, entry: PendingRequest,
                             waiting: list[tuple[int, Request]]) -> None:

@@ -319,26 +319,35 @@ class ControlClient:
         issuer = self.issuer
         deadline = self._now() + budget
         while True:
-            core = issuer.call_core(method, (rank,), Policy.ALL, budget, deadline, None, key,
-                                    fence)
             try:
-                try:
-                    entry = core.register(issuer.new_waiter())
-                    if on_progress is not None:
-                        self.progress_callbacks.by_id[entry.id] = on_progress
-                    await issuer.send_all(core, raw)
-                    await issuer.wait_outcome(core, deadline)
-                    return issuer.single_outcome(entry, rank, result_type)
-                finally:
-                    if on_progress is not None and core.entry is not None:
-                        self.progress_callbacks.by_id.pop(core.entry.id, None)
-                    core.finish()
+                if on_progress is None:  # the common case, in one frame
+                    return await issuer.call_one(method, raw, rank, budget, deadline,
+                                                 result_type, key, fence)
+                return await self._call_watched(method, raw, rank, budget, deadline,
+                                                result_type, key, fence, on_progress)
             except (EngineDead, RemoteError) as exc:
                 if retry <= 0 or not self.retry_policy.retryable(exc, method, key):
                     raise
                 retry -= 1
                 if not await self.retry_policy.before_retry((rank,), deadline):
                     raise
+
+    async def _call_watched(self, method: str, raw: msgspec.Raw, rank: int, budget: float,
+                            deadline: float, result_type: Any, key: str, fence: int | None,
+                            on_progress: ProgressCallback) -> Any:
+        """One attempt of :meth:`call` whose ``on_progress`` gets the rank's reports."""
+        issuer = self.issuer
+        core = issuer.call_core(method, (rank,), Policy.ALL, budget, deadline, None, key, fence)
+        try:
+            entry = core.register(issuer.new_waiter())
+            self.progress_callbacks.by_id[entry.id] = on_progress
+            await issuer.send_all(core, raw)
+            await issuer.wait_outcome(core, deadline)
+            return issuer.single_outcome(entry, rank, result_type)
+        finally:
+            if core.entry is not None:
+                self.progress_callbacks.by_id.pop(core.entry.id, None)
+            core.finish()
 
     async def fan_out(
         self,

@@ -15,7 +15,8 @@ import anyio
 import anyio.lowlevel
 import sniffio
 
-__all__ = ["checkpoint_if_cancelled", "event_loop_clock", "event_loop_waiter"]
+__all__ = ["checkpoint_if_cancelled", "event_loop_clock", "event_loop_waiter",
+           "single_waiter_factory"]
 
 
 def event_loop_clock() -> Callable[[], float]:
@@ -62,3 +63,36 @@ def event_loop_waiter() -> Callable[[], Any]:
 
         return trio.Event
     return anyio.Event  # pragma: no cover - another anyio backend
+
+
+class _FutureWaiter:
+    """A waiter for one task (asyncio): ``set()`` resolves a future that ``wait()``
+    returns to await (no coroutine frame, no list of waiters). Cancelling the
+    task that awaits it cancels the future, so it is never shared."""
+
+    __slots__ = ("_future",)
+
+    def __init__(self, future: Any) -> None:
+        self._future = future
+
+    def set(self) -> None:
+        if not self._future.done():
+            self._future.set_result(None)
+
+    def is_set(self) -> bool:
+        return bool(self._future.done())
+
+    def wait(self) -> Any:
+        return self._future
+
+
+def single_waiter_factory() -> Callable[[], Any]:
+    """A new waiter (``set()``, ``await wait()``) of the running loop for a request
+    only one task waits on: on asyncio a bare future behind ``set``/``wait``,
+    else the loop's event (:func:`event_loop_waiter`)."""
+    if sniffio.current_async_library() == "asyncio":
+        import asyncio
+
+        create_future = asyncio.get_running_loop().create_future
+        return lambda: _FutureWaiter(create_future())
+    return event_loop_waiter()
