@@ -22,8 +22,11 @@ Guarantees:
   earlier deadline than the one the task sleeps until wakes the task earlier.
 * **Finished items cost nothing.** A request decided, or a ticket admitted or
   abandoned, before its deadline is skipped when its turn comes (lazy
-  deletion), and the reaper never sleeps until the deadline of a finished item
-  it can see at the top of the heap. The heap is rebuilt (finished items
+  deletion): finished items at the top of the heap are dropped at the next
+  arm (calls of one budget finish in about the order they were armed, so
+  they do not pile up behind a live one and keep their entries alive), and
+  the reaper never sleeps until the deadline of a finished item it can see
+  at the top of the heap. The heap is rebuilt (finished items
   dropped) once it holds more than twice what the last rebuild kept plus
   1,024 items, so it stays bounded by the waits in progress and the rebuilds
   cost O(1) per arm however many waits are live (queued tickets count as live:
@@ -96,6 +99,10 @@ class DeadlineReaper:
         """End ``item``'s wait at ``deadline``: a request is expired (and woken),
         a ticket still queued has its waiter woken."""
         heap = self._deadlines
+        # items finished at the top go now, not at their deadlines: calls of one budget
+        # finish in the order they were armed, so the heap holds the live ones only
+        while heap and not _still_waiting(heap[0][2]):
+            heapq.heappop(heap)
         heapq.heappush(heap, (deadline, next(self._deadline_seq), item))
         scope = self.scope
         if scope is not None and deadline < scope.deadline:

@@ -49,7 +49,9 @@ def test_rebuild_drops_finished_items_and_keeps_live_ones() -> None:
     queue = AdmissionQueue("m")
     tickets = _queued(queue, 4 * SLACK)
     for i, ticket in enumerate(tickets[1:]):
-        reaper.arm(ticket, 100.0 + i)
+        # later deadlines first: the finished items are never the top of the heap
+        # (which the next arm would drop), only a rebuild drops them
+        reaper.arm(ticket, 100.0 + 4 * SLACK - i)
         # the holder leaves as soon as the next one is armed: most armed tickets finish
         if i % 4 != 3:
             admitted = queue.leave(queue.holder) if queue.holder is not None else None
@@ -61,6 +63,34 @@ def test_rebuild_drops_finished_items_and_keeps_live_ones() -> None:
     assert reaper.armed <= 2 * live + SLACK + 2 * SLACK
     heap_items = [item for (_d, _s, item) in reaper._deadlines]
     assert all(t in heap_items for t in tickets if t.state is TicketState.QUEUED)
+
+
+def test_finished_items_at_the_top_go_at_the_next_arm() -> None:
+    """Sequential calls of one budget: each arm drops the calls already finished at
+    the top of the heap, so neither they nor their entries (replies and all) stay
+    in it until a rebuild."""
+    registry = RequestRegistry()
+    reaper = DeadlineReaper(registry, wake=lambda entry: None)
+    for i in range(3 * SLACK):
+        entry = registry.register("m", (0,), deadline=100.0 + i, timeout=30.0)
+        registry.mark_sent(entry, 0)
+        reaper.arm(entry, 100.0 + i)
+        assert reaper.armed == 1  # only this call's wait
+        registry.release(entry)  # done (cancelled, then cleaned)
+    assert reaper.rebuilds == 0
+    # a live wait at the top keeps what finished behind it until a rebuild or its turn
+    live = registry.register("m", (0,), deadline=50.0, timeout=30.0)
+    registry.mark_sent(live, 0)
+    reaper.arm(live, 50.0)
+    for i in range(10):
+        entry = registry.register("m", (0,), deadline=200.0 + i, timeout=30.0)
+        registry.mark_sent(entry, 0)
+        reaper.arm(entry, 200.0 + i)
+        registry.release(entry)
+    # the live one and the ten behind it (the last finished one before it went
+    # when it was armed)
+    assert reaper.armed == 11
+    assert reaper._deadlines[0][2] is live
 
 
 @pytest.fixture(params=["asyncio", "trio"])
