@@ -67,6 +67,9 @@ _NOBLOCK: Final = int(zmq.NOBLOCK)
 _BACKEND_SEND: Final = cast(Callable[..., None], zmq.backend.Socket.send)
 _NOBLOCK_SNDMORE: Final = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 _EVENTS: Final = int(zmq.EVENTS)
+_RCVMORE: Final = int(zmq.RCVMORE)
+#: pyzmq's C getsockopt (``zmq.Socket.get`` builds a ``SocketOption`` enum per call)
+_BACKEND_GET: Final = cast(Callable[[Any, int], int], zmq.backend.Socket.get)
 _POLLIN: Final = int(zmq.POLLIN)
 _POLLOUT: Final = int(zmq.POLLOUT)
 
@@ -116,19 +119,29 @@ class ReceiveInterrupted(Exception):
     :meth:`AsyncZmqSocket.interrupt_receive`; nothing was received."""
 
 
-def _recv_frames(socket: zmq.Socket[bytes], meta: list[str | None] | None = None
-                 ) -> list[bytes]:
-    """``socket.recv_multipart(NOBLOCK)``, reading each part's "more" flag from the
-    received frame (pyzmq's version asks ``getsockopt(RCVMORE)`` per part, which builds
-    a ``SocketOption`` enum member on every call). Raises ``zmq.Again`` when no message
-    is queued; the parts of a message arrive together, so only the first can."""
+def _recv_frames(socket: zmq.Socket[bytes], meta: list[str | None] | None = None,
+                 more: Callable[[], int] | None = None) -> list[bytes]:
+    """``socket.recv_multipart(NOBLOCK)``, with pyzmq's C calls only. Raises
+    ``zmq.Again`` when no message is queued; the parts of a message arrive
+    together, so only the first can.
+
+    Each part is received as a copy, and ``more()`` (the socket's ``RCVMORE``,
+    read by pyzmq's C getsockopt) says whether another follows: a ``zmq.Frame``
+    per part cost more in a round trip than both. With ``meta`` (the ZAP
+    User-Id the authenticator gave the sending peer, read from the last
+    frame) or without ``more``, the parts are received as frames."""
     recv = socket.recv
+    if meta is None and more is not None:
+        parts = [recv(_NOBLOCK)]
+        while more():
+            parts.append(recv(_NOBLOCK))
+        return parts
     frame = recv(_NOBLOCK, copy=False)
     parts = [frame.bytes]
     while frame.more:
         frame = recv(_NOBLOCK, copy=False)
         parts.append(frame.bytes)
-    if meta is not None:  # the ZAP User-Id the authenticator gave the sending peer
+    if meta is not None:
         try:
             meta[0] = str(frame.get("User-Id"))
         except zmq.ZMQError:
@@ -216,6 +229,7 @@ class AsyncZmqSocket:
         "_get",
         "_interrupt",
         "_meta",
+        "_more",
         "_native",
         "_owner",
         "_pollout_waiters",
@@ -244,6 +258,7 @@ class AsyncZmqSocket:
         self._owner = threading.get_ident()
         self._type_name = _socket_type_name(socket)
         self._get = cast(Callable[[int], int], socket.get)
+        self._more: Callable[[], int] = partial(_BACKEND_GET, socket, _RCVMORE)
         self._send = _sender(socket)
         self._fd = cast(int, socket.get(zmq.FD))
         self._closed = False
@@ -327,7 +342,7 @@ class AsyncZmqSocket:
                     self._guessed(True)
                     return None
                 self._guessed(False)
-            msg = _recv_frames(self._socket, self._meta)
+            msg = _recv_frames(self._socket, self._meta, self._more)
         except zmq.Again:
             self._recv_missed = True
             return None
@@ -372,7 +387,7 @@ class AsyncZmqSocket:
                 self._recv_streak = 0
                 return await self._recv_slow(divert)
             try:
-                msg = _recv_frames(self._socket, self._meta)
+                msg = _recv_frames(self._socket, self._meta, self._more)
             except zmq.Again:
                 self._recv_streak = 0
                 return await self._recv_slow(divert)
@@ -417,7 +432,7 @@ class AsyncZmqSocket:
                     # receive processes libzmq's commands itself; finding nothing, it
                     # has drained the fd as the EVENTS read would have)
                     try:
-                        msg = _recv_frames(self._socket, self._meta)
+                        msg = _recv_frames(self._socket, self._meta, self._more)
                     except zmq.Again:
                         self._fire_brought(False)  # EVENTS first next time
                         events = 0
@@ -434,7 +449,7 @@ class AsyncZmqSocket:
                     self._guessed(not events & _POLLIN)
                 if events & _POLLIN:
                     try:
-                        msg = _recv_frames(self._socket, self._meta)
+                        msg = _recv_frames(self._socket, self._meta, self._more)
                     except zmq.Again:
                         continue
                     # a message that had to be waited for most likely came alone: ask
@@ -781,7 +796,7 @@ class AsyncZmqSocket:
         assert divert is not None
         if not self._recv_waiting or self._pollout_waiters or self._closed:
             return False
-        socket, meta, get = self._socket, self._meta, self._get
+        socket, meta, get, more = self._socket, self._meta, self._get, self._more
         probe = fired and self._fires_carry >= _GUESS_TRUSTED
         for i in range(_FAIRNESS_BUDGET):
             if self._closed or self._socket.closed:
@@ -791,7 +806,7 @@ class AsyncZmqSocket:
                     self._fire_brought(False)
                 return True
             try:
-                msg = _recv_frames(socket, meta)
+                msg = _recv_frames(socket, meta, more)
             except zmq.Again:
                 if probe:  # this fire brought no message: EVENTS first next time
                     self._fire_brought(False)
