@@ -200,3 +200,69 @@ def test_a_circle_is_found_where_one_is_put_back(graph: dict[str, set[str]]) -> 
     back["ctlwire.kernel.metrics"].add("ctlwire.kernel.control_client")
     assert any("ctlwire.kernel.metrics" in c and "ctlwire.kernel.control_client" in c
                for c in _circles(back))
+
+
+# third-party modules the packages may import without declaring them as dependencies:
+# only inside a function that runs when the feature is used (an extra installs it),
+# or at module level by the one module named (loaded only where it is installed)
+OPTIONAL_IMPORTS: dict[str, tuple[str, frozenset[str]]] = {
+    "trio": ("only on the trio backend, which needs trio installed to run", frozenset()),
+    "graphviz": ("the diagrams extra (a state diagram rendered to an image)", frozenset()),
+    "prometheus_client": ("the prometheus extra (the metrics exporter)", frozenset()),
+    "pytest": ("the pytest plugin, loaded by pytest itself",
+               frozenset({"ctlwire.kernel.testing.pytest_plugin"})),
+}
+
+
+def _third_party_imports() -> dict[str, dict[str, bool]]:
+    """Top-level third-party module -> {importing module: imported at module level}."""
+    import sys
+
+    modules, _packages = _modules()
+    found: dict[str, dict[str, bool]] = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text())
+        top_level = {id(n) for n in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top == "ctlwire":
+                    continue
+                at_module_level = id(node) in top_level
+                found.setdefault(top, {})
+                found[top][module] = found[top].get(module, False) or at_module_level
+    return found
+
+
+def _declared_dependencies() -> set[str]:
+    """The import names of the distributions pyproject.toml declares (not extras)."""
+    import re
+    from importlib.metadata import packages_distributions
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    project = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    deps = tomllib.loads(project.read_text())["project"]["dependencies"]
+    dists = {re.split(r"[<>=!~;\[ ]", d, maxsplit=1)[0].lower().replace("_", "-")
+             for d in deps}
+    return {module for module, owners in packages_distributions().items()
+            if any(o.lower().replace("_", "-") in dists for o in owners)}
+
+
+def test_every_third_party_import_is_a_declared_dependency() -> None:
+    # sniffio was imported but not declared: a plain install (anyio no longer pulls
+    # it in) could not import ctlwire.kernel
+    declared = _declared_dependencies()
+    assert {"anyio", "zmq", "msgspec", "transitions", "sniffio"} <= declared
+    for module, importers in _third_party_imports().items():
+        if module in declared:
+            continue
+        assert module in OPTIONAL_IMPORTS, (module, sorted(importers))
+        reason, allowed = OPTIONAL_IMPORTS[module]
+        at_top = sorted(m for m, top in importers.items() if top and m not in allowed)
+        assert not at_top, f"{module} ({reason}) imported at module level by {at_top}"
