@@ -68,31 +68,86 @@ def event_loop_waiter() -> Callable[[], Any]:
 class _FutureWaiter:
     """A waiter for one task (asyncio): ``set()`` resolves a future that ``wait()``
     returns to await (no coroutine frame, no list of waiters). Cancelling the
-    task that awaits it cancels the future, so it is never shared."""
+    task that awaits it cancels the future, so it is never shared; a wait after
+    that awaits a fresh one."""
 
-    __slots__ = ("_future",)
+    __slots__ = ("_flag", "_future")
 
     def __init__(self, future: Any) -> None:
         self._future = future
+        self._flag = False
 
     def set(self) -> None:
+        self._flag = True
         if not self._future.done():
             self._future.set_result(None)
 
     def is_set(self) -> bool:
-        return bool(self._future.done())
+        return self._flag
 
     def wait(self) -> Any:
-        return self._future
+        future = self._future
+        if future.cancelled():  # an earlier wait was cancelled
+            future = self._future = future.get_loop().create_future()
+            if self._flag:
+                future.set_result(None)
+        return future
+
+
+class _TrioTaskWaiter:
+    """A waiter for one task (trio): the waiting task parks itself and ``set()``
+    reschedules it, as ``trio.Event`` does for each of its tasks, without the set
+    of tasks. A wait after ``set()`` is a checkpoint; a cancelled wait unparks."""
+
+    __slots__ = ("_flag", "_task")
+    #: ``trio.lowlevel``, set by :func:`single_waiter_factory` (trio is imported only
+    #: when it runs)
+    lowlevel: Any = None
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._task: Any = None
+
+    def set(self) -> None:
+        if not self._flag:
+            self._flag = True
+            task, self._task = self._task, None
+            if task is not None:
+                self.lowlevel.reschedule(task)
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    async def wait(self) -> None:
+        lowlevel = self.lowlevel
+        if self._flag:
+            await lowlevel.checkpoint()
+            return
+        if self._task is not None:
+            raise RuntimeError("a single-task waiter already has a waiting task")
+        self._task = lowlevel.current_task()
+
+        def abort(_: Any) -> Any:
+            self._task = None
+            return lowlevel.Abort.SUCCEEDED
+
+        await lowlevel.wait_task_rescheduled(abort)
 
 
 def single_waiter_factory() -> Callable[[], Any]:
     """A new waiter (``set()``, ``await wait()``) of the running loop for a request
-    only one task waits on: on asyncio a bare future behind ``set``/``wait``,
-    else the loop's event (:func:`event_loop_waiter`)."""
-    if sniffio.current_async_library() == "asyncio":
+    only one task waits on: on asyncio a bare future behind ``set``/``wait``, on
+    trio the task parked and rescheduled, else the loop's event
+    (:func:`event_loop_waiter`)."""
+    library = sniffio.current_async_library()
+    if library == "asyncio":
         import asyncio
 
         create_future = asyncio.get_running_loop().create_future
         return lambda: _FutureWaiter(create_future())
-    return event_loop_waiter()
+    if library == "trio":
+        import trio
+
+        _TrioTaskWaiter.lowlevel = trio.lowlevel
+        return _TrioTaskWaiter
+    return event_loop_waiter()  # pragma: no cover - another anyio backend
