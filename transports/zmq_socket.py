@@ -67,9 +67,6 @@ _NOBLOCK: Final = int(zmq.NOBLOCK)
 _BACKEND_SEND: Final = cast(Callable[..., None], zmq.backend.Socket.send)
 _NOBLOCK_SNDMORE: Final = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 _EVENTS: Final = int(zmq.EVENTS)
-_RCVMORE: Final = int(zmq.RCVMORE)
-#: pyzmq's C getsockopt (``zmq.Socket.get`` builds a ``SocketOption`` enum per call)
-_BACKEND_GET: Final = cast(Callable[[Any, int], int], zmq.backend.Socket.get)
 _POLLIN: Final = int(zmq.POLLIN)
 _POLLOUT: Final = int(zmq.POLLOUT)
 
@@ -119,29 +116,19 @@ class ReceiveInterrupted(Exception):
     :meth:`AsyncZmqSocket.interrupt_receive`; nothing was received."""
 
 
-def _recv_frames(socket: zmq.Socket[bytes], meta: list[str | None] | None = None,
-                 more: Callable[[], int] | None = None) -> list[bytes]:
-    """``socket.recv_multipart(NOBLOCK)``, with pyzmq's C calls only. Raises
-    ``zmq.Again`` when no message is queued; the parts of a message arrive
-    together, so only the first can.
-
-    Each part is received as a copy, and ``more()`` (the socket's ``RCVMORE``,
-    read by pyzmq's C getsockopt) says whether another follows: a ``zmq.Frame``
-    per part cost more in a round trip than both. With ``meta`` (the ZAP
-    User-Id the authenticator gave the sending peer, read from the last
-    frame) or without ``more``, the parts are received as frames."""
+def _recv_frames(socket: zmq.Socket[bytes], meta: list[str | None] | None = None
+                 ) -> list[bytes]:
+    """``socket.recv_multipart(NOBLOCK)``, reading each part's "more" flag from the
+    received frame (pyzmq's version asks ``getsockopt(RCVMORE)`` per part, which builds
+    a ``SocketOption`` enum member on every call). Raises ``zmq.Again`` when no message
+    is queued; the parts of a message arrive together, so only the first can."""
     recv = socket.recv
-    if meta is None and more is not None:
-        parts = [recv(_NOBLOCK)]
-        while more():
-            parts.append(recv(_NOBLOCK))
-        return parts
     frame = recv(_NOBLOCK, copy=False)
     parts = [frame.bytes]
     while frame.more:
         frame = recv(_NOBLOCK, copy=False)
         parts.append(frame.bytes)
-    if meta is not None:
+    if meta is not None:  # the ZAP User-Id the authenticator gave the sending peer
         try:
             meta[0] = str(frame.get("User-Id"))
         except zmq.ZMQError:
@@ -229,7 +216,6 @@ class AsyncZmqSocket:
         "_get",
         "_interrupt",
         "_meta",
-        "_more",
         "_native",
         "_owner",
         "_pollout_waiters",
@@ -258,7 +244,6 @@ class AsyncZmqSocket:
         self._owner = threading.get_ident()
         self._type_name = _socket_type_name(socket)
         self._get = cast(Callable[[int], int], socket.get)
-        self._more: Callable[[], int] = partial(_BACKEND_GET, socket, _RCVMORE)
         self._send = _sender(socket)
         self._fd = cast(int, socket.get(zmq.FD))
         self._closed = False
@@ -342,7 +327,7 @@ class AsyncZmqSocket:
                     self._guessed(True)
                     return None
                 self._guessed(False)
-            msg = _recv_frames(self._socket, self._meta, self._more)
+            msg = _recv_frames(self._socket, self._meta)
         except zmq.Again:
             self._recv_missed = True
             return None
@@ -387,7 +372,7 @@ class AsyncZmqSocket:
                 self._recv_streak = 0
                 return await self._recv_slow(divert)
             try:
-                msg = _recv_frames(self._socket, self._meta, self._more)
+                msg = _recv_frames(self._socket, self._meta)
             except zmq.Again:
                 self._recv_streak = 0
                 return await self._recv_slow(divert)
@@ -432,7 +417,7 @@ class AsyncZmqSocket:
                     # receive processes libzmq's commands itself; finding nothing, it
                     # has drained the fd as the EVENTS read would have)
                     try:
-                        msg = _recv_frames(self._socket, self._meta, self._more)
+                        msg = _recv_frames(self._socket, self._meta)
                     except zmq.Again:
                         self._fire_brought(False)  # EVENTS first next time
                         events = 0
@@ -449,7 +434,7 @@ class AsyncZmqSocket:
                     self._guessed(not events & _POLLIN)
                 if events & _POLLIN:
                     try:
-                        msg = _recv_frames(self._socket, self._meta, self._more)
+                        msg = _recv_frames(self._socket, self._meta)
                     except zmq.Again:
                         continue
                     # a message that had to be waited for most likely came alone: ask
@@ -796,7 +781,7 @@ class AsyncZmqSocket:
         assert divert is not None
         if not self._recv_waiting or self._pollout_waiters or self._closed:
             return False
-        socket, meta, get, more = self._socket, self._meta, self._get, self._more
+        socket, meta, get = self._socket, self._meta, self._get
         probe = fired and self._fires_carry >= _GUESS_TRUSTED
         for i in range(_FAIRNESS_BUDGET):
             if self._closed or self._socket.closed:
@@ -806,7 +791,7 @@ class AsyncZmqSocket:
                     self._fire_brought(False)
                 return True
             try:
-                msg = _recv_frames(socket, meta, more)
+                msg = _recv_frames(socket, meta)
             except zmq.Again:
                 if probe:  # this fire brought no message: EVENTS first next time
                     self._fire_brought(False)
