@@ -87,6 +87,25 @@ def router_dealer(
     return router, dealer
 
 
+async def replies_while_waiting(router: AsyncZmqSocket, dealer: AsyncZmqSocket, rounds: int,
+                                after: Any = None) -> bytes:
+    """The dealer says hello; then ``rounds`` times the router replies only once the
+    dealer waits for it (every task blocked), and ``after()`` runs after each round.
+    Returns the dealer's identity at the router."""
+    await dealer.send_multipart([b"hi"])
+    ident = (await router.recv_multipart())[0]
+    for i in range(rounds):
+        async with anyio.create_task_group() as tg:
+            async def reply(i: int = i) -> None:
+                await anyio.wait_all_tasks_blocked()
+                await router.send_multipart([ident, b"%d" % i])
+            tg.start_soon(reply)
+            assert await dealer.recv_multipart() == [b"%d" % i]
+        if after is not None:
+            after()
+    return ident
+
+
 def fd_readable(sock: AsyncZmqSocket) -> bool:
     fd = sock.socket.getsockopt(zmq.FD)
     assert isinstance(fd, int)
@@ -708,15 +727,7 @@ async def test_trio_waits_use_trio_primitives_resolved_once(
     raw_router, raw_dealer = router_dealer(socks, "inproc://trio-native")
     router, dealer = socks.wrap(raw_router), socks.wrap(raw_dealer)
     with trio.fail_after(GUARD):
-        await dealer.send_multipart([b"hi"])
-        ident = (await router.recv_multipart())[0]
-        for i in range(20):
-            async with trio.open_nursery() as nursery:
-                async def reply(i: int = i) -> None:
-                    await trio.testing.wait_all_tasks_blocked()
-                    await router.send_multipart([ident, b"%d" % i])
-                nursery.start_soon(reply)
-                assert await dealer.recv_multipart() == [b"%d" % i]
+        await replies_while_waiting(router, dealer, 20)
         assert isinstance(dealer._native, zs._Native)
         assert dealer._native.wait_readable is trio.lowlevel.wait_readable
         assert resolved == 1  # once for the dealer (the router never had to wait)
@@ -769,15 +780,7 @@ async def test_trio_untimed_fd_waits_take_no_cancel_scope_and_still_wake(
     raw_router, raw_dealer = router_dealer(socks, "inproc://trio-no-scope")
     router, dealer = socks.wrap(raw_router), socks.wrap(raw_dealer)
     with trio.fail_after(GUARD):
-        await dealer.send_multipart([b"hi"])
-        ident = (await router.recv_multipart())[0]
-        for i in range(20):
-            async with trio.open_nursery() as nursery:
-                async def reply(i: int = i) -> None:
-                    await trio.testing.wait_all_tasks_blocked()
-                    await router.send_multipart([ident, b"%d" % i])
-                nursery.start_soon(reply)
-                assert await dealer.recv_multipart() == [b"%d" % i]
+        ident = await replies_while_waiting(router, dealer, 20)
         assert scopes == 0
         # a wake while the receive waits on the fd: it re-checks and goes on waiting
         async with trio.open_nursery() as nursery:
@@ -821,17 +824,10 @@ async def test_empty_guess_is_trusted_after_right_guesses_and_dropped_when_wrong
     raw_router, raw_dealer = router_dealer(socks, "inproc://empty-guess")
     router, dealer = socks.wrap(raw_router), socks.wrap(raw_dealer)
     with anyio.fail_after(GUARD):
-        await dealer.send_multipart([b"hi"])
-        ident = (await router.recv_multipart())[0]
-        trusted = []
-        for i in range(4):  # each reply comes while the dealer waits for it
-            async with anyio.create_task_group() as tg:
-                async def reply(i: int = i) -> None:
-                    await anyio.wait_all_tasks_blocked()
-                    await router.send_multipart([ident, b"%d" % i])
-                tg.start_soon(reply)
-                assert await dealer.recv_multipart() == [b"%d" % i]
-            trusted.append(dealer.likely_empty)
+        trusted: list[bool] = []
+        # each reply comes while the dealer waits for it
+        ident = await replies_while_waiting(router, dealer, 4,
+                                            lambda: trusted.append(dealer.likely_empty))
         assert trusted == [False, False, True, True]
         # a wrong guess: two replies already queued while the guess says empty
         await router.send_multipart([ident, b"a"])
