@@ -238,12 +238,7 @@ class CallIssuer(CallOutcomes):
         """Hand the frames over, in rank order, until one cannot be without waiting
         (never suspends). Returns that rank and those after it, withheld from the
         sent ranks, with their frames (None: all handed over or failed)."""
-        deadline = entry.deadline
-        wall_deadline = NO_DEADLINE
-        if entry.timeout and deadline is not None:
-            remaining = deadline - self.now()
-            if math.isfinite(remaining):
-                wall_deadline = time.time() + remaining
+        wall_deadline = self._wall_deadline(entry)
         incarnation = self._incarnation
         trace = self.trace_provider() if self.trace_provider is not None else None
         key = core.key
@@ -296,6 +291,15 @@ class CallIssuer(CallOutcomes):
                               key, fence)
             waiting.append((rank, env))
         return waiting
+
+    def _wall_deadline(self, entry: PendingRequest) -> float:
+        """The wall-clock deadline ``entry``'s envelopes carry (NO_DEADLINE: none)."""
+        deadline = entry.deadline
+        if entry.timeout and deadline is not None:
+            remaining = deadline - self.now()
+            if math.isfinite(remaining):
+                return time.time() + remaining
+        return NO_DEADLINE
 
     def _refused(self, core: CallCore, entry: PendingRequest, rank: int,
                  exc: TransportError) -> bool:
@@ -353,12 +357,7 @@ class CallIssuer(CallOutcomes):
                     await self._send_waiting(core, entry, waiting)
             else:
                 seq = self._seq[rank] = self._seq.get(rank, 0) + 1
-                wall_deadline = NO_DEADLINE
-                if budget:
-                    remaining = deadline - self.now()
-                    if math.isfinite(remaining):
-                        wall_deadline = time.time() + remaining
-                env = Request(entry.id, rank, method, raw, wall_deadline, seq,
+                env = Request(entry.id, rank, method, raw, self._wall_deadline(entry), seq,
                               self._incarnation, None, key,
                               self.fence if fence is None else fence)
                 data = self._encode(env)
