@@ -351,8 +351,12 @@ def test_values_nested_near_the_recursion_limit_give_payload_type_errors(name: s
 
 
 # -- 2. the engine endpoint (poll) ---------------------------------------------------------
+# typed answers a well-formed request may get; "Fenced": a fencing token below one the
+# engine already accepted (hypothesis draws the tokens), "InProgress": an idempotency key
+# still running
 REQUEST_ERRORS = {"WrongRank", "UnknownMethod", "DeadlineExpired", "InvalidPayload",
-                  "RuntimeError", "ResultNotEncodable", "_AsyncHandlerInPoll", "ReplyTooLarge"}
+                  "RuntimeError", "ResultNotEncodable", "_AsyncHandlerInPoll", "ReplyTooLarge",
+                  "Fenced", "InProgress"}
 
 
 def engine_methods(ep: EngineEndpoint) -> None:
