@@ -176,13 +176,9 @@ class EngineEndpoint(EngineServing):
         ready = getattr(transport, "receive_ready", None)
         self._take_ready: Callable[[int], list[Any]] = (
             ready if ready is not None else self._try_receive_many)
-        # before the receive that would end a batch: a cheap "is anything queued?"
-        # (the ZMQ engine transports' EVENTS read) instead of a certain miss
         #: the first event of a poll, on its own (None: nothing queued)
         self._take_one: Callable[[], Any] = (getattr(transport, "receive_one", None)
                                              or self._take_one_of_many)
-        self._maybe_ready: Callable[[], bool] = getattr(
-            transport, "maybe_ready", None) or _always_ready
         self.counters: dict[str, int] = {
             "received": 0,
             "replied": 0,
@@ -251,9 +247,12 @@ class EngineEndpoint(EngineServing):
         if self._outbox:
             self._flush_outbox()
         # The first event is taken and handled on its own, the rest after it in one
-        # batch: a batch ends with a receive that finds the queue empty (a zmq.Again,
-        # the dearest socket call), and that miss must not delay the reply to a lone
-        # request (the common case of a sequential caller), only follow it.
+        # batch that ends with a receive finding the queue empty (a zmq.Again): that
+        # miss must not delay the reply to a lone request (the common case of a
+        # sequential caller), only follow it. It is not skipped, though: an EVENTS
+        # probe instead (cheaper in CPU) let the engine go back to waiting right
+        # after its reply, and the sequential round trip measured ~9 % slower with
+        # it (benchmarks/PROFILE_NOTES.md, "Fourth pass").
         if max_messages < 1:
             return 0
         try:
@@ -263,7 +262,7 @@ class EngineEndpoint(EngineServing):
         if event is None:
             return 0
         handled = self._handle_event(event)
-        if max_messages > 1 and self._maybe_ready():
+        if max_messages > 1:
             try:
                 events = self._take_ready(max_messages - 1)
             except TransportClosed:
@@ -440,10 +439,6 @@ class EngineEndpoint(EngineServing):
             "states": {s.name: n for s, n in self.states.items()},
             **counters,
         }
-
-
-def _always_ready() -> bool:
-    return True
 
 
 def _no_encoded_send(route: Route, data: bytes) -> None:  # pragma: no cover - never called

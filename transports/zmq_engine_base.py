@@ -38,9 +38,7 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _NOBLOCK_SNDMORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 _BACKEND_SEND = zmq.backend.Socket.send  # zmq.Socket.send adds a DRAFT-options frame
 _BACKEND_GET = zmq.backend.Socket.get  # zmq.Socket.get builds a SocketOption enum per call
-_EVENTS = int(zmq.EVENTS)
 _RCVMORE = int(zmq.RCVMORE)
-_POLLIN = int(zmq.POLLIN)
 
 __all__ = ["ZmqEngineBase"]
 
@@ -76,7 +74,6 @@ class ZmqEngineBase:
         self._owner = 0
         self._raw_recv: Callable[..., Any] | None = None
         self._raw_send: Callable[..., Any] | None = None
-        self._raw_events: Callable[[], Any] | None = None
         self._raw_more: Callable[[], Any] | None = None
 
     def _bind(self, raw: zmq.Socket[bytes], address: str) -> str:
@@ -113,7 +110,6 @@ class ZmqEngineBase:
         self._owner = threading.get_ident()
         self._raw_recv = recv_raw.recv
         self._raw_send = partial(_BACKEND_SEND, send_raw)
-        self._raw_events = partial(_BACKEND_GET, recv_raw, _EVENTS)
         self._raw_more = partial(_BACKEND_GET, recv_raw, _RCVMORE)
         self._direct = True
 
@@ -276,23 +272,6 @@ class ZmqEngineBase:
                 except Exception:
                     pass  # not an envelope: decode_event gives the verdict
         return self._event([data])
-
-    def maybe_ready(self) -> bool:
-        """False only when :meth:`receive_ready` would certainly find nothing now.
-
-        On the direct (sync, owner-thread) path this reads the socket's ``EVENTS``
-        (~1.4 µs), which is cheaper than the receive that finds the queue empty (a
-        ``zmq.Again``, ~3.5 µs with its exception): :meth:`EngineEndpoint.poll`
-        asks it before the receive that would end a batch. True whenever it cannot
-        tell (async use, another thread, a closed socket): the receive decides."""
-        events = self._raw_events
-        if events is None or not self._direct or self._closed \
-                or threading.get_ident() != self._owner:
-            return True
-        try:
-            return bool(events() & _POLLIN)
-        except zmq.ZMQError:
-            return True  # closed under us: receive_ready raises TransportClosed
 
     def receive_one(self) -> TransportEvent | None:
         """The next event that can be received now, without blocking (None when
