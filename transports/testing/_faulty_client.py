@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from functools import partial
 from types import TracebackType
+from typing import Any, cast
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -24,6 +26,9 @@ from ctlwire.transports.transport import (
 
 __all__ = ["FaultyClientTransport"]
 
+_RAISED = cast(Any, object())
+"""Buffered in place of an event whose handler raised where it arrived."""
+
 class FaultyClientTransport(_FaultyBase):
     """A :class:`ClientTransport` that injects the faults of ``plan`` (a
     :class:`FaultPlan`, or a :class:`FaultInjector` to share) into ``inner``.
@@ -31,6 +36,13 @@ class FaultyClientTransport(_FaultyBase):
     ``send`` direction: client to engines; ``receive``: engines to client.
     Received events are pumped by a task of the wrapper into an unbounded
     buffer. :meth:`partition`, :meth:`heal` and :meth:`close` inject by hand.
+
+    :meth:`receive_or_handle` is forwarded: the pump takes events from the
+    wrapped transport's own ``receive_or_handle`` when it has one (on asyncio the
+    ZeroMQ transport's reader callback), and once a receiver has registered its
+    ``handle``, an event that reaches the client while nothing is buffered is
+    handed to it where it arrives (the pump, or the delay line for a delayed
+    frame), as the real transport does; buffered events keep their order.
     """
 
     def __init__(self, inner: ClientTransport, plan: FaultPlan | FaultInjector | None = None
@@ -42,6 +54,12 @@ class FaultyClientTransport(_FaultyBase):
         self._epochs: dict[int, int] = {}
         self._out: MemoryObjectSendStream[TransportEvent] = send
         self._in: MemoryObjectReceiveStream[TransportEvent] = recv
+        # the receiver's handler (receive_or_handle), and what it raised when the
+        # pump called it: raised by the receive that finds _RAISED in the buffer
+        self._handle: Callable[[TransportEvent], bool] | None = None
+        self._handle_errors: list[BaseException] = []
+        self.handled_inline = 0
+        """Events handed to the receiver's handler where they arrived."""
 
     async def __aenter__(self) -> FaultyClientTransport:
         await self._enter(self.inner)
@@ -148,12 +166,38 @@ class FaultyClientTransport(_FaultyBase):
     async def receive(self) -> TransportEvent:
         self._check()
         try:
-            return await self._in.receive()
+            event = await self._in.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise TransportClosed("transport is closed") from None
+        if event is _RAISED:
+            raise self._handle_errors.pop(0)
+        return event
+
+    async def receive_or_handle(self, handle: Callable[[TransportEvent], bool]
+                                ) -> TransportEvent:
+        """:meth:`receive`, except that each event is first passed to ``handle(event)``,
+        in order, which returns True when it handled it; returns the first event
+        ``handle`` declines. Events that arrive while nothing is buffered are handed
+        to ``handle`` where they arrive, without waking this task; an exception it
+        raises there is raised here."""
+        self._handle = handle
+        while True:
+            event = await self.receive()
+            if not handle(event):
+                return event
 
     # -- the receive side ---------------------------------------------------------------
     def _put(self, event: TransportEvent) -> None:
+        handle = self._handle
+        if (handle is not None and not self._closed
+                and not self._out.statistics().current_buffer_used):
+            try:
+                if handle(event):
+                    self.handled_inline += 1
+                    return
+            except Exception as exc:  # the receiver raises it (its event was received)
+                self._handle_errors.append(exc)
+                event = _RAISED
         try:
             self._out.send_nowait(event)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -172,32 +216,48 @@ class FaultyClientTransport(_FaultyBase):
         return deliver
 
     async def _pump(self) -> None:
-        faults = self.faults
+        inner = self.inner
+        if hasattr(type(inner), "receive_or_handle"):
+            # the wrapped transport's own hand-over path (its reader callback on
+            # asyncio): every event goes through the faults from there
+            def take(event: TransportEvent) -> bool:
+                self._pump_one(event)
+                return True
+
+            receive: Callable[[], Awaitable[TransportEvent]] = partial(
+                inner.receive_or_handle, take)  # type: ignore[attr-defined]
+        else:
+            receive = inner.receive
         while True:
             try:
-                event = await self.inner.receive()
+                event = await receive()
             except TransportClosed:
                 self._out.close()
                 return
-            if type(event) is Received:
-                env = event.envelope
-                if isinstance(env, Request):
-                    self._put(event)  # not something an engine sends: the kernel counts it
-                    continue
-                rank = event.peer if event.peer is not None else env.rank
-                verdict = faults.decide("receive", rank, env)
-                if verdict is _PASS:
-                    self._put(event)
-                    self._release_held("receive", rank)
-                else:
-                    later = self._received_later(event, rank)
-                    self._route("receive", rank, verdict, later, later)
-            elif type(event) is PeerDisconnected:
-                if event.rank is not None and faults.is_partitioned(event.rank):
-                    faults._bump("disconnects_suppressed")
-                else:
-                    if event.rank is not None:
-                        self._disconnected(event.rank)
-                    self._put(event)
-            else:
+            self._pump_one(event)
+
+    def _pump_one(self, event: TransportEvent) -> None:
+        """One event from the wrapped transport, through the receive-side faults."""
+        faults = self.faults
+        if type(event) is Received:
+            env = event.envelope
+            if isinstance(env, Request):
+                self._put(event)  # not something an engine sends: the kernel counts it
+                return
+            rank = event.peer if event.peer is not None else env.rank
+            verdict = faults.decide("receive", rank, env)
+            if verdict is _PASS:
                 self._put(event)
+                self._release_held("receive", rank)
+            else:
+                later = self._received_later(event, rank)
+                self._route("receive", rank, verdict, later, later)
+        elif type(event) is PeerDisconnected:
+            if event.rank is not None and faults.is_partitioned(event.rank):
+                faults._bump("disconnects_suppressed")
+            else:
+                if event.rank is not None:
+                    self._disconnected(event.rank)
+                self._put(event)
+        else:
+            self._put(event)
