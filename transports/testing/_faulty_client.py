@@ -29,6 +29,15 @@ __all__ = ["FaultyClientTransport"]
 _RAISED = cast(Any, object())
 """Buffered in place of an event whose handler raised where it arrived."""
 
+
+class _Declined:
+    """Buffered in place of an event the handler declined where it arrived."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, event: TransportEvent) -> None:
+        self.event = event
+
 class FaultyClientTransport(_FaultyBase):
     """A :class:`ClientTransport` that injects the faults of ``plan`` (a
     :class:`FaultPlan`, or a :class:`FaultInjector` to share) into ``inner``.
@@ -164,6 +173,10 @@ class FaultyClientTransport(_FaultyBase):
         return deliver
 
     async def receive(self) -> TransportEvent:
+        return (await self._next())[0]
+
+    async def _next(self) -> tuple[TransportEvent, bool]:
+        """The next buffered event, and whether the handler already declined it."""
         self._check()
         try:
             event = await self._in.receive()
@@ -171,7 +184,9 @@ class FaultyClientTransport(_FaultyBase):
             raise TransportClosed("transport is closed") from None
         if event is _RAISED:
             raise self._handle_errors.pop(0)
-        return event
+        if type(event) is _Declined:
+            return event.event, True
+        return event, False
 
     async def receive_or_handle(self, handle: Callable[[TransportEvent], bool]
                                 ) -> TransportEvent:
@@ -182,8 +197,8 @@ class FaultyClientTransport(_FaultyBase):
         raises there is raised here."""
         self._handle = handle
         while True:
-            event = await self.receive()
-            if not handle(event):
+            event, declined = await self._next()
+            if declined or not handle(event):
                 return event
 
     # -- the receive side ---------------------------------------------------------------
@@ -195,6 +210,7 @@ class FaultyClientTransport(_FaultyBase):
                 if handle(event):
                     self.handled_inline += 1
                     return
+                event = cast(Any, _Declined(event))  # returned, not handed over again
             except Exception as exc:  # the receiver raises it (its event was received)
                 self._handle_errors.append(exc)
                 event = _RAISED

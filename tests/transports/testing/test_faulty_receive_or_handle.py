@@ -108,3 +108,17 @@ async def test_buffered_events_keep_their_order_and_a_handler_error_is_raised() 
                     await anyio.wait_all_tasks_blocked()
         assert seen == [0, 1, 2, 3, 4, 5, 6]
         assert client.handled_inline == inline + 2  # 4 and 5 where they arrived
+        # declined where it arrived (the receiver waiting): returned, handed over once
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                got: list[TransportEvent] = []
+
+                async def receiver2() -> None:
+                    got.append(await client.receive_or_handle(handle))
+
+                tg.start_soon(receiver2)
+                await anyio.wait_all_tasks_blocked()
+                reply(2)
+        assert len(got) == 1 and isinstance(got[0], Received)
+        assert isinstance(got[0].envelope, Reply) and got[0].envelope.id == 2
+        assert seen == [0, 1, 2, 3, 4, 5, 6, 2]
