@@ -179,7 +179,7 @@ class FaultyClientTransport(_FaultyBase):
         """The next buffered event, and whether the handler already declined it."""
         self._check()
         try:
-            event = await self._in.receive()
+            event: Any = await self._in.receive()  # or a _Declined, or _RAISED
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise TransportClosed("transport is closed") from None
         if event is _RAISED:
