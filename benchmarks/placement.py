@@ -25,13 +25,11 @@ import os
 import statistics
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 import anyio
 
-from ctlwire.benchmarks.baseline_pyzmq import PyzmqUtilityClient
 from ctlwire.benchmarks.fleets import FleetPool
-from ctlwire.benchmarks.scenarios import PAYLOAD, _ctl_client, sequential
+from ctlwire.benchmarks.scenarios import sequential, single_engine_calls
 
 __all__ = ["LayoutResult", "main", "measure", "pin_process"]
 
@@ -80,17 +78,8 @@ def measure(layouts: Sequence[str], *, blocks: int = 6, calls: int = 500,
         engines = [pid for fleet in fleets for pid in fleet.pids().values()]
 
         async def run() -> None:
-            async with (_ctl_client(pool.address("ctl1"), 1) as ctl,
-                        PyzmqUtilityClient(pool.address("base1")) as base):
-                await ctl.wait_ready(timeout=20)
-                await base.wait_ready([0], timeout=20)
-
-                async def ctl_call() -> Any:
-                    return await ctl.call("echo", PAYLOAD, rank=0)
-
-                async def base_call() -> Any:
-                    return await base.call(0, "echo", PAYLOAD)
-
+            async with single_engine_calls(pool.address("ctl1"), pool.address("base1")
+                                           ) as (_, ctl_call, base_call):
                 for layout in layouts:
                     client_spec, _, engine_spec = layout.partition("/")
                     pin_process(me, _cpus(client_spec))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -159,6 +159,25 @@ def _check(value: Any, expected: Any, what: str) -> None:
 
 
 # -- single engine: sequential latency, throughput, libzmq floor ----------------------
+@contextlib.asynccontextmanager
+async def single_engine_calls(ctl_address: str, base_address: str
+                              ) -> AsyncIterator[tuple[ControlClient, CallFn, CallFn]]:
+    """Both stacks' clients to one engine each, ready: the ctlwire client and the
+    ``echo`` call of each side (ctlwire, raw pyzmq baseline)."""
+    async with (_ctl_client(ctl_address, 1) as ctl,
+                PyzmqUtilityClient(base_address) as base):
+        await ctl.wait_ready(timeout=20)
+        await base.wait_ready([0], timeout=20)
+
+        async def ctl_call() -> Any:
+            return await ctl.call("echo", PAYLOAD, rank=0)
+
+        async def base_call() -> Any:
+            return await base.call(0, "echo", PAYLOAD)
+
+        yield ctl, ctl_call, base_call
+
+
 @dataclass
 class SingleEngineResult:
     ctl_us: list[float] = field(default_factory=list)
@@ -175,17 +194,8 @@ def single_engine(ctl_address: str, base_address: str, floor_address: str | None
     result = SingleEngineResult()
 
     async def run(floor: FloorPinger | None) -> None:
-        async with (_ctl_client(ctl_address, 1) as ctl,
-                    PyzmqUtilityClient(base_address) as base):
-            await ctl.wait_ready(timeout=20)
-            await base.wait_ready([0], timeout=20)
-
-            async def ctl_call() -> Any:
-                return await ctl.call("echo", PAYLOAD, rank=0)
-
-            async def base_call() -> Any:
-                return await base.call(0, "echo", PAYLOAD)
-
+        async with single_engine_calls(ctl_address, base_address) as (ctl, ctl_call,
+                                                                       base_call):
             _check(await ctl_call(), PAYLOAD, "ctlwire echo")
             _check(await base_call(), PAYLOAD, "baseline echo")
             await sequential(ctl_call, 300)

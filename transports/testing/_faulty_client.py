@@ -38,6 +38,7 @@ class _Declined:
     def __init__(self, event: TransportEvent) -> None:
         self.event = event
 
+
 class FaultyClientTransport(_FaultyBase):
     """A :class:`ClientTransport` that injects the faults of ``plan`` (a
     :class:`FaultPlan`, or a :class:`FaultInjector` to share) into ``inner``.
