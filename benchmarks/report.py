@@ -70,6 +70,14 @@ class Row:
     def passed(self) -> bool | None:
         return self.target.met(self.ratio)
 
+    def ratio_text(self) -> str:
+        """The ratio with two decimals, or three when two would read as the target's
+        own value (``1.00x`` for a MISS of ``<= 1.0x`` says nothing)."""
+        text = f"{self.ratio:.2f}"
+        if self.target.op != "info" and float(text) == self.target.value:
+            text = f"{self.ratio:.3f}"
+        return text + self.ratio_unit
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["target"] = {**asdict(self.target), "text": self.target.describe()}
@@ -178,8 +186,7 @@ class Report:
         cols = ("group", "scenario", "ctlwire", "baseline", "ratio", "target", "result")
         body = [
             (r.group, r.scenario, _fmt(r.ctlwire, r.unit), _fmt(r.baseline, r.unit),
-             f"{r.ratio:.2f}{r.ratio_unit}",
-             r.target.describe(), _verdict(r.passed))
+             r.ratio_text(), r.target.describe(), _verdict(r.passed))
             for r in self.rows
         ]
         widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c)
@@ -201,7 +208,7 @@ class Report:
                    f"rows; {self.elapsed_s:.1f} s")
         for row in self.misses:
             out.append(f"  MISS {row.group} / {row.scenario}: ratio "
-                       f"{row.ratio:.2f}{row.ratio_unit}, target {row.target.describe()}")
+                       f"{row.ratio_text()}, target {row.target.describe()}")
         out.extend(f"note: {n}" for n in self.notes)
         return "\n".join(out)
 
