@@ -71,11 +71,15 @@ class Row:
         return self.target.met(self.ratio)
 
     def ratio_text(self) -> str:
-        """The ratio with two decimals, or three when two would read as the target's
-        own value (``1.00x`` for a MISS of ``<= 1.0x`` says nothing)."""
+        """The ratio with two decimals, or as many more (up to four) as it takes not
+        to read as the target's own value when it is not (``1.00x`` for a MISS of
+        ``<= 1.0x`` says nothing)."""
         text = f"{self.ratio:.2f}"
-        if self.target.op != "info" and float(text) == self.target.value:
-            text = f"{self.ratio:.3f}"
+        if self.target.op != "info" and self.ratio != self.target.value:
+            for digits in (3, 4):
+                if float(text) != self.target.value:
+                    break
+                text = f"{self.ratio:.{digits}f}"
         return text + self.ratio_unit
 
     def to_json(self) -> dict[str, Any]:

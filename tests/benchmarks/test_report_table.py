@@ -17,7 +17,9 @@ def _row(ratio: float, target: Target) -> Row:
     (0.996, Target("<=", 1.0, "<= 1.0x"), "0.996x"),   # a PASS that reads as the bound
     (0.946, Target(">=", 0.95, ">= 0.95x"), "0.946x"),
     (0.97, Target("<=", 1.0, "<= 1.0x"), "0.97x"),
-    (1.2, Target("<=", 1.2, "<= 1.2x"), "1.200x"),     # exactly on the bound (met)
+    (0.9996, Target(">=", 1.0, ">= 1.0x"), "0.9996x"),  # three decimals still hide it
+    (1.2, Target("<=", 1.2, "<= 1.2x"), "1.20x"),      # exactly on the bound: met as shown
+    (0.0, Target("<=", 0.0, "== 0"), "0.00x"),
     (1.0, Target("info"), "1.00x"),
 ])
 def test_ratio_text_shows_three_decimals_only_when_two_read_as_the_target(
