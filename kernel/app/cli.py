@@ -68,15 +68,26 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return soak.main(quick=args.quick, json_path=args.json)
     from ctlwire.benchmarks.report import print_table
     from ctlwire.benchmarks.runner import run_bench
+    from ctlwire.benchmarks.series import Series
 
-    try:
-        report = run_bench(quick=args.quick, only=args.only)
-    except ValueError as exc:
-        print(f"ctlwire bench: {exc}", file=sys.stderr)
+    if args.runs < 1:
+        print("ctlwire bench: --runs must be at least 1", file=sys.stderr)
         return 2
-    print_table(report)
+    series = Series()
+    for i in range(args.runs):
+        try:
+            report = run_bench(quick=args.quick, only=args.only)
+        except ValueError as exc:
+            print(f"ctlwire bench: {exc}", file=sys.stderr)
+            return 2
+        if args.runs > 1:
+            print(f"\n=== run {i + 1} of {args.runs}", flush=True)
+        print_table(report)
+        series.add(report)
+    if args.runs > 1:
+        print("\n" + series.table(), flush=True)
     if args.json:
-        report.write_json(args.json)
+        (series if args.runs > 1 else series.reports[0]).write_json(args.json)
         print(f"JSON written to {args.json}")
     return 0
 
@@ -113,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+", metavar="GROUP",
                    help="run only these groups: latency floor throughput fanout trio live "
                    "memory state_table fanout_burst scale multi_client detect256")
+    p.add_argument("--runs", type=int, default=1, metavar="N",
+                   help="N whole runs one after the other, then each row's ratios, their "
+                   "median against the target and the runs it passed in")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--reliability", action="store_true",
                       help="the fault matrix instead: outcomes, lost, leaked, detection times")
