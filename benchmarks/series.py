@@ -46,8 +46,17 @@ class SeriesRow:
         return sum(1 for p in self.passed if p)
 
     def median_text(self) -> str:
-        return Row(self.group, self.scenario, "", 0.0, None, "", self.median, "",
-                   self.target, ratio_unit=self.ratio_unit).ratio_text()
+        return self._text(self.median) + self.ratio_unit
+
+    def run_texts(self) -> list[str]:
+        """Each run's ratio, ``*`` where that run missed the target."""
+        return [self._text(x) + ("*" if p is False else "")
+                for x, p in zip(self.ratios, self.passed, strict=True)]
+
+    def _text(self, ratio: float) -> str:
+        # as the one-run table prints it: enough decimals not to read as the target
+        return Row(self.group, self.scenario, "", 0.0, None, "", ratio, "", self.target,
+                   ratio_unit="").ratio_text()
 
     def to_json(self) -> dict[str, Any]:
         return {"group": self.group, "scenario": self.scenario,
@@ -96,8 +105,7 @@ class Series:
         for s in self.rows:
             if s.target.op == "info":
                 continue
-            runs = " ".join(f"{x:.2f}" + ("*" if p is False else "")
-                            for x, p in zip(s.ratios, s.passed, strict=True))
+            runs = " ".join(s.run_texts())
             body.append((s.group, s.scenario, runs, s.median_text(), s.target.describe(),
                          _verdict(s.median_passed), f"{s.passes}/{len(s.ratios)}"))
         cols = ("group", "scenario", "ratio per run (* missed)", "median", "target",

@@ -46,6 +46,15 @@ def test_series_judges_each_row_on_its_median_and_counts_runs_that_passed() -> N
     assert "info row" not in table
 
 
+def test_series_shows_a_run_that_missed_by_less_than_two_decimals() -> None:
+    series = Series()
+    series.add(_report(0.2, fanout_q=0.9996))
+    series.add(_report(0.2, fanout_q=1.09))
+    (fan,) = [s for s in series.rows if s.scenario == "fanout_q"]
+    assert fan.run_texts() == ["0.9996*", "1.09"]
+    assert "0.9996* 1.09" in series.table()
+
+
 def test_series_keeps_a_row_that_only_some_runs_reported() -> None:
     series = Series()
     series.add(_report(0.1, latency_seq=0.9))
