@@ -58,6 +58,10 @@ def _cmd_keys(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.runs != 1 and (args.reliability or args.soak):
+        print("ctlwire bench: --runs repeats the ratio bench; --reliability and --soak "
+              "run once", file=sys.stderr)
+        return 2
     if args.reliability:
         from ctlwire.benchmarks import reliability
 

@@ -86,3 +86,10 @@ def test_bench_runs_twice_and_writes_both_runs_and_the_medians(
 def test_bench_runs_below_one_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--quick", "--only", "state_table", "--runs", "0"]) == 2
     assert "--runs must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["--reliability", "--soak"])
+def test_bench_runs_with_reliability_or_soak_is_a_usage_error(
+        mode: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--quick", mode, "--runs", "3"]) == 2
+    assert "--runs repeats the ratio bench" in capsys.readouterr().err
