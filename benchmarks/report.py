@@ -18,7 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["Report", "Row", "Target", "machine_info"]
+__all__ = ["Report", "Row", "Target", "format_ratio", "machine_info", "verdict"]
 
 Op = Literal["<=", ">=", "info"]
 
@@ -46,6 +46,19 @@ class Target:
         return f"{self.op} {self.value:g}"
 
 
+def format_ratio(ratio: float, target: Target) -> str:
+    """``ratio`` with two decimals, or as many more (up to four) as it takes not to
+    read as ``target``'s own value when it is not (``1.00`` for a MISS of
+    ``<= 1.0x`` says nothing)."""
+    text = f"{ratio:.2f}"
+    if target.op != "info" and ratio != target.value:
+        for digits in (3, 4):
+            if float(text) != target.value:
+                break
+            text = f"{ratio:.{digits}f}"
+    return text
+
+
 @dataclass
 class Row:
     """One line of the table.
@@ -71,16 +84,8 @@ class Row:
         return self.target.met(self.ratio)
 
     def ratio_text(self) -> str:
-        """The ratio with two decimals, or as many more (up to four) as it takes not
-        to read as the target's own value when it is not (``1.00x`` for a MISS of
-        ``<= 1.0x`` says nothing)."""
-        text = f"{self.ratio:.2f}"
-        if self.target.op != "info" and self.ratio != self.target.value:
-            for digits in (3, 4):
-                if float(text) != self.target.value:
-                    break
-                text = f"{self.ratio:.{digits}f}"
-        return text + self.ratio_unit
+        """The ratio as the table prints it (:func:`format_ratio`), with its unit."""
+        return format_ratio(self.ratio, self.target) + self.ratio_unit
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -133,7 +138,8 @@ def _fmt(value: float | None, unit: str) -> str:
     return f"{value:,.2f} {unit}".rstrip()
 
 
-def _verdict(passed: bool | None) -> str:
+def verdict(passed: bool | None) -> str:
+    """PASS, MISS, or - for a row judged by no target."""
     return "-" if passed is None else ("PASS" if passed else "MISS")
 
 
@@ -190,7 +196,7 @@ class Report:
         cols = ("group", "scenario", "ctlwire", "baseline", "ratio", "target", "result")
         body = [
             (r.group, r.scenario, _fmt(r.ctlwire, r.unit), _fmt(r.baseline, r.unit),
-             r.ratio_text(), r.target.describe(), _verdict(r.passed))
+             r.ratio_text(), r.target.describe(), verdict(r.passed))
             for r in self.rows
         ]
         widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c)

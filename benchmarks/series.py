@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .report import Report, Row, Target, _verdict
+from .report import Report, Target, format_ratio, verdict
 
 __all__ = ["Series", "SeriesRow"]
 
@@ -46,22 +46,17 @@ class SeriesRow:
         return sum(1 for p in self.passed if p)
 
     def median_text(self) -> str:
-        return self._text(self.median) + self.ratio_unit
+        return format_ratio(self.median, self.target) + self.ratio_unit
 
     def run_texts(self) -> list[str]:
-        """Each run's ratio, ``*`` where that run missed the target."""
-        return [self._text(x) + ("*" if p is False else "")
+        """Each run's ratio as the one-run table prints it, ``*`` where that run
+        missed the target."""
+        return [format_ratio(x, self.target) + ("*" if p is False else "")
                 for x, p in zip(self.ratios, self.passed, strict=True)]
-
-    def _text(self, ratio: float) -> str:
-        # as the one-run table prints it: enough decimals not to read as the target
-        return Row(self.group, self.scenario, "", 0.0, None, "", ratio, "", self.target,
-                   ratio_unit="").ratio_text()
 
     def to_json(self) -> dict[str, Any]:
         return {"group": self.group, "scenario": self.scenario,
-                "target": {"op": self.target.op, "value": self.target.value,
-                           "text": self.target.describe()},
+                "target": {**asdict(self.target), "text": self.target.describe()},
                 "ratios": self.ratios, "passed": self.passed, "median": self.median,
                 "median_passed": self.median_passed, "passes": self.passes}
 
@@ -107,7 +102,7 @@ class Series:
                 continue
             runs = " ".join(s.run_texts())
             body.append((s.group, s.scenario, runs, s.median_text(), s.target.describe(),
-                         _verdict(s.median_passed), f"{s.passes}/{len(s.ratios)}"))
+                         verdict(s.median_passed), f"{s.passes}/{len(s.ratios)}"))
         cols = ("group", "scenario", "ratio per run (* missed)", "median", "target",
                 "median", "runs passed")
         widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c)
