@@ -1,9 +1,12 @@
 """One method's fan-out mailbox: FIFO queueing or shared watching (anyio shell).
 
 Queueing mode (:meth:`FanOutMailbox.queueing`): concurrent callers are
-admitted strictly in arrival order, one in flight at a time, through the
-:class:`~ctlwire.kernel.core.admission_queue.AdmissionQueue` core. Admission is a
-hand-off done by the leaving holder, so a caller arriving in the wake-up
+admitted strictly in arrival order, one undecided request in flight at a time,
+through the :class:`~ctlwire.kernel.core.admission_queue.AdmissionQueue` core.
+Admission is a hand-off: done by the holder's request the moment it is decided
+(its :class:`~ctlwire.kernel.core.call_core.HandOffWaiter` wakes the next caller
+before the holder, so the next request goes out while the holder still reads its
+outcome), or by the holder leaving undecided. A caller arriving in the wake-up
 window queues behind, a queued caller's cancellation or timeout removes only
 its own ticket, and an exception or cancellation in the holder still passes
 the mailbox on. The whole call, queueing included, is bounded by its timeout;
@@ -34,7 +37,7 @@ import anyio
 import msgspec
 
 from ctlwire.kernel.core.admission_queue import AdmissionQueue
-from ctlwire.kernel.core.call_core import CallCore
+from ctlwire.kernel.core.call_core import CallCore, HandOffWaiter
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
@@ -134,7 +137,8 @@ class FanOutMailbox:
                     # then nothing is sent, and finish() passes the mailbox on)
                     raise RequestTimedOut(self.method, budget, admission=True)
             core.resume()
-            entry = core.register(sender.new_waiter())
+            # the decision itself passes the mailbox on (the next caller is woken first)
+            entry = core.register(HandOffWaiter(core, sender.new_waiter()))
             await sender.send_all(core, raw)
             await sender.wait_outcome(core, deadline)
             return sender.fan_out_outcome(entry, result_type)

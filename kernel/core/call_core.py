@@ -22,10 +22,20 @@ object step by step::
     ...                          # read core.entry's outcome
     core.finish()                # in `finally`: clean up, pass the mailbox on
 
+A queueing caller registers a :class:`HandOffWaiter` instead of its bare waiter:
+the request's decision (Done, Failed, TimedOut) passes the mailbox on at once
+(:meth:`CallCore.decided`), waking the next caller before the holder itself, so
+the next request is sent while the holder still reads its outcome and cleans up;
+:meth:`finish` then only cleans up.
+
 Ordering guarantee: :meth:`next_send` returns a rank only after the entry is
 registered and marked Sent, so no reply can ever find its request missing or
 still Registered. :meth:`finish` is safe at any point (before admission,
 between sends, after the outcome) and leaves no entry and no ticket behind.
+
+Admission guarantee: at most one *undecided* request per mailbox at any time,
+the holder's; a decided holder's entry may coexist with the next holder's until
+the decided holder finishes (it only reads its outcome and is cleaned).
 
 Cancellation: a shell must not hand any frame over for a caller that is
 already cancelled. ``CallIssuer.send_all`` checks for cancellation before
@@ -44,7 +54,7 @@ from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry, Waiter
 from ctlwire.states import TicketState
 
-__all__ = ["CallCore"]
+__all__ = ["CallCore", "HandOffWaiter"]
 
 
 class CallCore:
@@ -181,6 +191,15 @@ class CallCore:
         assert self.entry is not None
         return self.registry.expire(self.entry)
 
+    def decided(self) -> Ticket | None:
+        """The request is decided: leave the mailbox now, before cleaning up.
+        Returns the ticket admitted by hand-off, whose waiter the shell must wake
+        (None: no mailbox, nobody queued, or already left)."""
+        entry = self.entry
+        if self.queue is None or self.ticket is None or entry is None or entry.is_open:
+            return None
+        return self.queue.leave(self.ticket)
+
     # -- cleanup -----------------------------------------------------------------
     def finish(self) -> Ticket | None:
         """On every path out: release the entry (Cancelled if undecided, then
@@ -192,3 +211,29 @@ class CallCore:
         if self.queue is not None and self.ticket is not None:
             return self.queue.leave(self.ticket)
         return None
+
+
+class HandOffWaiter:
+    """The waiter a queueing holder registers for its request: when the request is
+    decided, :meth:`set` passes the mailbox on (:meth:`CallCore.decided`) and
+    wakes the admitted caller first, then the holder (``inner``).
+
+    A wake-up of an undecided request (the shell waking its waiters for another
+    reason) only wakes the holder. ``wait`` is the inner waiter's.
+    """
+
+    __slots__ = ("core", "inner")
+
+    def __init__(self, core: CallCore, inner: Any) -> None:
+        self.core = core
+        self.inner = inner
+
+    def set(self) -> None:
+        admitted = self.core.decided()
+        if admitted is not None:
+            admitted.waiter.set()
+        self.inner.set()
+
+    def wait(self) -> Any:
+        """The inner waiter's ``wait()`` (an awaitable)."""
+        return self.inner.wait()

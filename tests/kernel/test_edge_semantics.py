@@ -22,6 +22,7 @@ from ctlwire.kernel.errors import (
     RequestTooLarge,
 )
 from ctlwire.kernel.testing import EngineHarness
+from ctlwire.states import TicketState
 from ctlwire.transports.envelope import Envelope, Request
 from ctlwire.transports.errors import WouldBlock
 from ctlwire.transports.transport import ClientTransport, TransportEvent
@@ -132,17 +133,23 @@ async def test_fan_out_in_a_cancelled_scope_sends_nothing(mode: str) -> None:
 
 
 async def test_queued_caller_cancelled_after_handoff_before_resuming_sends_nothing() -> None:
-    """A in flight, B and C queued; A's reply comes, A's task hands the mailbox
-    to B and cancels B before B runs again: the engine sees A and C only."""
+    """A in flight, B and C queued; A's reply comes and the hand-off admits B;
+    B is cancelled at that moment, before it runs again: the engine sees A and C
+    only."""
     eng = Counting()
     async with EngineHarness(ranks=1, setup=eng.install) as h:
         client = h.client
         b_scope = anyio.CancelScope()
         outcomes: dict[str, Any] = {}
 
+        def cancel_b_when_admitted(ticket: Any, old: Any, event: Any, new: Any) -> None:
+            if ticket.seq == 2 and new is TicketState.ADMITTED:
+                b_scope.cancel()  # B holds the mailbox now but has not resumed yet
+
+        client.mailbox("hold").queue.observers.append(cancel_b_when_admitted)
+
         async def a() -> None:
             outcomes["A"] = await client.fan_out("hold", "A", timeout=60)
-            b_scope.cancel()  # B holds the mailbox now but has not resumed yet
 
         async def b() -> None:
             with b_scope:

@@ -95,9 +95,43 @@ def trace_queue(queue: AdmissionQueue, log: list[tuple[str, int]]) -> None:
     queue.observers.append(observer)
 
 
+class SlowWake:
+    """A ticket's waiter whose ``set`` (the hand-off) does not wake its task until
+    the test says so: a scheduler slow to run the admitted caller."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.woken = False
+
+    def set(self) -> None:
+        self.woken = True
+
+    def release(self) -> None:
+        assert self.woken, "the ticket was never handed the mailbox"
+        self.inner.set()
+
+
+def slow_wake(queue: AdmissionQueue, seq: int) -> list[SlowWake]:
+    """Give ticket ``seq`` a :class:`SlowWake` when a leaving holder hands it the
+    mailbox (the ticket ``leave`` returns, to be woken)."""
+    slow: list[SlowWake] = []
+    real_leave = queue.leave
+
+    def leave(t: Ticket) -> Ticket | None:
+        nxt = real_leave(t)
+        if nxt is not None and nxt.seq == seq and not slow:
+            nxt.waiter = SlowWake(nxt.waiter)
+            slow.append(nxt.waiter)
+        return nxt
+
+    queue.leave = leave  # type: ignore[method-assign]
+    return slow
+
+
 async def test_bug2_caller_in_wakeup_window_does_not_overtake() -> None:
-    """A in flight, B queued, A's reply delivered, C created before B resumes:
-    all complete and the send order is exactly A, B, C."""
+    """A in flight, B queued, A's reply delivered (the mailbox is handed to B), C
+    arrives before B's task runs again: all complete and the send order is
+    exactly A, B, C."""
     gated = Gated()
     h = await harness(gated, ranks=2)
     async with h:
@@ -105,13 +139,14 @@ async def test_bug2_caller_in_wakeup_window_does_not_overtake() -> None:
         box = c.mailbox("work")
         log: list[tuple[str, int]] = []
         trace_queue(box.queue, log)
+        slow_b = slow_wake(box.queue, 2)
         done: list[str] = []
 
         async def task_a() -> None:
             await c.fan_out("work", "A")
             done.append("A")
-            # still in A's task, no checkpoint since A's release handed the mailbox
-            # to B: C arrives inside B's wake-up window
+            # B holds the mailbox since A's decision but its task has not run yet:
+            # C arrives inside B's wake-up window
             await c.fan_out("work", "C")
             done.append("C")
 
@@ -128,6 +163,9 @@ async def test_bug2_caller_in_wakeup_window_does_not_overtake() -> None:
             gated.release("A")
             gated.release("A")
             await anyio.wait_all_tasks_blocked()
+            assert ("arrive", 3) in log and ("resumed", 2) not in log
+            slow_b[0].release()
+            await anyio.wait_all_tasks_blocked()
             # C arrived (seq 3) before B (seq 2) resumed: the window was hit
             assert log.index(("arrive", 3)) < log.index(("resumed", 2))
             for name in ("B", "C"):
@@ -139,6 +177,42 @@ async def test_bug2_caller_in_wakeup_window_does_not_overtake() -> None:
         admits = [seq for ev, seq in log if ev == "admit"]
         assert admits == [1, 2, 3]
         assert c.registry.live_count == 0 and box.depth == 0 and not box.queue.busy
+
+
+async def test_the_decision_passes_the_mailbox_on_before_the_holder_runs_again() -> None:
+    """A in flight, B queued: A's reply admits B and wakes it before A's task reads
+    its outcome, so B's request can go out while A still decodes (the hand-off is at
+    the decision, not when A's task leaves)."""
+    gated = Gated()
+    async with await harness(gated) as h:
+        c = h.client
+        box = c.mailbox("work")
+        log: list[tuple[str, int]] = []
+        trace_queue(box.queue, log)
+        seen: list[tuple[int | None, int, list[Any]]] = []
+        issuer: Any = c.issuer
+        real_outcome = issuer.fan_out_outcome
+
+        def fan_out_outcome(entry: Any, result_type: Any) -> Any:
+            holder = box.queue.holder
+            seen.append((None if holder is None else holder.seq, box.depth,
+                         list(h.network._client.sent)))  # type: ignore[union-attr]
+            return real_outcome(entry, result_type)
+
+        issuer.fan_out_outcome = fan_out_outcome
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(c.fan_out, "work", "A")
+            await anyio.wait_all_tasks_blocked()
+            tg.start_soon(c.fan_out, "work", "B")
+            await anyio.wait_all_tasks_blocked()
+            gated.release("A")
+            await anyio.wait_all_tasks_blocked()
+            gated.release("B")
+        # when A read its outcome, B (ticket 2) held the mailbox and nobody was queued
+        assert seen[0][:2] == (2, 0)
+        assert seen[1][:2] == (None, 0)  # B's decision: nobody left to hand to
+        assert seen[1][2] == ["A", "B"]
+        assert c.registry.live_count == 0 and not box.queue.busy
 
 
 async def test_cancelled_queued_caller_keeps_order_of_the_rest() -> None:

@@ -30,13 +30,17 @@ is a small sequential program of CallCore steps::
     resume    (queued: only once its waiter was woken by a hand-off, or its
               deadline passed; not admitted and deadline passed -> timed out)
               core.resume()
-    register  core.register(waiter)
+    register  core.register(waiter)                a queueing caller registers
+              HandOffWaiter(core, waiter), as the shell does: the request's
+              decision (a reply, a failed send, a lost rank) passes the mailbox
+              on there and then
     send      core.next_send(); the frame goes to the transport (or the rank is
               unroutable: core.send_failed); once no rank is left:
               core.begin_wait(), and the outcome if nothing is left to wait for
     wake      (only once its waiter was woken by a decision, or its deadline
               passed) core.deadline_passed() if still open; read the outcome
-    finish    core.finish(); wake the ticket admitted by hand-off
+    finish    core.finish(); wake the ticket admitted by hand-off (if the
+              decision has not passed the mailbox on already)
 
 (Without a mailbox a caller starts at ``register``, like ``ControlClient.call``.)
 The "send" step that finds no rank left does what ``send_all``'s tail and
@@ -61,8 +65,10 @@ the order a counterexample is preferred when several are equally short):
 
 ``fifo``       admission strictly in arrival order among callers still waiting;
                the queue's own invariants.
-``exclusive``  at most one ticket admitted and at most one request in flight per
-               queueing mailbox, and that request is the holder's.
+``exclusive``  at most one ticket admitted and at most one undecided request in
+               flight per queueing mailbox, and that request is the holder's (a
+               decided holder's entry may still be in the map while the next
+               holder sends: it only reads its outcome and is cleaned up).
 ``handoff``    a queued caller is woken only once admitted, and a caller admitted
                by hand-off is woken (no lost wake-up).
 ``registry``   the registry's live entries are exactly the requests held by
@@ -105,10 +111,19 @@ How the search stays small, and what the counts mean:
 * **Reduction** (``explore(..., reduce=True)``, off by default). A reply to a
   caller that already finished touches only its request's tombstone, so it
   commutes with every other event; with the reduction such replies are
-  delivered before anything else. ``interleavings`` then counts one
-  representative per class of equivalent orders. What it gives up: a late
-  reply arriving *after* its tombstone was evicted (classified through the id
-  allocator instead) is only explored without the reduction.
+  delivered before anything else. Likewise a holder whose request was decided
+  and which passed the mailbox on has only its own steps left (the tail of its
+  send loop, reading its outcome, being cancelled or raising, its deadline
+  passing, finishing): they touch its own state, its decided entry and the
+  tombstones (a reply to that request is classified late or duplicate alike
+  before and after the entry is released, and leaves the same tombstone), so
+  with the reduction they come before anything else but the replies above.
+  ``interleavings`` then counts one representative per class of equivalent
+  orders. What it gives up: a late reply arriving *after* its tombstone was
+  evicted (classified through the id allocator instead), and orders in which a
+  decided holder is cleaned up only after later callers' events (its entry
+  still in the map next to the next holder's, tombstones in another order),
+  are only explored without the reduction.
 * The cyclic garbage collector is paused while exploring (worlds hold no
   reference cycle, so refcounting frees them at once). Cores must not keep
   closures over mutable state: functions are shared between copies (bound

@@ -41,10 +41,13 @@ def _check_state(w: _World) -> None:
                    and c.core.ticket.state is TicketState.ADMITTED]
         if len(holders) > 1:
             raise InvariantViolation("exclusive", f"{holders} are admitted at once")
-        active = [c for c in callers if c.pc in _HOLDING]
+        # in flight: registered, not finished, not decided (a decided holder has
+        # passed the mailbox on and only reads its outcome and cleans up)
+        active = [c for c in callers if c.pc in _HOLDING and c.entry is not None
+                  and c.entry.is_open]
         if len(active) > 1:
-            raise InvariantViolation("exclusive", f"{[c.name for c in active]} have requests "
-                                                  "in flight at once")
+            raise InvariantViolation("exclusive", f"{[c.name for c in active]} have undecided "
+                                                  "requests in flight at once")
         for c in active:
             ticket = c.core.ticket
             if ticket is None or ticket.state is not TicketState.ADMITTED:

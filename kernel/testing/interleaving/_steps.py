@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from ctlwire.kernel.core.call_core import HandOffWaiter
 from ctlwire.kernel.core.request_registry import PendingRequest, ReplyDisposition
 from ctlwire.kernel.errors import EngineDead
 from ctlwire.kernel.testing.interleaving._scenario import (
@@ -14,7 +15,14 @@ from ctlwire.kernel.testing.interleaving._scenario import (
     ReplayError,
     ReplyMode,
 )
-from ctlwire.kernel.testing.interleaving._world import _RUNNING, _STEP, _Caller, _Pc, _World
+from ctlwire.kernel.testing.interleaving._world import (
+    _HOLDING,
+    _RUNNING,
+    _STEP,
+    _Caller,
+    _Pc,
+    _World,
+)
 from ctlwire.states import RequestState, TicketState
 from ctlwire.transports.envelope import ErrorInfo, Reply
 
@@ -28,8 +36,10 @@ def _enabled(w: _World) -> list[str]:
     multi = w.scenario.ranks > 1
     first = "arrive" if w.queue is not None else "register"
     callers = w.callers
+    settling: list[str] | None = None  # (reduce) a decided holder's own events
     for i, c in enumerate(callers):
         pc, spec, name = c.pc, c.spec, c.name
+        mark = len(out)
         if pc is _Pc.NEW:
             twin = w.twin_before[i]
             if twin < 0 or callers[twin].pc is not _Pc.NEW:
@@ -66,6 +76,12 @@ def _enabled(w: _World) -> list[str]:
                 out.append(f"cancel {name}")
         if spec.raises and pc in (_Pc.REGISTER, _Pc.SEND, _Pc.WAITING):
             out.append(f"raise {name}")
+        if (w.reduce and settling is None and pc in _HOLDING and c.entry is not None
+                and not c.entry.is_open and c.core.ticket is not None
+                and c.core.ticket.state is not TicketState.ADMITTED):
+            # with the reduction, a decided holder that passed the mailbox on settles
+            # (reads its outcome, is cancelled or raises, finishes) before anything else
+            settling = [e for e in out[mark:] if not e.startswith(("reply ", "dup "))]
     if w.scenario.engine_loss and any(c.pc is not _Pc.DONE for c in w.callers):
         rank = w.scenario.ranks - 1
         if rank not in w.unplugged:
@@ -74,6 +90,8 @@ def _enabled(w: _World) -> list[str]:
             out.append(f"lose {rank}")
     if now:
         return now[:1]
+    if settling:
+        return settling
     return out
 
 
@@ -94,10 +112,22 @@ def _fail(w: _World, check: str, detail: str) -> None:
         raise InvariantViolation(check, detail)
 
 
-def _wake(entry: PendingRequest | None) -> None:
-    """What the shells' ``_wake`` does: set the entry's waiter, if it still has one."""
-    if entry is not None and entry.waiter is not None:
-        entry.waiter.set()
+def _wake(w: _World, entry: PendingRequest | None) -> str:
+    """What the shells' ``_wake`` does: set the entry's waiter, if it still has one
+    (a queueing holder's :class:`HandOffWaiter` passes the mailbox on when the entry
+    is decided). Returns what the hand-off did, for the trace."""
+    if entry is None or entry.waiter is None:
+        return ""
+    queue = w.queue
+    before = None if queue is None else queue.holder
+    entry.waiter.set()
+    after = None if queue is None else queue.holder
+    if after is before:
+        return ""
+    if after is None:
+        return "; the mailbox is free"
+    owner = next((d.name for d in w.callers if d.core.ticket is after), "?")
+    return f"; hands the mailbox to {owner}"
 
 
 def _set_outcome(w: _World, c: _Caller, outcome: str) -> None:
@@ -158,8 +188,9 @@ def _deliver(w: _World, c: _Caller, rank: int, first: bool) -> str:
                   None if ok else ErrorInfo("EngineError", "failed on purpose", 7))
     disposition, found = w.registry.on_reply(reply)
     c.deliveries[rank] = c.deliveries.get(rank, 0) + 1
+    handed = ""
     if disposition is ReplyDisposition.COMPLETED:
-        _wake(found)
+        handed = _wake(w, found)
     what = "reply" if first else "duplicate reply"
     if disposition in (ReplyDisposition.UNKNOWN, ReplyDisposition.STRAY):
         _fail(w, "replies", f"{what} from rank {rank} for {c.name}'s sent request classified "
@@ -172,7 +203,7 @@ def _deliver(w: _World, c: _Caller, rank: int, first: bool) -> str:
         _fail(w, "replies", f"reply from rank {rank} for {c.name}'s request (frame sent, "
                             f"deadline not passed, {c.name} still waiting) classified "
                             f"{disposition.name}: the reply is lost")
-    return f"{what} -> {disposition.name}"
+    return f"{what} -> {disposition.name}{handed}"
 
 
 def _send(w: _World, c: _Caller) -> str:
@@ -182,16 +213,16 @@ def _send(w: _World, c: _Caller) -> str:
     assert entry is not None
     rank = core.next_send()
     if rank is None:
-        if not entry.is_open:
-            _wake(entry)
+        handed = _wake(w, entry) if not entry.is_open else ""
         if core.begin_wait():
             c.pc = _Pc.WAITING
-            return f"nothing left to send; waits ({entry.state.name})"
-        return "nothing left to send; " + _read_outcome(w, c)
+            return f"nothing left to send{handed}; waits ({entry.state.name})"
+        return f"nothing left to send{handed}; " + _read_outcome(w, c)
     if rank in w.unplugged:
+        handed = ""
         if core.send_failed(rank, EngineDead(rank, "unroutable")):
-            _wake(entry)
-        return f"frame to rank {rank} refused (unroutable) -> {entry.state.name}"
+            handed = _wake(w, entry)
+        return f"frame to rank {rank} refused (unroutable) -> {entry.state.name}{handed}"
     c.frames[rank] = entry.id
     live = w.registry.get(entry.id)
     if live is not entry or live.state is RequestState.REGISTERED or rank not in live.sent_ranks:
@@ -211,10 +242,9 @@ def _execute(w: _World, label: str) -> str:
             return f"sends to rank {rank} fail from now on"
         w.lost.add(rank)
         decided = w.registry.fail_rank(rank, lambda r: EngineDead(r, "lost"))
-        for entry in decided:
-            _wake(entry)
+        handed = "".join([_wake(w, entry) for entry in decided])
         names = [_who(w, e.id) for e in decided]
-        return f"rank {rank} declared lost; decided {names or 'nothing'}"
+        return f"rank {rank} declared lost; decided {names or 'nothing'}{handed}"
     name, _, rank_text = arg.partition("@")
     c = w.by_name[name]
     if verb in ("reply", "dup"):
@@ -249,7 +279,9 @@ def _execute(w: _World, label: str) -> str:
     if verb == "register":
         if c.pc is _Pc.NEW:  # no mailbox: the call starts here
             w.arrivals.append(name)
-        c.entry = core.register(c.entry_waiter)
+        # a queueing holder registers the shell's hand-off waiter around its own
+        c.entry = core.register(c.entry_waiter if core.ticket is None
+                                else HandOffWaiter(core, c.entry_waiter))
         c.pc = _Pc.SEND
         return "registered"
     if verb == "send":

@@ -13,6 +13,11 @@ The interleaving explorer must catch each of them with a short counterexample
   frame, but the reply slot enters the request map only after the send. A fast
   reply finds no slot: it is dropped as late (FastDeploy: "req_id not in
   req_dict, caching response") and the caller waits until its timeout.
+* :class:`HandOffOnSendCore` -- passes the mailbox on once its frames are out
+  (when it starts waiting) instead of at the decision: the next caller's request
+  goes out while this one is still undecided (two in flight at once).
+* :class:`SilentHandOffCore` -- passes the mailbox on at the decision but does not
+  return the admitted ticket, so nobody wakes it (a lost wake-up).
 * :class:`ForgetfulRegistry` -- a registry that forgets ids once their
   tombstone is evicted: a late reply after the eviction is UNKNOWN (ctlwire
   recognises every id it ever issued). Only the full search (no reduction)
@@ -35,7 +40,8 @@ from ctlwire.kernel.core.request_registry import (
 from ctlwire.states import TicketEvent, TicketState
 from ctlwire.transports.envelope import Reply
 
-__all__ = ["ForgetfulRegistry", "LateRegistry", "RegisterAfterSendCore", "WakeupWindowQueue"]
+__all__ = ["ForgetfulRegistry", "HandOffOnSendCore", "LateRegistry", "RegisterAfterSendCore",
+           "SilentHandOffCore", "WakeupWindowQueue"]
 
 
 class WakeupWindowQueue(AdmissionQueue):
@@ -134,3 +140,23 @@ class ForgetfulRegistry(RequestRegistry):
             self.stats.unknown += 1
             return ReplyDisposition.UNKNOWN, None
         return super().on_reply(reply, peer)
+
+
+class HandOffOnSendCore(CallCore):
+    """Hand-off when the wait begins, not at the decision; see the module docstring."""
+
+    def begin_wait(self) -> bool:
+        waiting = super().begin_wait()
+        if self.queue is not None and self.ticket is not None:
+            admitted = self.queue.leave(self.ticket)
+            if admitted is not None:
+                admitted.waiter.set()
+        return waiting
+
+
+class SilentHandOffCore(CallCore):
+    """Leaves the mailbox at the decision without reporting whom it admitted."""
+
+    def decided(self) -> Ticket | None:
+        super().decided()
+        return None
