@@ -5,8 +5,9 @@ admitted strictly in arrival order, one undecided request in flight at a time,
 through the :class:`~ctlwire.kernel.core.admission_queue.AdmissionQueue` core.
 Admission is a hand-off: done by the holder's request the moment it is decided
 (its :class:`~ctlwire.kernel.core.call_core.HandOffWaiter` wakes the next caller
-before the holder, so the next request goes out while the holder still reads its
-outcome), or by the holder leaving undecided. A caller arriving in the wake-up
+before the holder, and a holder that still runs first yields once, so the next
+request goes out while the holder reads its outcome), or by the holder leaving
+undecided. A caller arriving in the wake-up
 window queues behind, a queued caller's cancellation or timeout removes only
 its own ticket, and an exception or cancellation in the holder still passes
 the mailbox on. The whole call, queueing included, is bounded by its timeout;
@@ -34,6 +35,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import anyio
+import anyio.lowlevel
 import msgspec
 
 from ctlwire.kernel.core.admission_queue import AdmissionQueue
@@ -138,9 +140,14 @@ class FanOutMailbox:
                     raise RequestTimedOut(self.method, budget, admission=True)
             core.resume()
             # the decision itself passes the mailbox on (the next caller is woken first)
-            entry = core.register(HandOffWaiter(core, sender.new_waiter()))
+            waiter = HandOffWaiter(core, sender.new_waiter())
+            entry = core.register(waiter)
             await sender.send_all(core, raw)
             await sender.wait_outcome(core, deadline)
+            if waiter.next_not_running:
+                # trio ran this task before the caller its decision admitted: let that
+                # one send first, while this one decodes (one pass; never on asyncio)
+                await anyio.lowlevel.cancel_shielded_checkpoint()
             return sender.fan_out_outcome(entry, result_type)
         finally:
             admitted = core.finish()

@@ -39,12 +39,14 @@ __all__ = ["AdmissionQueue", "Ticket", "TicketObserver"]
 class Ticket:
     """One caller's place in a mailbox. Mutated only by its queue."""
 
-    __slots__ = ("seq", "state", "waiter")
+    __slots__ = ("resumed", "seq", "state", "waiter")
 
     def __init__(self, seq: int, waiter: Any) -> None:
         self.seq = seq
         self.state = TicketState.QUEUED
         self.waiter = waiter
+        #: the caller's task ran again after its admission (:meth:`AdmissionQueue.resumed`)
+        self.resumed = False
 
     def __repr__(self) -> str:
         return f"<Ticket #{self.seq} {self.state.name}>"
@@ -106,6 +108,7 @@ class AdmissionQueue:
         semantics as AssertionError if the shell lost track)."""
         if ticket.state is not TicketState.ADMITTED or self.holder is not ticket:
             raise AssertionError(f"{ticket!r} resumed without holding mailbox {self.name!r}")
+        ticket.resumed = True
 
     def leave(self, ticket: Ticket) -> Ticket | None:
         """The ticket's caller is done, however it ended. Returns the ticket

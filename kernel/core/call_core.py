@@ -222,17 +222,28 @@ class HandOffWaiter:
     reason) only wakes the holder. ``wait`` is the inner waiter's.
     """
 
-    __slots__ = ("core", "inner")
+    __slots__ = ("core", "handed", "inner")
 
     def __init__(self, core: CallCore, inner: Any) -> None:
         self.core = core
         self.inner = inner
+        #: the ticket this request's decision admitted (None: nobody was queued)
+        self.handed: Ticket | None = None
 
     def set(self) -> None:
         admitted = self.core.decided()
         if admitted is not None:
+            self.handed = admitted
             admitted.waiter.set()
         self.inner.set()
+
+    @property
+    def next_not_running(self) -> bool:
+        """The caller this decision admitted has not run since: a scheduler that runs
+        the tasks woken together in either order (trio's) ran the holder first."""
+        handed = self.handed
+        return (handed is not None and not handed.resumed
+                and handed.state is TicketState.ADMITTED)
 
     def wait(self) -> Any:
         """The inner waiter's ``wait()`` (an awaitable)."""
