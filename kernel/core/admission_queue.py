@@ -22,9 +22,9 @@ Guarantees:
 
 The shell calls :meth:`arrive`, waits on the ticket's waiter if it is queued,
 calls :meth:`resumed` when its task runs again, and calls :meth:`leave` when its
-request is decided (:meth:`CallCore.decided
-<ctlwire.kernel.core.call_core.CallCore.decided>`) and again in a ``finally``
-(a no-op the second time); it wakes the ticket :meth:`leave` returns.
+request is decided (:class:`~ctlwire.kernel.core.call_core.HandOffWaiter`) and
+again in a ``finally`` (a no-op the second time); it wakes the ticket
+:meth:`leave` returns.
 """
 
 from __future__ import annotations

@@ -23,10 +23,10 @@ object step by step::
     core.finish()                # in `finally`: clean up, pass the mailbox on
 
 A queueing caller registers a :class:`HandOffWaiter` instead of its bare waiter:
-the request's decision (Done, Failed, TimedOut) passes the mailbox on at once
-(:meth:`CallCore.decided`), waking the next caller before the holder itself, so
-the next request is sent while the holder still reads its outcome and cleans up;
-:meth:`finish` then only cleans up.
+the request's decision (Done, Failed, TimedOut) passes the mailbox on at once,
+waking the next caller before the holder itself, so the next request is sent
+while the holder still reads its outcome and cleans up; :meth:`finish` then only
+cleans up.
 
 Ordering guarantee: :meth:`next_send` returns a rank only after the entry is
 registered and marked Sent, so no reply can ever find its request missing or
@@ -191,15 +191,6 @@ class CallCore:
         assert self.entry is not None
         return self.registry.expire(self.entry)
 
-    def decided(self) -> Ticket | None:
-        """The request is decided: leave the mailbox now, before cleaning up.
-        Returns the ticket admitted by hand-off, whose waiter the shell must wake
-        (None: no mailbox, nobody queued, or already left)."""
-        entry = self.entry
-        if self.queue is None or self.ticket is None or entry is None or entry.is_open:
-            return None
-        return self.queue.leave(self.ticket)
-
     # -- cleanup -----------------------------------------------------------------
     def finish(self) -> Ticket | None:
         """On every path out: release the entry (Cancelled if undecided, then
@@ -214,24 +205,30 @@ class CallCore:
 
 
 class HandOffWaiter:
-    """The waiter a queueing holder registers for its request: when the request is
-    decided, :meth:`set` passes the mailbox on (:meth:`CallCore.decided`) and
-    wakes the admitted caller first, then the holder (``inner``).
+    """The waiter a queueing holder registers for its request. :meth:`set` is
+    called when the request is decided (every wake-up of a request's waiter is: the
+    reply that completes it, the failed send or lost rank that decides it, its
+    expiry, the client's close): it leaves the mailbox, wakes the caller that
+    admitted first, then the holder (``inner``). Leaving again (``set`` twice, or
+    :meth:`CallCore.finish` later) is a no-op. ``wait`` is the inner waiter's.
 
-    A wake-up of an undecided request (the shell waking its waiters for another
-    reason) only wakes the holder. ``wait`` is the inner waiter's.
+    It holds the queue and the ticket, not the core: the core refers to the entry
+    and the entry to this waiter, so holding the core would make a cycle.
     """
 
-    __slots__ = ("core", "handed", "inner")
+    __slots__ = ("handed", "inner", "queue", "ticket")
 
     def __init__(self, core: CallCore, inner: Any) -> None:
-        self.core = core
+        if core.queue is None or core.ticket is None:
+            raise ValueError("a HandOffWaiter is for a caller of a queueing mailbox")
+        self.queue = core.queue
+        self.ticket = core.ticket
         self.inner = inner
         #: the ticket this request's decision admitted (None: nobody was queued)
         self.handed: Ticket | None = None
 
     def set(self) -> None:
-        admitted = self.core.decided()
+        admitted = self.queue.leave(self.ticket)
         if admitted is not None:
             self.handed = admitted
             admitted.waiter.set()

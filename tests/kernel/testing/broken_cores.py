@@ -16,8 +16,9 @@ The interleaving explorer must catch each of them with a short counterexample
 * :class:`HandOffOnSendCore` -- passes the mailbox on once its frames are out
   (when it starts waiting) instead of at the decision: the next caller's request
   goes out while this one is still undecided (two in flight at once).
-* :class:`SilentHandOffCore` -- passes the mailbox on at the decision but does not
-  return the admitted ticket, so nobody wakes it (a lost wake-up).
+* :class:`SilentLeaveQueue` -- its ``leave`` admits the next caller but does not
+  return it, so nobody wakes it (a lost wake-up; the decision's hand-off is the
+  first ``leave``).
 * :class:`ForgetfulRegistry` -- a registry that forgets ids once their
   tombstone is evicted: a late reply after the eviction is UNKNOWN (ctlwire
   recognises every id it ever issued). Only the full search (no reduction)
@@ -41,7 +42,7 @@ from ctlwire.states import TicketEvent, TicketState
 from ctlwire.transports.envelope import Reply
 
 __all__ = ["ForgetfulRegistry", "HandOffOnSendCore", "LateRegistry", "RegisterAfterSendCore",
-           "SilentHandOffCore", "WakeupWindowQueue"]
+           "SilentLeaveQueue", "WakeupWindowQueue"]
 
 
 class WakeupWindowQueue(AdmissionQueue):
@@ -154,9 +155,9 @@ class HandOffOnSendCore(CallCore):
         return waiting
 
 
-class SilentHandOffCore(CallCore):
-    """Leaves the mailbox at the decision without reporting whom it admitted."""
+class SilentLeaveQueue(AdmissionQueue):
+    """Admits the next caller on ``leave`` without reporting whom it admitted."""
 
-    def decided(self) -> Ticket | None:
-        super().decided()
+    def leave(self, ticket: Ticket) -> Ticket | None:
+        super().leave(ticket)
         return None

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +22,7 @@ from broken_cores import (
     HandOffOnSendCore,
     LateRegistry,
     RegisterAfterSendCore,
-    SilentHandOffCore,
+    SilentLeaveQueue,
     WakeupWindowQueue,
 )
 
@@ -164,7 +165,7 @@ def test_a_hand_off_at_the_decision_that_wakes_nobody_is_caught(
         capsys: pytest.CaptureFixture[str]) -> None:
     """The decision admits B but nobody wakes B: the hand-off check sees it at once,
     and without it, the progress check sees B hang."""
-    classes = {"call_core_cls": SilentHandOffCore}
+    classes = {"queue_cls": SilentLeaveQueue}
     cx = caught(explore(ISSUE, **classes), "handoff", capsys, **classes)
     assert cx.events[-1] == "reply A" and "never woken" in str(cx.violation)
     checks = [c for c in CHECKS if c != "handoff"]
@@ -302,6 +303,27 @@ def test_memo_and_symmetry_count_every_path(scenario: Scenario) -> None:
     """The memoised, symmetry-reduced count equals a naive enumeration of every
     path (26,019 and 51,380 here): merging states loses no path and adds none."""
     assert explore(scenario).interleavings == count_naively(scenario)
+
+
+def test_worlds_hold_no_reference_cycle() -> None:
+    """The explorer pauses the cyclic collector: a world (and its clones) must be
+    freed by refcounting alone, also with a queueing holder's hand-off waiter in the
+    request map and a second caller queued."""
+    events = ["arrive A", "resume A", "register A", "send A", "arrive B"]
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        gc.collect()
+        w = _World(ISSUE, AdmissionQueue, CallCore, RequestRegistry, frozenset(CHECKS), False)
+        for label in events:
+            _step(w, label)
+        clone = _clone_world(w, _shared(w))
+        _step(clone, "reply A")
+        del w, clone
+        assert gc.collect() == 0
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def test_the_reduction_finds_what_the_full_search_finds() -> None:
