@@ -208,8 +208,8 @@ class HandOffWaiter:
     """The waiter a queueing holder registers for its request. :meth:`set` is
     called when the request is decided (every wake-up of a request's waiter is: the
     reply that completes it, the failed send or lost rank that decides it, its
-    expiry, the client's close): it leaves the mailbox, wakes the caller that
-    leaving admitted first, then the holder (``inner``). Leaving again (``set`` twice, or
+    expiry, the client's close): it leaves the mailbox, wakes the caller that admitted
+    first, then the holder (``inner``). Leaving again (``set`` twice, or
     :meth:`CallCore.finish` later) is a no-op. ``wait`` is the inner waiter's.
 
     It holds the queue and the ticket, not the core: the core refers to the entry
