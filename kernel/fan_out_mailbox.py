@@ -9,12 +9,12 @@ before the holder, and a holder that still runs first yields once, so the next
 request goes out while the holder reads its outcome), or by the holder leaving
 undecided. A caller arriving in the wake-up window queues behind, a queued
 caller's cancellation or timeout removes only its own ticket, and an exception
-or cancellation in the holder still passes the mailbox on. The whole call, queueing included, is bounded by its timeout;
-a caller still queued at its deadline gets RequestTimedOut with
-``admission=True`` ("timed out waiting for admission", nothing sent), and a
-caller still queued when the client closes gets ClientClosed at once. A caller
-cancelled after being handed the mailbox but before it resumed sends nothing
-and passes the mailbox on.
+or cancellation in the holder still passes the mailbox on. The whole call,
+queueing included, is bounded by its timeout; a caller still queued at its
+deadline gets RequestTimedOut with ``admission=True`` ("timed out waiting for
+admission", nothing sent), and a caller still queued when the client closes
+gets ClientClosed at once. A caller cancelled after being handed the mailbox
+but before it resumed sends nothing and passes the mailbox on.
 
 Watching mode (:meth:`FanOutMailbox.watching`): a caller whose request
 (same payload, ranks and policy) is already in flight joins it instead of
