@@ -73,6 +73,7 @@ from ctlwire.kernel.loop_native import (
     event_loop_waiter,
     single_waiter_factory,
 )
+from ctlwire.kernel.receive_role import ReceiveRole
 from ctlwire.kernel.tracing import TraceProvider
 from ctlwire.states import PeerState
 from ctlwire.transports.codec import PayloadTypeError
@@ -127,6 +128,8 @@ class CallIssuer(CallOutcomes):
         self.new_waiter: Callable[[], Any] = anyio.Event
         #: a new waiter for a request only its caller waits on (:meth:`call_one`)
         self.new_single_waiter: Callable[[], Any] = anyio.Event
+        #: who receives (trio): :meth:`call_one` waits through it, when set
+        self.receive_role: ReceiveRole | None = None
         #: ends the waits of requests and admission tickets at their deadlines (one task)
         self.reaper = DeadlineReaper(registry, self.wake)
         # request id -> (the scope of a send waiting for room or first contact, its rank)
@@ -378,7 +381,10 @@ class CallIssuer(CallOutcomes):
                 # wait_outcome's common case, inline: the reaper ends the wait at the
                 # request's own deadline
                 reaper.arm(entry, deadline)
-                await entry.waiter.wait()  # type: ignore[union-attr]
+                if self.receive_role is None:
+                    await entry.waiter.wait()  # type: ignore[union-attr]
+                else:  # trio: receive the reply here when this task can
+                    await self.receive_role.wait(entry)
             return self.single_outcome(entry, rank, result_type)
         finally:
             core.finish()

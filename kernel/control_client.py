@@ -55,6 +55,7 @@ from typing import Any, Literal
 
 import anyio
 import msgspec
+import sniffio
 from anyio.abc import TaskGroup
 
 from ctlwire.kernel.call_arguments import check_method, checked_timeout
@@ -77,6 +78,7 @@ from ctlwire.kernel.errors import (
 from ctlwire.kernel.fan_out_mailbox import FanOutMailbox
 from ctlwire.kernel.liveness_monitor import LivenessMonitor
 from ctlwire.kernel.progress_callbacks import ProgressCallback, ProgressCallbacks
+from ctlwire.kernel.receive_role import ReceiveRole
 from ctlwire.kernel.retry_policy import RetryPolicy, merge_retried
 from ctlwire.kernel.tracing import TraceProvider
 from ctlwire.states import RequestState
@@ -208,7 +210,16 @@ class ControlClient:
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
-        tg.start_soon(self._receive_loop, name="ctlwire.client.receive")
+        if (sniffio.current_async_library() == "trio"
+                and hasattr(type(self.transport), "receive_or_handle")
+                and hasattr(type(self.transport), "interrupt_receive")):
+            # trio: a caller waiting for its reply may receive it itself (ReceiveRole)
+            role = ReceiveRole(self.transport, self._handle_reply, self._on_event, self.aclose)
+            issuer.receive_role = role
+            issuer.new_single_waiter = role.new_waiter
+            tg.start_soon(role.run_loop, name="ctlwire.client.receive")
+        else:
+            tg.start_soon(self._receive_loop, name="ctlwire.client.receive")
         tg.start_soon(issuer.reaper.run, self._now, name="ctlwire.client.deadlines")
         if self.heartbeat_interval:
             tg.start_soon(self.liveness.run, self.registry.incarnation,

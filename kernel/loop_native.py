@@ -15,7 +15,7 @@ import anyio
 import anyio.lowlevel
 import sniffio
 
-__all__ = ["checkpoint_if_cancelled", "event_loop_clock", "event_loop_waiter",
+__all__ = ["TrioTaskWaiter", "checkpoint_if_cancelled", "event_loop_clock", "event_loop_waiter",
            "single_waiter_factory"]
 
 
@@ -94,7 +94,7 @@ class _FutureWaiter:
         return future
 
 
-class _TrioTaskWaiter:
+class TrioTaskWaiter:
     """A waiter for one task (trio): the waiting task parks itself and ``set()``
     reschedules it, as ``trio.Event`` does for each of its tasks, without the set
     of tasks. A wait after ``set()`` is a checkpoint; a cancelled wait unparks."""
@@ -148,6 +148,6 @@ def single_waiter_factory() -> Callable[[], Any]:
     if library == "trio":
         import trio
 
-        _TrioTaskWaiter.lowlevel = trio.lowlevel
-        return _TrioTaskWaiter
+        TrioTaskWaiter.lowlevel = trio.lowlevel
+        return TrioTaskWaiter
     return event_loop_waiter()  # pragma: no cover - another anyio backend

@@ -109,6 +109,10 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         self._diverts: tuple[Callable[[TransportEvent], bool],
                              Callable[[list[bytes]], bool]] | None = None
         self._declined: TransportEvent | None = None
+        # the ``until`` of the receive_or_handle in progress, and whether the reader
+        # callback found it True after a message it handed over
+        self._until: Callable[[], bool] | None = None
+        self._until_met = False
         self._known: set[int] = set()
         self._probe_hb = b""
         # hot path caches, bounded: rank -> identity (sends), identity -> rank (replies)
@@ -213,10 +217,13 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         return TransportError(f"rank {rank}: {exc}")
 
     async def receive(self) -> TransportEvent:
-        return await self._receive(None)
+        event = await self._receive(None)
+        assert event is not None  # only a receive with ``until`` ends empty
+        return event
 
-    async def receive_or_handle(self, handle: Callable[[TransportEvent], bool]
-                                ) -> TransportEvent:
+    async def receive_or_handle(self, handle: Callable[[TransportEvent], bool],
+                                until: Callable[[], bool] | None = None
+                                ) -> TransportEvent | None:
         """:meth:`receive`, except that each received event is first passed to
         ``handle(event)``, in order and synchronously, which returns True when it
         handled it; returns the first event ``handle`` declines, or a pending one
@@ -226,6 +233,11 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         for what is already queued, by the receiving task, which yields once every
         64 handled without a wait.
 
+        ``until``: returns None, having taken nothing more, as soon as ``until()``
+        is True; it is asked before each message the receiving task takes itself
+        and before the receive suspends. To end a suspended receive for it, call
+        :meth:`interrupt_receive` once ``until()`` is True.
+
         ``handle`` must not use this transport; an exception it raises is raised
         here (its event counts as received).
         """
@@ -234,26 +246,48 @@ class ZmqRouterClientTransport(_ZmqClientBase):
             def divert(msg: list[bytes]) -> bool:
                 event = self._event(msg)
                 if handle(event):
+                    until = self._until
+                    if until is not None and until():
+                        self._until_met = True  # the suspended receive returns None
+                        return False
                     return True
                 self._declined = event  # what the suspended receive returns
                 return False
 
             diverts = self._diverts = (handle, divert)
-        return await self._receive(diverts[1])
+        self._until = until
+        try:
+            return await self._receive(diverts[1], until)
+        finally:
+            self._until = None
+            self._until_met = False
 
-    async def _receive(self, divert: Callable[[list[bytes]], bool] | None) -> TransportEvent:
+    def interrupt_receive(self) -> None:
+        """Make a receive in progress re-check its ``until`` (:meth:`receive_or_handle`)
+        at once; nothing queued is lost. No effect when nothing is received."""
+        sock = self._sock
+        if sock is not None and not sock.closed:
+            sock.interrupt_receive()
+
+    async def _receive(self, divert: Callable[[list[bytes]], bool] | None,
+                       until: Callable[[], bool] | None = None) -> TransportEvent | None:
         sock = self._sock
         if sock is None:
             raise TransportClosed("transport is not open")
         inline = 0  # messages handed to ``divert`` by this task without a checkpoint
+        # with ``until``, the yields before a wait only follow messages this receive
+        # handled (a caller receiving for itself has woken nobody before its first)
+        settle = until is None
         while True:
             if self._pending:
                 return self._pending.popleft()
+            if until is not None and until():
+                return None
             try:
                 # a queue that is most likely empty: no non-blocking attempt (it would
                 # read EVENTS for nothing), recv_multipart checks before it waits
                 msg = None if sock.likely_empty else sock.recv_multipart_nowait()
-                if msg is None and self._yields_before_wait:
+                if msg is None and self._yields_before_wait and settle:
                     # Nothing queued. Let the tasks the last events woke (a caller whose
                     # reply just came) run before this one sets up its wait: that setup
                     # then overlaps the next round trip instead of delaying the caller.
@@ -267,11 +301,15 @@ class ZmqRouterClientTransport(_ZmqClientBase):
                         await self._checkpoint()
                     if self._pending:
                         continue
+                    if until is not None and until():
+                        return None
                 if msg is None:
                     try:
                         msg = await sock.recv_multipart(divert)
                     except ReceiveInterrupted:
-                        continue  # woken for a pending event
+                        continue  # woken for a pending event, or to ask ``until``
+                    if self._until_met:  # its message was handled, and ``until`` holds
+                        return None
                     declined = self._declined
                     if declined is not None:  # decoded already, by the divert
                         self._declined = None
@@ -283,10 +321,13 @@ class ZmqRouterClientTransport(_ZmqClientBase):
             # a message this task received itself (queued already, or on trio every
             # one): handled here too, without returning to the caller's loop
             if not divert(msg):
+                if self._until_met:  # handled, and ``until`` holds now
+                    return None
                 declined, self._declined = self._declined, None
                 assert declined is not None
                 return declined
             inline += 1
+            settle = True
             if inline >= _INLINE_BUDGET:  # a flood: let the tasks it woke run
                 inline = 0
                 await self._checkpoint()

@@ -755,7 +755,7 @@ class AsyncZmqSocket:
             if not future.done():
                 if self._divert is None:
                     future.set_result(True)  # the fd fired: the waiter receives
-                elif not self._diverted(True):
+                elif not self._diverted(True) and not future.done():
                     future.set_result(None)
             return
         if self._socket.closed and not self._closed:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -27,6 +28,8 @@ from ctlwire.transports.transport import (
 __all__ = ["FaultyClientTransport"]
 
 _RAISED = cast(Any, object())
+#: put in the buffer by interrupt_receive(): the suspended receive asks its ``until``
+_INTERRUPTED = cast(Any, object())
 """Buffered in place of an event whose handler raised where it arrived."""
 
 
@@ -70,6 +73,9 @@ class FaultyClientTransport(_FaultyBase):
         self._handle_errors: list[BaseException] = []
         self.handled_inline = 0
         """Events handed to the receiver's handler where they arrived."""
+        #: the ``until`` of the receive suspended now, if it has one
+        self._receiving_until: Callable[[], bool] | None = None
+        self._interrupt_queued = False
 
     async def __aenter__(self) -> FaultyClientTransport:
         await self._enter(self.inner)
@@ -174,33 +180,64 @@ class FaultyClientTransport(_FaultyBase):
         return deliver
 
     async def receive(self) -> TransportEvent:
-        return (await self._next())[0]
+        got = await self._next()
+        assert got is not None  # only a receive with ``until`` ends empty
+        return got[0]
 
-    async def _next(self) -> tuple[TransportEvent, bool]:
-        """The next buffered event, and whether the handler already declined it."""
+    async def _next(self, until: Callable[[], bool] | None = None
+                    ) -> tuple[TransportEvent, bool] | None:
+        """The next buffered event, and whether the handler already declined it
+        (None: ``until()`` became True first)."""
         self._check()
-        try:
-            event: Any = await self._in.receive()  # or a _Declined, or _RAISED
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise TransportClosed("transport is closed") from None
+        while True:
+            if until is not None and until():
+                return None
+            self._receiving_until = until
+            try:
+                event: Any = await self._in.receive()  # or a _Declined, _RAISED, _INTERRUPTED
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                raise TransportClosed("transport is closed") from None
+            finally:
+                self._receiving_until = None
+            if event is not _INTERRUPTED:
+                break
+            self._interrupt_queued = False
         if event is _RAISED:
             raise self._handle_errors.pop(0)
         if type(event) is _Declined:
             return event.event, True
         return event, False
 
-    async def receive_or_handle(self, handle: Callable[[TransportEvent], bool]
-                                ) -> TransportEvent:
+    async def receive_or_handle(self, handle: Callable[[TransportEvent], bool],
+                                until: Callable[[], bool] | None = None
+                                ) -> TransportEvent | None:
         """:meth:`receive`, except that each event is first passed to ``handle(event)``,
         in order, which returns True when it handled it; returns the first event
         ``handle`` declines. Events that arrive while nothing is buffered are handed
         to ``handle`` where they arrive, without waking this task; an exception it
-        raises there is raised here."""
+        raises there is raised here. ``until`` as for the ZeroMQ client transport:
+        None as soon as ``until()`` is True, asked before each event, before the
+        receive suspends and after each event handed over where it arrived;
+        :meth:`interrupt_receive` makes a suspended one ask again. (Unlike the ZeroMQ
+        transport's, this hand-over goes on after a receive returned: events that
+        arrive while nothing is buffered reach ``handle`` once it is registered.)"""
         self._handle = handle
         while True:
-            event, declined = await self._next()
+            got = await self._next(until)
+            if got is None:
+                return None
+            event, declined = got
             if declined or not handle(event):
                 return event
+
+    def interrupt_receive(self) -> None:
+        """Make a suspended :meth:`receive_or_handle` with ``until`` ask it again
+        (a marker through the buffer: nothing buffered is passed over)."""
+        if (self._receiving_until is not None and not self._interrupt_queued
+                and not self._closed):
+            self._interrupt_queued = True
+            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                self._out.send_nowait(_INTERRUPTED)
 
     # -- the receive side ---------------------------------------------------------------
     def _put(self, event: TransportEvent) -> None:
@@ -210,6 +247,9 @@ class FaultyClientTransport(_FaultyBase):
             try:
                 if handle(event):
                     self.handled_inline += 1
+                    until = self._receiving_until
+                    if until is not None and until():
+                        self.interrupt_receive()  # the suspended receive ends now
                     return
                 event = cast(Any, _Declined(event))  # returned, not handed over again
             except Exception as exc:  # the receiver raises it (its event was received)

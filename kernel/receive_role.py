@@ -1,0 +1,212 @@
+"""Which task receives from a client's transport on trio: its receive loop, or a caller.
+
+On asyncio a reply is handled in the event loop's reader callback and its caller
+runs next. On trio only a task can wait on a socket: the client's receive loop
+takes a reply, wakes its caller, and the caller runs one scheduler pass and one
+task step later; the receive loop then yields and waits again, and each of
+those steps costs trio about twice what it costs asyncio. :class:`ReceiveRole`
+lets a caller of ``ControlClient.call`` that waits for its reply receive for
+itself instead, so that its reply reaches it straight from the socket::
+
+    role = ReceiveRole(transport, handle_reply, on_event, on_closed)
+    tg.start_soon(role.run_loop)          # the client's receive loop
+    ...
+    entry = core.register(role.new_waiter())
+    ...                                   # send
+    await role.wait(entry)                # decided: a reply, expiry, loss, close
+
+Guarantees:
+
+* **One receiver at a time.** The role is held by the receive loop or by one
+  caller; only its holder receives (the transport would raise
+  ``BusyResourceError`` otherwise).
+* **Nothing left unread.** Whatever the holder receives is handled as the
+  receive loop would handle it (replies for any caller, heartbeats,
+  disconnections, drops). When no caller holds the role the receive loop
+  receives, or runs next: a caller gives the role back, or on to another waiting
+  caller, as soon as its own request is decided, whatever decided it (its
+  reply, the deadline reaper, a lost rank, close), and when it is cancelled.
+* **Handed over only at a message boundary.** The receive loop passes the role
+  to a waiting caller before it takes its next message or before it would wait
+  for one, never in the middle of one; a caller waiting while the receive loop
+  waits on the socket is answered by the receive loop, as without the role.
+* A caller's wait ends when its request is decided, as ``waiter.wait()`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ctlwire.kernel.core.request_registry import PendingRequest
+from ctlwire.kernel.loop_native import TrioTaskWaiter
+from ctlwire.transports.errors import TransportClosed
+from ctlwire.transports.transport import TransportEvent
+
+__all__ = ["ReceiveRole", "RoleWaiter"]
+
+log = logging.getLogger("ctlwire.client")
+
+
+class RoleWaiter(TrioTaskWaiter):
+    """The waiter of one :meth:`ReceiveRole.wait` caller: ``set()`` (its request is
+    decided) also takes it off the role's candidates and, while it receives,
+    interrupts its receive; :meth:`hand` wakes it to take the role."""
+
+    __slots__ = ("receiving", "role")
+
+    def __init__(self, role: ReceiveRole) -> None:
+        super().__init__()
+        self.role = role
+        self.receiving = False
+
+    def set(self) -> None:
+        if self._flag:
+            return
+        self._flag = True
+        role = self.role
+        role.candidates.pop(self, None)
+        if self.receiving:
+            role.transport.interrupt_receive()  # its receive returns: it is decided
+        task, self._task = self._task, None
+        if task is not None:
+            self.lowlevel.reschedule(task)
+
+    def hand(self) -> None:
+        """Wake the waiting task: it holds the role now."""
+        task, self._task = self._task, None
+        if task is not None:
+            self.lowlevel.reschedule(task)
+
+
+class ReceiveRole:
+    """Who receives from ``transport`` (trio); see the module docstring.
+
+    ``handle(event)`` handles a reply where it is received (True) or declines the
+    event; ``on_event(event)`` handles a declined one; ``on_closed()`` runs in
+    the receive loop when the transport closed under it. The transport must
+    have ``receive_or_handle(handle, until)`` and ``interrupt_receive()``.
+    """
+
+    def __init__(self, transport: Any, handle: Callable[[TransportEvent], bool],
+                 on_event: Callable[[TransportEvent], None],
+                 on_closed: Callable[[], Awaitable[None]]) -> None:
+        self.transport = transport
+        self._handle = handle
+        self._on_event = on_event
+        self._on_closed = on_closed
+        #: the caller holding the role (None: the receive loop)
+        self.holder: RoleWaiter | None = None
+        #: callers waiting for an open request, oldest first (a set one is removed)
+        self.candidates: dict[RoleWaiter, PendingRequest] = {}
+        self._loop_receiving = False
+        self._loop_task: Any = None
+        #: how many times the role went to a caller (tests read it)
+        self.handed = 0
+
+    def new_waiter(self) -> RoleWaiter:
+        return RoleWaiter(self)
+
+    # -- the receive loop -----------------------------------------------------------
+    async def run_loop(self) -> None:
+        """The client's receive loop: receive and handle while no caller holds the
+        role; hand it to the oldest waiting caller at a message boundary."""
+        receive = self.transport.receive_or_handle
+        handle, wanted = self._handle, self._wanted
+        while True:
+            if self.holder is not None:
+                await self._park_loop()
+                continue
+            self._loop_receiving = True
+            try:
+                event = await receive(handle, wanted)
+            except TransportClosed:
+                await self._on_closed()  # pending calls fail now, typed
+                return
+            finally:
+                self._loop_receiving = False
+            if event is None:
+                self._pass_on()
+                continue
+            self._dispatch(event)
+
+    async def _park_loop(self) -> None:
+        lowlevel = TrioTaskWaiter.lowlevel
+        self._loop_task = lowlevel.current_task()
+
+        def abort(_: Any) -> Any:
+            self._loop_task = None
+            return lowlevel.Abort.SUCCEEDED
+
+        await lowlevel.wait_task_rescheduled(abort)
+
+    def _wake_loop(self) -> None:
+        task, self._loop_task = self._loop_task, None
+        if task is not None:
+            TrioTaskWaiter.lowlevel.reschedule(task)
+
+    def _wanted(self) -> bool:
+        return bool(self.candidates)
+
+    def _pass_on(self) -> None:
+        """The role is free: to the oldest waiting caller, else to the receive loop."""
+        waiter = next(iter(self.candidates), None)
+        self.holder = waiter
+        if waiter is None:
+            self._wake_loop()
+            return
+        del self.candidates[waiter]
+        self.handed += 1
+        waiter.hand()
+
+    def _dispatch(self, event: TransportEvent) -> None:
+        try:
+            self._on_event(event)
+        except Exception:  # pragma: no cover - a bug must not kill the receiver
+            log.exception("ctlwire client: failed to handle %r", event)
+
+    # -- a caller ---------------------------------------------------------------------
+    async def wait(self, entry: PendingRequest) -> None:
+        """Wait until ``entry`` (whose waiter is a :class:`RoleWaiter` of this role) is
+        decided, receiving for it (and for everyone) while this task holds the role."""
+        waiter = entry.waiter
+        assert isinstance(waiter, RoleWaiter)
+        try:
+            if self.holder is None and not self._loop_receiving:
+                self.holder = waiter  # the receive loop is parked, or will see it
+                self.handed += 1
+            elif entry.is_open:
+                self.candidates[waiter] = entry
+                await waiter.wait()  # decided, or handed the role
+            if self.holder is waiter:
+                await self._receive_for(entry, waiter)
+            elif entry.is_open:  # pragma: no cover - woken for neither
+                await waiter.wait()
+        finally:
+            self.candidates.pop(waiter, None)
+            if self.holder is waiter:
+                self._pass_on()
+
+    async def _receive_for(self, entry: PendingRequest, waiter: RoleWaiter) -> None:
+        receive = self.transport.receive_or_handle
+        handle = self._handle
+
+        def decided() -> bool:
+            return not entry.is_open
+
+        while entry.is_open:
+            waiter.receiving = True
+            try:
+                event = await receive(handle, decided)
+            except TransportClosed:
+                # the receive loop closes the client, which decides this request
+                waiter.receiving = False
+                self._pass_on()
+                await waiter.wait()
+                return
+            finally:
+                waiter.receiving = False
+            if event is None:
+                return
+            self._dispatch(event)

@@ -1,0 +1,269 @@
+"""``ReceiveRole``: on trio a caller waiting for its reply receives it itself, and the
+receive loop's duties (other callers' replies, heartbeats, losses, close) go on
+whoever holds the role. On asyncio there is no role (the reader callback
+hands replies over)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import sniffio
+
+from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.errors import ClientClosed, EngineDead, RequestTimedOut
+from ctlwire.states import PeerState
+from ctlwire.transports.zmq_client import ZmqRouterClientTransport
+from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+METHODS = "ctlwire.kernel.app.engine_process:stepping_methods"
+
+
+def _current_task() -> Any:
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return trio.lowlevel.current_task()
+    import asyncio
+
+    return asyncio.current_task()
+
+
+async def _engines(tg: Any, address: str, ranks: int, release: anyio.Event,
+                   **kwargs: Any) -> list[EngineEndpoint]:
+    eps = []
+    for rank in range(ranks):
+        ep = EngineEndpoint(ZmqDealerEngineTransport(address, rank), **kwargs)
+        ep.register("echo", lambda x=None: x)
+
+        async def hang() -> str:
+            await release.wait()
+            return "released"
+
+        ep.register("hang", hang)
+        await tg.start(ep.serve)
+        eps.append(ep)
+    return eps
+
+
+def _has_role(client: ControlClient) -> bool:
+    role = client.issuer.receive_role
+    assert (role is not None) == (sniffio.current_async_library() == "trio")
+    return role is not None
+
+
+async def test_a_sequential_caller_receives_its_own_reply(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where each reply was handled: on trio in the caller's own task (the receive
+    loop hands the role over once, then the caller keeps it between its calls)."""
+    handled_in: list[Any] = []
+    original = ControlClient._handle_reply
+
+    def recording(self: ControlClient, event: Any) -> bool:
+        handled_in.append(_current_task())
+        return original(self, event)
+
+    monkeypatch.setattr(ControlClient, "_handle_reply", recording)
+    transport = ZmqRouterClientTransport(f"ipc://{tmp_path}/c.sock")
+    release = anyio.Event()
+    async with ControlClient(transport, ranks=1, default_timeout=10.0) as client, \
+            anyio.create_task_group() as tg:
+        await _engines(tg, transport.address, 1, release)
+        await client.wait_ready(timeout=10)
+        me = _current_task()
+        for i in range(40):
+            assert await client.call("echo", i) == i
+        if _has_role(client):
+            assert sum(t is me for t in handled_in) >= 35, handled_in
+            assert client.issuer.receive_role.handed >= 35  # type: ignore[union-attr]
+        else:
+            assert not any(t is me for t in handled_in)
+        release.set()
+        tg.cancel_scope.cancel()
+
+
+async def test_the_holder_handles_others_replies_and_heartbeats(tmp_path: Path) -> None:
+    """A caller holds the role for a call that hangs: the replies of 20 other calls
+    (to another rank, and fan-outs) and the engines' heartbeats are handled all along."""
+    transport = ZmqRouterClientTransport(f"ipc://{tmp_path}/c.sock")
+    release = anyio.Event()
+    async with ControlClient(transport, ranks=2, default_timeout=10.0,
+                             heartbeat_interval=0.05) as client, \
+            anyio.create_task_group() as tg:
+        await _engines(tg, transport.address, 2, release, heartbeat_interval=0.05)
+        await client.wait_ready(timeout=10)
+        for i in range(3):  # the caller takes the role between calls
+            assert await client.call("echo", i, rank=0) == i
+        result: list[Any] = []
+
+        async def hanging() -> None:
+            result.append(await client.call("hang", rank=0))
+
+        tg.start_soon(hanging)
+        await anyio.sleep(0.05)
+        role = client.issuer.receive_role
+        if role is not None:
+            assert role.holder is not None  # the hanging caller receives
+        beats = client.counters["heartbeats_received"]
+        for i in range(20):
+            assert await client.call("echo", i, rank=1) == i
+            res = await client.fan_out("echo", i, ranks=[1], mode="concurrent")
+            assert res.results == {1: i}
+        await anyio.sleep(0.3)
+        assert client.counters["heartbeats_received"] >= beats + 4
+        assert client.rank_status(0)["state"] in ("CONNECTED", "BUSY")
+        release.set()
+        with anyio.fail_after(5):
+            while not result:
+                await anyio.sleep(0.01)
+        assert result == ["released"]
+        tg.cancel_scope.cancel()
+
+
+async def test_expiry_and_cancellation_of_the_holder_give_the_role_back(
+        tmp_path: Path) -> None:
+    """The holder's request expires (the reaper decides it while it receives), then
+    another holder is cancelled: each time the role goes back to the receive loop,
+    which goes on handling heartbeats with no call in flight, and calls work."""
+    transport = ZmqRouterClientTransport(f"ipc://{tmp_path}/c.sock")
+    release = anyio.Event()
+    async with ControlClient(transport, ranks=1, default_timeout=10.0,
+                             heartbeat_interval=0.05) as client, \
+            anyio.create_task_group() as tg:
+        await _engines(tg, transport.address, 1, release, heartbeat_interval=0.05)
+        await client.wait_ready(timeout=10)
+        assert await client.call("echo", 1) == 1
+        role = client.issuer.receive_role
+        t0 = anyio.current_time()
+        with pytest.raises(RequestTimedOut):
+            await client.call("hang", timeout=0.3)
+        assert anyio.current_time() - t0 < 2.0
+        if role is not None:
+            assert role.holder is None
+        beats = client.counters["heartbeats_received"]
+        await anyio.sleep(0.4)
+        assert client.counters["heartbeats_received"] >= beats + 3
+        assert await client.call("echo", 2) == 2
+        with anyio.move_on_after(0.2) as scope:
+            await client.call("hang")
+        assert scope.cancelled_caught
+        if role is not None:
+            assert role.holder is None and not role.candidates
+        beats = client.counters["heartbeats_received"]
+        await anyio.sleep(0.4)
+        assert client.counters["heartbeats_received"] >= beats + 3
+        assert await client.call("echo", 3) == 3
+        release.set()
+        tg.cancel_scope.cancel()
+
+
+async def test_many_concurrent_callers_pass_the_role_along(tmp_path: Path) -> None:
+    """32 tasks calling 3 ranks at once: every answer right, one receiver at a time
+    (a second would raise BusyResourceError), the role passed between callers."""
+    transport = ZmqRouterClientTransport(f"ipc://{tmp_path}/c.sock")
+    release = anyio.Event()
+    async with ControlClient(transport, ranks=3, default_timeout=20.0) as client, \
+            anyio.create_task_group() as tg:
+        await _engines(tg, transport.address, 3, release)
+        await client.wait_ready(timeout=10)
+        wrong: list[Any] = []
+
+        async def caller(k: int) -> None:
+            for i in range(40):
+                value = {"k": k, "i": i}
+                got = await client.call("echo", value, rank=(k + i) % 3)
+                if got != value:
+                    wrong.append((value, got))
+
+        async with anyio.create_task_group() as callers:
+            for k in range(32):
+                callers.start_soon(caller, k)
+        assert wrong == []
+        role = client.issuer.receive_role
+        if role is not None:
+            assert role.handed > 32
+            assert role.holder is None and not role.candidates
+        assert client.registry.live_count == 0
+        release.set()
+        tg.cancel_scope.cancel()
+
+
+async def test_kill_9_and_close_end_the_holders_wait(tmp_path: Path) -> None:
+    """The holder waits for a rank whose engine process is killed (-9): EngineDead at
+    once, not the timeout. Then a holder waits when the client closes: ClientClosed."""
+    address = f"ipc://{tmp_path}/c.sock"
+    fleet = EngineFleet([0, 1], lambda r: ["--connect", address, "--mode", "poll",
+                                           "--methods", METHODS])
+    with fleet:
+        async with ControlClient(ZmqRouterClientTransport(address), ranks=2,
+                                 default_timeout=30.0) as client, \
+                anyio.create_task_group() as tg:
+            await client.wait_ready(timeout=15)
+            assert await client.call("echo", 1, rank=1) == 1
+            role = client.issuer.receive_role
+            outcome: list[BaseException] = []
+
+            async def sleeping(rank: int) -> None:
+                try:
+                    await client.call("sleep", 20.0, rank=rank)
+                except (EngineDead, ClientClosed) as exc:
+                    outcome.append(exc)
+
+            tg.start_soon(sleeping, 1)
+            with anyio.fail_after(10):
+                while client.peers.state(1) is not PeerState.BUSY:
+                    await anyio.sleep(0.02)
+            if role is not None:
+                assert role.holder is not None  # the sleeping caller receives
+            t0 = anyio.current_time()
+            fleet.kill(1)
+            with anyio.fail_after(10):
+                while not outcome:
+                    await anyio.sleep(0.01)
+            assert isinstance(outcome[0], EngineDead)
+            assert anyio.current_time() - t0 < 5.0
+            assert await client.call("echo", 2, rank=0) == 2
+            tg.start_soon(sleeping, 0)
+            with anyio.fail_after(10):
+                while client.peers.state(0) is not PeerState.BUSY:
+                    await anyio.sleep(0.02)
+            if role is not None:
+                assert role.holder is not None
+            await client.aclose()
+            with anyio.fail_after(5):
+                while len(outcome) < 2:
+                    await anyio.sleep(0.01)
+            assert isinstance(outcome[1], ClientClosed)
+
+
+async def test_expiry_ends_the_holders_receive_on_a_silent_socket(tmp_path: Path) -> None:
+    """No heartbeats either way and an engine that never answers: nothing arrives on
+    the socket, so only the deadline can end the holder's receive, on time."""
+    transport = ZmqRouterClientTransport(f"ipc://{tmp_path}/c.sock")
+    release = anyio.Event()
+    async with ControlClient(transport, ranks=1, default_timeout=10.0,
+                             heartbeat_interval=None) as client, \
+            anyio.create_task_group() as tg:
+        await _engines(tg, transport.address, 1, release, heartbeat_interval=None)
+        with anyio.fail_after(10):
+            while True:  # first contact: the engine's hello, then calls go through
+                try:
+                    assert await client.call("echo", 0, timeout=0.5) == 0
+                    break
+                except RequestTimedOut:
+                    pass
+        for i in range(3):
+            assert await client.call("echo", i) == i
+        for _ in range(3):
+            t0 = anyio.current_time()
+            with anyio.fail_after(5), pytest.raises(RequestTimedOut):
+                await client.call("hang", timeout=0.3)
+            assert anyio.current_time() - t0 < 1.5
+            assert await client.call("echo", 7) == 7
+        release.set()
+        tg.cancel_scope.cancel()
