@@ -26,9 +26,11 @@ Guarantees:
   receives, or runs next: a caller gives the role back, or on to another waiting
   caller, as soon as its own request is decided, whatever decided it (its
   reply, the deadline reaper, a lost rank, close), and when it is cancelled.
-* **Handed over only at a message boundary.** The receive loop passes the role
-  to a waiting caller before it takes its next message or before it would wait
-  for one, never in the middle of one; a caller waiting while the receive loop
+* **Handed over only at a message boundary, to a caller that is alone.** The
+  receive loop passes the role to a waiting caller before it takes its next
+  message or before it would wait for one, never in the middle of one, and
+  only while that caller is the only one waiting (with more, the receive loop
+  takes their replies in batches). A caller waiting while the receive loop
   waits on the socket is answered by the receive loop, as without the role.
 * A caller's wait ends when its request is decided, as ``waiter.wait()`` does.
 """
@@ -102,6 +104,10 @@ class ReceiveRole:
         self.candidates: dict[RoleWaiter, PendingRequest] = {}
         self._loop_receiving = False
         self._loop_task: Any = None
+        #: callers in :meth:`wait` (the holder among them): the role goes to a caller
+        #: only while it is the only one (with more, the receive loop takes their
+        #: replies in batches, as a passing role would not)
+        self._waiting = 0
         #: how many times the role went to a caller (tests read it)
         self.handed = 0
 
@@ -147,11 +153,12 @@ class ReceiveRole:
             TrioTaskWaiter.lowlevel.reschedule(task)
 
     def _wanted(self) -> bool:
-        return bool(self.candidates)
+        return self._waiting == 1 and bool(self.candidates)
 
     def _pass_on(self) -> None:
-        """The role is free: to the oldest waiting caller, else to the receive loop."""
-        waiter = next(iter(self.candidates), None)
+        """The role is free: to the one caller waiting, if it is alone, else to the
+        receive loop."""
+        waiter = next(iter(self.candidates), None) if self._waiting == 1 else None
         self.holder = waiter
         if waiter is None:
             self._wake_loop()
@@ -172,8 +179,9 @@ class ReceiveRole:
         decided, receiving for it (and for everyone) while this task holds the role."""
         waiter = entry.waiter
         assert isinstance(waiter, RoleWaiter)
+        self._waiting += 1
         try:
-            if self.holder is None and not self._loop_receiving:
+            if self.holder is None and not self._loop_receiving and self._waiting == 1:
                 self.holder = waiter  # the receive loop is parked, or will see it
                 self.handed += 1
             elif entry.is_open:
@@ -184,6 +192,7 @@ class ReceiveRole:
             elif entry.is_open:  # pragma: no cover - woken for neither
                 await waiter.wait()
         finally:
+            self._waiting -= 1
             self.candidates.pop(waiter, None)
             if self.holder is waiter:
                 self._pass_on()
