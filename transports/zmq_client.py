@@ -234,8 +234,9 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         64 handled without a wait.
 
         ``until``: returns None, having taken nothing more, as soon as ``until()``
-        is True; it is asked before each message the receiving task takes itself
-        and before the receive suspends. To end a suspended receive for it, call
+        is True; it is asked before each message the receiving task takes itself,
+        after each one the reader callback handed over, and before the receive
+        suspends. To end a suspended receive for it otherwise, call
         :meth:`interrupt_receive` once ``until()`` is True.
 
         ``handle`` must not use this transport; an exception it raises is raised

@@ -28,9 +28,9 @@ from ctlwire.transports.transport import (
 __all__ = ["FaultyClientTransport"]
 
 _RAISED = cast(Any, object())
-#: put in the buffer by interrupt_receive(): the suspended receive asks its ``until``
-_INTERRUPTED = cast(Any, object())
 """Buffered in place of an event whose handler raised where it arrived."""
+_INTERRUPTED = cast(Any, object())
+"""Buffered by interrupt_receive(): the suspended receive asks its ``until`` again."""
 
 
 class _Declined:
