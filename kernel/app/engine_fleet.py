@@ -90,8 +90,9 @@ class EngineFleet:
         self.stop()
 
     def _spawn(self, rank: int) -> EngineProcess:
+        # an engine stops by itself if this process dies without stopping it
         argv = [self.python, "-m", "ctlwire.kernel.app.engine_process", "--rank", str(rank),
-                *self.args_for(rank)]
+                "--exit-with-parent", str(os.getpid()), *self.args_for(rank)]
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=None, text=True, env=env,

@@ -188,10 +188,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-pickle", action="store_true")
     p.add_argument("--allow-insecure-tcp", action="store_true")
     p.add_argument("--heartbeat", type=float, default=0.25)
+    p.add_argument("--exit-with-parent", type=int, metavar="PID",
+                   help="stop (as on SIGTERM) once process PID is no longer this one's "
+                        "parent: the launcher died without stopping its engines")
     p.add_argument("--curve-secret")
     p.add_argument("--curve-server-key")
     p.add_argument("--curve-allow", nargs="*", default=[])
     return p
+
+
+def _watch_parent(pid: int, stop: threading.Event, interval: float = 0.25) -> None:
+    """Set ``stop`` once ``pid`` is no longer this process's parent (it died and
+    this process was re-parented), checked every ``interval`` s from a daemon thread."""
+    def watch() -> None:
+        while not stop.wait(interval):
+            if os.getppid() != pid:
+                stop.set()
+
+    threading.Thread(target=watch, name="ctlwire.engine.parent-watch", daemon=True).start()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -206,6 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if args.exit_with_parent is not None:
+        _watch_parent(args.exit_with_parent, stop)
     if args.mode == "poll":
         endpoint.open()
         print(f"READY {args.rank} {endpoint.incarnation}", flush=True)
