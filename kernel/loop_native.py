@@ -111,18 +111,27 @@ class TrioTaskWaiter:
     def set(self) -> None:
         if not self._flag:
             self._flag = True
-            task, self._task = self._task, None
-            if task is not None:
-                self.lowlevel.reschedule(task)
+            self.wake()
 
     def is_set(self) -> bool:
         return self._flag
 
     async def wait(self) -> None:
-        lowlevel = self.lowlevel
         if self._flag:
-            await lowlevel.checkpoint()
+            await self.lowlevel.checkpoint()
             return
+        await self.park()
+
+    def wake(self) -> None:
+        """Reschedule the parked task, if any, without setting the flag."""
+        task, self._task = self._task, None
+        if task is not None:
+            self.lowlevel.reschedule(task)
+
+    async def park(self) -> None:
+        """Park the calling task until :meth:`wake` or :meth:`set` (or its cancellation),
+        whatever the flag says."""
+        lowlevel = self.lowlevel
         if self._task is not None:
             raise RuntimeError("a single-task waiter already has a waiting task")
         self._task = lowlevel.current_task()

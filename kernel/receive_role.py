@@ -54,7 +54,7 @@ log = logging.getLogger("ctlwire.client")
 class RoleWaiter(TrioTaskWaiter):
     """The waiter of one :meth:`ReceiveRole.wait` caller: ``set()`` (its request is
     decided) also takes it off the role's candidates and, while it receives,
-    interrupts its receive; :meth:`hand` wakes it to take the role."""
+    interrupts its receive; ``wake()`` (no flag) wakes it to take the role."""
 
     __slots__ = ("receiving", "role")
 
@@ -71,15 +71,7 @@ class RoleWaiter(TrioTaskWaiter):
         role.candidates.pop(self, None)
         if self.receiving:
             role.transport.interrupt_receive()  # its receive returns: it is decided
-        task, self._task = self._task, None
-        if task is not None:
-            self.lowlevel.reschedule(task)
-
-    def hand(self) -> None:
-        """Wake the waiting task: it holds the role now."""
-        task, self._task = self._task, None
-        if task is not None:
-            self.lowlevel.reschedule(task)
+        self.wake()
 
 
 class ReceiveRole:
@@ -103,7 +95,7 @@ class ReceiveRole:
         #: callers waiting for an open request, oldest first (a set one is removed)
         self.candidates: dict[RoleWaiter, PendingRequest] = {}
         self._loop_receiving = False
-        self._loop_task: Any = None
+        self._loop_parking = TrioTaskWaiter()  # where the receive loop parks
         #: callers in :meth:`wait` (the holder among them): the role goes to a caller
         #: only while it is the only one (with more, the receive loop takes their
         #: replies in batches, as a passing role would not)
@@ -117,12 +109,12 @@ class ReceiveRole:
     # -- the receive loop -----------------------------------------------------------
     async def run_loop(self) -> None:
         """The client's receive loop: receive and handle while no caller holds the
-        role; hand it to the oldest waiting caller at a message boundary."""
+        role; hand it to a caller waiting alone, at a message boundary."""
         receive = self.transport.receive_or_handle
         handle, wanted = self._handle, self._wanted
         while True:
             if self.holder is not None:
-                await self._park_loop()
+                await self._loop_parking.park()  # until a holder gives the role back
                 continue
             self._loop_receiving = True
             try:
@@ -137,21 +129,6 @@ class ReceiveRole:
                 continue
             self._dispatch(event)
 
-    async def _park_loop(self) -> None:
-        lowlevel = TrioTaskWaiter.lowlevel
-        self._loop_task = lowlevel.current_task()
-
-        def abort(_: Any) -> Any:
-            self._loop_task = None
-            return lowlevel.Abort.SUCCEEDED
-
-        await lowlevel.wait_task_rescheduled(abort)
-
-    def _wake_loop(self) -> None:
-        task, self._loop_task = self._loop_task, None
-        if task is not None:
-            TrioTaskWaiter.lowlevel.reschedule(task)
-
     def _wanted(self) -> bool:
         return self._waiting == 1 and bool(self.candidates)
 
@@ -161,11 +138,11 @@ class ReceiveRole:
         waiter = next(iter(self.candidates), None) if self._waiting == 1 else None
         self.holder = waiter
         if waiter is None:
-            self._wake_loop()
+            self._loop_parking.wake()
             return
         del self.candidates[waiter]
         self.handed += 1
-        waiter.hand()
+        waiter.wake()  # it holds the role now
 
     def _dispatch(self, event: TransportEvent) -> None:
         try:
@@ -210,7 +187,7 @@ class ReceiveRole:
                 event = await receive(handle, decided)
             except TransportClosed:
                 # the receive loop closes the client, which decides this request
-                waiter.receiving = False
+                waiter.receiving = False  # before the wait below, not after it
                 self._pass_on()
                 await waiter.wait()
                 return

@@ -5,6 +5,8 @@ hands replies over)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,21 +36,34 @@ def _current_task() -> Any:
     return asyncio.current_task()
 
 
-async def _engines(tg: Any, address: str, ranks: int, release: anyio.Event,
-                   **kwargs: Any) -> list[EngineEndpoint]:
-    eps = []
-    for rank in range(ranks):
-        ep = EngineEndpoint(ZmqDealerEngineTransport(address, rank), **kwargs)
-        ep.register("echo", lambda x=None: x)
+@asynccontextmanager
+async def _client_and_engines(tmp_path: Path, ranks: int, *, heartbeat: float | None = 0.25,
+                              timeout: float = 10.0
+                              ) -> AsyncIterator[tuple[ControlClient, anyio.Event]]:
+    """A client and ``ranks`` in-process engines (``echo``; ``hang`` until the event
+    is set), heartbeating every ``heartbeat`` s both ways (None: not at all), ready
+    unless nothing heartbeats. The engines are stopped and ``hang`` released after."""
+    transport = ZmqRouterClientTransport(f"ipc://{tmp_path}/c.sock")
+    release = anyio.Event()
+    async with ControlClient(transport, ranks=ranks, default_timeout=timeout,
+                             heartbeat_interval=heartbeat) as client, \
+            anyio.create_task_group() as tg:
+        for rank in range(ranks):
+            ep = EngineEndpoint(ZmqDealerEngineTransport(transport.address, rank),
+                                heartbeat_interval=heartbeat)
+            ep.register("echo", lambda x=None: x)
 
-        async def hang() -> str:
-            await release.wait()
-            return "released"
+            async def hang() -> str:
+                await release.wait()
+                return "released"
 
-        ep.register("hang", hang)
-        await tg.start(ep.serve)
-        eps.append(ep)
-    return eps
+            ep.register("hang", hang)
+            await tg.start(ep.serve)
+        if heartbeat is not None:
+            await client.wait_ready(timeout=10)
+        yield client, release
+        release.set()
+        tg.cancel_scope.cancel()
 
 
 def _has_role(client: ControlClient) -> bool:
@@ -69,12 +84,7 @@ async def test_a_sequential_caller_receives_its_own_reply(
         return original(self, event)
 
     monkeypatch.setattr(ControlClient, "_handle_reply", recording)
-    transport = ZmqRouterClientTransport(f"ipc://{tmp_path}/c.sock")
-    release = anyio.Event()
-    async with ControlClient(transport, ranks=1, default_timeout=10.0) as client, \
-            anyio.create_task_group() as tg:
-        await _engines(tg, transport.address, 1, release)
-        await client.wait_ready(timeout=10)
+    async with _client_and_engines(tmp_path, 1) as (client, _):
         me = _current_task()
         for i in range(40):
             assert await client.call("echo", i) == i
@@ -83,20 +93,13 @@ async def test_a_sequential_caller_receives_its_own_reply(
             assert client.issuer.receive_role.handed >= 35  # type: ignore[union-attr]
         else:
             assert not any(t is me for t in handled_in)
-        release.set()
-        tg.cancel_scope.cancel()
 
 
 async def test_the_holder_handles_others_replies_and_heartbeats(tmp_path: Path) -> None:
     """A caller holds the role for a call that hangs: the replies of 20 other calls
     (to another rank, and fan-outs) and the engines' heartbeats are handled all along."""
-    transport = ZmqRouterClientTransport(f"ipc://{tmp_path}/c.sock")
-    release = anyio.Event()
-    async with ControlClient(transport, ranks=2, default_timeout=10.0,
-                             heartbeat_interval=0.05) as client, \
+    async with _client_and_engines(tmp_path, 2, heartbeat=0.05) as (client, release), \
             anyio.create_task_group() as tg:
-        await _engines(tg, transport.address, 2, release, heartbeat_interval=0.05)
-        await client.wait_ready(timeout=10)
         for i in range(3):  # the caller takes the role between calls
             assert await client.call("echo", i, rank=0) == i
         result: list[Any] = []
@@ -122,7 +125,6 @@ async def test_the_holder_handles_others_replies_and_heartbeats(tmp_path: Path) 
             while not result:
                 await anyio.sleep(0.01)
         assert result == ["released"]
-        tg.cancel_scope.cancel()
 
 
 async def test_expiry_and_cancellation_of_the_holder_give_the_role_back(
@@ -130,13 +132,7 @@ async def test_expiry_and_cancellation_of_the_holder_give_the_role_back(
     """The holder's request expires (the reaper decides it while it receives), then
     another holder is cancelled: each time the role goes back to the receive loop,
     which goes on handling heartbeats with no call in flight, and calls work."""
-    transport = ZmqRouterClientTransport(f"ipc://{tmp_path}/c.sock")
-    release = anyio.Event()
-    async with ControlClient(transport, ranks=1, default_timeout=10.0,
-                             heartbeat_interval=0.05) as client, \
-            anyio.create_task_group() as tg:
-        await _engines(tg, transport.address, 1, release, heartbeat_interval=0.05)
-        await client.wait_ready(timeout=10)
+    async with _client_and_engines(tmp_path, 1, heartbeat=0.05) as (client, _):
         assert await client.call("echo", 1) == 1
         role = client.issuer.receive_role
         t0 = anyio.current_time()
@@ -158,20 +154,13 @@ async def test_expiry_and_cancellation_of_the_holder_give_the_role_back(
         await anyio.sleep(0.4)
         assert client.counters["heartbeats_received"] >= beats + 3
         assert await client.call("echo", 3) == 3
-        release.set()
-        tg.cancel_scope.cancel()
 
 
 async def test_concurrent_callers_leave_the_role_to_the_receive_loop(tmp_path: Path) -> None:
     """32 tasks calling 3 ranks at once: every answer right, one receiver at a time
     (a second would raise BusyResourceError). While several wait, the receive loop
     keeps the role (it takes their replies in batches); a caller alone again gets it."""
-    transport = ZmqRouterClientTransport(f"ipc://{tmp_path}/c.sock")
-    release = anyio.Event()
-    async with ControlClient(transport, ranks=3, default_timeout=20.0) as client, \
-            anyio.create_task_group() as tg:
-        await _engines(tg, transport.address, 3, release)
-        await client.wait_ready(timeout=10)
+    async with _client_and_engines(tmp_path, 3, timeout=20.0) as (client, _):
         wrong: list[Any] = []
         role = client.issuer.receive_role
 
@@ -195,8 +184,6 @@ async def test_concurrent_callers_leave_the_role_to_the_receive_loop(tmp_path: P
             for i in range(20):
                 assert await client.call("echo", i) == i
             assert role.handed - handed >= 18
-        release.set()
-        tg.cancel_scope.cancel()
 
 
 async def test_kill_9_and_close_end_the_holders_wait(tmp_path: Path) -> None:
@@ -250,12 +237,7 @@ async def test_kill_9_and_close_end_the_holders_wait(tmp_path: Path) -> None:
 async def test_expiry_ends_the_holders_receive_on_a_silent_socket(tmp_path: Path) -> None:
     """No heartbeats either way and an engine that never answers: nothing arrives on
     the socket, so only the deadline can end the holder's receive, on time."""
-    transport = ZmqRouterClientTransport(f"ipc://{tmp_path}/c.sock")
-    release = anyio.Event()
-    async with ControlClient(transport, ranks=1, default_timeout=10.0,
-                             heartbeat_interval=None) as client, \
-            anyio.create_task_group() as tg:
-        await _engines(tg, transport.address, 1, release, heartbeat_interval=None)
+    async with _client_and_engines(tmp_path, 1, heartbeat=None) as (client, _):
         with anyio.fail_after(10):
             while True:  # first contact: the engine's hello, then calls go through
                 try:
@@ -271,5 +253,3 @@ async def test_expiry_ends_the_holders_receive_on_a_silent_socket(tmp_path: Path
                 await client.call("hang", timeout=0.3)
             assert anyio.current_time() - t0 < 1.5
             assert await client.call("echo", 7) == 7
-        release.set()
-        tg.cancel_scope.cancel()
