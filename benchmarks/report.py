@@ -153,6 +153,11 @@ class Report:
     groups: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    #: CPU time the hypervisor took during the whole run, in percent
+    #: (:mod:`ctlwire.benchmarks.cpu_steal`; None where it cannot be read)
+    steal_pct: float | None = None
+    #: the same during each group's measurement, by group (in the order they ran)
+    group_steal_pct: dict[str, float | None] = field(default_factory=dict)
 
     def add(self, rows: Sequence[Row]) -> None:
         self.rows.extend(rows)
@@ -168,6 +173,8 @@ class Report:
             "machine": self.machine,
             "groups": self.groups,
             "elapsed_s": round(self.elapsed_s, 2),
+            "steal_pct": _rounded(self.steal_pct),
+            "group_steal_pct": {g: _rounded(v) for g, v in self.group_steal_pct.items()},
             "rows": [r.to_json() for r in self.rows],
             "summary": {
                 "rows": len(self.rows),
@@ -191,6 +198,7 @@ class Report:
             f"trio {m['trio']}, msgspec {m['msgspec']}; load at start {m['loadavg_at_start']}",
             "transport ipc, codec msgpack (msgspec) on both sides; baselines measured in "
             "this run, alternating with ctlwire",
+            self.steal_text(),
             "",
         ]
         cols = ("group", "scenario", "ctlwire", "baseline", "ratio", "target", "result")
@@ -221,6 +229,32 @@ class Report:
                        f"{row.ratio_text()}, target {row.target.describe()}")
         out.extend(f"note: {n}" for n in self.notes)
         return "\n".join(out)
+
+
+    def steal_text(self) -> str:
+        """The line that says how much CPU the host took, during the run and each group."""
+        if self.steal_pct is None:
+            return "CPU stolen by the host (hypervisor): not measured on this machine"
+        groups = ", ".join(f"{g} {_pct(v)}" for g, v in self.group_steal_pct.items())
+        text = f"CPU stolen by the host (hypervisor) during the run: {_pct(self.steal_pct)}"
+        if groups:
+            text += f" (by group: {groups})"
+        if self.steal_pct >= NOISY_STEAL_PCT:
+            text += (f"; at {NOISY_STEAL_PCT:g} % or more the machine was not quiet: "
+                     "read the ratios as such")
+        return text
+
+
+#: steal (percent of the run's CPU time) from which a run is flagged as not quiet
+NOISY_STEAL_PCT = 5.0
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} %"
 
 
 def print_table(report: Report) -> None:

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from . import scale, scenarios, state_table
+from .cpu_steal import read_cpu_times, steal_percent
 from .fleets import FleetPool
 from .report import Report, Row, Target
 from .stats import median, percentile
@@ -169,13 +170,17 @@ def run_bench(*, quick: bool = False, only: Sequence[str] | None = None,
     report.groups = [g for g in GROUPS if g in selected]
     p = scenarios.Params(quick)
     started = time.perf_counter()
+    cpu_at_start = read_cpu_times()
 
     def step(name: str, fn: Callable[[], list[Row]]) -> None:
         t0 = time.perf_counter()
+        cpu0 = read_cpu_times()
         progress(f"{name} ...")
         rows = fn()
         report.add(rows)
-        progress(f"{name}: {len(rows)} rows in {time.perf_counter() - t0:.1f} s")
+        steal = report.group_steal_pct[name] = steal_percent(cpu0, read_cpu_times())
+        stolen = "" if steal is None else f", {steal:.1f} % CPU stolen by the host"
+        progress(f"{name}: {len(rows)} rows in {time.perf_counter() - t0:.1f} s{stolen}")
 
     with FleetPool() as pool:
         one_engine = {"latency", "floor", "throughput", "trio", "memory"} & selected
@@ -229,4 +234,5 @@ def run_bench(*, quick: bool = False, only: Sequence[str] | None = None,
             report.notes.append("--quick: state_table compares 10 vs 1,000 live requests "
                                 "(transitions' add_model is O(models); 10,000 takes long)")
     report.elapsed_s = time.perf_counter() - started
+    report.steal_pct = steal_percent(cpu_at_start, read_cpu_times())
     return report

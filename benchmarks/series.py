@@ -95,7 +95,10 @@ class Series:
         n = len(self.reports)
         loads = [r.machine.get("loadavg_at_start") for r in self.reports]
         out = [f"ctlwire bench, {n} runs; load at each start (1 min): "
-               + " ".join("-" if load is None else f"{load[0]:.2f}" for load in loads), ""]
+               + " ".join("-" if load is None else f"{load[0]:.2f}" for load in loads)
+               + "; CPU stolen by the host during each run: "
+               + " ".join("-" if r.steal_pct is None else f"{r.steal_pct:.1f}%"
+                          for r in self.reports), ""]
         body = []
         for s in self.rows:
             if s.target.op == "info":

@@ -83,6 +83,10 @@ def test_quick_bench_writes_every_row_with_ratio_and_target(
     summary = report["summary"]
     assert summary["rows"] == len(rows)
     assert summary["pass"] + summary["miss"] + summary["info"] == len(rows)
+    # the host's share of the CPU, for the run and each group that ran (Linux: measured)
+    assert 0.0 <= report["steal_pct"] <= 100.0
+    assert set(report["group_steal_pct"]) >= {"latency/floor/throughput", "fanout", "trio"}
+    assert all(0.0 <= v <= 100.0 for v in report["group_steal_pct"].values())
 
     # a correctness invariant, not a speed target: every call was cleaned up
     registry = next(r for r in rows if r["scenario"].startswith("live registry entries"))
@@ -90,6 +94,7 @@ def test_quick_bench_writes_every_row_with_ratio_and_target(
 
     table = capsys.readouterr().out
     assert "ctlwire bench --quick" in table and "cores" in table and "libzmq" in table
+    assert "CPU stolen by the host (hypervisor) during the run: " in table
     for row in rows:
         assert row["scenario"] in table
         assert row["target"]["text"] in table
