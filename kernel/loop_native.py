@@ -135,12 +135,14 @@ class TrioTaskWaiter:
         if self._task is not None:
             raise RuntimeError("a single-task waiter already has a waiting task")
         self._task = lowlevel.current_task()
+        await lowlevel.wait_task_rescheduled(self.abort)
 
-        def abort(_: Any) -> Any:
-            self._task = None
-            return lowlevel.Abort.SUCCEEDED
-
-        await lowlevel.wait_task_rescheduled(abort)
+    def abort(self, _raise_cancel: Any) -> Any:
+        """The parked task is being cancelled: it is no longer parked here (what
+        ``trio.lowlevel.wait_task_rescheduled`` calls; a wait that sets ``_task`` itself
+        passes it too)."""
+        self._task = None
+        return self.lowlevel.Abort.SUCCEEDED
 
 
 def single_waiter_factory() -> Callable[[], Any]:
