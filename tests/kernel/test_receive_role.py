@@ -156,6 +156,45 @@ async def test_expiry_and_cancellation_of_the_holder_give_the_role_back(
         assert await client.call("echo", 3) == 3
 
 
+async def test_a_cancelled_candidate_leaves_nothing_parked(tmp_path: Path) -> None:
+    """A caller waiting while another holds the role (a candidate) is cancelled: it
+    leaves the candidates, parked nowhere (a later ``set()`` of its waiter wakes no
+    task: trio would raise for a task that is not parked), and the holder's call
+    still ends with its reply."""
+    async with _client_and_engines(tmp_path, 1) as (client, release):
+        role = client.issuer.receive_role
+        got: list[Any] = []
+        async with anyio.create_task_group() as tg:
+            async def holder() -> None:
+                got.append(await client.call("hang"))
+
+            tg.start_soon(holder)
+            if role is not None:
+                with anyio.fail_after(5):
+                    while role.holder is None:
+                        await anyio.sleep(0.005)
+            waiters: list[Any] = []
+            with anyio.move_on_after(0.3) as scope:
+                async def watch() -> None:
+                    while role is not None and not role.candidates:
+                        await anyio.sleep(0.005)
+                    waiters.extend(role.candidates if role is not None else ())
+
+                tg.start_soon(watch)
+                await client.call("hang")
+            assert scope.cancelled_caught
+            if role is not None:
+                assert len(waiters) == 1 and not role.candidates
+                waiter = waiters[0]
+                assert waiter._task is None
+                waiter.set()  # harmless: nothing parked
+                await anyio.sleep(0.01)
+            release.set()
+        assert got == ["released"]
+        assert await client.call("echo", 5) == 5
+        assert client.registry.live_count == 0
+
+
 async def test_concurrent_callers_leave_the_role_to_the_receive_loop(tmp_path: Path) -> None:
     """32 tasks calling 3 ranks at once: every answer right, one receiver at a time
     (a second would raise BusyResourceError). While several wait, the receive loop
