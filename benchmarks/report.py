@@ -22,6 +22,10 @@ __all__ = ["Report", "Row", "Target", "format_ratio", "machine_info", "verdict"]
 
 Op = Literal["<=", ">=", "info"]
 
+#: steal (percent of the run's CPU time) from which a run is flagged as not quiet
+#: (:mod:`ctlwire.benchmarks.cpu_steal`)
+NOISY_STEAL_PCT = 5.0
+
 
 @dataclass(frozen=True)
 class Target:
@@ -230,7 +234,6 @@ class Report:
         out.extend(f"note: {n}" for n in self.notes)
         return "\n".join(out)
 
-
     def steal_text(self) -> str:
         """The line that says how much CPU the host took, during the run and each group."""
         if self.steal_pct is None:
@@ -243,10 +246,6 @@ class Report:
             text += (f"; at {NOISY_STEAL_PCT:g} % or more the machine was not quiet: "
                      "read the ratios as such")
         return text
-
-
-#: steal (percent of the run's CPU time) from which a run is flagged as not quiet
-NOISY_STEAL_PCT = 5.0
 
 
 def _rounded(value: float | None) -> float | None:
