@@ -32,11 +32,13 @@ from .stats import median, percentile, rss_bytes
 __all__ = [
     "PAYLOAD",
     "BackendResult",
+    "BackendRound",
     "FanOutResult",
     "LiveResult",
     "MemoryResult",
     "Params",
     "SingleEngineResult",
+    "backend_round",
     "fan_out",
     "live_requests",
     "memory",
@@ -298,19 +300,29 @@ class BackendResult:
         default_factory=lambda: {"asyncio": [], "trio": []})
 
 
-def trio_vs_asyncio(one_address: str, fan_address: str | None, fan_engines: int,
-                    p: Params) -> BackendResult:
-    """The same ctlwire scenarios on both anyio backends, one ``anyio.run`` per round
-    (ABBA order); each round binds fresh clients, the engines reconnect. The full
-    run's sizes add up to 6,000 sequential calls, 38,400 concurrent calls and 2,400
-    fan-outs per backend, in 6 rounds each (a round's rate is taken over ~0.3-0.4 s:
-    over half that, one round's rate moved ±20 % between rounds of one backend)."""
-    result = BackendResult()
+@dataclass
+class BackendRound:
+    """One round of :func:`backend_round`: sequential round trips (µs), the rate of 64
+    concurrent callers, the queueing fan-out rate (0.0 without engines to fan out to),
+    and the client thread's CPU per concurrent call and per fan-out (µs)."""
+
+    seq_us: list[float]
+    rate: float
+    fan_rate: float
+    cpu_per_call_us: float
+    cpu_per_fan_out_us: float
+
+
+def backend_round(one_address: str, fan_address: str | None, fan_engines: int,
+                  p: Params, backend: str) -> BackendRound:
+    """One ``anyio.run`` on ``backend``: fresh clients bound at the addresses (the
+    engines reconnect), warm-up, then the sequential, 64-concurrent and queueing
+    fan-out scenarios of :func:`trio_vs_asyncio`."""
     seq_n = p.seq_block * 2 if p.quick else p.seq_block
     tput_n = p.tput_block
     fan_n = p.fan_block
 
-    async def round_(backend: str) -> None:
+    async def round_() -> BackendRound:
         async with contextlib.AsyncExitStack() as stack:
             one = await stack.enter_async_context(_ctl_client(one_address, 1))
             fan = (await stack.enter_async_context(_ctl_client(fan_address, fan_engines))
@@ -324,8 +336,11 @@ def trio_vs_asyncio(one_address: str, fan_address: str | None, fan_engines: int,
 
             _check(await call(), PAYLOAD, f"ctlwire echo on {backend}")
             await sequential(call, 200)
-            result.seq_us[backend] += await sequential(call, seq_n)
-            result.rate[backend].append(await concurrent_rate(call, tput_n, 64))
+            seq = await sequential(call, seq_n)
+            cpu0 = time.thread_time()
+            rate = await concurrent_rate(call, tput_n, 64)
+            cpu_call = (time.thread_time() - cpu0) / tput_n * 1e6
+            fan_rate = cpu_fan = 0.0
             if fan is not None:
                 fan_client = fan
 
@@ -333,12 +348,31 @@ def trio_vs_asyncio(one_address: str, fan_address: str | None, fan_engines: int,
                     return await fan_client.fan_out("echo", PAYLOAD, mode="queueing")
 
                 await concurrent_rate(fan_call, fan_n // 4, 8)
-                result.fan_rate[backend].append(await concurrent_rate(fan_call, fan_n, 8))
+                cpu0 = time.thread_time()
+                fan_rate = await concurrent_rate(fan_call, fan_n, 8)
+                cpu_fan = (time.thread_time() - cpu0) / fan_n * 1e6
+            return BackendRound(seq, rate, fan_rate, cpu_call, cpu_fan)
 
+    return anyio.run(round_, backend=backend)
+
+
+def trio_vs_asyncio(one_address: str, fan_address: str | None, fan_engines: int,
+                    p: Params) -> BackendResult:
+    """The same ctlwire scenarios on both anyio backends, one ``anyio.run`` per round
+    (ABBA order, :func:`backend_round`); each round binds fresh clients, the engines
+    reconnect. The full run's sizes add up to 6,000 sequential calls, 38,400
+    concurrent calls and 2,400 fan-outs per backend, in 6 rounds each (a round's rate
+    is taken over ~0.3-0.4 s: over half that, one round's rate moved ±20 % between
+    rounds of one backend)."""
+    result = BackendResult()
     backends = ["asyncio", "trio"]
     for i in range(p.trio_rounds * 2):
         backend = backends[(i + i // 2) % 2]  # asyncio, trio, trio, asyncio, ...
-        anyio.run(round_, backend, backend=backend)
+        r = backend_round(one_address, fan_address, fan_engines, p, backend)
+        result.seq_us[backend] += r.seq_us
+        result.rate[backend].append(r.rate)
+        if fan_address is not None:
+            result.fan_rate[backend].append(r.fan_rate)
     return result
 
 
