@@ -139,8 +139,8 @@ class TrioTaskWaiter:
 
     def abort(self, _raise_cancel: Any) -> Any:
         """The parked task is being cancelled: it is no longer parked here (what
-        ``trio.lowlevel.wait_task_rescheduled`` calls; a wait that sets ``_task`` itself
-        passes it too)."""
+        ``trio.lowlevel.wait_task_rescheduled`` calls; a method, not a closure made
+        per park)."""
         self._task = None
         return self.lowlevel.Abort.SUCCEEDED
 

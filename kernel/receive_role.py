@@ -59,9 +59,7 @@ class RoleWaiter(TrioTaskWaiter):
     __slots__ = ("receiving", "role")
 
     def __init__(self, role: ReceiveRole) -> None:
-        # TrioTaskWaiter's fields, set here: one waiter per call
-        self._flag = False
-        self._task: Any = None
+        super().__init__()
         self.role = role
         self.receiving = False
 
@@ -165,14 +163,7 @@ class ReceiveRole:
                 self.handed += 1
             elif entry.is_open:
                 self.candidates[waiter] = entry
-                # decided, or handed the role: waiter.wait(), inline (two frames less
-                # on every call that waits)
-                lowlevel = waiter.lowlevel
-                if waiter._flag:
-                    await lowlevel.checkpoint()
-                else:
-                    waiter._task = lowlevel.current_task()
-                    await lowlevel.wait_task_rescheduled(waiter.abort)
+                await waiter.wait()  # decided, or handed the role
             if self.holder is waiter:
                 await self._receive_for(entry, waiter)
             elif entry.is_open:  # pragma: no cover - woken for neither
