@@ -126,7 +126,11 @@ class CallIssuer(CallOutcomes):
         self.now: Callable[[], float] = anyio.current_time
         #: a new waiter (the running loop's own event once :meth:`enter_loop` ran)
         self.new_waiter: Callable[[], Any] = anyio.Event
-        #: a new waiter for a request only its caller waits on (:meth:`call_one`)
+        #: a new waiter only one task waits on, never shared (a queued ticket, a
+        #: fan-out no watcher joins): the running loop's cheapest (:meth:`enter_loop`)
+        self.new_task_waiter: Callable[[], Any] = anyio.Event
+        #: a new waiter for a request only its caller waits on (:meth:`call_one`; on
+        #: trio the receive role's)
         self.new_single_waiter: Callable[[], Any] = anyio.Event
         #: who receives (trio): :meth:`call_one` waits through it, when set
         self.receive_role: ReceiveRole | None = None
@@ -159,7 +163,7 @@ class CallIssuer(CallOutcomes):
         and resolve the backend's cancellation check once."""
         self.now = event_loop_clock()
         self.new_waiter = event_loop_waiter()
-        self.new_single_waiter = single_waiter_factory()
+        self.new_task_waiter = self.new_single_waiter = single_waiter_factory()
         self._checkpoint_if_cancelled = checkpoint_if_cancelled()
 
     def close(self) -> None:
@@ -516,7 +520,7 @@ class CallIssuer(CallOutcomes):
         """Register, send to every rank, wait, clean: one fan-out without admission."""
         core = self.call_core(method, ranks, policy, budget, deadline, None, key, fence)
         try:
-            entry = core.register(self.new_waiter())
+            entry = core.register(self.new_task_waiter())  # only this caller waits on it
             await self.send_all(core, raw)
             await self.wait_outcome(core, deadline)
             return self.fan_out_outcome(entry, result_type)

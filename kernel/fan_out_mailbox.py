@@ -73,6 +73,9 @@ class FanOutSender(Protocol):
     def new_waiter(self) -> Any:
         """A new event of the running loop (``set``, ``wait``)."""
 
+    def new_task_waiter(self) -> Any:
+        """A new waiter (``set``, ``wait``) for one task only (never shared)."""
+
     def call_core(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
                   deadline: float | None = None, queue: AdmissionQueue | None = None,
                   key: str = "", fence: int | None = None) -> CallCore:
@@ -123,7 +126,7 @@ class FanOutMailbox:
             if not core.arrive():
                 ticket = core.ticket
                 assert ticket is not None
-                waiter = ticket.waiter = sender.new_waiter()
+                waiter = ticket.waiter = sender.new_task_waiter()  # this caller's only
                 reaper = sender.reaper
                 if reaper.running:
                     reaper.arm(ticket, deadline)  # woken by hand-off or deadline
@@ -139,7 +142,7 @@ class FanOutMailbox:
                     raise RequestTimedOut(self.method, budget, admission=True)
             core.resume()
             # the decision itself passes the mailbox on (the next caller is woken first)
-            waiter = HandOffWaiter(core, sender.new_waiter())
+            waiter = HandOffWaiter(core, sender.new_task_waiter())  # no watcher joins
             entry = core.register(waiter)
             await sender.send_all(core, raw)
             await sender.wait_outcome(core, deadline)

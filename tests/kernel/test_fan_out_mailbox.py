@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import anyio
 import pytest
 
 from ctlwire.kernel.core.admission_queue import AdmissionQueue, Ticket
+from ctlwire.kernel.core.call_core import HandOffWaiter
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.errors import FanOutFailed, RequestTimedOut
+from ctlwire.kernel.loop_native import event_loop_waiter, single_waiter_factory
 from ctlwire.kernel.testing import EngineHarness, virtual_backend
 from ctlwire.states import TicketEvent, TicketState
 from ctlwire.transports.envelope import Request
@@ -367,3 +370,35 @@ async def test_a_thousand_concurrent_callers_keep_arrival_order() -> None:
         assert results == {i: i for i in range(1000)}
         assert box.queue.admitted_total == 1000
         assert c.registry.live_count == 0 and box.depth == 0
+
+
+async def test_queued_callers_and_fan_outs_wait_on_one_task_waiters() -> None:
+    """A queued ticket and the request of a queueing or concurrent fan-out are waited
+    on by their own caller only: each gets the loop's one-task waiter (a bare future
+    on asyncio, a parked task on trio), not a shared event; a watching fan-out, which
+    others may join, keeps the loop's event."""
+    gated = Gated()
+    async with await harness(gated) as h:
+        c = h.client
+        one_task = type(single_waiter_factory()())
+        async with anyio.create_task_group() as tg:
+            for name in "ABC":
+                tg.start_soon(c.fan_out, "work", name)
+                await anyio.wait_all_tasks_blocked()
+            queue = c.mailbox("work").queue
+            assert [type(t.waiter) for t in queue.queued()] == [one_task, one_task]
+            (holder,) = c.registry.live()
+            assert isinstance(holder.waiter, HandOffWaiter)
+            assert type(holder.waiter.inner) is one_task
+            tg.start_soon(partial(c.fan_out, "work", "D", mode="concurrent"))
+            tg.start_soon(partial(c.fan_out, "work", "E", mode="watching"))
+            await anyio.wait_all_tasks_blocked()
+            waiters = {e.id: type(e.waiter) for e in c.registry.live()}
+            assert sorted(map(str, waiters.values())) == sorted(
+                map(str, [HandOffWaiter, one_task, event_loop_waiter()]))
+            for _ in range(5):  # whichever call the engine runs now
+                next(ev for _, ev in gated.waiting if not ev.is_set()).set()
+                await anyio.wait_all_tasks_blocked()
+        assert gated.order.index("B") < gated.order.index("C")
+        assert sorted(gated.order) == list("ABCDE")
+        assert c.registry.live_count == 0 and c.mailbox("work").depth == 0
