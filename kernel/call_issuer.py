@@ -490,7 +490,7 @@ class CallIssuer(CallOutcomes):
         assert entry is not None
         if not core.begin_wait():
             return
-        waiter: Any = entry.waiter  # an event of the running loop (set, wait)
+        waiter: Any = entry.waiter  # the loop's event or one-task waiter (set, wait)
         assert waiter is not None
         entry_deadline = entry.deadline if entry.deadline is not None else float("inf")
         reaper = self.reaper
