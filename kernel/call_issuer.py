@@ -127,7 +127,7 @@ class CallIssuer(CallOutcomes):
         #: a new waiter (the running loop's own event once :meth:`enter_loop` ran)
         self.new_waiter: Callable[[], Any] = anyio.Event
         #: a new waiter only one task waits on, never shared (a queued ticket, a
-        #: fan-out no watcher joins): the running loop's cheapest (:meth:`enter_loop`)
+        #: fan-out no watcher joins, a call with progress): the running loop's cheapest
         self.new_task_waiter: Callable[[], Any] = anyio.Event
         #: a new waiter for a request only its caller waits on (:meth:`call_one`; on
         #: trio the receive role's)

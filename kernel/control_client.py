@@ -350,7 +350,7 @@ class ControlClient:
         issuer = self.issuer
         core = issuer.call_core(method, (rank,), Policy.ALL, budget, deadline, None, key, fence)
         try:
-            entry = core.register(issuer.new_waiter())
+            entry = core.register(issuer.new_task_waiter())  # only this caller waits on it
             self.progress_callbacks.by_id[entry.id] = on_progress
             await issuer.send_all(core, raw)
             await issuer.wait_outcome(core, deadline)
