@@ -64,6 +64,7 @@ from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.fencing import new_fence
 from ctlwire.kernel.core.request_registry import (
+    PendingRequest,
     ReplyDisposition,
     RequestRegistry,
     TransitionObserver,
@@ -214,7 +215,8 @@ class ControlClient:
                 and hasattr(type(self.transport), "receive_or_handle")
                 and hasattr(type(self.transport), "interrupt_receive")):
             # trio: a caller waiting for its reply may receive it itself (ReceiveRole)
-            role = ReceiveRole(self.transport, self._handle_reply, self._on_event, self.aclose)
+            role = ReceiveRole(self.transport, self._handle_reply, self._on_event, self.aclose,
+                               self._awaits_nothing_else)
             issuer.receive_role = role
             issuer.new_single_waiter = role.new_waiter
             tg.start_soon(role.run_loop, name="ctlwire.client.receive")
@@ -479,6 +481,11 @@ class ControlClient:
                 self._on_event(event)
             except Exception:  # pragma: no cover - a bug must not kill the receiver
                 log.exception("ctlwire client: failed to handle %r", event)
+
+    def _awaits_nothing_else(self, entry: PendingRequest) -> bool:
+        """True when no request but ``entry`` is in the request map (nothing else
+        awaits a reply; the receive role may be given back quietly)."""
+        return self.registry.live_count == (entry.state is not _S.CLEANED)
 
     def _handle_reply(self, event: Any) -> bool:
         """A reply, handled where it arrives (the transport's reader callback); any

@@ -122,6 +122,11 @@ class TrioTaskWaiter:
             return
         await self.park()
 
+    @property
+    def parked(self) -> bool:
+        """True while a task is parked here."""
+        return self._task is not None
+
     def wake(self) -> None:
         """Reschedule the parked task, if any, without setting the flag."""
         task, self._task = self._task, None

@@ -8,7 +8,7 @@ those steps costs trio about twice what it costs asyncio. :class:`ReceiveRole`
 lets a caller of ``ControlClient.call`` that waits for its reply receive for
 itself instead, so that its reply reaches it straight from the socket::
 
-    role = ReceiveRole(transport, handle_reply, on_event, on_closed)
+    role = ReceiveRole(transport, handle_reply, on_event, on_closed, quiet)
     tg.start_soon(role.run_loop)          # the client's receive loop
     ...
     entry = core.register(role.new_waiter())
@@ -22,10 +22,16 @@ Guarantees:
   ``BusyResourceError`` otherwise).
 * **Nothing left unread.** Whatever the holder receives is handled as the
   receive loop would handle it (replies for any caller, heartbeats,
-  disconnections, drops). When no caller holds the role the receive loop
-  receives, or runs next: a caller gives the role back, or on to another waiting
-  caller, as soon as its own request is decided, whatever decided it (its
-  reply, the deadline reaper, a lost rank, close), and when it is cancelled.
+  disconnections, drops). A caller gives the role back, or on to another
+  waiting caller, as soon as its own request is decided, whatever decided it
+  (its reply, the deadline reaper, a lost rank, close), and when it is
+  cancelled. Given back while another request is open or another caller
+  waits, the receive loop runs next. Given back while nothing else awaits a
+  reply (``quiet(entry)`` is true, no other caller waits), the receive loop is woken
+  at the latest :attr:`ReceiveRole.GIVE_BACK_DELAY` later, unless a caller
+  takes the role first (a sequential caller's next call): heartbeats and
+  disconnections wait that long at most, and a sequential caller's calls do
+  not wake the receive loop once each.
 * **Handed over only at a message boundary, to a caller that is alone.** The
   receive loop passes the role to a waiting caller before it takes its next
   message or before it would wait for one, never in the middle of one, and
@@ -38,11 +44,13 @@ Guarantees:
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ctlwire.kernel.core.request_registry import PendingRequest
-from ctlwire.kernel.loop_native import TrioTaskWaiter
+from ctlwire.kernel.loop_native import TrioTaskWaiter, event_loop_clock
 from ctlwire.transports.errors import TransportClosed
 from ctlwire.transports.transport import TransportEvent
 
@@ -79,17 +87,29 @@ class ReceiveRole:
 
     ``handle(event)`` handles a reply where it is received (True) or declines the
     event; ``on_event(event)`` handles a declined one; ``on_closed()`` runs in
-    the receive loop when the transport closed under it. The transport must
-    have ``receive_or_handle(handle, until)`` and ``interrupt_receive()``.
+    the receive loop when the transport closed under it; ``quiet(entry)`` is
+    true when no request but ``entry``, whose caller gives the role back, awaits
+    a reply (None: never). The transport must have ``receive_or_handle(handle, until)``
+    and ``interrupt_receive()``.
     """
+
+    #: how long (s) the receive loop may stay parked after a caller gave the role
+    #: back while nothing else awaited a reply
+    GIVE_BACK_DELAY = 0.01
 
     def __init__(self, transport: Any, handle: Callable[[TransportEvent], bool],
                  on_event: Callable[[TransportEvent], None],
-                 on_closed: Callable[[], Awaitable[None]]) -> None:
+                 on_closed: Callable[[], Awaitable[None]],
+                 quiet: Callable[[PendingRequest], bool] | None = None) -> None:
         self.transport = transport
         self._handle = handle
         self._on_event = on_event
         self._on_closed = on_closed
+        self._quiet = quiet
+        #: the cancel scope the receive loop parks in (None: it is not parked); its
+        #: deadline is armed when the role is given back without waking the loop
+        self._park_scope: Any = None
+        self._clock: Callable[[], float] = time.monotonic  # the run's clock, in run_loop
         #: the caller holding the role (None: the receive loop)
         self.holder: RoleWaiter | None = None
         #: callers waiting for an open request, oldest first (a set one is removed)
@@ -102,6 +122,8 @@ class ReceiveRole:
         self._waiting = 0
         #: how many times the role went to a caller (tests read it)
         self.handed = 0
+        #: how many times it was given back without waking the receive loop
+        self.given_back_quietly = 0
 
     def new_waiter(self) -> RoleWaiter:
         return RoleWaiter(self)
@@ -110,11 +132,23 @@ class ReceiveRole:
     async def run_loop(self) -> None:
         """The client's receive loop: receive and handle while no caller holds the
         role; hand it to a caller waiting alone, at a message boundary."""
+        import trio
+
+        new_scope = trio.CancelScope
+        self._clock = event_loop_clock()
         receive = self.transport.receive_or_handle
         handle, wanted = self._handle, self._wanted
+        parking = self._loop_parking
         while True:
             if self.holder is not None:
-                await self._loop_parking.park()  # until a holder gives the role back
+                # until a holder gives the role back: woken, or at the deadline armed
+                # by a quiet give-back
+                with new_scope() as scope:
+                    self._park_scope = scope
+                    try:
+                        await parking.park()
+                    finally:
+                        self._park_scope = None
                 continue
             self._loop_receiving = True
             try:
@@ -172,7 +206,23 @@ class ReceiveRole:
             self._waiting -= 1
             self.candidates.pop(waiter, None)
             if self.holder is waiter:
-                self._pass_on()
+                if self._waiting or self._quiet is None or not self._quiet(entry):
+                    self._pass_on()
+                else:
+                    self._give_back_quietly()
+
+    def _give_back_quietly(self) -> None:
+        """The role is free and nothing awaits a reply: leave the receive loop
+        parked for at most :attr:`GIVE_BACK_DELAY` (a caller may take the role
+        back first), instead of waking it now."""
+        self.holder = None
+        scope = self._park_scope
+        if scope is None or not self._loop_parking.parked:
+            self._loop_parking.wake()  # not parked: it will find the role free
+            return
+        if scope.deadline == math.inf:
+            scope.deadline = self._clock() + self.GIVE_BACK_DELAY
+        self.given_back_quietly += 1
 
     async def _receive_for(self, entry: PendingRequest, waiter: RoleWaiter) -> None:
         receive = self.transport.receive_or_handle

@@ -292,3 +292,112 @@ async def test_expiry_ends_the_holders_receive_on_a_silent_socket(tmp_path: Path
                 await client.call("hang", timeout=0.3)
             assert anyio.current_time() - t0 < 1.5
             assert await client.call("echo", 7) == 7
+
+
+def _count_loop_steps(steps: list[int]) -> Any:
+    """On trio, a ``trio.abc.Instrument`` that counts the steps of the client's
+    receive loop task in ``steps[0]`` (None on asyncio)."""
+    if sniffio.current_async_library() != "trio":
+        return None
+    import trio
+
+    class LoopSteps(trio.abc.Instrument):
+        def before_task_step(self, task: Any) -> None:
+            if task.name == "ctlwire.client.receive":
+                steps[0] += 1
+
+    instrument = LoopSteps()
+    trio.lowlevel.add_instrument(instrument)
+    return instrument
+
+
+async def test_sequential_calls_do_not_wake_the_receive_loop_each(tmp_path: Path) -> None:
+    """A caller alone gives the role back quietly after each call (nothing else
+    awaits a reply) and takes it again with its next one: 60 sequential calls wake
+    the receive loop a few times (its deadline), not once per call."""
+    async with _client_and_engines(tmp_path, 1, heartbeat=None) as (client, _):
+        with anyio.fail_after(10):
+            while True:  # first contact
+                try:
+                    assert await client.call("echo", 0, timeout=0.5) == 0
+                    break
+                except RequestTimedOut:
+                    pass
+        role = client.issuer.receive_role
+        steps = [0]
+        instrument = _count_loop_steps(steps)
+        quietly = role.given_back_quietly if role is not None else 0
+        t0 = anyio.current_time()
+        try:
+            for i in range(60):
+                assert await client.call("echo", i) == i
+        finally:
+            if instrument is not None:
+                import trio
+
+                trio.lowlevel.remove_instrument(instrument)
+        elapsed = anyio.current_time() - t0
+        if _has_role(client):
+            assert role is not None
+            assert role.given_back_quietly - quietly >= 55
+            # one wake per GIVE_BACK_DELAY at most (each: a step and a park), plus slack
+            bound = 2 * (elapsed / role.GIVE_BACK_DELAY + 1) + 10
+            assert steps[0] <= min(bound, 40), (steps[0], elapsed)
+        assert client.registry.live_count == 0
+
+
+async def test_after_a_quiet_give_back_the_loop_receives_by_the_delay(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a sequential call the caller goes idle: the receive loop, left parked,
+    receives again once the give-back delay (here 0.5 s) has passed, so heartbeats
+    are handled then, not never; before it, nothing receives."""
+    monkeypatch.setattr("ctlwire.kernel.receive_role.ReceiveRole.GIVE_BACK_DELAY", 0.5)
+    async with _client_and_engines(tmp_path, 1, heartbeat=0.05) as (client, _):
+        for i in range(3):
+            assert await client.call("echo", i) == i
+        role = client.issuer.receive_role
+        quietly = role.given_back_quietly if role is not None else 0
+        assert await client.call("echo", 9) == 9
+        beats = client.counters["heartbeats_received"]
+        await anyio.sleep(0.15)
+        if _has_role(client):
+            assert role is not None
+            assert role.given_back_quietly == quietly + 1 and role.holder is None
+            assert client.counters["heartbeats_received"] == beats  # nobody receives yet
+        await anyio.sleep(0.75)
+        assert client.counters["heartbeats_received"] >= beats + 5
+        assert await client.call("echo", 10) == 10
+
+
+async def test_a_give_back_while_another_request_is_open_wakes_the_loop(
+        tmp_path: Path) -> None:
+    """A fan-out waits (for a hanging rank) while a caller makes sequential calls to
+    another rank: each give-back wakes the receive loop at once (the fan-out's reply
+    must not wait for a deadline), none is quiet; released, the fan-out completes."""
+    async with _client_and_engines(tmp_path, 2, heartbeat=0.05) as (client, release), \
+            anyio.create_task_group() as tg:
+        assert await client.call("echo", 0, rank=0) == 0
+        role = client.issuer.receive_role
+        results: list[Any] = []
+
+        async def fan_out() -> None:
+            results.append(await client.fan_out("hang", ranks=[1], mode="concurrent"))
+
+        tg.start_soon(fan_out)
+        with anyio.fail_after(5):
+            while client.registry.live_count == 0:
+                await anyio.sleep(0.005)
+        quietly = role.given_back_quietly if role is not None else 0
+        handed = role.handed if role is not None else 0
+        for i in range(20):
+            assert await client.call("echo", i, rank=0) == i
+        if _has_role(client):
+            assert role is not None
+            assert role.handed - handed >= 18  # the caller did receive for itself
+            assert role.given_back_quietly == quietly
+        release.set()
+        with anyio.fail_after(5):
+            while not results:
+                await anyio.sleep(0.005)
+        assert results[0].results == {1: "released"}
+        assert client.registry.live_count == 0
