@@ -17,8 +17,10 @@ binds each rank to its public key(s): the authenticator gives every accepted
 connection its key (z85) as ZAP ``User-Id``, which libzmq attaches to each
 message, and the client's ROUTER drops and counts a frame whose identity names
 a rank its key is not bound to (libzmq's ZAP request does not carry the
-peer's routing id, so the check is per message, after the handshake). Taking
-over a rank's identity (``ROUTER_HANDOVER``) then needs that rank's key.
+peer's routing id: its identity frame is the server socket's own, so the check
+is per message, after the handshake). A client's ROUTER requires ``ranks=``
+(:meth:`CurveServerConfig.require_rank_binding`, :class:`RanksUnbound`) unless
+``any_rank=True`` says explicitly that any allow-listed key may speak for any rank.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ __all__ = [
     "CurveClientConfig",
     "CurveServerConfig",
     "KeyPair",
+    "RanksUnbound",
     "generate_keypair",
     "load_keypair",
     "load_public_key",
@@ -80,6 +83,11 @@ def load_public_key(public_file: str | os.PathLike[str]) -> bytes:
     return public
 
 
+class RanksUnbound(ValueError):
+    """A CURVE server for engine ranks whose keys are not bound to ranks (``ranks=``),
+    without the explicit ``any_rank=True``."""
+
+
 @dataclass(frozen=True)
 class CurveServerConfig:
     """The binding side: its keys and the client public keys (z85) it accepts."""
@@ -88,24 +96,41 @@ class CurveServerConfig:
     allowed_clients: frozenset[bytes] = field(default_factory=frozenset)
     #: rank -> the z85 public keys that may speak for it (empty: identities unchecked)
     rank_keys: tuple[tuple[int, frozenset[str]], ...] = ()
+    #: explicitly: any allow-listed key may speak for any rank (no ``ranks=``)
+    any_rank: bool = False
 
     @classmethod
     def allowing(cls, keys: KeyPair, clients: Iterable[bytes] = (), *,
-                 ranks: Mapping[int, bytes | str | Iterable[bytes | str]] | None = None
-                 ) -> CurveServerConfig:
+                 ranks: Mapping[int, bytes | str | Iterable[bytes | str]] | None = None,
+                 any_rank: bool = False) -> CurveServerConfig:
         """Accept ``clients``' keys; with ``ranks``, bind each rank to its key(s)
-        (those keys are accepted too) so no other key can speak as that rank."""
+        (those keys are accepted too) so no other key can speak as that rank.
+
+        A client's ROUTER (the server for engine ranks) requires ``ranks`` unless
+        ``any_rank=True``: then any allow-listed key can send replies and heartbeats
+        as any rank. An engine's ROUTER (the server for clients) needs neither."""
+        if ranks and any_rank:
+            raise ValueError("ranks= binds ranks to keys; any_rank=True says none is bound: "
+                             "pass one of them")
         bound: dict[int, frozenset[str]] = {}
         for rank, given in (ranks or {}).items():
             many = [given] if isinstance(given, (bytes, str)) else list(given)
             bound[int(rank)] = frozenset(_z85(k) for k in many)
         allowed = frozenset(clients) | frozenset(
             k.encode() for ks in bound.values() for k in ks)
-        return cls(keys, allowed, tuple(sorted(bound.items())))
+        return cls(keys, allowed, tuple(sorted(bound.items())), any_rank)
 
     @property
     def binds_ranks(self) -> bool:
         return bool(self.rank_keys)
+
+    def require_rank_binding(self) -> None:
+        """Raise :class:`RanksUnbound` unless ranks are bound to keys or ``any_rank``."""
+        if not self.rank_keys and not self.any_rank:
+            raise RanksUnbound(
+                "a CURVE server for engine ranks needs ranks={rank: public_key, ...} so that "
+                "only rank R's key can speak as rank R (without it, any allow-listed key can "
+                "forge any rank's replies and heartbeats); pass any_rank=True to accept that")
 
     def keys_for_rank(self, rank: int) -> frozenset[str]:
         """The z85 keys that may speak as ``rank`` (empty: none may)."""

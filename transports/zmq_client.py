@@ -86,9 +86,11 @@ class ZmqRouterClientTransport(_ZmqClientBase):
     """The client binds a ROUTER at ``address``; engine ranks connect DEALERs.
 
     ``address`` defaults to a fresh ipc path in a private directory
-    (``self.address`` tells it). tcp binds must be loopback unless ``curve``
-    (a :class:`CurveServerConfig` whose allow-list names the engines' keys) is
-    given or ``allow_insecure_tcp`` is set. Pickle is refused on tcp without CURVE.
+    (``self.address`` tells it). A tcp bind needs ``curve`` (a
+    :class:`CurveServerConfig` binding each rank to its engine's key with
+    ``ranks=``, or saying ``any_rank=True``) or an explicit
+    ``allow_insecure_tcp=True`` (:class:`~ctlwire.transports.zmq_config.InsecureBind`
+    otherwise, loopback included). Pickle is refused on tcp without CURVE.
     """
 
     def __init__(self, address: str | None = None, *, codec: Codec | None = None,
@@ -99,6 +101,8 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         self._private = address is None
         self.address = address or self._private_address("control")
         self.curve = curve
+        if curve is not None:
+            curve.require_rank_binding()
         check_bind_address(self.address, curve=curve is not None,
                            allow_insecure_tcp=allow_insecure_tcp)
         check_pickle_allowed(self.codec, self.address, curve is not None)

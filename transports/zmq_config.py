@@ -18,8 +18,11 @@ liveness is the kernel's job (heartbeat envelopes), not libzmq's.
 
 Addresses default to ipc in a private ``0700`` directory; ipc paths given by
 the caller must be safe (:mod:`ctlwire.transports.ipc_path`); ipc socket files
-are made ``0600`` right after bind (never through a link); tcp binds that are
-not loopback are refused unless CURVE is on or ``allow_insecure_tcp`` is set.
+are made ``0600`` right after bind (never through a link). tcp without CURVE,
+loopback included (any local process can connect and speak as any rank), is
+refused at construction, for binds and connects alike, unless
+``allow_insecure_tcp=True`` is passed (:func:`check_tcp_address`,
+:class:`InsecureTcp`).
 Every bind and connect goes through :func:`bind_socket` / :func:`connect_socket`:
 a refusal is an :class:`~ctlwire.transports.errors.EndpointError`, IPv6 is
 enabled for IPv6 hosts (``tcp://[::1]:PORT``).
@@ -46,11 +49,13 @@ from ctlwire.transports.ipc_path import (
 
 __all__ = [
     "InsecureBind",
+    "InsecureTcp",
     "ZmqOptions",
     "beacon_address_for",
     "beacon_identity",
     "bind_socket",
     "check_bind_address",
+    "check_tcp_address",
     "connect_socket",
     "ipc_path",
     "private_ipc_address",
@@ -65,8 +70,12 @@ __all__ = [
 _FRAMING_SLACK = 64 * 1024
 
 
-class InsecureBind(ValueError):
-    """A tcp bind on a non-loopback interface without CURVE."""
+class InsecureTcp(ValueError):
+    """tcp without CURVE that was not explicitly allowed (``allow_insecure_tcp=True``)."""
+
+
+class InsecureBind(InsecureTcp):
+    """A tcp bind without CURVE that was not explicitly allowed."""
 
 
 @dataclass(frozen=True)
@@ -210,23 +219,38 @@ def remove_ipc_file(address: str, *, private_dir: bool = False) -> None:
             os.rmdir(os.path.dirname(path))
 
 
-def check_bind_address(address: str, *, curve: bool, allow_insecure_tcp: bool) -> None:
-    """Refuse a tcp bind on anything but loopback unless CURVE is on (or insecure
-    is explicitly allowed)."""
+def check_tcp_address(address: str, *, curve: bool, allow_insecure_tcp: bool,
+                      bind: bool = False) -> None:
+    """Refuse tcp without CURVE, loopback included, unless ``allow_insecure_tcp``.
+
+    Without CURVE nothing authenticates a tcp peer: any process that can reach the
+    port (on loopback, every local user) can send requests, replies and heartbeats
+    under any rank's name. Raises :class:`InsecureBind` for a bind,
+    :class:`InsecureTcp` for a connect; other schemes pass."""
     if not address.startswith("tcp://") or curve or allow_insecure_tcp:
         return
-    host = address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
-    if host in ("localhost",):
-        return
+    host = _tcp_host(address) or ""
+    where = "on loopback " if _is_loopback(host) else ""
+    side = "bind" if bind else "connect to"
+    error = InsecureBind if bind else InsecureTcp
+    raise error(
+        f"refusing to {side} {address} without CURVE: any process that can reach it "
+        f"{where}is unauthenticated and can speak for any rank; use ipc (the default), "
+        "enable CURVE, or pass allow_insecure_tcp=True")
+
+
+def check_bind_address(address: str, *, curve: bool, allow_insecure_tcp: bool) -> None:
+    """:func:`check_tcp_address` for a bind."""
+    check_tcp_address(address, curve=curve, allow_insecure_tcp=allow_insecure_tcp, bind=True)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
     try:
-        if ipaddress.ip_address(host).is_loopback:
-            return
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:
-        pass
-    raise InsecureBind(
-        f"refusing to bind {address} without CURVE: anyone on the network could send control "
-        "requests; bind to 127.0.0.1, enable CURVE, or pass allow_insecure_tcp=True"
-    )
+        return False
 
 
 def _tcp_host(address: str) -> str | None:

@@ -35,6 +35,7 @@ from ctlwire.transports.zmq_config import (
     beacon_address_for,
     beacon_identity,
     check_bind_address,
+    check_tcp_address,
     connect_socket,
     rank_identity,
 )
@@ -52,16 +53,20 @@ __all__ = [
 class ZmqDealerEngineTransport(ZmqEngineBase):
     """A DEALER with identity ``rank-N`` connecting to the client's ROUTER at ``address``.
 
-    ``curve`` is a :class:`CurveClientConfig` when the client's ROUTER runs CURVE.
-    Pickle over tcp is refused without CURVE.
+    ``curve`` is a :class:`CurveClientConfig` when the client's ROUTER runs CURVE;
+    tcp without it needs ``allow_insecure_tcp=True``. Pickle over tcp is refused
+    without CURVE.
     """
 
     def __init__(self, address: str, rank: int, *, codec: Codec | None = None,
                  options: ZmqOptions | None = None, curve: CurveClientConfig | None = None,
-                 context: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
+                 context: zmq.Context[zmq.Socket[bytes]] | None = None,
+                 allow_insecure_tcp: bool = False) -> None:
         super().__init__(rank, codec=codec, options=options, context=context)
         self.address = address
         self.curve = curve
+        check_tcp_address(address, curve=curve is not None,
+                          allow_insecure_tcp=allow_insecure_tcp)
         check_pickle_allowed(self.codec, address, curve is not None)
 
     def _setup(self) -> None:
@@ -99,7 +104,8 @@ class ZmqRouterEngineTransport(ZmqEngineBase):
     if that one has been silent for ``route_idle`` s; otherwise the new route
     is refused and counted (:attr:`routes_refused`): junk identities cannot
     push a live client out.
-    ``curve`` is a :class:`CurveServerConfig` allow-listing the clients' keys.
+    ``curve`` is a :class:`CurveServerConfig` allow-listing the clients' keys;
+    tcp without it needs ``allow_insecure_tcp=True``.
     """
 
     routed = True
@@ -190,6 +196,7 @@ class ZmqPushPullEngineTransport(ZmqEngineBase):
         self.request_address = request_address
         self.reply_address = reply_address
         check_bind_address(request_address, curve=False, allow_insecure_tcp=allow_insecure_tcp)
+        check_tcp_address(reply_address, curve=False, allow_insecure_tcp=allow_insecure_tcp)
         check_pickle_allowed(self.codec, request_address, False)
         check_pickle_allowed(self.codec, reply_address, False)
 
@@ -215,9 +222,10 @@ class ZmqPairEngineTransport(ZmqEngineBase):
 
     def __init__(self, address: str, rank: int, *,
                  context: zmq.Context[zmq.Socket[bytes]], codec: Codec | None = None,
-                 options: ZmqOptions | None = None) -> None:
+                 options: ZmqOptions | None = None, allow_insecure_tcp: bool = False) -> None:
         super().__init__(rank, codec=codec, options=options, context=context)
         self.address = address
+        check_tcp_address(address, curve=False, allow_insecure_tcp=allow_insecure_tcp)
         check_pickle_allowed(self.codec, address, False)
 
     def _setup(self) -> None:

@@ -40,6 +40,7 @@ from ctlwire.transports.zmq_config import (
     ZmqOptions,
     beacon_address_for,
     check_bind_address,
+    check_tcp_address,
     connect_socket,
 )
 from ctlwire.transports.zmq_monitor import DOWN_EVENTS, UP_EVENTS, SocketMonitor
@@ -60,12 +61,16 @@ class _PerRankClient(_ZmqClientBase):
 
     def __init__(self, addresses: Mapping[int, str] | Sequence[str], *, codec: Codec | None,
                  options: ZmqOptions | None, curve: CurveClientConfig | None,
-                 context: zmq.Context[zmq.Socket[bytes]] | None) -> None:
+                 context: zmq.Context[zmq.Socket[bytes]] | None,
+                 allow_insecure_tcp: bool = False) -> None:
         super().__init__(codec=codec, options=options, context=context)
         self.addresses: dict[int, str] = (dict(addresses) if isinstance(addresses, Mapping)
                                           else dict(enumerate(addresses)))
         self.curve = curve
+        self.allow_insecure_tcp = allow_insecure_tcp
         for addr in self.addresses.values():
+            check_tcp_address(addr, curve=curve is not None,
+                              allow_insecure_tcp=allow_insecure_tcp, bind=self.bind_per_rank)
             check_pickle_allowed(self.codec, addr, curve is not None)
         self._by_rank: dict[int, AsyncZmqSocket] = {}
         self._up: dict[int, bool] = {}
@@ -208,7 +213,8 @@ class ZmqDealerClientTransport(_PerRankClient):
     liveness beacon at ``beacon_addresses[rank]`` (default
     :func:`~ctlwire.transports.zmq_config.beacon_address_for` of the rank's
     address; a rank without one relies on in-band heartbeats). ``curve`` is a
-    :class:`CurveClientConfig` (the engines are the CURVE servers)."""
+    :class:`CurveClientConfig` (the engines are the CURVE servers); tcp without it
+    needs ``allow_insecure_tcp=True``."""
 
     send_kind = zmq.DEALER
 
@@ -216,12 +222,16 @@ class ZmqDealerClientTransport(_PerRankClient):
                  codec: Codec | None = None, options: ZmqOptions | None = None,
                  curve: CurveClientConfig | None = None,
                  context: zmq.Context[zmq.Socket[bytes]] | None = None,
-                 beacon_addresses: Mapping[int, str] | None = None) -> None:
-        super().__init__(addresses, codec=codec, options=options, curve=curve, context=context)
+                 beacon_addresses: Mapping[int, str] | None = None,
+                 allow_insecure_tcp: bool = False) -> None:
+        super().__init__(addresses, codec=codec, options=options, curve=curve, context=context,
+                         allow_insecure_tcp=allow_insecure_tcp)
         self.beacon_addresses: dict[int, str] = {}
         for rank, address in self.addresses.items():
             beacon = (beacon_addresses or {}).get(rank) or beacon_address_for(address)
             if beacon is not None:
+                check_tcp_address(beacon, curve=curve is not None,
+                                  allow_insecure_tcp=allow_insecure_tcp)
                 self.beacon_addresses[rank] = beacon
         self._beacons: dict[int, AsyncZmqSocket] = {}
 
@@ -272,15 +282,15 @@ class ZmqPairClientTransport(_PerRankClient):
     def __init__(self, addresses: Mapping[int, str] | Sequence[str], *,
                  context: zmq.Context[zmq.Socket[bytes]], codec: Codec | None = None,
                  options: ZmqOptions | None = None, allow_insecure_tcp: bool = False) -> None:
-        super().__init__(addresses, codec=codec, options=options, curve=None, context=context)
-        for addr in self.addresses.values():
-            check_bind_address(addr, curve=False, allow_insecure_tcp=allow_insecure_tcp)
+        super().__init__(addresses, codec=codec, options=options, curve=None, context=context,
+                         allow_insecure_tcp=allow_insecure_tcp)
 
 
 class ZmqPushPullClientTransport(_PerRankClient):
     """Requests go out on one PUSH per rank (connected to ``request_addresses[rank]``,
     where the engine's PULL binds); replies come back on one PULL bound at
-    ``reply_address`` (where every engine's PUSH connects)."""
+    ``reply_address`` (where every engine's PUSH connects). No CURVE: tcp needs
+    ``allow_insecure_tcp=True``."""
 
     send_kind = zmq.PUSH
 
@@ -290,7 +300,7 @@ class ZmqPushPullClientTransport(_PerRankClient):
                  context: zmq.Context[zmq.Socket[bytes]] | None = None,
                  allow_insecure_tcp: bool = False) -> None:
         super().__init__(request_addresses, codec=codec, options=options, curve=None,
-                         context=context)
+                         context=context, allow_insecure_tcp=allow_insecure_tcp)
         self._private_reply = reply_address is None
         self.reply_address = reply_address or self._private_address("replies")
         check_bind_address(self.reply_address, curve=False,

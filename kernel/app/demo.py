@@ -32,6 +32,7 @@ import platform
 import re
 import signal
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -47,6 +48,12 @@ from ctlwire.kernel.core.operation_result import ProgressEvent
 from ctlwire.kernel.errors import CtlwireError
 from ctlwire.kernel.operation_runner import OperationRunner
 from ctlwire.states import RankState
+from ctlwire.transports.curve import (
+    CurveServerConfig,
+    load_keypair,
+    load_public_key,
+    write_keypair,
+)
 from ctlwire.transports.transport import ClientTransport
 from ctlwire.transports.zmq_client import ZmqDealerClientTransport, ZmqRouterClientTransport
 
@@ -60,6 +67,8 @@ class DemoConfig:
     cycles: int = 20
     transport: str = "ipc"
     connect: list[str] = field(default_factory=list)
+    #: ``connect`` to tcp addresses without CURVE (the engines must allow it too)
+    allow_insecure_tcp: bool = False
     kill_one: bool = False
     backend: str = "asyncio"
     info_callers: int = 8
@@ -159,14 +168,34 @@ async def run_demo(cfg: DemoConfig, out: TextIO = sys.stdout) -> DemoReport:
     transport: ClientTransport
     router: ZmqRouterClientTransport | None = None
     fleet: EngineFleet | None = None
+    keys = tempfile.TemporaryDirectory(prefix="ctlwire-demo-keys-")
+    engine_args: list[str] = []
     if cfg.connect:
-        transport = ZmqDealerClientTransport(cfg.connect)
+        transport = ZmqDealerClientTransport(cfg.connect,
+                                             allow_insecure_tcp=cfg.allow_insecure_tcp)
         n = len(cfg.connect)
         report.address = ", ".join(cfg.connect)
-    else:
-        address = "tcp://127.0.0.1:0" if cfg.transport == "tcp" else None
-        transport = router = ZmqRouterClientTransport(address)
+    elif cfg.transport == "tcp":
+        # tcp is CURVE-encrypted, each rank bound to its own key
         n = cfg.engines
+        _, server_secret = write_keypair(keys.name, "server")
+        ranks = {}
+        for r in range(n):
+            public, _ = write_keypair(keys.name, f"rank{r}")
+            ranks[r] = load_public_key(public)
+        curve = CurveServerConfig.allowing(load_keypair(server_secret), ranks=ranks)
+        transport = router = ZmqRouterClientTransport("tcp://127.0.0.1:0", curve=curve)
+        engine_args = ["--curve-server-key", str(Path(keys.name) / "server.key")]
+    else:
+        transport = router = ZmqRouterClientTransport()
+        n = cfg.engines
+
+    def args_for(rank: int, address: str) -> list[str]:
+        curve = (["--curve-secret", str(Path(keys.name) / f"rank{rank}.key_secret"),
+                  *engine_args] if engine_args else [])
+        return ["--connect", address, "--methods",
+                "ctlwire.kernel.app.operation_engine:register", *curve]
+
     # callers queue behind the slow update (it blocks every engine for slow_update s)
     client = ControlClient(transport, ranks=n, default_timeout=cfg.timeout + 2 * cfg.slow_update)
     try:
@@ -174,8 +203,7 @@ async def run_demo(cfg: DemoConfig, out: TextIO = sys.stdout) -> DemoReport:
             if router is not None:
                 addr = router.address  # bound by now (a tcp port is known)
                 report.address = addr
-                fleet = EngineFleet(n, lambda r: ["--connect", addr, "--methods",
-                                                  "ctlwire.kernel.app.operation_engine:register"])
+                fleet = EngineFleet(n, lambda r: args_for(r, addr))
                 out.write(f"starting {n} engine processes over {addr} ...\n")
                 await anyio.to_thread.run_sync(fleet.start)
             await client.wait_ready(timeout=30.0)
@@ -189,6 +217,7 @@ async def run_demo(cfg: DemoConfig, out: TextIO = sys.stdout) -> DemoReport:
         # engines stop after the client has closed: nobody is left to report them lost
         if fleet is not None:
             await anyio.to_thread.run_sync(fleet.stop)
+        keys.cleanup()
     report.watch_joins = client.mailbox("get_load").watch_joins
     report.wall_seconds = time.perf_counter() - start
     return report
@@ -485,6 +514,9 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--transport", choices=["ipc", "tcp"], default="ipc")
     p.add_argument("--connect", nargs="+", default=[], metavar="ADDR",
                    help="drive engines already running elsewhere, one ROUTER address per rank")
+    p.add_argument("--allow-insecure-tcp", action="store_true",
+                   help="--connect to tcp addresses without CURVE (any local process could "
+                        "speak for a rank)")
     p.add_argument("--kill-one", action="store_true", help="SIGKILL one engine mid-run")
     p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     p.add_argument("--fault", choices=["update"], default="",
@@ -497,5 +529,6 @@ def add_arguments(p: Any) -> None:
 
 def from_args(args: Any) -> DemoConfig:
     return DemoConfig(engines=args.engines, cycles=args.cycles, transport=args.transport,
-                      connect=list(args.connect), kill_one=args.kill_one, backend=args.backend,
+                      connect=list(args.connect), allow_insecure_tcp=args.allow_insecure_tcp,
+                      kill_one=args.kill_one, backend=args.backend,
                       fault=args.fault, slow_update=args.slow_update)

@@ -14,7 +14,8 @@ poll loop calls between polls, like a scheduler's generation step.
 ``--mode poll`` runs a synchronous loop (``EngineEndpoint.run_blocking``),
 ``--mode serve`` an anyio event loop (``--backend asyncio|trio``). CURVE:
 ``--curve-secret FILE`` (this engine's key pair) with ``--curve-server-key FILE``
-(connecting) or ``--curve-allow FILE...`` (binding). The process prints
+(connecting) or ``--curve-allow FILE...`` (binding); tcp without CURVE needs
+``--allow-insecure-tcp``. The process prints
 ``READY <rank> <incarnation>`` on stdout once its socket is open, and exits
 cleanly on SIGTERM/SIGINT.
 """
@@ -159,7 +160,8 @@ def build_transport(args: argparse.Namespace) -> EngineTransport:
             curve_client = CurveClientConfig(load_keypair(args.curve_secret),
                                              load_public_key(args.curve_server_key))
         return ZmqDealerEngineTransport(args.connect, args.rank, codec=codec, options=options,
-                                        curve=curve_client)
+                                        curve=curve_client,
+                                        allow_insecure_tcp=args.allow_insecure_tcp)
     if args.bind:
         curve_server = None
         if args.curve_secret:
@@ -170,7 +172,8 @@ def build_transport(args: argparse.Namespace) -> EngineTransport:
                                         allow_insecure_tcp=args.allow_insecure_tcp)
     if args.pull and args.push:
         return ZmqPushPullEngineTransport(args.pull, args.push, args.rank, codec=codec,
-                                          options=options)
+                                          options=options,
+                                          allow_insecure_tcp=args.allow_insecure_tcp)
     raise SystemExit("one of --connect, --bind or --pull/--push is required")
 
 

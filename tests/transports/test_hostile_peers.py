@@ -103,8 +103,9 @@ def test_flood_past_rcvhwm_then_disconnect_does_not_abort_the_engine(
     far more frames than RCVHWM and disconnects. With ZMTP heartbeats on, libzmq aborted
     the engine (SIGABRT, 6 of 6 trials); it must stay alive and answer a new peer."""
     address = address_for(proto, tmp_path)
+    insecure = ["--allow-insecure-tcp"] if proto == "tcp" else []
     if orientation == "engine_binds":
-        args = ["--bind", address, "--mode", mode]
+        args = ["--bind", address, "--mode", mode, *insecure]
         hostile = None
     else:
         hostile = ctx.socket(zmq.ROUTER)
@@ -164,20 +165,27 @@ def _pickle_codec() -> PickleCodec:
 
 def _every_class(address: str, other: str) -> list[Callable[[], object]]:
     """One constructor per transport class and socket, ``address`` in the position
-    under test (``other`` a harmless inproc address elsewhere)."""
+    under test (``other`` a harmless inproc address elsewhere). Insecure tcp is opted
+    into: what is under test here is the pickle rule."""
     ctx = zmq.Context.instance()
     c = _pickle_codec
     return [
-        lambda: ZmqRouterClientTransport(address, codec=c()),
-        lambda: ZmqDealerClientTransport([address], codec=c()),
-        lambda: ZmqPushPullClientTransport([address], other, codec=c()),
-        lambda: ZmqPushPullClientTransport([other], address, codec=c()),
-        lambda: ZmqPairClientTransport([address], context=ctx, codec=c()),
-        lambda: ZmqDealerEngineTransport(address, 0, codec=c()),
-        lambda: ZmqRouterEngineTransport(address, 0, codec=c()),
-        lambda: ZmqPushPullEngineTransport(address, other, 0, codec=c()),
-        lambda: ZmqPushPullEngineTransport(other, address, 0, codec=c()),
-        lambda: ZmqPairEngineTransport(address, 0, context=ctx, codec=c()),
+        lambda: ZmqRouterClientTransport(address, codec=c(), allow_insecure_tcp=True),
+        lambda: ZmqDealerClientTransport([address], codec=c(), allow_insecure_tcp=True),
+        lambda: ZmqPushPullClientTransport([address], other, codec=c(),
+                                           allow_insecure_tcp=True),
+        lambda: ZmqPushPullClientTransport([other], address, codec=c(),
+                                           allow_insecure_tcp=True),
+        lambda: ZmqPairClientTransport([address], context=ctx, codec=c(),
+                                        allow_insecure_tcp=True),
+        lambda: ZmqDealerEngineTransport(address, 0, codec=c(), allow_insecure_tcp=True),
+        lambda: ZmqRouterEngineTransport(address, 0, codec=c(), allow_insecure_tcp=True),
+        lambda: ZmqPushPullEngineTransport(address, other, 0, codec=c(),
+                                           allow_insecure_tcp=True),
+        lambda: ZmqPushPullEngineTransport(other, address, 0, codec=c(),
+                                           allow_insecure_tcp=True),
+        lambda: ZmqPairEngineTransport(address, 0, context=ctx, codec=c(),
+                                        allow_insecure_tcp=True),
     ]
 
 
@@ -241,8 +249,9 @@ def test_engine_bind_on_a_port_in_use_raises_and_closes(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         address = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
-        for engine in (ZmqRouterEngineTransport(address, 0),
-                       ZmqPushPullEngineTransport(address, "inproc://x", 0)):
+        for engine in (ZmqRouterEngineTransport(address, 0, allow_insecure_tcp=True),
+                       ZmqPushPullEngineTransport(address, "inproc://x", 0,
+                                                  allow_insecure_tcp=True)):
             with pytest.raises(EndpointError) as info:
                 engine.open()
             assert info.value.operation == "bind" and info.value.address == address
@@ -251,7 +260,7 @@ def test_engine_bind_on_a_port_in_use_raises_and_closes(tmp_path: Path) -> None:
 
 
 def test_engine_connect_without_a_port_raises_and_closes() -> None:
-    engine = ZmqDealerEngineTransport("tcp://127.0.0.1", 0)
+    engine = ZmqDealerEngineTransport("tcp://127.0.0.1", 0, allow_insecure_tcp=True)
     with pytest.raises(EndpointError) as info:
         engine.open()
     assert info.value.operation == "connect"
@@ -268,9 +277,10 @@ async def test_client_bind_or_connect_failure_raises_typed_without_freezing_the_
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         address = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
-        clients = [ZmqPushPullClientTransport(["inproc://ctlwire-r0"], address),
-                   ZmqRouterClientTransport(address),
-                   ZmqDealerClientTransport(["tcp://127.0.0.1"])]
+        clients = [ZmqPushPullClientTransport(["inproc://ctlwire-r0"], address,
+                                              allow_insecure_tcp=True),
+                   ZmqRouterClientTransport(address, allow_insecure_tcp=True),
+                   ZmqDealerClientTransport(["tcp://127.0.0.1"], allow_insecure_tcp=True)]
         for client in clients:
             with pytest.raises(EndpointError):
                 async with client:
@@ -281,9 +291,9 @@ async def test_client_bind_or_connect_failure_raises_typed_without_freezing_the_
 @pytest.mark.anyio
 async def test_ipv6_loopback_works(anyio_backend: str) -> None:
     """Before: IPv6 was never enabled on the sockets, so ``tcp://[::1]:PORT`` failed."""
-    async with ZmqRouterClientTransport("tcp://[::1]:0") as client:
+    async with ZmqRouterClientTransport("tcp://[::1]:0", allow_insecure_tcp=True) as client:
         assert client.address.startswith("tcp://[::1]:")
-        engine = ZmqDealerEngineTransport(client.address, 3)
+        engine = ZmqDealerEngineTransport(client.address, 3, allow_insecure_tcp=True)
         engine.open()
         try:
             engine.send_nowait(None, Heartbeat(3, 7))

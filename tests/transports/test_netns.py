@@ -125,9 +125,9 @@ def engines_on_hosts(hosts: NetnsHosts, tmp: Path) -> Iterator[Cluster]:
 async def client_for(cluster: Cluster) -> AsyncIterator[ControlClient]:
     n = len(cluster.fleets)
     server = load_keypair(cluster.keys / "client.key_secret")
-    allowed = [load_keypair(cluster.keys / f"engine{r}.key_secret").public for r in range(n)]
+    ranks = {r: load_keypair(cluster.keys / f"engine{r}.key_secret").public for r in range(n)}
     transport = ZmqRouterClientTransport(
-        cluster.address, curve=CurveServerConfig.allowing(server, allowed))
+        cluster.address, curve=CurveServerConfig.allowing(server, ranks=ranks))
     async with ControlClient(transport, ranks=n, default_timeout=10.0,
                              heartbeat_interval=HEARTBEAT, heartbeat_misses=MISSES) as client:
         await client.wait_ready(timeout=20)

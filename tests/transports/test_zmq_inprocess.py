@@ -88,10 +88,11 @@ async def test_call_fan_out_and_concurrency(make: Pair, tmp_path: Path) -> None:
 
 
 async def test_tcp_ephemeral_port_and_engine_close_is_seen(tmp_path: Path) -> None:
-    client_t = ZmqRouterClientTransport("tcp://127.0.0.1:0")
+    client_t = ZmqRouterClientTransport("tcp://127.0.0.1:0", allow_insecure_tcp=True)
     async with ControlClient(client_t, ranks=2, default_timeout=10.0) as c:
         assert client_t.address.startswith("tcp://127.0.0.1:")
-        engines = [ZmqDealerEngineTransport(client_t.address, r) for r in range(2)]
+        engines = [ZmqDealerEngineTransport(client_t.address, r, allow_insecure_tcp=True)
+                   for r in range(2)]
         scopes: list[anyio.CancelScope] = []
         async with anyio.create_task_group() as tg:
             for et in engines:

@@ -48,7 +48,9 @@ def ipc_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, E
 
 
 async def client_for(address: str, n: int = 4, **kw: Any) -> ControlClient:
-    return ControlClient(ZmqRouterClientTransport(address), ranks=n, default_timeout=10.0, **kw)
+    insecure = address.startswith("tcp://")  # loopback tcp without CURVE, opted into
+    return ControlClient(ZmqRouterClientTransport(address, allow_insecure_tcp=insecure),
+                         ranks=n, default_timeout=10.0, **kw)
 
 
 async def test_ipc_call_and_fan_out_to_four_ranks(ipc_fleet: tuple[str, EngineFleet]) -> None:
@@ -156,7 +158,7 @@ async def test_reverse_orientation_engines_bind(tmp_path: Path) -> None:
 
 async def test_tcp_loopback_fan_out() -> None:
     address = free_tcp_address()
-    with EngineFleet(2, lambda r: ["--connect", address]) as _fleet:
+    with EngineFleet(2, lambda r: ["--connect", address, "--allow-insecure-tcp"]) as _fleet:
         async with await client_for(address, 2) as c:
             await c.wait_ready(timeout=10)
             res = await c.fan_out("echo", b"bytes")
@@ -179,7 +181,7 @@ async def test_curve_allow_listed_engine_works_unknown_key_gets_nothing(tmp_path
                 "--curve-server-key", str(keys / "server.key")]
 
     transport = ZmqRouterClientTransport(
-        address, curve=CurveServerConfig.allowing(server, [allowed]))
+        address, curve=CurveServerConfig.allowing(server, ranks={0: allowed}))
     with EngineFleet(2, args):
         async with ControlClient(transport, ranks=2) as c:
             await c.wait_ready([0], timeout=10)
@@ -195,9 +197,10 @@ async def test_curve_allow_listed_engine_works_unknown_key_gets_nothing(tmp_path
 def test_pickle_refused_on_plain_tcp() -> None:
     codec = PickleCodec(allow_pickle=True)
     with pytest.raises(PickleRefused, match="CURVE"):
-        ZmqRouterClientTransport("tcp://127.0.0.1:5999", codec=codec)
+        ZmqRouterClientTransport("tcp://127.0.0.1:5999", codec=codec, allow_insecure_tcp=True)
     with pytest.raises(PickleRefused):
-        ZmqDealerEngineTransport("tcp://127.0.0.1:5999", 0, codec=codec)
+        ZmqDealerEngineTransport("tcp://127.0.0.1:5999", 0, codec=codec,
+                                 allow_insecure_tcp=True)
     with pytest.raises(PickleRefused):
         PickleCodec()
     # allowed on ipc (owner-only socket file) and on tcp with CURVE
