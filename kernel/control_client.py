@@ -107,6 +107,10 @@ class ControlClient:
     called on every request transition (more can be appended to
     ``registry.observers``); ``trace_provider`` supplies the opaque trace
     carrier each request's envelope carries (see :mod:`ctlwire.kernel.tracing`).
+    ``incarnation_window``: an engine incarnation claiming to be minted more than
+    this many seconds ahead of this host's clock is refused (counted in
+    ``implausible_incarnation``); it bounds how long a forged incarnation can
+    fence a rank, and how far ahead an engine host's clock may run.
     """
 
     def __init__(
@@ -125,6 +129,7 @@ class ControlClient:
         stall_limits: Mapping[str, float] | None = None,
         idempotent_methods: Collection[str] = (),
         fence: int | bool = False,
+        incarnation_window: float = 60.0,
     ) -> None:
         self.transport = transport
         self.codec = transport.codec
@@ -166,7 +171,8 @@ class ControlClient:
         self.liveness = LivenessMonitor(transport, self.ranks, interval=heartbeat_interval,
                                         misses_allowed=heartbeat_misses,
                                         fail_rank=self._fail_rank, counters=self.counters,
-                                        stall_limit=stall_limit, stall_limits=stall_limits)
+                                        stall_limit=stall_limit, stall_limits=stall_limits,
+                                        incarnation_window=incarnation_window)
         self.peers = self.liveness.peers
         self._reply_seen = self.peers.reply_seen
         #: which failures a ``retry=`` may send again, and the wait before it
@@ -523,7 +529,8 @@ class ControlClient:
             if self.peers.is_stale(rank, reply.incarnation):
                 self.counters["stale_incarnation"] += 1
                 return
-            self.liveness.seen(rank, reply.incarnation, authoritative=False)
+            if not self.liveness.seen(rank, reply.incarnation, authoritative=False):
+                return  # an implausible incarnation: refused and counted
             self.peers.finished(rank, reply.id)
         disposition, entry = self.registry.on_reply(reply, peer)
         if disposition is ReplyDisposition.COMPLETED and entry is not None:

@@ -33,6 +33,12 @@ Guarantees:
   engine that comes back is heard from at once.
 * **Waiters learn of changes.** :attr:`peer_changed` is set (and replaced)
   whenever a rank becomes live or is lost, and on :meth:`close`.
+* **Only plausible incarnations.** A heartbeat or reply whose incarnation claims
+  to be minted more than ``incarnation_window`` s ahead of this client's wall
+  clock is refused (``implausible_incarnation``, one warning per rank): it
+  neither admits the incarnation nor refreshes the rank, so one forged frame
+  cannot fence the rank's real process. Which peer may speak for a rank at all
+  is the transport's authentication.
 * **Quiet after close.** Once :meth:`close` is called, ranks that stop (a
   disconnect at shutdown) are not reported lost.
 
@@ -44,6 +50,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -67,7 +74,8 @@ class LivenessMonitor:
 
     ``counters`` is the client's counter dict (the monitor adds to
     ``heartbeats_sent``, ``heartbeats_received``, ``engine_lost``,
-    ``engine_restarted``, ``engine_stalled`` and ``client_stalls``).
+    ``engine_restarted``, ``engine_stalled``, ``client_stalls`` and
+    ``implausible_incarnation``).
     ``interval=None`` disables time-based liveness (the peer table still
     judges by a 1 s interval what it is told; nothing ticks it).
     """
@@ -76,14 +84,19 @@ class LivenessMonitor:
                  interval: float | None, misses_allowed: int,
                  fail_rank: Callable[[int, str], None], counters: dict[str, int],
                  stall_limit: float = 300.0,
-                 stall_limits: Mapping[str, float] | None = None) -> None:
+                 stall_limits: Mapping[str, float] | None = None,
+                 incarnation_window: float = 60.0) -> None:
         self.transport = transport
         self.ranks = tuple(ranks)
         self.interval = interval
         self.peers = PeerTable(self.ranks, interval=interval or 1.0,
                                misses_allowed=misses_allowed, stall_limit=stall_limit,
-                               stall_limits=stall_limits)
+                               stall_limits=stall_limits, incarnation_window=incarnation_window)
         self.counters = counters
+        counters.setdefault("implausible_incarnation", 0)
+        #: the wall clock incarnations are judged by (seconds since the epoch)
+        self.wall: Callable[[], float] = time.time
+        self._warned_implausible: set[int] = set()
         self._fail_rank = fail_rank
         #: the clock (the client sets the event loop's own once it runs)
         self.now: Callable[[], float] = anyio.current_time
@@ -131,7 +144,8 @@ class LivenessMonitor:
                             hb.progress if math.isfinite(hb.progress) else -1.0, hb.note[:200])
         peers = self.peers
         stalls = peers.peers[rank].stall_count if rank in peers.peers else 0
-        self.seen(rank, hb.incarnation, authoritative=True, progress=progress)
+        if not self.seen(rank, hb.incarnation, authoritative=True, progress=progress):
+            return None
         peer = peers.peers.get(rank)
         if peer is None or peer.incarnation != hb.incarnation:
             return None
@@ -141,10 +155,27 @@ class LivenessMonitor:
                         rank, hb.method, busy_for, peers.stall_limit_for(hb.method))
         return progress
 
+    def plausible(self, rank: int, incarnation: int) -> bool:
+        """Whether ``incarnation`` may be believed (see the module docstring); a refusal
+        is counted, and logged once per rank."""
+        if self.peers.plausible(incarnation, self.wall()):
+            return True
+        self.counters["implausible_incarnation"] += 1
+        if rank not in self._warned_implausible and len(self._warned_implausible) < 64:
+            self._warned_implausible.add(rank)
+            log.warning("ctlwire: refused a frame for rank %d claiming incarnation %d, minted "
+                        "more than %.0f s in the future (a forged frame or a clock far "
+                        "ahead); further refusals are only counted", rank, incarnation,
+                        self.peers.incarnation_window)
+        return False
+
     def seen(self, rank: int, incarnation: int, *, authoritative: bool,
-             progress: Progress | None = None) -> None:
+             progress: Progress | None = None) -> bool:
         """``rank`` was heard from under ``incarnation`` (a reply is not authoritative
-        about progress, a heartbeat is)."""
+        about progress, a heartbeat is). False when the incarnation is implausible:
+        nothing was taken from the frame, which the caller drops."""
+        if not self.plausible(rank, incarnation):
+            return False
         peers = self.peers
         was_live = peers.state(rank) in _LIVE
         restarted = peers.seen(rank, incarnation, self.now(), authoritative=authoritative,
@@ -154,6 +185,7 @@ class LivenessMonitor:
             self._fail_rank(r, "engine restarted (new incarnation)")
         if not was_live and peers.state(rank) in _LIVE:
             self.notify_peer_change()
+        return True
 
     def disconnected(self, rank: int, detail: str) -> None:
         """The transport reports ``rank`` disconnected."""

@@ -25,6 +25,14 @@ reading) and returns the ranks whose pending requests must now fail.
   never re-admitted, even while the rank is Lost (a frozen process that thaws
   after its replacement started). The admitted incarnation itself may rejoin
   after Lost (the same process, thawed or reconnected).
+* **Incarnations are bounded.** An incarnation is minted as milliseconds since
+  the epoch shifted left by 12 bits, plus 12 random bits (``new_incarnation``).
+  One that claims a time more than ``incarnation_window`` seconds ahead of this
+  client's wall clock is implausible: :meth:`PeerTable.plausible` refuses it and
+  counts it (:attr:`PeerTable.implausible`), and it is never admitted. A forged
+  incarnation can therefore fence a rank's real process for at most that window
+  (a process started after it is newer); which peer may announce one at all is
+  the transport's authentication (a CURVE key bound to the rank, or ipc).
 * **Bounded.** Only the ranks given at construction have entries; anything
   else is counted in :attr:`PeerTable.foreign` and ignored.
 """
@@ -37,7 +45,16 @@ from typing import Any
 
 from ctlwire.states import PEER_LINK_TABLE, PeerEvent, PeerState
 
-__all__ = ["Peer", "PeerTable", "Progress"]
+__all__ = ["INCARNATION_TIME_SHIFT", "Peer", "PeerTable", "Progress", "incarnation_at"]
+
+#: an incarnation is ``milliseconds since the epoch << INCARNATION_TIME_SHIFT`` plus
+#: random low bits
+INCARNATION_TIME_SHIFT = 12
+
+
+def incarnation_at(wall: float) -> int:
+    """The smallest incarnation minted at or after ``wall`` (seconds since the epoch)."""
+    return int(wall * 1000) << INCARNATION_TIME_SHIFT
 
 _LIVE = (PeerState.CONNECTED, PeerState.BUSY, PeerState.STALLED, PeerState.SUSPECT)
 
@@ -82,11 +99,17 @@ class PeerTable:
 
     def __init__(self, ranks: Iterable[int] = (), *, interval: float = 0.25,
                  misses_allowed: int = 4, stall_limit: float = 300.0,
-                 stall_limits: Mapping[str, float] | None = None) -> None:
+                 stall_limits: Mapping[str, float] | None = None,
+                 incarnation_window: float = 60.0) -> None:
         if interval <= 0 or misses_allowed < 1:
             raise ValueError("interval must be > 0 and misses_allowed >= 1")
         if stall_limit <= 0:
             raise ValueError("stall_limit must be > 0")
+        if not incarnation_window >= 0:
+            raise ValueError("incarnation_window must be >= 0 (seconds)")
+        #: how far ahead of this client's wall clock an incarnation may claim to be minted
+        self.incarnation_window = float(incarnation_window)
+        self.implausible = 0  # incarnations refused: minted too far in the future
         self.interval = interval
         self.misses_allowed = misses_allowed
         self.stall_limit = stall_limit
@@ -129,6 +152,15 @@ class PeerTable:
         p = self.peers.get(rank)
         return (p is not None and p.incarnation != 0 and incarnation != 0
                 and incarnation != p.incarnation)
+
+    def plausible(self, incarnation: int, wall: float) -> bool:
+        """Whether ``incarnation`` may have been minted by now (``wall``: this client's
+        clock, seconds since the epoch), within :attr:`incarnation_window`. False is
+        counted in :attr:`implausible`: the frame is refused."""
+        if 0 <= incarnation <= incarnation_at(wall + self.incarnation_window + 0.001) | 0xFFF:
+            return True
+        self.implausible += 1
+        return False
 
     def stall_limit_for(self, method: str) -> float:
         return self.stall_limits.get(method, self.stall_limit)

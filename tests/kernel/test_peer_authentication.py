@@ -1,0 +1,179 @@
+"""Liveness and incarnations come only from the peer authenticated for a rank: an
+incarnation is bounded, a forged heartbeat believed only where nothing authenticates
+(and that needs an explicit opt-in, see ``tests/transports/test_secure_defaults.py``).
+
+Real engine processes; raw pyzmq sockets play the forging peer.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import anyio
+import pytest
+import zmq
+
+from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.errors import EngineDead
+from ctlwire.transports.codec import MsgpackCodec
+from ctlwire.transports.curve import (
+    CurveClientConfig,
+    CurveServerConfig,
+    KeyPair,
+    load_keypair,
+    write_keypair,
+)
+from ctlwire.transports.envelope import Envelope, Heartbeat
+from ctlwire.transports.zmq_client import ZmqRouterClientTransport
+
+pytestmark = [pytest.mark.timeout(180)]
+
+CODEC = MsgpackCodec()
+
+
+async def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Until ``predicate()`` holds; fails the test after ``timeout`` s."""
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.02)
+
+
+class Forger:
+    """A raw DEALER per identity, each sending ``frames()`` every 20 ms from a thread
+    until stopped (``keys``: CURVE with these keys against ``server``)."""
+
+    def __init__(self, address: str, identities: list[bytes], frames: Callable[[], list[Envelope]],
+                 *, keys: KeyPair | None = None, server: bytes = b"") -> None:
+        self.address, self.identities, self.frames = address, identities, frames
+        self.keys, self.server = keys, server
+        self.stop = threading.Event()
+        self.sent = 0  # taken by the socket (a refused handshake leaves nowhere to send)
+        self.rounds = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        socks = []
+        try:
+            for identity in self.identities:
+                s = ctx.socket(zmq.DEALER)
+                s.setsockopt(zmq.IDENTITY, identity)
+                s.setsockopt(zmq.LINGER, 0)
+                if self.keys is not None:
+                    CurveClientConfig(self.keys, self.server).apply(s)
+                s.connect(self.address)
+                socks.append(s)
+            while not self.stop.is_set():
+                for s in socks:
+                    for env in self.frames():
+                        try:
+                            s.send(CODEC.encode(env), zmq.NOBLOCK)
+                            self.sent += 1
+                        except zmq.Again:
+                            pass
+                self.rounds += 1
+                self.stop.wait(0.02)
+        finally:
+            for s in socks:
+                s.close(0)
+            ctx.term()
+
+    @contextmanager
+    def running(self) -> Iterator[Forger]:
+        self._thread.start()
+        try:
+            yield self
+        finally:
+            self.stop.set()
+            self._thread.join(10)
+
+
+# -- incarnations: bounded, and only the authenticated peer's ----------------------------
+
+@pytest.mark.anyio
+async def test_a_forged_incarnation_from_the_future_does_not_fence_the_real_engine(
+        anyio_backend: str) -> None:
+    """Insecure tcp, opted into: a local peer can send a heartbeat as ``beat-0``. Before,
+    one claiming incarnation ``2**64-1`` was admitted as a restart: the real engine's
+    heartbeats and replies were stale from then on, for good (even after it restarted).
+    Now an incarnation minted more than ``incarnation_window`` s in the future is refused
+    and counted; the real engine, and its restart, are served."""
+    transport = ZmqRouterClientTransport("tcp://127.0.0.1:0", allow_insecure_tcp=True)
+    async with ControlClient(transport, ranks=1, default_timeout=20.0) as client:
+        address = transport.address
+        with EngineFleet(1, lambda r: ["--connect", address, "--allow-insecure-tcp"],
+                         ready_timeout=60) as fleet:
+            await client.wait_ready(timeout=30)
+            real = fleet.engines[0].incarnation
+            assert client.peers.peers[0].incarnation == real
+
+            def forged() -> list[Envelope]:
+                return [Heartbeat(0, 2**64 - 1, 1),
+                        Heartbeat(0, 2**63, 2, 7, "echo", 1.0, 1),  # "busy": the other path
+                        Heartbeat(0, real + (3600_000 << 12), 3)]  # an hour ahead
+            with Forger(address, [b"beat-0"], forged).running():
+                # refused and counted, or (the failure) admitted
+                await wait_for(lambda: client.counters["implausible_incarnation"] >= 6
+                               or client.peers.peers[0].incarnation != real)
+            assert client.peers.peers[0].incarnation == real
+            assert await client.call("echo", "still me", rank=0) == "still me"
+            assert client.peers.peers[0].incarnation == real
+            assert client.counters["engine_restarted"] == 0
+            fleet.kill(0)
+            restarted = await anyio.to_thread.run_sync(fleet.restart, 0)
+            await wait_for(lambda: client.peers.peers[0].incarnation == restarted.incarnation)
+            assert await client.call("echo", "restarted", rank=0) == "restarted"
+        assert client.metrics()["counters"]["implausible_incarnation"] >= 6
+
+
+def _curve_keys(tmp_path: Path) -> Path:
+    keys = tmp_path / "keys"
+    for name in ("server", "rank0", "rank1", "stranger"):
+        write_keypair(keys, name)
+    return keys
+
+
+@pytest.mark.anyio
+async def test_after_kill_9_forged_heartbeats_cannot_keep_the_rank_alive_by_default(
+        anyio_backend: str, tmp_path: Path) -> None:
+    """The secure default for tcp (CURVE, each rank bound to its key): after ``kill -9``
+    of rank 0, a stranger's key and rank 1's key sending ``beat-0``/``rank-0``
+    heartbeats with rank 0's real incarnation get nothing believed: rank 0 is Lost
+    and a call fails as EngineDead instead of waiting for its deadline. The
+    stranger is refused at the handshake, rank 1's key per frame; both counted."""
+    keys = _curve_keys(tmp_path)
+    server = load_keypair(keys / "server.key_secret")
+    ranks = {r: load_keypair(keys / f"rank{r}.key_secret").public for r in (0, 1)}
+    transport = ZmqRouterClientTransport(
+        "tcp://127.0.0.1:0", curve=CurveServerConfig.allowing(server, ranks=ranks))
+    async with ControlClient(transport, ranks=2, default_timeout=60.0) as client:
+        address = transport.address
+        args = ["--connect", address, "--curve-secret", str(keys / "rank0.key_secret"),
+                "--curve-server-key", str(keys / "server.key")]
+        with EngineFleet(1, lambda r: args, ready_timeout=60) as fleet:
+            await client.wait_ready([0], timeout=30)
+            real = fleet.engines[0].incarnation
+
+            def beats() -> list[Envelope]:
+                return [Heartbeat(0, real, 1)]
+            identities = [b"beat-0", b"rank-0"]
+            insider = Forger(address, identities, beats,
+                             keys=load_keypair(keys / "rank1.key_secret"), server=server.public)
+            stranger = Forger(address, identities, beats,
+                              keys=load_keypair(keys / "stranger.key_secret"),
+                              server=server.public)
+            with insider.running(), stranger.running():
+                await wait_for(lambda: insider.sent > 20 and stranger.rounds > 20)
+                fleet.kill(0)
+                await wait_for(lambda: client.peers.state(0).name == "LOST")
+                sent_before = insider.sent
+                await wait_for(lambda: insider.sent > sent_before + 20)  # still forging
+                assert client.peers.state(0).name == "LOST"
+                with pytest.raises(EngineDead):
+                    await client.call("echo", "anyone?", rank=0)
+        assert client.counters.get("dropped_impersonation", 0) > 0
+        assert transport.auth_rejections > 0
