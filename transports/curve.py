@@ -18,7 +18,10 @@ connection its key (z85) as ZAP ``User-Id``, which libzmq attaches to each
 message, and the client's ROUTER drops and counts a frame whose identity names
 a rank its key is not bound to (libzmq's ZAP request does not carry the
 peer's routing id: its identity frame is the server socket's own, so the check
-is per message, after the handshake). A client's ROUTER requires ``ranks=``
+is per message, after the handshake). Rank N's requests go only to the
+connection last heard authenticated with rank N's key (engines under CURVE tag
+their identities, ``rank-N.TAG``), so another key connecting as ``rank-N`` never
+receives them. A client's ROUTER requires ``ranks=``
 (:meth:`CurveServerConfig.require_rank_binding`, :class:`RanksUnbound`) unless
 ``any_rank=True`` says explicitly that any allow-listed key may speak for any rank.
 """

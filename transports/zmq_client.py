@@ -56,6 +56,7 @@ from ctlwire.transports.zmq_config import (
     rank_from_beacon_identity,
     rank_from_identity,
     rank_identity,
+    request_route_of_beacon,
 )
 from ctlwire.transports.zmq_monitor import DOWN_EVENTS, SocketMonitor
 from ctlwire.transports.zmq_per_rank_client import (
@@ -91,6 +92,15 @@ class ZmqRouterClientTransport(_ZmqClientBase):
     ``ranks=``, or saying ``any_rank=True``) or an explicit
     ``allow_insecure_tcp=True`` (:class:`~ctlwire.transports.zmq_config.InsecureBind`
     otherwise, loopback included). Pickle is refused on tcp without CURVE.
+
+    Routes under CURVE: rank N's requests go to the identity (``rank-N.TAG``, see
+    :class:`~ctlwire.transports.zmq_engine.ZmqDealerEngineTransport`) whose frames
+    were last heard for rank N; with ``ranks=``, only frames authenticated with rank
+    N's key teach it, and until one has, sending to rank N is
+    :class:`~ctlwire.transports.errors.Unroutable`. A holder of another rank's key
+    connecting as ``rank-N`` (libzmq's ZAP request does not carry the identity a
+    peer asks for, so the handshake cannot refuse it) has its frames dropped and
+    counted (``impersonation``) and never receives rank N's requests.
     """
 
     def __init__(self, address: str | None = None, *, codec: Codec | None = None,
@@ -119,8 +129,12 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         self._until_met = False
         self._known: set[int] = set()
         self._probe_hb = b""
-        # hot path caches, bounded: rank -> identity (sends), identity -> rank (replies)
+        # hot path caches, bounded: rank -> identity (sends), identity -> rank (replies).
+        # Under CURVE the identity a rank's requests go to is learned from the frames
+        # of that rank (``rank-N.TAG``); with ranks bound to keys only from frames
+        # authenticated with the rank's key, and there is no default route.
         self._identity_of: dict[int, bytes] = {}
+        self._learned_routes_only = curve is not None and curve.binds_ranks
         self._rank_of: dict[bytes, int] = {}
         self._fast_decode = self.codec.fast_envelope_decoder()
 
@@ -147,10 +161,25 @@ class ZmqRouterClientTransport(_ZmqClientBase):
     def _frames(self, rank: int, envelope: Envelope) -> list[bytes]:
         identity = self._identity_of.get(rank)
         if identity is None:
-            identity = rank_identity(rank)
-            if len(self._identity_of) < _CACHE_LIMIT:
-                self._identity_of[rank] = identity
+            identity = self._default_route(rank)
         return [identity, self._encode(envelope)]
+
+    def _default_route(self, rank: int) -> bytes:
+        """The identity of ``rank`` before any was learned: ``rank-N``; none when ranks
+        are bound to keys (a route is only ever one authenticated for the rank)."""
+        if self._learned_routes_only:
+            raise Unroutable(rank, "no connection authenticated with this rank's key yet")
+        identity = rank_identity(rank)
+        if len(self._identity_of) < _CACHE_LIMIT:
+            self._identity_of[rank] = identity
+        return identity
+
+    def _learn_route(self, rank: int, route: bytes) -> None:
+        """Frames of ``rank`` (authenticated for it, when ranks are bound to keys) came
+        from the connection ``route``: its requests go there from now on."""
+        known = self._identity_of.get(rank)
+        if known != route and (known is not None or len(self._identity_of) < _CACHE_LIMIT):
+            self._identity_of[rank] = route
 
     @contextlib.contextmanager
     def batched_sends(self) -> Iterator[None]:
@@ -173,9 +202,7 @@ class ZmqRouterClientTransport(_ZmqClientBase):
             raise TransportClosed("transport is not open")
         identity = self._identity_of.get(rank)
         if identity is None:
-            identity = rank_identity(rank)
-            if len(self._identity_of) < _CACHE_LIMIT:
-                self._identity_of[rank] = identity
+            identity = self._default_route(rank)
         try:
             sock.send_pair_nowait(identity, data)
         except zmq.Again:
@@ -380,9 +407,14 @@ class ZmqRouterClientTransport(_ZmqClientBase):
                 # a beacon carries heartbeats only
                 self.counters["unknown_peer"] += 1
                 return Dropped("wrong_type", "a beacon sent something else", len(data), rank)
+            if curve is not None and type(event) is Received:
+                self._learn_route(rank, request_route_of_beacon(identity))
             return event
         self._known.add(rank)
-        return decode_event(self.codec, data, rank, identity)
+        event = decode_event(self.codec, data, rank, identity)
+        if curve is not None and type(event) is Received:
+            self._learn_route(rank, identity)
+        return event
 
     def _push(self, event: TransportEvent) -> None:
         self._pending.append(event)
@@ -409,8 +441,13 @@ class ZmqRouterClientTransport(_ZmqClientBase):
             if sock is None or self._closed:
                 return
             for rank in sorted(self._known):
+                route = self._identity_of.get(rank)
+                if route is None:
+                    if self._learned_routes_only:
+                        continue
+                    route = rank_identity(rank)
                 try:
-                    sock.send_multipart_nowait([rank_identity(rank), self._probe_hb])
+                    sock.send_multipart_nowait([route, self._probe_hb])
                 except zmq.ZMQError as exc:
                     if exc.errno == zmq.EHOSTUNREACH:
                         self._known.discard(rank)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import secrets
 import stat
 import tempfile
 from dataclasses import dataclass
@@ -58,11 +59,13 @@ __all__ = [
     "check_tcp_address",
     "connect_socket",
     "ipc_path",
+    "new_identity_tag",
     "private_ipc_address",
     "rank_from_beacon_identity",
     "rank_from_identity",
     "rank_identity",
     "remove_ipc_file",
+    "request_route_of_beacon",
     "secure_ipc_file",
 ]
 
@@ -148,16 +151,30 @@ class ZmqOptions:
             sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
 
 
-def rank_identity(rank: int) -> bytes:
-    """The ZeroMQ routing identity of an engine rank."""
+def rank_identity(rank: int, tag: bytes = b"") -> bytes:
+    """The ZeroMQ routing identity of an engine rank: ``rank-N``, or ``rank-N.TAG``
+    for a connection tagged with :func:`new_identity_tag` (under CURVE: a route a
+    peer cannot name without knowing the tag)."""
     if rank < 0:
         raise ValueError("rank must be >= 0")
-    return b"rank-%d" % rank
+    return b"rank-%d" % rank + (b"." + tag if tag else b"")
+
+
+def new_identity_tag() -> bytes:
+    """A fresh random tag for an engine's routing identities (16 hex digits)."""
+    return secrets.token_hex(8).encode()
+
+
+_TAG_CHARS = frozenset(b"0123456789abcdef")
 
 
 def _canonical_rank(identity: bytes, prefix: bytes) -> int | None:
-    digits = identity[len(prefix):]
-    if not identity.startswith(prefix) or not digits.isdigit() or len(digits) > 9:
+    if not identity.startswith(prefix):
+        return None
+    digits, dot, tag = identity[len(prefix):].partition(b".")
+    if not digits.isdigit() or len(digits) > 9:
+        return None
+    if dot and not (0 < len(tag) <= 32 and _TAG_CHARS.issuperset(tag)):
         return None
     rank = int(digits)
     # one spelling per rank: "rank-00" or "rank-+0" are not rank 0
@@ -165,20 +182,28 @@ def _canonical_rank(identity: bytes, prefix: bytes) -> int | None:
 
 
 def rank_from_identity(identity: bytes) -> int | None:
-    """The rank a request-socket identity names (exactly ``rank-N``), else None."""
+    """The rank a request-socket identity names (exactly ``rank-N`` or ``rank-N.TAG``,
+    TAG 1 to 32 lowercase hex digits), else None."""
     return _canonical_rank(identity, b"rank-")
 
 
-def beacon_identity(rank: int) -> bytes:
-    """The ZeroMQ routing identity of an engine rank's liveness beacon."""
+def beacon_identity(rank: int, tag: bytes = b"") -> bytes:
+    """The ZeroMQ routing identity of an engine rank's liveness beacon (``beat-N``,
+    or ``beat-N.TAG`` with the tag of the rank's request connection)."""
     if rank < 0:
         raise ValueError("rank must be >= 0")
-    return b"beat-%d" % rank
+    return b"beat-%d" % rank + (b"." + tag if tag else b"")
 
 
 def rank_from_beacon_identity(identity: bytes) -> int | None:
-    """The rank a beacon identity names (exactly ``beat-N``), else None."""
+    """The rank a beacon identity names (exactly ``beat-N`` or ``beat-N.TAG``), else None."""
     return _canonical_rank(identity, b"beat-")
+
+
+def request_route_of_beacon(identity: bytes) -> bytes:
+    """The request connection's identity of the engine whose beacon is ``identity``
+    (``beat-N.TAG`` -> ``rank-N.TAG``)."""
+    return b"rank-" + identity[len(b"beat-"):]
 
 
 def beacon_address_for(address: str) -> str | None:

@@ -37,6 +37,7 @@ from ctlwire.transports.zmq_config import (
     check_bind_address,
     check_tcp_address,
     connect_socket,
+    new_identity_tag,
     rank_identity,
 )
 from ctlwire.transports.zmq_engine_base import ZmqEngineBase
@@ -56,6 +57,12 @@ class ZmqDealerEngineTransport(ZmqEngineBase):
     ``curve`` is a :class:`CurveClientConfig` when the client's ROUTER runs CURVE;
     tcp without it needs ``allow_insecure_tcp=True``. Pickle over tcp is refused
     without CURVE.
+
+    Under CURVE the identities carry a random tag, ``rank-N.TAG`` and ``beat-N.TAG``
+    (the same tag, fixed for the transport's life): the client routes rank N's
+    requests to the tagged identity it last heard authenticated with rank N's key,
+    which another key holder cannot take over without knowing the tag (the
+    identity travels encrypted in the CURVE handshake).
     """
 
     def __init__(self, address: str, rank: int, *, codec: Codec | None = None,
@@ -68,10 +75,12 @@ class ZmqDealerEngineTransport(ZmqEngineBase):
         check_tcp_address(address, curve=curve is not None,
                           allow_insecure_tcp=allow_insecure_tcp)
         check_pickle_allowed(self.codec, address, curve is not None)
+        #: the routing identities' tag (under CURVE; empty otherwise)
+        self.identity_tag = new_identity_tag() if curve is not None else b""
 
     def _setup(self) -> None:
         raw = self._socket(zmq.DEALER)
-        raw.setsockopt(zmq.IDENTITY, rank_identity(self.rank))
+        raw.setsockopt(zmq.IDENTITY, rank_identity(self.rank, self.identity_tag))
         if self.curve is not None:
             self.curve.apply(raw)
         connect_socket(raw, self.address)
@@ -80,7 +89,7 @@ class ZmqDealerEngineTransport(ZmqEngineBase):
     def _beacon_socket(self) -> Callable[[], zmq.Socket[bytes]] | None:
         def make() -> zmq.Socket[bytes]:
             raw = self._new_beacon_socket(zmq.DEALER)
-            raw.setsockopt(zmq.IDENTITY, beacon_identity(self.rank))
+            raw.setsockopt(zmq.IDENTITY, beacon_identity(self.rank, self.identity_tag))
             if self.curve is not None:
                 self.curve.apply(raw)
             raw.connect(self.address)

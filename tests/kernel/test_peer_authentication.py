@@ -27,8 +27,16 @@ from ctlwire.transports.curve import (
     load_keypair,
     write_keypair,
 )
-from ctlwire.transports.envelope import Envelope, Heartbeat
+from ctlwire.transports.envelope import Envelope, Heartbeat, Reply, Request
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
+from ctlwire.transports.zmq_config import (
+    beacon_identity,
+    new_identity_tag,
+    rank_from_beacon_identity,
+    rank_from_identity,
+    rank_identity,
+    request_route_of_beacon,
+)
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -53,6 +61,7 @@ class Forger:
         self.stop = threading.Event()
         self.sent = 0  # taken by the socket (a refused handshake leaves nowhere to send)
         self.rounds = 0
+        self.requests = 0  # requests that reached the forger (it answers each, forged)
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -76,6 +85,13 @@ class Forger:
                         except zmq.Again:
                             pass
                 self.rounds += 1
+                for s in socks:
+                    while s.poll(0):
+                        env = CODEC.decode(s.recv())
+                        if isinstance(env, Request):
+                            self.requests += 1
+                            s.send(CODEC.encode(Reply(env.id, env.rank, 1, True,
+                                                      CODEC.encode_value("forged"))))
                 self.stop.wait(0.02)
         finally:
             for s in socks:
@@ -177,3 +193,63 @@ async def test_after_kill_9_forged_heartbeats_cannot_keep_the_rank_alive_by_defa
                     await client.call("echo", "anyone?", rank=0)
         assert client.counters.get("dropped_impersonation", 0) > 0
         assert transport.auth_rejections > 0
+
+
+# -- a rank's route belongs to the key bound to the rank ---------------------------------
+
+def test_tagged_identities_name_their_rank_and_nothing_else_does() -> None:
+    tag = new_identity_tag()
+    assert len(tag) == 16 and tag != new_identity_tag()
+    assert rank_identity(3, tag) == b"rank-3." + tag
+    assert rank_from_identity(rank_identity(3, tag)) == 3
+    assert rank_from_beacon_identity(beacon_identity(3, tag)) == 3
+    assert request_route_of_beacon(beacon_identity(3, tag)) == rank_identity(3, tag)
+    assert rank_from_identity(b"rank-3") == 3
+    for bad in (b"rank-3.", b"rank-3.XYZ", b"rank-3." + b"a" * 33, b"rank-03.ab",
+                b"rank-3.ab.cd", b"rank-.ab", b"rank-3.ab\x00"):
+        assert rank_from_identity(bad) is None, bad
+
+
+
+@pytest.mark.anyio
+async def test_a_holder_of_another_ranks_key_cannot_take_a_ranks_route(
+        anyio_backend: str, tmp_path: Path) -> None:
+    """CURVE with ranks bound to keys. Before: rank 1's key connecting as ``rank-0``
+    took rank 0's route (``ROUTER_HANDOVER``) and received its requests; its forged
+    replies were dropped, so calls to the real rank 0 timed out. libzmq's ZAP request
+    carries the server's own identity, not the one a peer asks for, so the handshake
+    cannot refuse it; instead rank 0's requests go only to the tagged identity last
+    heard authenticated with rank 0's key: every call reaches the real engine, none
+    the impostor, whose frames are dropped and counted."""
+    keys = _curve_keys(tmp_path)
+    server = load_keypair(keys / "server.key_secret")
+    ranks = {r: load_keypair(keys / f"rank{r}.key_secret").public for r in (0, 1)}
+    transport = ZmqRouterClientTransport(
+        "tcp://127.0.0.1:0", curve=CurveServerConfig.allowing(server, ranks=ranks))
+    async with ControlClient(transport, ranks=2, default_timeout=10.0) as client:
+        address = transport.address
+        args = ["--connect", address, "--curve-secret", str(keys / "rank0.key_secret"),
+                "--curve-server-key", str(keys / "server.key")]
+        with EngineFleet(1, lambda r: args, ready_timeout=60) as fleet:
+            await client.wait_ready([0], timeout=30)
+            real = fleet.engines[0].incarnation
+
+            def beats() -> list[Envelope]:
+                return [Heartbeat(0, real, 1)]
+            impostor = Forger(address, [b"rank-0", b"beat-0", b"rank-0.0123456789abcdef"],
+                              beats, keys=load_keypair(keys / "rank1.key_secret"),
+                              server=server.public)
+            with impostor.running():
+                # the impostor is connected under rank 0's identities and heard
+                await wait_for(lambda: client.counters.get("dropped_impersonation", 0) > 30)
+                results = []
+                for i in range(10):
+                    results.append(await client.call("echo", i, rank=0))
+                    # its reconnects keep trying to take the route over meanwhile
+                    await anyio.sleep(0.05)
+            assert results == list(range(10))
+            assert impostor.requests == 0
+            assert client.peers.peers[0].incarnation == real
+            assert client.peers.state(0).name == "CONNECTED"
+        assert client.counters["dropped_impersonation"] > 30
+        assert transport.counters["impersonation"] > 30
