@@ -150,15 +150,52 @@ class CurveServerConfig:
 
 @dataclass(frozen=True)
 class CurveClientConfig:
-    """The connecting side: its keys and the server's public key."""
+    """The connecting side: its keys and the server's public key.
+
+    A client that connects to several engine ranks (which bind) names each rank's
+    own server key with :meth:`for_ranks`, so that only rank R's engine can answer
+    and heartbeat as rank R; one ``server_key`` shared by several ranks lets any
+    engine holding that secret pose as any of them, and needs ``any_rank=True``
+    there (:meth:`require_rank_binding`)."""
 
     keys: KeyPair
-    server_key: bytes
+    server_key: bytes = b""
+    #: rank -> the public key of that rank's engine (overrides ``server_key``)
+    rank_server_keys: tuple[tuple[int, bytes], ...] = ()
+    #: explicitly: one server key for every rank
+    any_rank: bool = False
 
-    def apply(self, sock: zmq.Socket[bytes]) -> None:
+    @classmethod
+    def for_ranks(cls, keys: KeyPair, servers: Mapping[int, bytes]) -> CurveClientConfig:
+        """Connect to rank R's engine only if it proves ``servers[R]``."""
+        return cls(keys, b"", tuple(sorted((int(r), k) for r, k in servers.items())))
+
+    def server_key_for(self, rank: int | None) -> bytes:
+        """The server key rank ``rank``'s engine must prove (``server_key`` when none
+        is named for it)."""
+        for r, key in self.rank_server_keys:
+            if r == rank:
+                return key
+        return self.server_key
+
+    def require_rank_binding(self, ranks: Iterable[int]) -> None:
+        """Raise :class:`RanksUnbound` unless each of ``ranks`` has a server key of its
+        own (or there is one rank, or ``any_rank``); ValueError when one has none."""
+        ranks = list(ranks)
+        missing = [r for r in ranks if not self.server_key_for(r)]
+        if missing:
+            raise ValueError(f"no CURVE server key for ranks {missing}")
+        keys = [self.server_key_for(r) for r in ranks]
+        if len(set(keys)) < len(keys) and not self.any_rank:
+            raise RanksUnbound(
+                "several engine ranks share one CURVE server key: any engine holding it "
+                "could answer and heartbeat as any of them; give each rank its own key "
+                "(CurveClientConfig.for_ranks) or pass any_rank=True to accept that")
+
+    def apply(self, sock: zmq.Socket[bytes], rank: int | None = None) -> None:
         sock.curve_secretkey = self.keys.secret
         sock.curve_publickey = self.keys.public
-        sock.curve_serverkey = self.server_key
+        sock.curve_serverkey = self.server_key_for(rank)
 
 
 def _z85(key: bytes | str) -> str:

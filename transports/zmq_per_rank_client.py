@@ -88,7 +88,7 @@ class _PerRankClient(_ZmqClientBase):
             if self.send_kind == zmq.DEALER:
                 raw.setsockopt(zmq.IMMEDIATE, 1)
             if self.curve is not None:
-                self.curve.apply(raw)
+                self.curve.apply(raw, rank)
             self._monitors.append(SocketMonitor(raw))
             if self.bind_per_rank:
                 self._bind(raw, addr)
@@ -213,8 +213,10 @@ class ZmqDealerClientTransport(_PerRankClient):
     liveness beacon at ``beacon_addresses[rank]`` (default
     :func:`~ctlwire.transports.zmq_config.beacon_address_for` of the rank's
     address; a rank without one relies on in-band heartbeats). ``curve`` is a
-    :class:`CurveClientConfig` (the engines are the CURVE servers); tcp without it
-    needs ``allow_insecure_tcp=True``."""
+    :class:`CurveClientConfig` (the engines are the CURVE servers) naming each
+    rank's own server key (:meth:`CurveClientConfig.for_ranks`; one key shared by
+    several ranks needs ``any_rank=True``); tcp without it needs
+    ``allow_insecure_tcp=True``."""
 
     send_kind = zmq.DEALER
 
@@ -226,6 +228,8 @@ class ZmqDealerClientTransport(_PerRankClient):
                  allow_insecure_tcp: bool = False) -> None:
         super().__init__(addresses, codec=codec, options=options, curve=curve, context=context,
                          allow_insecure_tcp=allow_insecure_tcp)
+        if curve is not None:
+            curve.require_rank_binding(self.addresses)
         self.beacon_addresses: dict[int, str] = {}
         for rank, address in self.addresses.items():
             beacon = (beacon_addresses or {}).get(rank) or beacon_address_for(address)
@@ -246,7 +250,7 @@ class ZmqDealerClientTransport(_PerRankClient):
             raw.setsockopt(zmq.RECONNECT_IVL_MAX, self.options.reconnect_ivl_max_ms)
             raw.setsockopt(zmq.SUBSCRIBE, b"")
             if self.curve is not None:
-                self.curve.apply(raw)
+                self.curve.apply(raw, rank)
             raw.connect(address)
             self._beacons[rank] = self._wrap(raw)
 

@@ -19,17 +19,20 @@ import zmq
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.control_client import ControlClient
 from ctlwire.kernel.errors import EngineDead
+from ctlwire.kernel.testing import free_tcp_address
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.curve import (
     CurveClientConfig,
     CurveServerConfig,
     KeyPair,
+    RanksUnbound,
     load_keypair,
     write_keypair,
 )
 from ctlwire.transports.envelope import Envelope, Heartbeat, Reply, Request
-from ctlwire.transports.zmq_client import ZmqRouterClientTransport
+from ctlwire.transports.zmq_client import ZmqDealerClientTransport, ZmqRouterClientTransport
 from ctlwire.transports.zmq_config import (
+    beacon_address_for,
     beacon_identity,
     new_identity_tag,
     rank_from_beacon_identity,
@@ -253,3 +256,101 @@ async def test_a_holder_of_another_ranks_key_cannot_take_a_ranks_route(
             assert client.peers.state(0).name == "CONNECTED"
         assert client.counters["dropped_impersonation"] > 30
         assert transport.counters["impersonation"] > 30
+
+
+class BoundImpostor:
+    """A CURVE server with ``keys`` at an engine's addresses (a ROUTER at ``address``,
+    a PUB at its beacon address): heartbeats for rank 0 every 20 ms on both, a forged
+    reply to every request."""
+
+    def __init__(self, address: str, keys: KeyPair, incarnation: int) -> None:
+        self.address, self.keys, self.incarnation = address, keys, incarnation
+        self.stop = threading.Event()
+        self.bound = threading.Event()
+        self.rounds = 0
+        self.requests = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        router, pub = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PUB)
+        try:
+            routes: set[bytes] = set()
+            for sock, address in ((router, self.address),
+                                  (pub, beacon_address_for(self.address))):
+                sock.setsockopt(zmq.LINGER, 0)
+                CurveServerConfig(self.keys).apply(sock)
+                assert address is not None
+                sock.bind(address)
+            self.bound.set()
+            seq = 0
+            while not self.stop.is_set():
+                seq += 1
+                beat = CODEC.encode(Heartbeat(0, self.incarnation, seq))
+                pub.send(beat)
+                for route in routes:
+                    router.send_multipart([route, beat], zmq.NOBLOCK)
+                while router.poll(0):
+                    route, data = router.recv_multipart()
+                    routes.add(route)
+                    env = CODEC.decode(data)
+                    if isinstance(env, Request):
+                        self.requests += 1
+                        router.send_multipart([route, CODEC.encode(Reply(
+                            env.id, 0, self.incarnation, True, CODEC.encode_value("forged")))])
+                self.rounds += 1
+                self.stop.wait(0.02)
+        finally:
+            router.close(0)
+            pub.close(0)
+            ctx.term()
+
+    @contextmanager
+    def running(self) -> Iterator[BoundImpostor]:
+        self._thread.start()
+        assert self.bound.wait(30)
+        try:
+            yield self
+        finally:
+            self.stop.set()
+            self._thread.join(10)
+
+
+@pytest.mark.anyio
+async def test_engines_that_bind_are_believed_only_with_their_own_server_key(
+        anyio_backend: str, tmp_path: Path) -> None:
+    """Engines bind, the client connects with a server key per rank. After ``kill -9``
+    of rank 0, the holder of rank 1's engine key binds rank 0's addresses and sends
+    heartbeats and forged replies as rank 0: the client's handshake with it fails
+    (it cannot prove rank 0's key), so rank 0 stays Lost and a call fails as
+    EngineDead; rank 1 is unaffected. One server key shared by the ranks (the only
+    form before) needs an explicit ``any_rank=True``."""
+    keys = _curve_keys(tmp_path)
+    write_keypair(keys, "client")
+    client_keys = load_keypair(keys / "client.key_secret")
+    engine_keys = {r: load_keypair(keys / f"rank{r}.key_secret") for r in (0, 1)}
+    addresses = [free_tcp_address() for _ in (0, 1)]
+    with pytest.raises(RanksUnbound):
+        ZmqDealerClientTransport(addresses, curve=CurveClientConfig(
+            client_keys, engine_keys[0].public))
+    transport = ZmqDealerClientTransport(addresses, curve=CurveClientConfig.for_ranks(
+        client_keys, {r: k.public for r, k in engine_keys.items()}))
+
+    def args(rank: int) -> list[str]:
+        return ["--bind", addresses[rank], "--curve-secret", str(keys / f"rank{rank}.key_secret"),
+                "--curve-allow", str(keys / "client.key")]
+    with EngineFleet(2, args, ready_timeout=60) as fleet:
+        async with ControlClient(transport, ranks=2, default_timeout=30.0) as client:
+            await client.wait_ready(timeout=30)
+            assert await client.call("echo", "real", rank=0) == "real"
+            real = fleet.engines[0].incarnation
+            fleet.kill(0)
+            await wait_for(lambda: client.peers.state(0).name == "LOST")
+            impostor = BoundImpostor(addresses[0], engine_keys[1], real)
+            with impostor.running():
+                await wait_for(lambda: impostor.rounds > 50)  # a second of forging, at least
+                assert client.peers.state(0).name == "LOST"
+                with pytest.raises(EngineDead):
+                    await client.call("echo", "anyone?", rank=0)
+                assert await client.call("echo", "fine", rank=1) == "fine"
+            assert impostor.requests == 0
