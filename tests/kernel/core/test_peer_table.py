@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from ctlwire.kernel.core.peer_table import PeerTable, Progress
+from ctlwire.kernel.core.peer_table import PeerTable, Progress, incarnation_at
+from ctlwire.kernel.engine_liveness import new_incarnation
 from ctlwire.states import PeerState
 
 
@@ -104,3 +107,19 @@ def test_frames_of_ranks_outside_the_table_are_counted_not_added() -> None:
     for rank in range(1, 1001):
         assert t.seen(rank, 1, now=0.0) == []
     assert list(t.peers) == [0] and t.foreign == 1000
+
+
+def test_incarnations_minted_beyond_the_window_are_implausible_and_counted() -> None:
+    wall = 1_800_000_000.0
+    table = PeerTable([0], incarnation_window=60.0)
+    assert table.plausible(incarnation_at(wall) | 0xFFF, wall)
+    assert table.plausible(incarnation_at(wall + 60.0) | 0xFFF, wall)  # at the edge
+    assert table.plausible(1, wall)  # old and small: plausible (fencing judges order)
+    assert table.implausible == 0
+    assert not table.plausible(incarnation_at(wall + 61.0), wall)
+    assert not table.plausible(2**64 - 1, wall)
+    assert not table.plausible(-1, wall)
+    assert table.implausible == 3
+    assert table.plausible(new_incarnation(), time.time())  # what engines mint
+    with pytest.raises(ValueError):
+        PeerTable([0], incarnation_window=-1.0)
