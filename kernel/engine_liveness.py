@@ -9,6 +9,7 @@ import secrets
 import threading
 import time
 
+from ctlwire.kernel.core.peer_table import INCARNATION_TIME_SHIFT
 from ctlwire.kernel.core.result_cache import RecordedOutcome
 from ctlwire.kernel.engine_base import EngineBase
 from ctlwire.transports.envelope import Heartbeat, Reply, Request
@@ -46,14 +47,17 @@ def new_incarnation() -> int:
     """An engine incarnation: milliseconds since the epoch, then 12 random bits.
 
     Later processes get larger numbers (clocks permitting), so a client can tell
-    a heartbeat of an older, replaced process from one of a newer process.
+    a heartbeat of an older, replaced process from one of a newer process; a
+    client refuses one minted further ahead of its own clock than its
+    ``incarnation_window`` (``PeerTable.plausible``).
     Within one process every incarnation is larger than the one minted before
     it, even in the same millisecond (an endpoint restarted at once must not
     look older than the one it replaces).
     """
     global _last_incarnation
     with _incarnation_lock:
-        minted = (time.time_ns() // 1_000_000) << 12 | secrets.randbits(12)
+        minted = ((time.time_ns() // 1_000_000) << INCARNATION_TIME_SHIFT
+                  | secrets.randbits(INCARNATION_TIME_SHIFT))
         _last_incarnation = max(minted, _last_incarnation + 1)
         return _last_incarnation
 
