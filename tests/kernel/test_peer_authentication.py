@@ -196,6 +196,7 @@ async def test_after_kill_9_forged_heartbeats_cannot_keep_the_rank_alive_by_defa
                     await client.call("echo", "anyone?", rank=0)
         assert client.counters.get("dropped_impersonation", 0) > 0
         assert transport.auth_rejections > 0
+        assert client.metrics()["auth_rejections"] == transport.auth_rejections
 
 
 # -- a rank's route belongs to the key bound to the rank ---------------------------------
