@@ -67,7 +67,6 @@ class _PerRankClient(_ZmqClientBase):
         self.addresses: dict[int, str] = (dict(addresses) if isinstance(addresses, Mapping)
                                           else dict(enumerate(addresses)))
         self.curve = curve
-        self.allow_insecure_tcp = allow_insecure_tcp
         for addr in self.addresses.values():
             check_tcp_address(addr, curve=curve is not None,
                               allow_insecure_tcp=allow_insecure_tcp, bind=self.bind_per_rank)
