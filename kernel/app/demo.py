@@ -488,7 +488,8 @@ def format_report(cfg: DemoConfig, report: DemoReport) -> str:
         lines.append(f"  quarantined ranks (out of routing): {report.quarantined}")
     if cfg.slow_update > 0 and report.slow_progress:
         seen = " ".join(f"{r}:{f:.0%}" for r, f in sorted(report.slow_progress.items()))
-        lines.append(f"  slow update_weights ({cfg.slow_update:g} s blocking each engine): "
+        lines.append(f"  slow update_weights ({cfg.slow_update:g} s blocking each engine, on "
+                     "purpose: the update_weights p99 above): "
                      f"progress seen live {seen}; busy ranks {sorted(report.slow_busy)}, "
                      f"lost {report.slow_lost}")
     if report.killed_rank is not None:
