@@ -98,3 +98,17 @@ def test_every_state_diagram_is_on_the_diagrams_page() -> None:
     assert files
     for name in files:
         assert f'--8<-- "diagrams/{name}"' in page, name
+
+
+def test_every_library_logger_is_documented() -> None:
+    """Logger names are found, not guessed: each one the code uses is in the
+    observability page's table."""
+    used = set()
+    for folder in ("kernel", "transports", "states"):
+        for path in (ROOT / folder).rglob("*.py"):
+            used |= set(re.findall(r'getLogger\("(ctlwire[\w.]*)"\)', path.read_text()))
+    used.discard("ctlwire")  # the parent: it holds the NullHandler
+    assert {"ctlwire.client", "ctlwire.curve"} <= used
+    page = (DOCS / "observability.md").read_text()
+    for name in sorted(used):
+        assert f"`{name}`" in page, f"logger {name} is not documented in docs/observability.md"
