@@ -531,13 +531,11 @@ def add_arguments(p: Any) -> None:
                    help="engine processes to start (4)")
     p.add_argument("--cycles", type=positive_int, default=20, metavar="K",
                    help="weight-update cycles (20)")
-    p.add_argument("--transport", choices=["ipc", "tcp"], default="ipc",
-                   help="ipc (default: a private socket folder) or tcp on 127.0.0.1")
+    p.add_argument("--transport", choices=["ipc", "tcp"], default="ipc")
     p.add_argument("--connect", nargs="+", default=[], metavar="ADDR",
                    help="drive engines already running elsewhere, one ROUTER address per rank")
     p.add_argument("--kill-one", action="store_true", help="SIGKILL one engine mid-run")
-    p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio",
-                   help="the client's event loop (asyncio)")
+    p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     p.add_argument("--fault", choices=["update"], default="",
                    help="update: one rank's update_weights raises mid-run (compensated)")
     p.add_argument("--slow-update", type=non_negative_float, default=2.0, metavar="SECONDS",
