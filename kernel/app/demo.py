@@ -32,7 +32,6 @@ import platform
 import re
 import signal
 import sys
-import textwrap
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -154,6 +153,8 @@ _EXPECTED_ERRORS = {
 
 def expected_error_notes(cfg: DemoConfig, report: DemoReport) -> list[str]:
     """One line per error type in the summary, saying why it is expected here."""
+    import textwrap
+
     seen = sorted({name for errs in report.errors.values() for name in errs})
     notes = []
     for name in seen:
