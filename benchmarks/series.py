@@ -1,7 +1,7 @@
 """Several whole bench runs and what they say together: ``ctlwire bench --runs N``.
 
-One run's ratio moves by ±5-10 % on a shared machine (``PROFILE_NOTES.md``: where
-the scheduler puts a round trip's threads decides more than either stack's CPU), so
+One run's ratio moves by ±5-10 % on a shared machine (where the scheduler puts a
+round trip's threads decides more than either stack's CPU), so
 a row whose target sits inside that spread passes in some runs and not in others.
 :class:`Series` keeps every run's report and, per row, every run's ratio, their
 median judged against the row's target, and in how many runs the row passed, next

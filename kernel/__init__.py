@@ -10,9 +10,15 @@ imported on first use. Every error a caller can see is defined in
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
+from ctlwire.kernel._version import __version__ as __version__
 from ctlwire.transports._lazy_exports import lazy_exports
+
+# A library does not print unless the application configured logging: without
+# this handler, Python's last-resort handler writes warnings to stderr.
+logging.getLogger("ctlwire").addHandler(logging.NullHandler())
 
 if TYPE_CHECKING:
     from ctlwire.kernel.app.engine_fleet import (
@@ -71,6 +77,7 @@ if TYPE_CHECKING:
         ResultTypeError,
     )
     from ctlwire.kernel.metrics import (
+        EnginePrometheusExporter,
         PrometheusExporter,
         RequestMetrics,
         TransitionLog,
@@ -125,6 +132,7 @@ _EXPORTS: dict[str, str] = {
     "EngineFleet": "ctlwire.kernel.app.engine_fleet",
     "EngineProcess": "ctlwire.kernel.app.engine_fleet",
     "EngineStartError": "ctlwire.kernel.app.engine_fleet",
+    "EnginePrometheusExporter": "ctlwire.kernel.metrics",
     "PrometheusExporter": "ctlwire.kernel.metrics",
     "RequestMetrics": "ctlwire.kernel.metrics",
     "snapshot": "ctlwire.kernel.metrics",
@@ -164,6 +172,7 @@ __all__ = [
     "EngineFleet",
     "EngineHarness",
     "EngineProcess",
+    "EnginePrometheusExporter",
     "EngineStartError",
     "ErrorCode",
     "FanOutFailed",

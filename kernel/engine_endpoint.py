@@ -252,7 +252,7 @@ class EngineEndpoint(EngineServing):
         # sequential caller), only follow it. It is not skipped, though: an EVENTS
         # probe instead (cheaper in CPU) let the engine go back to waiting right
         # after its reply, and the sequential round trip measured ~9 % slower with
-        # it (benchmarks/PROFILE_NOTES.md, "Fourth pass").
+        # it.
         if max_messages < 1:
             return 0
         try:

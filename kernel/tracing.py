@@ -5,7 +5,8 @@ The client asks an optional ``trace_provider`` for a ``dict[str, str]`` carrier
 the carrier travels as the envelope's opaque ``trace`` field; on the engine,
 :data:`current_trace` holds it while the handler runs, ready for
 ``opentelemetry.propagate.extract(current_trace.get() or {})``. ctlwire never
-looks inside it.
+looks inside it. :mod:`ctlwire.kernel.otel` does all of this with OpenTelemetry
+(the ``tracing`` extra).
 """
 
 from __future__ import annotations

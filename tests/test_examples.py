@@ -17,6 +17,16 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
+def _prometheus_samples(text: str) -> dict[str, float]:
+    """``name{labels} value`` lines of Prometheus' text format -> {"name{labels}": value}."""
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            samples[key] = float(value)
+    return samples
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -83,9 +93,23 @@ def test_http_server_example_answers_200_concurrent_mixed_requests() -> None:
         assert statuses == {200: 200}, bodies[:5]
         final = httpx.get(f"{base}/server_info", timeout=10).json()["ranks"]
         assert {v["version"] for v in final.values()} == {25}  # 25 updates, all committed
-        metrics = httpx.get(f"{base}/metrics", timeout=10).json()
-        assert metrics["client"]["live_requests"] == 0
-        assert metrics["client"]["replies_dropped"]["late"] == 0
+        metrics = httpx.get(f"{base}/metrics", timeout=10)
+        assert metrics.status_code == 200
+        assert metrics.headers["content-type"].startswith("text/plain; version=")
+        samples = _prometheus_samples(metrics.text)
+        assert samples["ctlwire_live_requests"] == 0
+        assert samples['ctlwire_replies_dropped_total{reason="late"}'] == 0
+        assert samples['ctlwire_operations_total{state="committed"}'] == 25
+        assert samples['ctlwire_engine_live_requests{rank="1"}'] >= 0
+        assert any(k.startswith("ctlwire_request_seconds_bucket{") for k in samples)
+
+        bad = {b"{not json": "JSON is malformed", b'{"version": "seven"}': "Expected `int",
+               b"[1, 2]": "Expected `object`"}
+        for body, says in bad.items():
+            resp = httpx.post(f"{base}/v1/update_weights", content=body, timeout=10)
+            assert resp.status_code == 422, (body, resp.status_code, resp.text)
+            assert says in resp.json()["error"], resp.json()
+        assert httpx.get(f"{base}/server_info", timeout=10).status_code == 200
     finally:
         server.send_signal(signal.SIGINT)  # uvicorn shuts down: lifespan stops the engines
         try:
@@ -95,4 +119,5 @@ def test_http_server_example_answers_200_concurrent_mixed_requests() -> None:
             output = server.communicate()[0]
         print(output[-2000:])
     assert server.returncode == 0, output[-2000:]
+    assert f"ctlwire example API server on {base} with 2 engines" in output, output[-2000:]
     assert "lost" not in output  # a normal shutdown is not an engine loss

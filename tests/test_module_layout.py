@@ -209,6 +209,7 @@ OPTIONAL_IMPORTS: dict[str, tuple[str, frozenset[str]]] = {
     "trio": ("only on the trio backend, which needs trio installed to run", frozenset()),
     "graphviz": ("the diagrams extra (a state diagram rendered to an image)", frozenset()),
     "prometheus_client": ("the prometheus extra (the metrics exporter)", frozenset()),
+    "opentelemetry": ("the tracing extra (OpenTelemetry spans)", frozenset()),
     "pytest": ("the pytest plugin, loaded by pytest itself",
                frozenset({"ctlwire.kernel.testing.pytest_plugin"})),
 }

@@ -1,9 +1,11 @@
-"""The README's python blocks run, so they cannot rot.
+"""The README's python blocks run, so they cannot rot; its two commands are the
+ones CI runs.
 
 A block runs as a script unless the line before it says otherwise:
 ``<!-- readme-test: pytest -->`` runs it as a test file under pytest (with the
 installed ctlwire plugin, no conftest), ``<!-- readme-test: skip (reason) -->``
-skips it, and the reason is required."""
+skips it, and the reason is required; a skipped block must also say so in the
+text a reader sees (the comment itself is invisible on GitHub)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,12 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 BLOCK = re.compile(r"(?:^(<!-- readme-test: [^\n]*-->)\n)?^```python\n(.*?)^```", re.M | re.S)
+INSTALL_AND_DEMO = ("python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && "
+                    ".venv/bin/ctlwire demo")
+TEST_COMMAND = ".venv/bin/python -m pytest -q"
 
 
 def blocks() -> list[tuple[int, str, str]]:
@@ -36,10 +42,36 @@ BLOCKS = blocks()
 def test_every_block_runs_or_says_why_not() -> None:
     kinds = [kind.split()[0] for _, kind, _ in BLOCKS]
     assert set(kinds) <= {"script", "pytest", "skip"}, kinds
+    text = README.read_text()
     for line, kind, _ in BLOCKS:
         if kind.startswith("skip"):
             assert re.fullmatch(r"skip \(.{10,}\)", kind), f"README line {line}: say why"
-    assert kinds.count("script") >= 1 and kinds.count("pytest") >= 1
+            shown = text.splitlines()[max(0, line - 4):line - 1]
+            assert any("not run" in s or "fragment" in s.lower() for s in shown
+                       if not s.startswith("<!--")), f"README line {line}: say it visibly"
+    assert kinds.count("script") >= 1
+
+
+def test_the_two_commands_are_the_readmes_and_ci_runs_the_second() -> None:
+    text = README.read_text()
+    first = text.index("```sh\n")
+    assert text[first:].startswith(f"```sh\n{INSTALL_AND_DEMO}\n{TEST_COMMAND}\n```")
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert ".venv/bin/pip install --quiet -e '.[test]'" in ci
+    assert ci.rstrip().endswith(TEST_COMMAND)
+
+
+def test_the_readme_is_a_five_minute_read() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250
+    # no benchmark logs in the README: they belong on docs/benchmarks.md, history in git
+    assert not re.search(r"\b(first|second|third|\w+th) pass\b", text, re.I)
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text)
+    assert "the brief" not in text  # a reader has no brief: say what it is
+    for folder in ("benchmarks", "kernel", "states", "transports"):  # no lab notebooks
+        assert not list((ROOT / folder).rglob("*.md")), folder
+    for page in re.findall(r"\]\((docs/[^)#]+|CHANGELOG\.md)", text):
+        assert (ROOT / page).exists(), page
 
 
 def _env() -> dict[str, str]:

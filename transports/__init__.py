@@ -11,9 +11,13 @@ in-memory one). ``AuthenticationFailed`` is not re-exported here: callers see
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from ctlwire.transports._lazy_exports import lazy_exports
+
+# nothing is printed unless the application configures logging (see ctlwire.kernel)
+logging.getLogger("ctlwire").addHandler(logging.NullHandler())
 
 if TYPE_CHECKING:
     from ctlwire.transports.codec import (

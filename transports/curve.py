@@ -58,6 +58,13 @@ class KeyPair:
     public: bytes
     secret: bytes
 
+    def __repr__(self) -> str:
+        """The public key only: a key pair printed or logged never shows its secret
+        (nor does a config holding one, whose repr shows its fields' reprs)."""
+        return f"KeyPair(public={self.public!r}, secret=<hidden>)"
+
+    __str__ = __repr__
+
 
 def generate_keypair() -> KeyPair:
     public, secret = zmq.curve_keypair()

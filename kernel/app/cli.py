@@ -1,4 +1,10 @@
-"""The ``ctlwire`` command line: ``diagrams``, ``demo``, ``bench``, ``keys``."""
+"""The ``ctlwire`` command line: ``diagrams``, ``demo``, ``bench``, ``keys``.
+
+Every failure the user can fix (a bad argument, a folder that cannot be
+created, a missing optional dependency) ends in one line on stderr naming the
+command, and exit code 2; nothing the command line does ends in a traceback
+for such input.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,22 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["main"]
+from ctlwire.kernel.app.arguments import (
+    ArgumentParser,
+    UsageError,
+    ensure_dir,
+    ensure_parent,
+    positive_int,
+)
+
+__all__ = ["build_parser", "main"]
+
+DESCRIPTION = """\
+ctlwire: the control plane between an inference API server and its engine
+processes (pause, update_weights, resume, ... sent to one rank or fanned out).
+
+Run 'ctlwire COMMAND --help' for a command's options.
+"""
 
 
 def _default_diagrams_dir() -> Path:
@@ -26,16 +47,22 @@ def _cmd_diagrams(args: argparse.Namespace) -> int:
     try:
         written = write_diagrams(out, args.format)
     except DiagramUnavailable as exc:
-        print(f"ctlwire diagrams: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot write into {out}: {exc.strerror or exc}") from None
     for path in written:
         print(path)
     return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    import importlib.util
+
     from ctlwire.kernel.app import demo
 
+    if args.backend == "trio" and importlib.util.find_spec("trio") is None:
+        raise UsageError("--backend trio needs trio installed: pip install trio")
+    ensure_parent(args.json)
     return demo.main(demo.from_args(args), json_path=args.json)
 
 
@@ -47,21 +74,23 @@ def _cmd_keys(args: argparse.Namespace) -> int:
                 if p.exists()]
     if existing and not args.force:
         # a key pair in use (allow-lists name its public key) is never replaced silently
-        print("ctlwire keys generate: refusing to overwrite existing key files "
-              f"(pass --force to replace them): {', '.join(map(str, existing))}",
-              file=sys.stderr)
-        return 2
+        raise UsageError("refusing to overwrite existing key files (pass --force to "
+                         f"replace them): {', '.join(map(str, existing))}")
+    ensure_dir(Path(args.dir))
     for name in args.names:
-        public, secret = write_keypair(args.dir, name)
+        try:
+            public, secret = write_keypair(args.dir, name)
+        except OSError as exc:
+            raise UsageError(f"cannot write the key pair {name!r} into {args.dir}: "
+                             f"{exc.strerror or exc}") from None
         print(f"{public}\n{secret}")
     return 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.runs != 1 and (args.reliability or args.soak):
-        print("ctlwire bench: --runs repeats the ratio bench; --reliability and --soak "
-              "run once", file=sys.stderr)
-        return 2
+        raise UsageError("--runs repeats the ratio bench; --reliability and --soak run once")
+    ensure_parent(args.json)
     if args.reliability:
         from ctlwire.benchmarks import reliability
 
@@ -74,16 +103,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from ctlwire.benchmarks.runner import run_bench
     from ctlwire.benchmarks.series import Series
 
-    if args.runs < 1:
-        print("ctlwire bench: --runs must be at least 1", file=sys.stderr)
-        return 2
     series = Series()
     for i in range(args.runs):
         try:
             report = run_bench(quick=args.quick, only=args.only)
         except ValueError as exc:
-            print(f"ctlwire bench: {exc}", file=sys.stderr)
-            return 2
+            raise UsageError(str(exc)) from None
         if args.runs > 1:
             print(f"\n=== run {i + 1} of {args.runs}", flush=True)
         print_table(report)
@@ -97,26 +122,44 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ctlwire", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    from ctlwire.kernel._version import __version__
 
-    p = sub.add_parser("diagrams", help="write the state diagrams of every machine")
-    p.add_argument("--out", help="folder to write into (default: the checkout's diagrams/)")
-    p.add_argument("--format", choices=["mermaid", "dot", "svg"], default="mermaid")
+    parser = ArgumentParser(prog="ctlwire", description=DESCRIPTION,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"ctlwire {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("diagrams", help="write the state diagram of every machine",
+                       description="Write one diagram per state machine (and, for mermaid, "
+                       "a README.md embedding them all) into a folder, created if missing.")
+    p.add_argument("--out", metavar="DIR",
+                   help="folder to write into (default: the checkout's diagrams/)")
+    p.add_argument("--format", choices=["mermaid", "dot", "svg"], default="mermaid",
+                   help="mermaid (default; no extra needed), dot or svg (need graphviz: "
+                   "pip install 'ctlwire[diagrams]')")
     p.set_defaults(func=_cmd_diagrams)
 
-    p = sub.add_parser("demo", help="the RL weight-update cycle against real engine processes")
+    p = sub.add_parser("demo", help="the RL weight-update cycle against real engine processes",
+                       description="Start N engine processes over real ZeroMQ sockets and run "
+                       "K pause -> update_weights -> resume cycles, each one coordinated "
+                       "operation, while concurrent callers query every engine. Prints a "
+                       "summary and exits 1 unless every invariant held.")
     from ctlwire.kernel.app.demo import add_arguments
 
     add_arguments(p)
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("keys", help="CURVE key pairs")
-    keys = p.add_subparsers(dest="keys_command", required=True)
-    g = keys.add_parser("generate", help="write NAME.key and NAME.key_secret (0600) into DIR; "
-                        "refuses to overwrite existing ones without --force")
-    g.add_argument("dir")
-    g.add_argument("names", nargs="*", default=["server", "client"])
+    p = sub.add_parser("keys", help="generate CURVE key pairs for tcp across hosts",
+                       description="CURVE key pairs (z85 certificate files) for tcp:// "
+                       "transports across hosts.")
+    keys = p.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    g = keys.add_parser("generate", help="write NAME.key and NAME.key_secret into DIR",
+                        description="Write NAME.key (public) and NAME.key_secret (secret, "
+                        "mode 0600) into DIR, created if missing. Refuses to overwrite "
+                        "existing key files without --force.")
+    g.add_argument("dir", metavar="DIR")
+    g.add_argument("names", nargs="*", default=["server", "client"], metavar="NAME",
+                   help="key pair names (default: server client)")
     g.add_argument("--force", action="store_true", help="replace existing key pairs")
     g.set_defaults(func=_cmd_keys)
 
@@ -128,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+", metavar="GROUP",
                    help="run only these groups: latency floor throughput fanout trio live "
                    "memory state_table fanout_burst scale multi_client detect256")
-    p.add_argument("--runs", type=int, default=1, metavar="N",
+    p.add_argument("--runs", type=positive_int, default=1, metavar="N",
                    help="N whole runs one after the other, then each row's ratios, their "
                    "median against the target and the runs it passed in")
     mode = p.add_mutually_exclusive_group()
@@ -141,9 +184,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (argument errors exit with 2)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    prog = f"ctlwire {args.command}"
+    try:
+        return int(args.func(args))
+    except UsageError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -41,6 +41,7 @@ from typing import Any, TextIO
 
 import anyio
 
+from ctlwire.kernel.app.arguments import non_negative_float, positive_int
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.app.operation_engine import Fault, weight_update_plan
 from ctlwire.kernel.control_client import ControlClient
@@ -136,6 +137,45 @@ class DemoReport:
         if any(v != cfg.cycles for v in live):
             out.append(f"final weight versions {self.final_versions}, expected {cfg.cycles}")
         return out
+
+
+def step_summary(step: str, ranks: dict[int, str]) -> str:
+    """A running operation step for the progress line: ``"step pause: 3 ranks applying"``."""
+    states: dict[str, int] = defaultdict(int)
+    for state in ranks.values():
+        states[state] += 1
+    return f"step {step}: " + ", ".join(
+        f"{n} {'rank' if n == 1 else 'ranks'} {state}" for state, n in sorted(states.items()))
+
+
+#: why an error the summary counts is expected, by its type name
+_EXPECTED_ERRORS = {
+    "NotDelivered": "a call to a rank already known lost is refused at once, never sent "
+                    "(the work did not run; a retry is safe)",
+    "OutcomeUnknown": "a call in flight when its rank died: it may have run (only an "
+                      "idempotent call is retried)",
+    "EngineDead": "a rank died while the call waited for it",
+    "InjectedFault": "the update_weights failure injected by --fault update; the "
+                     "operation undid every rank's change (compensated)",
+}
+
+
+def expected_error_notes(cfg: DemoConfig, report: DemoReport) -> list[str]:
+    """One line per error type in the summary, saying why it is expected here."""
+    import textwrap
+
+    seen = sorted({name for errs in report.errors.values() for name in errs})
+    notes = []
+    for name in seen:
+        why = _EXPECTED_ERRORS.get(name)
+        if why is None:
+            continue
+        if report.killed_rank is not None and name in ("NotDelivered", "OutcomeUnknown",
+                                                       "EngineDead"):
+            why += f"; here: rank {report.killed_rank}, killed on purpose by --kill-one"
+        notes.extend(textwrap.wrap(f"{name}: {why}", width=88, initial_indent="    ",
+                                   subsequent_indent="      "))
+    return notes
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -390,11 +430,7 @@ async def _drive(cfg: DemoConfig, client: ControlClient, fleet: EngineFleet | No
             dead = (f" | rank {report.killed_rank} dead, detected in "
                     f"{report.detection_seconds:.2f} s" if report.detection_seconds else "")
             for op in runner.progress().values():
-                states: dict[str, int] = defaultdict(int)
-                for st in op["ranks"].values():
-                    states[st] += 1
-                dead += (f" | op {op['step']} " + " ".join(
-                    f"{st}x{n}" for st, n in sorted(states.items())))
+                dead += " | " + step_summary(op["step"], op["ranks"])
             loading = []
             for rank in ranks:
                 status = client.rank_status(rank)
@@ -447,6 +483,11 @@ def format_report(cfg: DemoConfig, report: DemoReport) -> str:
         err_s = ", ".join(f"{k} {v}" for k, v in sorted(errs.items())) or "0"
         lines.append(f"  {method:<18}{len(lat):>8}{_pct(lat, 0.5) * 1e3:>10.2f}"
                      f"{_pct(lat, 0.99) * 1e3:>10.2f}  {err_s}")
+    notes = expected_error_notes(cfg, report)
+    if notes:
+        lines.append("")
+        lines.append("  expected errors (the demo injects these failures on purpose):")
+        lines.extend(notes)
     lines.append("")
     fifo = ("verified" if not report.fifo_violations else "VIOLATED")
     lines.append(f"  FIFO order (get_server_info, queueing mailbox): {fifo} over "
@@ -459,11 +500,17 @@ def format_report(cfg: DemoConfig, report: DemoReport) -> str:
     lines.append(f"  requests: {m.get('registered', 0)} registered, {m.get('cleaned', 0)} "
                  f"cleaned; live registry entries: {m.get('live_requests')} "
                  f"(tombstones {m.get('tombstones')})")
-    lines.append(f"  weight versions at the end: {dict(sorted(report.final_versions.items()))}")
+    killed = (f" (rank {report.killed_rank} was killed, so it stays behind)"
+              if report.killed_rank is not None else "")
+    lines.append(f"  weight versions at the end: {dict(sorted(report.final_versions.items()))}"
+                 f"{killed}")
     ops = ", ".join(f"{n} {state}" for state, n in sorted(report.operations.items()))
     lines.append(f"  operations (pause -> update_weights -> resume): {ops or 'none'}")
     for summary in report.aborted:
         lines.append(f"    not committed: {summary}")
+    if report.aborted and report.killed_rank is not None:
+        lines.append(f"    (rank {report.killed_rank}'s death broke a cycle: it was undone and "
+                     "retried on the live ranks)")
     if report.fault:
         verdict = "verified" if report.fault_verified else "NOT verified"
         lines.append(f"  injected fault: {report.fault}: compensation {verdict}")
@@ -471,7 +518,8 @@ def format_report(cfg: DemoConfig, report: DemoReport) -> str:
         lines.append(f"  quarantined ranks (out of routing): {report.quarantined}")
     if cfg.slow_update > 0 and report.slow_progress:
         seen = " ".join(f"{r}:{f:.0%}" for r, f in sorted(report.slow_progress.items()))
-        lines.append(f"  slow update_weights ({cfg.slow_update:g} s blocking each engine): "
+        lines.append(f"  slow update_weights ({cfg.slow_update:g} s blocking each engine, on "
+                     "purpose: the update_weights p99 above): "
                      f"progress seen live {seen}; busy ranks {sorted(report.slow_busy)}, "
                      f"lost {report.slow_lost}")
     if report.killed_rank is not None:
@@ -509,8 +557,10 @@ def main(cfg: DemoConfig, json_path: str | None = None, out: TextIO = sys.stdout
 
 
 def add_arguments(p: Any) -> None:
-    p.add_argument("--engines", type=int, default=4, help="engine processes to start (4)")
-    p.add_argument("--cycles", type=int, default=20, help="weight-update cycles (20)")
+    p.add_argument("--engines", type=positive_int, default=4, metavar="N",
+                   help="engine processes to start (4)")
+    p.add_argument("--cycles", type=positive_int, default=20, metavar="K",
+                   help="weight-update cycles (20)")
     p.add_argument("--transport", choices=["ipc", "tcp"], default="ipc")
     p.add_argument("--connect", nargs="+", default=[], metavar="ADDR",
                    help="drive engines already running elsewhere, one ROUTER address per rank")
@@ -521,10 +571,10 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     p.add_argument("--fault", choices=["update"], default="",
                    help="update: one rank's update_weights raises mid-run (compensated)")
-    p.add_argument("--slow-update", type=float, default=2.0, metavar="SECONDS",
+    p.add_argument("--slow-update", type=non_negative_float, default=2.0, metavar="SECONDS",
                    help="the last cycle's update_weights blocks each engine this long, "
                         "reporting progress (2; 0 turns it off)")
-    p.add_argument("--json", help="also write the summary as JSON here")
+    p.add_argument("--json", metavar="PATH", help="also write the summary as JSON here")
 
 
 def from_args(args: Any) -> DemoConfig:

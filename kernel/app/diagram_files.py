@@ -28,23 +28,24 @@ def diagrams_readme() -> str:
 
 
 def write_diagrams(out: Path, fmt: Format = "mermaid") -> list[Path]:
-    """Write one diagram per machine into ``out`` (plus README.md for mermaid).
+    """Write one diagram per machine into ``out`` (plus README.md for mermaid),
+    creating ``out`` if it is missing.
 
-    Raises :class:`ctlwire.states.diagram.DiagramUnavailable` for dot/svg
-    without graphviz.
+    Every diagram is rendered before anything is created, so a format that
+    cannot be rendered (:class:`ctlwire.states.diagram.DiagramUnavailable`:
+    dot/svg without graphviz) leaves no folder and no file behind.
     """
+    files: dict[str, str | bytes] = {file_name(spec, fmt): render(spec, fmt)
+                                     for spec in MACHINES}
+    if fmt == "mermaid":
+        files["README.md"] = diagrams_readme()
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    for spec in MACHINES:
-        data = render(spec, fmt)
-        path = out / file_name(spec, fmt)
+    for name, data in files.items():
+        path = out / name
         if isinstance(data, bytes):
             path.write_bytes(data)
         else:
             path.write_text(data, encoding="utf-8")
         written.append(path)
-    if fmt == "mermaid":
-        readme = out / "README.md"
-        readme.write_text(diagrams_readme(), encoding="utf-8")
-        written.append(readme)
     return written

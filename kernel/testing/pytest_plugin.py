@@ -15,13 +15,19 @@ explicitly when plugin autoloading is off; ``-p no:ctlwire`` turns it off):
     on a virtual one). Every harness it made must have been exited by the end
     of the test, and every request it recorded must have reached Cleaned.
 ``ctlwire_virtual_backend``
-    ``"asyncio"`` and ``"trio"`` on a virtual clock, as ``anyio_backend``
-    values (see below).
+    each chosen backend on a virtual clock, as an ``anyio_backend`` value
+    (see below).
+
+Backends: the plugin runs on every anyio backend that is installed (asyncio
+always, trio when it is importable: trio is optional), or on the ones you
+choose with ``--ctlwire-backends=asyncio`` on the command line or
+``ctlwire_backends = asyncio trio`` in the pytest ini file. Choosing a backend
+that is not installed is a usage error, not a skipped test.
 
 Virtual time: mark a test (or a module, with ``pytestmark``) with
 ``@pytest.mark.ctlwire_virtual_clock`` and it runs on asyncio and on trio, both
 on a virtual clock (trio's ``MockClock`` with autojump; an asyncio loop whose
-clock jumps to the next timer): a 600 s timeout takes milliseconds. The mark
+clock jumps to the next timer), on each chosen backend: a 600 s timeout takes milliseconds. The mark
 implies ``@pytest.mark.anyio``. Heartbeats run on the same virtual clock::
 
     import pytest
@@ -38,6 +44,7 @@ implies ``@pytest.mark.anyio``. Heartbeats run on the same virtual clock::
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -51,13 +58,53 @@ __all__ = ["VIRTUAL_CLOCK_MARK", "ctlwire_harness", "ctlwire_virtual_backend",
            "transition_recorder"]
 
 VIRTUAL_CLOCK_MARK = "ctlwire_virtual_clock"
-_BACKENDS = ("asyncio", "trio")
+KNOWN_BACKENDS = ("asyncio", "trio")
+_backends: tuple[str, ...] = KNOWN_BACKENDS  # set by pytest_configure
+
+
+def installed_backends() -> tuple[str, ...]:
+    """The anyio backends that can run here: asyncio, and trio when it is importable."""
+    return tuple(b for b in KNOWN_BACKENDS
+                 if b == "asyncio" or importlib.util.find_spec(b) is not None)
+
+
+def _chosen_backends(config: pytest.Config) -> tuple[str, ...]:
+    text = config.getoption("ctlwire_backends", None) or " ".join(
+        config.getini("ctlwire_backends"))
+    if not text:
+        return installed_backends()
+    chosen = tuple(dict.fromkeys(b for b in text.replace(",", " ").split() if b))
+    unknown = [b for b in chosen if b not in KNOWN_BACKENDS]
+    if unknown:
+        raise pytest.UsageError(f"ctlwire_backends: unknown backend(s) {unknown}; "
+                                f"choose from {list(KNOWN_BACKENDS)}")
+    missing = [b for b in chosen if b not in installed_backends()]
+    if missing:
+        raise pytest.UsageError(f"ctlwire_backends: {missing} not installed "
+                                f"(pip install {' '.join(missing)})")
+    return chosen
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ctlwire")
+    group.addoption("--ctlwire-backends", dest="ctlwire_backends", default=None,
+                    metavar="NAMES", help="anyio backends for ctlwire's fixtures and "
+                    "virtual-clock tests, comma-separated (default: every installed one)")
+    parser.addini("ctlwire_backends", type="args", default=[],
+                  help="anyio backends for ctlwire's fixtures (default: every installed one)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    global _backends
+    _backends = _chosen_backends(config)
     config.addinivalue_line(
-        "markers", f"{VIRTUAL_CLOCK_MARK}: run this anyio test on asyncio and trio, both on a "
-        "virtual clock (ctlwire's pytest plugin); implies the anyio mark")
+        "markers", f"{VIRTUAL_CLOCK_MARK}: run this anyio test on each installed (or chosen) "
+        "backend, on a virtual clock (ctlwire's pytest plugin); implies the anyio mark")
+
+
+def selected_backends() -> tuple[str, ...]:
+    """The backends this session runs ctlwire's fixtures and marked tests on."""
+    return _backends
 
 
 @pytest.hookimpl(tryfirst=True)  # before anyio's own hook looks for its mark
@@ -74,6 +121,9 @@ def pytest_pycollect_makeitem(collector: pytest.Module | pytest.Class, name: str
 
 @pytest.hookimpl(tryfirst=True)  # before the fixture manager parametrizes the fixture
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "ctlwire_virtual_backend" in metafunc.fixturenames:
+        metafunc.parametrize("ctlwire_virtual_backend", list(_backends), indirect=True,
+                             ids=list(_backends))
     if (metafunc.definition.get_closest_marker(VIRTUAL_CLOCK_MARK) is None
             or "anyio_backend" not in metafunc.fixturenames):
         return  # not marked, or not an async test (a module's mark covers sync ones too)
@@ -81,18 +131,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # values are made here, per test function, so each gets its own virtual clock
     from ctlwire.kernel.testing import virtual_backend
 
-    metafunc.parametrize("anyio_backend", [virtual_backend(b) for b in _BACKENDS],
-                         ids=[f"{b}-virtual" for b in _BACKENDS])
+    metafunc.parametrize("anyio_backend", [virtual_backend(b) for b in _backends],
+                         ids=[f"{b}-virtual" for b in _backends])
 
 
-@pytest.fixture(params=_BACKENDS)
+@pytest.fixture
 def ctlwire_virtual_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
-    """An ``anyio_backend`` value on a fresh virtual clock, for both backends.
+    """An ``anyio_backend`` value on a fresh virtual clock, for each chosen backend.
     Use as ``def anyio_backend(ctlwire_virtual_backend): return ctlwire_virtual_backend``
     to put a whole module on virtual time (or mark tests ``ctlwire_virtual_clock``)."""
     from ctlwire.kernel.testing import virtual_backend
 
-    return virtual_backend(str(request.param))
+    return virtual_backend(str(getattr(request, "param", _backends[0])))
 
 
 @pytest.fixture

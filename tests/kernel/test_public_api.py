@@ -111,3 +111,19 @@ def test_engine_process_still_runs_as_a_module_without_a_double_import() -> None
                           "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "--rank" in out.stdout
+
+
+def test_every_metrics_exporter_is_importable_from_the_facade() -> None:
+    import ctlwire.kernel.metrics
+
+    exporters = [n for n in ctlwire.kernel.metrics.__all__ if n.endswith("Exporter")]
+    assert {"PrometheusExporter", "EnginePrometheusExporter"} <= set(exporters)
+    for name in exporters:
+        assert getattr(ctlwire.kernel, name) is getattr(ctlwire.kernel.metrics, name)
+        assert name in ctlwire.kernel.__all__
+
+
+def test_the_version_is_the_installed_distributions() -> None:
+    from importlib.metadata import version
+
+    assert ctlwire.kernel.__version__ == version("ctlwire")

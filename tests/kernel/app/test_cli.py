@@ -24,3 +24,120 @@ def test_unknown_command_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as info:
         main(["frobnicate"])
     assert info.value.code == 2
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """main(argv) as the shell sees it: exit code, stdout, stderr."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("argv", [[], ["demo"], ["diagrams"], ["keys"], ["keys", "generate"],
+                                  ["bench"]], ids=lambda a: " ".join(a) or "ctlwire")
+def test_help_is_plain_text(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run([*argv, "--help"], capsys)
+    assert code == 0 and out.startswith("usage: ctlwire")
+    for markup in ("``", ":class:", ":mod:", ":meth:", ":func:", "~ctlwire"):
+        assert markup not in out, f"raw reStructuredText {markup!r} in:\n{out}"
+
+
+def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    import ctlwire.kernel
+
+    code, out, _ = _run(["--version"], capsys)
+    assert code == 0
+    assert out.strip() == f"ctlwire {version('ctlwire')}" == f"ctlwire {ctlwire.kernel.__version__}"
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["demo", "--engines", "0"], "--engines: must be at least 1, got 0"),
+    (["demo", "--engines", "-3"], "--engines: must be at least 1"),
+    (["demo", "--cycles", "0"], "--cycles: must be at least 1, got 0"),
+    (["demo", "--cycles", "-1"], "--cycles: must be at least 1"),
+    (["demo", "--cycles", "two"], "--cycles: expected a whole number"),
+    (["demo", "--slow-update", "-1"], "--slow-update: must be a finite number >= 0"),
+    (["demo", "--slow-update", "nan"], "--slow-update: must be a finite number >= 0"),
+    (["bench", "--runs", "0"], "--runs: must be at least 1"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_argument_errors_are_one_line_and_exit_2(argv: list[str], says: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(argv, capsys)
+    assert code == 2
+    assert says in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("ctlwire") and "Traceback" not in err and out == ""
+
+
+def test_keys_generate_creates_a_missing_folder(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "missing" / "keys"
+    code, out, _ = _run(["keys", "generate", str(target), "api"], capsys)
+    assert code == 0 and (target / "api.key_secret").exists()
+    assert str(target / "api.key") in out
+
+
+@pytest.mark.parametrize("argv", [
+    ["keys", "generate", "{file}/keys"],
+    ["keys", "generate", "{file}"],
+    ["diagrams", "--out", "{file}/diagrams"],
+    ["diagrams", "--out", "{file}"],
+    ["demo", "--json", "{file}/demo.json"],
+    ["bench", "--json", "{file}/bench.json"],
+], ids=lambda a: " ".join(a))
+def test_a_folder_that_cannot_be_created_is_refused_in_one_line(
+        argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A path under a plain file can never be a folder: refused before any work starts."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    code, out, err = _run([a.replace("{file}", str(blocker)) for a in argv], capsys)
+    assert code == 2, (out, err)
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert str(blocker) in err
+    assert blocker.read_text() == "not a folder"
+
+
+def test_keys_generate_refuses_to_overwrite_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(["keys", "generate", str(tmp_path), "api"], capsys)[0] == 0
+    code, _, err = _run(["keys", "generate", str(tmp_path), "api"], capsys)
+    assert code == 2 and "--force" in err and len(err.strip().splitlines()) == 1
+
+
+def test_diagrams_without_graphviz_leave_no_folder(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "graphviz", None)  # import graphviz -> ImportError
+    out = tmp_path / "new" / "diagrams"
+    code, _, err = _run(["diagrams", "--format", "dot", "--out", str(out)], capsys)
+    assert code == 2 and "graphviz" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists() and not out.parent.exists()
+
+
+def test_diagrams_create_a_missing_folder(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "new" / "diagrams"
+    code, printed, _ = _run(["diagrams", "--out", str(out)], capsys)
+    assert code == 0 and (out / "README.md").exists()
+    assert str(out / "control_request.mmd") in printed
+
+
+def test_the_installed_command_reports_a_bad_count_without_a_traceback() -> None:
+    """The console script itself, as a user runs it (a real process)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "ctlwire.kernel.app.cli", "demo",
+                           "--engines", "0"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("ctlwire demo: error: argument --engines: must be at least "
+                                   "1, got 0 (see 'ctlwire demo --help')")
+    assert proc.stdout == ""

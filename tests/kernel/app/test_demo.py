@@ -78,3 +78,35 @@ def test_error_name_reads_the_type_inside_a_failed_undo() -> None:
     assert demo.error_name("undo of 'pause' failed: OutcomeUnknown: rank 2 lost"
                            ) == "OutcomeUnknown"
     assert demo.error_name("") == "Unknown"
+
+
+def test_progress_line_names_a_steps_ranks_in_words() -> None:
+    line = demo.step_summary("pause", {0: "applying", 1: "applying", 2: "applying",
+                                       3: "applied"})
+    assert line == "step pause: 1 rank applied, 3 ranks applying"
+    assert "x3" not in line and "applyingx" not in line
+
+
+def test_summary_explains_the_errors_a_killed_rank_causes() -> None:
+    """Errors next to "OK: every invariant holds" say why they are expected."""
+    cfg = demo.DemoConfig(engines=3, cycles=2, kill_one=True, slow_update=0)
+    report = demo.DemoReport(metrics={"live_requests": 0}, fifo_checked=5,
+                             final_versions={0: 2, 1: 2, 2: 1}, killed_rank=2,
+                             detection_seconds=0.3)
+    report.errors["get_load"] = {"NotDelivered": 716, "OutcomeUnknown": 2}
+    assert report.problems(cfg) == []
+    text = demo.format_report(cfg, report)
+    assert "NotDelivered 716" in text and "OK: every invariant holds" in text
+    explained = text.split("expected errors", 1)[1].split("FIFO order")[0]
+    assert "NotDelivered: a call to a rank already known lost is refused at once" in explained
+    assert "never sent" in explained and "rank 2, killed on purpose by --kill-one" in explained
+    assert "OutcomeUnknown: a call in flight when its rank died" in explained
+    assert "(rank 2 was killed, so it stays behind)" in text
+    assert max(len(line) for line in explained.splitlines()) <= 88
+
+
+def test_summary_without_errors_explains_nothing() -> None:
+    cfg = demo.DemoConfig(cycles=1, slow_update=0)
+    report = demo.DemoReport(metrics={"live_requests": 0}, fifo_checked=5,
+                             final_versions={0: 1})
+    assert "expected errors" not in demo.format_report(cfg, report)

@@ -135,3 +135,79 @@ def test_a_project_that_installs_ctlwire_gets_the_fixtures(tmp_path: Path, autol
                   autoload=autoload)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "2 passed" in ran.stdout, ran.stdout
+
+
+# Runs pytest in a fresh interpreter in which trio is not installed, as far as
+# imports and distribution metadata can tell: trio's module and its dist-info
+# (whose entry points hypothesis would load) are hidden from the path finder.
+WITHOUT_TRIO = textwrap.dedent('''
+    import importlib.machinery, sys
+
+    class PathFinderWithoutTrio(importlib.machinery.PathFinder):
+        @classmethod
+        def find_spec(cls, name, path=None, target=None):
+            if name == "trio" or name.startswith("trio."):
+                return None
+            return super().find_spec(name, path, target)
+
+        @classmethod
+        def find_distributions(cls, *args, **kwargs):
+            for dist in super().find_distributions(*args, **kwargs):
+                if (dist.metadata["Name"] or "").lower() != "trio":
+                    yield dist
+
+    sys.meta_path[:] = [PathFinderWithoutTrio if f is importlib.machinery.PathFinder else f
+                        for f in sys.meta_path]
+    import pytest
+    sys.exit(pytest.main(sys.argv[1:]))
+''')
+
+NO_TRIO_TEST = PLUGIN_TEST + textwrap.dedent('''
+    import importlib.util, sys
+
+    def test_trio_is_not_installed_here():
+        assert importlib.util.find_spec("trio") is None and "trio" not in sys.modules
+
+    def test_virtual_backend_fixture(ctlwire_virtual_backend):
+        assert ctlwire_virtual_backend[0] == "asyncio"
+''')
+
+
+def _pytest_without_trio(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "without_trio.py").write_text(WITHOUT_TRIO)
+    (tmp_path / "test_user.py").write_text(NO_TRIO_TEST)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    return subprocess.run([sys.executable, "without_trio.py", "-p", "no:cacheprovider",
+                           "-q", "-rA", *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_without_trio_the_fixtures_run_on_asyncio(tmp_path: Path) -> None:
+    """A project that installs ctlwire without trio: the plugin's fixtures and
+    the virtual-clock mark run on asyncio only, with no collection error."""
+    ran = _pytest_without_trio(tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "3 passed" in ran.stdout, ran.stdout
+    assert "PASSED test_user.py::test_user[asyncio-virtual]" in ran.stdout, ran.stdout
+    assert "PASSED test_user.py::test_virtual_backend_fixture[asyncio]" in ran.stdout
+    assert "trio" not in ran.stdout.replace("test_trio_is_not_installed_here", "")
+
+
+def test_choosing_a_backend_that_is_not_installed_is_a_usage_error(tmp_path: Path) -> None:
+    ran = _pytest_without_trio(tmp_path, "--ctlwire-backends=asyncio,trio")
+    assert ran.returncode == 4, ran.stdout + ran.stderr  # pytest's usage error
+    assert "ctlwire_backends: ['trio'] not installed" in ran.stderr
+
+
+@pytest.mark.parametrize("how", ["option", "ini"])
+def test_a_user_chooses_the_backends(tmp_path: Path, how: str) -> None:
+    (tmp_path / "test_user.py").write_text(PLUGIN_TEST)
+    args: tuple[str, ...] = ("-q", "-rA")
+    if how == "option":
+        args += ("--ctlwire-backends", "trio")
+    else:
+        (tmp_path / "pytest.ini").write_text("[pytest]\nctlwire_backends = trio\n")
+    ran = _pytest(tmp_path, *args)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "PASSED test_user.py::test_user[trio-virtual]" in ran.stdout, ran.stdout
+    assert "asyncio-virtual" not in ran.stdout and "1 passed" in ran.stdout, ran.stdout

@@ -1,0 +1,64 @@
+"""Argument types and checks shared by the ``ctlwire`` commands.
+
+A problem with the user's input is a :class:`UsageError` (one line, exit code 2),
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import NoReturn
+
+__all__ = ["ArgumentParser", "UsageError", "ensure_dir", "ensure_parent",
+           "non_negative_float", "positive_int"]
+
+
+class UsageError(Exception):
+    """A problem with the command's input: reported in one line, exit code 2."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line: ``PROG: error: MESSAGE``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def ensure_dir(path: Path) -> Path:
+    """``path`` as a folder, created with its parents; :class:`UsageError` if impossible."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{path} exists and is not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create the folder {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def ensure_parent(path: str | None) -> None:
+    """Create the folder a file will be written into (before any work is done)."""
+    if path:
+        ensure_dir(Path(path).resolve().parent)
