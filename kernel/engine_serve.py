@@ -125,7 +125,7 @@ class EngineServing(EngineAdmission, ReplyOutbox):
                     try:
                         if type(event) is Received and type(event.envelope) is Request:
                             req = event.envelope
-                            now = self._accept(req)
+                            now = self._accept(req, event.route)
                             if now is None:
                                 continue
                             if not dispatcher.inflight and self._dispatch_now(
@@ -200,6 +200,7 @@ class EngineServing(EngineAdmission, ReplyOutbox):
             self.loop_came_round()
             if not self.beacon_active:
                 self.send_heartbeat()
+            self.send_progress_heartbeats()
 
     async def _run_async(self, item: _Inbound) -> None:
         admitted = self._admit(item)
@@ -209,7 +210,7 @@ class EngineServing(EngineAdmission, ReplyOutbox):
         spec, payload = admitted
         args = (payload,) if spec.takes_payload and payload is not _NONE else ()
         current_trace.set(item.request.trace)  # this task handles one request at a time
-        running = self._begin(item.request)
+        running = self._begin(item.request, item.route)
         done: Reply | None = None
         try:
             try:
@@ -224,5 +225,5 @@ class EngineServing(EngineAdmission, ReplyOutbox):
             else:
                 reply = done = self._result_reply(item, result)
         finally:
-            self._end(item.request, done, running)
+            self._end(item.request, item.route, done, running)
         await self._send_async(item.route, reply)
