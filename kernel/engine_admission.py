@@ -185,7 +185,7 @@ class EngineAdmission(EngineLiveness):
             f"{self.fences.window:g} s ahead of this engine's clock)",
             ErrorCode.FENCE_OUT_OF_RANGE))
 
-    def _run_fast(self, req: Request, now: float) -> bytes | Reply | None:
+    def _run_fast(self, req: Request, route: Route, now: float) -> bytes | Reply | None:
         """The common case, start to reply, for a sync inline method: a request for
         this rank, fresh, unkeyed, whose fence the guard admits, whose payload
         decodes as the method's type. Exactly what :meth:`_admit` then running the
@@ -225,6 +225,8 @@ class EngineAdmission(EngineLiveness):
         rid = req.id
         running = self.running
         running[rid] = (req.method, time.monotonic())
+        if self.shared_heartbeats:
+            self._running_routes[rid] = route
         # the trace carrier: set only when there is one to set, or one to clear
         trace = req.trace
         trace_token = (current_trace.set(trace)
@@ -256,6 +258,8 @@ class EngineAdmission(EngineLiveness):
             running.pop(rid, None)
             if self._progress:
                 self._progress.pop(rid, None)
+            if self._running_routes:
+                self._running_routes.pop(rid, None)
             self._last_loop = time.monotonic()
         return done
 

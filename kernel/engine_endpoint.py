@@ -169,6 +169,8 @@ class EngineEndpoint(EngineServing):
         self.beacon_active = False
         self.shared_heartbeats = bool(getattr(transport, "routed", False))
         self._running_routes: dict[int, Route] = {}
+        self._io_thread: int | None = None
+        self._next_progress_send = 0.0
         self._opened = False
         self._closed = False
         self.client_last_seen: float | None = None
@@ -242,6 +244,7 @@ class EngineEndpoint(EngineServing):
             self._set_ok_reply()  # rank and incarnation are fixed from here on
             self._opened = True
             self._polling = True
+            self._io_thread = threading.get_ident()
             self._last_loop = time.monotonic()
             self._start_beacon()
             self._next_heartbeat = 0.0
@@ -358,7 +361,7 @@ class EngineEndpoint(EngineServing):
             counters["duplicates"] += 1
             return 0
         now = self.client_last_seen = self.clock()
-        out = self._run_fast(req, now)
+        out = self._run_fast(req, route, now)
         if out is None:
             return self._handle_admitted_sync(_Inbound(req, route, now))
         if type(out) is bytes:
@@ -387,7 +390,7 @@ class EngineEndpoint(EngineServing):
             self._send_sync(work.route, work.reply)
             return 0
         assert isinstance(work, _Inbound)
-        fast = self._run_fast(work.request, work.received)
+        fast = self._run_fast(work.request, work.route, work.received)
         if fast is not None:
             if type(fast) is bytes:
                 self._send_data_sync(work.route, fast)

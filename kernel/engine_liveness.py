@@ -71,6 +71,8 @@ class EngineLiveness(EngineBase):
     shared_heartbeats: bool
     """Heartbeats reach every peer (a routed transport), not only a request's sender."""
     _running_routes: dict[int, Route]
+    _io_thread: int | None  # the thread that uses the transport (serve's or poll's)
+    _next_progress_send: float
 
     # -- what is running (read by the beacon's thread) ---------------------------
     def _begin(self, req: Request, route: Route
@@ -106,6 +108,13 @@ class EngineLiveness(EngineBase):
         if request_id not in self.running:
             return False
         self._progress[request_id] = (min(1.0, max(0.0, float(fraction))), str(note)[:200])
+        if self._running_routes and threading.get_ident() == self._io_thread:
+            # a handler on the transport's own thread (it may block that thread):
+            # its sender hears now, at most once an interval
+            now = time.monotonic()
+            if now >= self._next_progress_send:
+                self._next_progress_send = now + (self.heartbeat_interval or 0.25)
+                self.send_progress_heartbeats()
         return True
 
     def loop_came_round(self) -> None:

@@ -4,6 +4,8 @@ requests in arrival order, and the lanes (one per async or threaded method, at m
 
 from __future__ import annotations
 
+import threading
+
 import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -108,6 +110,7 @@ class EngineServing(EngineAdmission, ReplyOutbox):
     async def _serve_loop(self, dispatcher: _Dispatcher, lanes: anyio.abc.TaskGroup,
                           task_status: anyio.abc.TaskStatus[None]) -> None:
         self._polling = False
+        self._io_thread = threading.get_ident()
         self._set_ok_reply()  # rank and incarnation are fixed from here on
         self._start_beacon()
         if not self.beacon_active:
@@ -159,7 +162,7 @@ class EngineServing(EngineAdmission, ReplyOutbox):
         when the dispatcher has to take it. A reply that finds the client's pipe
         full is handed to the dispatcher, which waits for room (bounded, see
         :meth:`_send_async`)."""
-        out = self._run_fast(req, now)
+        out = self._run_fast(req, route, now)
         if out is not None:
             if type(out) is bytes:
                 if not self._send_now(route, None, out):

@@ -243,19 +243,22 @@ async def test_the_beacon_names_no_running_request(mode: str, tmp_path: Any) -> 
 
 
 @pytest.mark.anyio
-async def test_progress_reaches_the_caller_on_its_own_route(tmp_path: Any) -> None:
-    """Progress that the beacon no longer carries still reaches the caller of an
-    async handler (serve mode), on the caller's own connection, with its id."""
+@pytest.mark.parametrize(("mode", "method"), [("poll", "slow_update"), ("serve", "slow_update"),
+                                              ("serve", "nap_progress")])
+async def test_progress_reaches_the_caller_on_its_own_route(
+        mode: str, method: str, tmp_path: Any) -> None:
+    """Progress that the beacon no longer carries still reaches the caller, on
+    its own connection, with its request id: from a handler blocking the
+    engine's thread (poll and serve) and from an async one."""
     address = ipc(tmp_path)
     seen: list[Progress] = []
-    with engine(address, "serve"):
+    with engine(address, mode):
         async with ControlClient(ZmqDealerClientTransport([address]), ranks=1) as c:
             await c.wait_ready(timeout=15)
-            assert await c.call("nap_progress", 2.0, timeout=30,
-                                on_progress=lambda r, p: seen.append(p)) == 2.0
+            await c.call(method, 2.0, timeout=30, on_progress=lambda r, p: seen.append(p))
     fractions = [p.fraction for p in seen]
-    print(f"\nprogress seen by the caller: {fractions}")
-    assert seen and all(p.method == "nap_progress" and p.request_id for p in seen)
+    print(f"\n{mode} {method}: progress seen by the caller: {fractions}")
+    assert seen and all(p.method == method and p.request_id for p in seen)
     assert fractions == sorted(fractions) and fractions[-1] > 0
 
 
