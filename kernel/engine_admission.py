@@ -125,7 +125,7 @@ class EngineAdmission(EngineLiveness):
                 return self._finish(item, InboundEvent.REJECT, self._error_reply(
                     req.id, "KeyTooLong", f"{req.method!r}: an idempotency key is at most "
                     f"{results.max_key_bytes} bytes", ErrorCode.KEY_TOO_LONG))
-            recorded = results.lookup(item.route, req.method, key)
+            recorded = results.lookup(self._key_scope(item.route, req), req.method, key)
             if recorded is RUNNING:
                 self.counters["idempotent_in_progress"] += 1
                 self.counters["rejected"] += 1
@@ -154,7 +154,8 @@ class EngineAdmission(EngineLiveness):
                 return self._finish(item, InboundEvent.REJECT, self._error_reply(
                     req.id, "InvalidPayload", f"{req.method!r} takes no payload",
                     ErrorCode.INVALID_PAYLOAD))
-        if key and not self.results.start(item.route, req.method, key, self.clock()):
+        if key and not self.results.start(self._key_scope(item.route, req), req.method, key,
+                                          self.clock()):
             self.counters["idempotency_cache_full"] += 1
             self.counters["rejected"] += 1
             return self._finish(item, InboundEvent.REJECT, self._error_reply(

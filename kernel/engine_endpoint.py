@@ -58,7 +58,12 @@ Guarantees:
   the handler runs once. A key longer than the cache's ``max_key_bytes`` is
   refused with ``KeyTooLong`` (414); a new key that does not fit the cache's
   byte budget without evicting an entry inside its retry window is refused
-  with ``CacheFull`` (507) and not run.
+  with ``CacheFull`` (507) and not run. Keys are scoped by route by default,
+  so no other connection can read or pre-empt them; a client whose connection
+  was re-established has a new route, and a retry over it runs again. With
+  ``key_scope="client"`` keys are scoped by the client incarnation a request
+  claims instead: retries survive reconnects, and every peer that can reach
+  the engine is trusted not to claim another client's incarnation.
 * **Fencing.** A fencing token is microseconds since the epoch. A request
   whose token is lower than the highest this engine has accepted is refused
   with ``Fenced`` (409); one that is negative or more than ``fence_window``
@@ -89,7 +94,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from ctlwire.kernel.builtin_methods import ENGINE_METRICS_METHOD
 from ctlwire.kernel.core.duplicate_filter import DuplicateFilter
@@ -129,6 +134,7 @@ class EngineEndpoint(EngineServing):
         dedup_window: int = 4096,
         dedup_peers: int = 64,
         fence_window: float = DEFAULT_FENCE_WINDOW,
+        key_scope: Literal["route", "client"] = "route",
         clock: Callable[[], float] = time.time,
         beacon: bool = True,
         result_cache: ResultCache | None = None,
@@ -182,6 +188,9 @@ class EngineEndpoint(EngineServing):
         self.loops = 0
         self._last_loop = time.monotonic()
         self.results = result_cache if result_cache is not None else ResultCache()
+        if key_scope not in ("route", "client"):
+            raise ValueError(f"key_scope must be 'route' or 'client', not {key_scope!r}")
+        self.key_scope = key_scope
         self._polling = False
         self._nil = self.codec.encode_value(None)
         # the reply hot path: encode with the codec's own encoder, check the size,
@@ -409,7 +418,8 @@ class EngineEndpoint(EngineServing):
         spec, payload = admitted
         if spec.is_async:
             if work.request.key:  # it never ran: a retry under serve() may run it
-                self.results.abandon(work.route, spec.name, work.request.key)
+                self.results.abandon(self._key_scope(work.route, work.request), spec.name,
+                                     work.request.key)
             reply = self._exception_reply(work, _AsyncHandlerInPoll(
                 f"{spec.name!r} is async; serve it with EngineEndpoint.serve()"))
         else:
@@ -451,6 +461,9 @@ class EngineEndpoint(EngineServing):
             "loops": self.loops,
             "fence_high": self.fence_high,
             "fence_window": self.fences.window,
+            # request ids remembered per route to drop duplicates, bounded
+            "duplicate_filter": {"ids": len(self.duplicates),
+                                 "peers_evicted": self.duplicates.peers_evicted},
             "idempotency_cache": {"entries": len(cache), "bytes": cache.bytes,
                                   "max_bytes": cache.max_bytes, "hits": cache.hits,
                                   "evicted": cache.evicted, "refused_full": cache.refused_full,

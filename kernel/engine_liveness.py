@@ -8,6 +8,7 @@ import contextvars
 import secrets
 import threading
 import time
+from collections.abc import Hashable
 
 from ctlwire.kernel.core.result_cache import RecordedOutcome
 from ctlwire.kernel.engine_base import EngineBase
@@ -71,6 +72,7 @@ class EngineLiveness(EngineBase):
     shared_heartbeats: bool
     """Heartbeats reach every peer (a routed transport), not only a request's sender."""
     _running_routes: dict[int, Route]
+    key_scope: str
     _io_thread: int | None  # the thread that uses the transport (serve's or poll's)
     _next_progress_send: float
 
@@ -96,11 +98,17 @@ class EngineLiveness(EngineBase):
         self._last_loop = time.monotonic()
         if req.key:
             if reply is None:
-                self.results.abandon(route, req.method, req.key)
+                self.results.abandon(self._key_scope(route, req), req.method, req.key)
             else:
-                self.results.finish(route, req.method, req.key,
+                self.results.finish(self._key_scope(route, req), req.method, req.key,
                                     RecordedOutcome(reply.ok, bytes(reply.result), reply.error),
                                     self.clock())
+
+    def _key_scope(self, route: Route, req: Request) -> Hashable:
+        """Whose idempotency keys ``req``'s key is among: its route's (the
+        connection it came from), or with ``key_scope="client"`` the client
+        incarnation it claims (survives reconnects; trusts every peer)."""
+        return route if self.key_scope == "route" else ("client", req.client)
 
     def report_progress(self, request_id: int, fraction: float, note: str = "") -> bool:
         """Record the progress of running request ``request_id`` (see

@@ -184,3 +184,21 @@ def test_a_heartbeat_every_peer_sees_names_no_request() -> None:
     shared = ep.status_heartbeat()
     assert shared is not None and shared.method == "update"
     assert shared.busy == 0 and shared.progress < 0 and shared.note == ""
+
+
+def test_keys_can_be_scoped_by_the_claimed_client_to_survive_a_new_route() -> None:
+    """Default: a key is its route's own; with key_scope="client", the same
+    client's retry over another route replays, another client's runs."""
+    ran = {}
+    for scope in ("route", "client"):
+        net = MemoryNetwork()
+        ep = EngineEndpoint(net.engine_transport(0), heartbeat_interval=None, key_scope=scope)
+        setup(ep)
+        ep.open()
+        for n, client, route in ((1, 5, b"a"), (2, 5, b"b"), (3, 6, b"b")):
+            req = Request(n, 0, "apply", net.codec.encode_value(n), client=client, key="k")
+            assert ep._handle_request_sync(req, route) == 1
+        ran[scope] = [n for _, n in ep.__dict__["ran"]]
+    assert ran == {"route": [1, 2], "client": [1, 3]}
+    with pytest.raises(ValueError):
+        EngineEndpoint(MemoryNetwork().engine_transport(0), key_scope="peer")  # type: ignore[arg-type]
