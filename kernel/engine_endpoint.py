@@ -63,7 +63,9 @@ Guarantees:
   was re-established has a new route, and a retry over it runs again. With
   ``key_scope="client"`` keys are scoped by the client incarnation a request
   claims instead: retries survive reconnects, and every peer that can reach
-  the engine is trusted not to claim another client's incarnation.
+  the engine is trusted not to claim another client's incarnation. A
+  transport without routes (a DEALER engine, a PULL engine) is always scoped
+  that way: it cannot tell its senders apart.
 * **Fencing.** A fencing token is microseconds since the epoch. A request
   whose token is lower than the highest this engine has accepted is refused
   with ``Fenced`` (409); one that is negative or more than ``fence_window``

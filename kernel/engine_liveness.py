@@ -106,9 +106,13 @@ class EngineLiveness(EngineBase):
 
     def _key_scope(self, route: Route, req: Request) -> Hashable:
         """Whose idempotency keys ``req``'s key is among: its route's (the
-        connection it came from), or with ``key_scope="client"`` the client
-        incarnation it claims (survives reconnects; trusts every peer)."""
-        return route if self.key_scope == "route" else ("client", req.client)
+        connection it came from); the client incarnation it claims with
+        ``key_scope="client"`` (survives reconnects; trusts every peer) or where
+        the transport has no routes to tell peers apart (a DEALER engine's one
+        client, a PULL engine's senders)."""
+        if route is None or self.key_scope == "client":
+            return ("client", req.client)
+        return route
 
     def report_progress(self, request_id: int, fraction: float, note: str = "") -> bool:
         """Record the progress of running request ``request_id`` (see

@@ -150,7 +150,7 @@ async def test_a_keyed_run_cancelled_without_an_outcome_forgets_its_key() -> Non
             while ep.running:
                 await anyio.sleep(0.01)
         assert len(ep.results) == 0 and ep.results.bytes == 0
-        assert ep.results.lookup(None, "hang", "k") is None
+        assert ep.results.lookup(("client", h.client.registry.incarnation), "hang", "k") is None
 
 
 async def test_an_async_handler_refused_by_poll_leaves_no_key_behind() -> None:
@@ -190,15 +190,18 @@ def test_keys_can_be_scoped_by_the_claimed_client_to_survive_a_new_route() -> No
     """Default: a key is its route's own; with key_scope="client", the same
     client's retry over another route replays, another client's runs."""
     ran = {}
-    for scope in ("route", "client"):
+    for scope, routes in (("route", (b"a", b"b")), ("client", (b"a", b"b")),
+                          ("no routes", (None, None))):
         net = MemoryNetwork()
-        ep = EngineEndpoint(net.engine_transport(0), heartbeat_interval=None, key_scope=scope)
+        ep = EngineEndpoint(net.engine_transport(0), heartbeat_interval=None,
+                            key_scope="client" if scope == "client" else "route")
         setup(ep)
         ep.open()
-        for n, client, route in ((1, 5, b"a"), (2, 5, b"b"), (3, 6, b"b")):
+        for n, client, route in ((1, 5, routes[0]), (2, 5, routes[1]), (3, 6, routes[1])):
             req = Request(n, 0, "apply", net.codec.encode_value(n), client=client, key="k")
             assert ep._handle_request_sync(req, route) == 1
         ran[scope] = [n for _, n in ep.__dict__["ran"]]
-    assert ran == {"route": [1, 2], "client": [1, 3]}
+    # a transport without routes cannot tell its senders apart: by the claimed client
+    assert ran == {"route": [1, 2], "client": [1, 3], "no routes": [1, 3]}
     with pytest.raises(ValueError):
         EngineEndpoint(MemoryNetwork().engine_transport(0), key_scope="peer")  # type: ignore[arg-type]
