@@ -6,12 +6,13 @@ inline method, and the replies for a result or an exception."""
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
+from ctlwire.kernel.core.duplicate_filter import DuplicateFilter
+from ctlwire.kernel.core.fence_guard import FenceGuard, FenceVerdict
 from ctlwire.kernel.core.result_cache import RUNNING
 from ctlwire.kernel.engine_liveness import EngineLiveness, _current_request
 from ctlwire.kernel.engine_registry import _NONE, ErrorCode, MethodSpec
@@ -73,10 +74,14 @@ class _BadFrameReply:
 class EngineAdmission(EngineLiveness):
     """The admission part of an endpoint (see the module docstring)."""
 
-    _seen: OrderedDict[tuple[int, int], None]
-    _dedup_window: int
+    duplicates: DuplicateFilter
+    fences: FenceGuard
     client_last_seen: float | None
-    fence_high: int
+
+    @property
+    def fence_high(self) -> int:
+        """The highest fencing token this engine has accepted (0: none)."""
+        return self.fences.high
 
     def _finish(self, item: _Inbound, event: InboundEvent, reply: Reply) -> Reply:
         item.go(event)
@@ -84,7 +89,10 @@ class EngineAdmission(EngineLiveness):
         return reply
 
     def _admit(self, item: _Inbound) -> tuple[MethodSpec, Any] | Reply:
-        """Received → Running, or a Rejected/Expired reply."""
+        """Received → Running, or a Rejected/Expired reply. The one place that
+        decides a request's fence and idempotency key: a request moves the
+        fence, or records its key, only once it is fully validated (method,
+        deadline, payload) and only for a state-changing method."""
         req = item.request
         if req.rank != self.rank:
             self.counters["rejected"] += 1
@@ -103,21 +111,26 @@ class EngineAdmission(EngineLiveness):
                 req.id, "DeadlineExpired",
                 f"{req.method!r} arrived {self.clock() - req.deadline:.3f} s after its deadline",
                 ErrorCode.DEADLINE_EXPIRED))
-        if req.fence > 0:  # 0 (or a nonsensical negative token): unfenced
-            if req.fence < self.fence_high:
-                self.counters["fenced"] += 1
+        fence = 0 if spec.read_only else req.fence
+        if fence:
+            refused = self._fence_refusal(item, fence)
+            if refused is not None:
+                return refused
+        key = "" if spec.read_only else req.key
+        if key:
+            results = self.results
+            if not results.key_fits(key):
+                self.counters["idempotency_key_too_long"] += 1
                 self.counters["rejected"] += 1
                 return self._finish(item, InboundEvent.REJECT, self._error_reply(
-                    req.id, "Fenced", f"{req.method!r}: fencing token {req.fence} is older than "
-                    f"{self.fence_high}, already accepted", ErrorCode.FENCED))
-            self.fence_high = req.fence
-        if req.key:
-            recorded = self.results.lookup(req.method, req.key)
+                    req.id, "KeyTooLong", f"{req.method!r}: an idempotency key is at most "
+                    f"{results.max_key_bytes} bytes", ErrorCode.KEY_TOO_LONG))
+            recorded = results.lookup(self._key_scope(item.route, req), req.method, key)
             if recorded is RUNNING:
                 self.counters["idempotent_in_progress"] += 1
                 self.counters["rejected"] += 1
                 return self._finish(item, InboundEvent.REJECT, self._error_reply(
-                    req.id, "InProgress", f"{req.method!r} with idempotency key {req.key!r} "
+                    req.id, "InProgress", f"{req.method!r} with idempotency key {key[:64]!r} "
                     "is still running", ErrorCode.IN_PROGRESS))
             if recorded is not None:
                 self.counters["idempotent_replays"] += 1
@@ -125,28 +138,60 @@ class EngineAdmission(EngineLiveness):
                 return self._finish(item, InboundEvent.REPLY, Reply(
                     req.id, self.rank, self.incarnation, recorded.ok,
                     msgspec.Raw(recorded.result) if recorded.ok else self._nil, recorded.error))
+        payload: Any
         if spec.payload_optional and req.payload == self._nil:
-            item.go(InboundEvent.START)
-            return spec, _NONE  # no payload sent: the handler's default applies
-        try:
-            payload = self.codec.decode_value(req.payload, spec.payload_type)
-        except PayloadTypeError as exc:
+            payload = _NONE  # no payload sent: the handler's default applies
+        else:
+            try:
+                payload = self.codec.decode_value(req.payload, spec.payload_type)
+            except PayloadTypeError as exc:
+                self.counters["rejected"] += 1
+                return self._finish(item, InboundEvent.REJECT, self._error_reply(
+                    req.id, "InvalidPayload", f"{req.method!r}: {exc}",
+                    ErrorCode.INVALID_PAYLOAD))
+            if not spec.takes_payload and payload is not None:
+                self.counters["rejected"] += 1
+                return self._finish(item, InboundEvent.REJECT, self._error_reply(
+                    req.id, "InvalidPayload", f"{req.method!r} takes no payload",
+                    ErrorCode.INVALID_PAYLOAD))
+        if key and not self.results.start(self._key_scope(item.route, req), req.method, key,
+                                          self.clock()):
+            self.counters["idempotency_cache_full"] += 1
             self.counters["rejected"] += 1
             return self._finish(item, InboundEvent.REJECT, self._error_reply(
-                req.id, "InvalidPayload", f"{req.method!r}: {exc}", ErrorCode.INVALID_PAYLOAD))
-        if not spec.takes_payload and payload is not None:
-            self.counters["rejected"] += 1
-            return self._finish(item, InboundEvent.REJECT, self._error_reply(
-                req.id, "InvalidPayload", f"{req.method!r} takes no payload",
-                ErrorCode.INVALID_PAYLOAD))
+                req.id, "CacheFull", f"{req.method!r}: the idempotency cache has no room for "
+                "a new key (every entry is within its retry window); not run, retry later",
+                ErrorCode.CACHE_FULL))
+        if fence:
+            self.fences.accept(fence)
         item.go(InboundEvent.START)
         return spec, payload
 
-    def _run_fast(self, req: Request, now: float) -> bytes | Reply | None:
+    def _fence_refusal(self, item: _Inbound, fence: int) -> Reply | None:
+        """The Rejected reply of a request whose (non-zero) fence the guard refuses."""
+        req = item.request
+        verdict = self.fences.verdict(fence, item.received)
+        if verdict is FenceVerdict.ADMIT:
+            return None
+        self.counters["rejected"] += 1
+        if verdict is FenceVerdict.STALE:
+            self.counters["fenced"] += 1
+            return self._finish(item, InboundEvent.REJECT, self._error_reply(
+                req.id, "Fenced", f"{req.method!r}: fencing token {fence} is older than "
+                f"{self.fences.high}, already accepted", ErrorCode.FENCED))
+        self.counters["fence_out_of_range"] += 1
+        return self._finish(item, InboundEvent.REJECT, self._error_reply(
+            req.id, "FenceOutOfRange", f"{req.method!r}: fencing token {fence} is outside "
+            f"1..{self.fences.limit(item.received)} (microseconds since the epoch, at most "
+            f"{self.fences.window:g} s ahead of this engine's clock)",
+            ErrorCode.FENCE_OUT_OF_RANGE))
+
+    def _run_fast(self, req: Request, route: Route, now: float) -> bytes | Reply | None:
         """The common case, start to reply, for a sync inline method: a request for
-        this rank, fresh, unkeyed, not fenced out, whose payload decodes as the
-        method's type. Exactly what :meth:`_admit` then running the handler does
-        (same counters, same states, same reply), minus the per-request lookups.
+        this rank, fresh, unkeyed, whose fence the guard admits, whose payload
+        decodes as the method's type. Exactly what :meth:`_admit` then running the
+        handler does (same counters, states, fence move and reply), minus the
+        per-request lookups.
         None, having changed nothing, for anything else: the general path takes it.
 
         ``now`` is the clock read when the request was accepted (:meth:`_accept`),
@@ -159,9 +204,9 @@ class EngineAdmission(EngineLiveness):
         spec, encode, decode = fast
         if req.deadline and now > req.deadline:
             return None
-        fence = req.fence
-        if 0 < fence < self.fence_high:
-            return None
+        fence = 0 if spec.read_only else req.fence
+        if fence and not self.fences.admissible(fence, now):
+            return None  # the general path refuses it (_fence_refusal)
         raw = req.payload
         if spec.payload_optional and raw == self._nil:
             args: tuple[Any, ...] = ()
@@ -176,11 +221,13 @@ class EngineAdmission(EngineLiveness):
                 return None
             else:
                 args = ()
-        if fence > 0:
-            self.fence_high = fence
+        if fence:
+            self.fences.accept(fence)
         rid = req.id
         running = self.running
         running[rid] = (req.method, time.monotonic())
+        if self.shared_heartbeats:
+            self._running_routes[rid] = route
         # the trace carrier: set only when there is one to set, or one to clear
         trace = req.trace
         trace_token = (current_trace.set(trace)
@@ -212,6 +259,8 @@ class EngineAdmission(EngineLiveness):
             running.pop(rid, None)
             if self._progress:
                 self._progress.pop(rid, None)
+            if self._running_routes:
+                self._running_routes.pop(rid, None)
             self._last_loop = time.monotonic()
         return done
 
@@ -234,20 +283,16 @@ class EngineAdmission(EngineLiveness):
             item.request.id, self.rank, self.incarnation, False, self.codec.encode_value(None),
             info))
 
-    def _accept(self, req: Request) -> float | None:
-        """Count a received request; None for a duplicate (dropped, counted), else
-        the clock now (also :attr:`client_last_seen`): the one clock read of a
-        request the fast path takes."""
+    def _accept(self, req: Request, route: Route) -> float | None:
+        """Count a received request; None for a duplicate of an id the same
+        route sent (dropped, counted), else the clock now (also
+        :attr:`client_last_seen`): the one clock read of a request the fast
+        path takes."""
         counters = self.counters
         counters["received"] += 1
-        seen = self._seen
-        key = (req.client, req.id)
-        if key in seen:
+        if self.duplicates.seen(route, req.id):
             counters["duplicates"] += 1
             return None
-        seen[key] = None
-        if len(seen) > self._dedup_window:
-            seen.popitem(last=False)
         now = self.client_last_seen = self.clock()
         return now
 
@@ -256,7 +301,7 @@ class EngineAdmission(EngineLiveness):
         if type(event) is Received:
             env = event.envelope
             if type(env) is Request:
-                now = self._accept(env)
+                now = self._accept(env, event.route)
                 return None if now is None else _Inbound(env, event.route, now)
             self.counters["received"] += 1
             if type(env) is Heartbeat:

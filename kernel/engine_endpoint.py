@@ -34,8 +34,11 @@ Guarantees:
   Across methods there is no ordering. The deadline is checked when a request
   starts, not when it is queued. :attr:`EngineEndpoint.running` maps each
   request id being handled to its method and start time (``time.monotonic``).
-* **At most once.** A request id already seen from the same client (a
-  duplicated frame) is dropped and counted, never run twice.
+* **At most once.** A request id already seen on the same route (a
+  duplicated frame) is dropped and counted, never run twice. Ids are
+  remembered per route (the connection a frame came from, not the client id
+  it claims), so no other connection can make a legitimate request look like
+  a duplicate (:class:`~ctlwire.kernel.core.duplicate_filter.DuplicateFilter`).
 * **Bad input is answered or counted, never fatal.** Malformed and oversized
   frames are answered with a typed error when their id can be read, else
   counted; nothing in the receive path can end the endpoint.
@@ -50,10 +53,32 @@ Guarantees:
   reported with :func:`report_progress`. A step that keeps :meth:`poll` from
   being called for more than an interval is reported as method ``"(step)"``.
 * **Idempotency keys.** A request with a key (``Request.key``) whose
-  ``(method, key)`` already ran is answered with the first run's outcome
-  (:class:`~ctlwire.kernel.core.result_cache.ResultCache`); the handler runs once.
-* **Fencing.** A request whose fencing token is lower than the highest token
-  this engine has accepted is refused with ``Fenced`` (code 409) and not run.
+  ``(route, method, key)`` already ran is answered with the first run's
+  outcome, result or error (:class:`~ctlwire.kernel.core.result_cache.ResultCache`);
+  the handler runs once. A key longer than the cache's ``max_key_bytes`` is
+  refused with ``KeyTooLong`` (414); a new key that does not fit the cache's
+  byte budget without evicting an entry inside its retry window is refused
+  with ``CacheFull`` (507) and not run. Keys are scoped by route by default,
+  so no other connection can read or pre-empt them; a client whose connection
+  was re-established has a new route, and a retry over it runs again. With
+  ``key_scope="client"`` keys are scoped by the client incarnation a request
+  claims instead: retries survive reconnects, and every peer that can reach
+  the engine is trusted not to claim another client's incarnation. A
+  transport without routes (a DEALER engine, a PULL engine) is always scoped
+  that way: it cannot tell its senders apart.
+* **Fencing.** A fencing token is microseconds since the epoch. A request
+  whose token is lower than the highest this engine has accepted is refused
+  with ``Fenced`` (409); one that is negative or more than ``fence_window``
+  seconds ahead of the engine's clock with ``FenceOutOfRange`` (416); neither
+  runs. Only a fully validated request of a state-changing method moves the
+  fence (:class:`~ctlwire.kernel.core.fence_guard.FenceGuard`).
+* **Read-only methods** (``read_only=True``, and the built-in
+  ``ctlwire.metrics``) ignore fences and idempotency keys.
+* **Heartbeats that reach every peer name no request.** On a routed
+  transport (a ROUTER engine and its PUB beacon) a heartbeat says busy or
+  idle, the method and for how long; the id and progress of a running request
+  go only to the route that sent it (in-band, from :meth:`serve`'s heartbeat
+  task, so while an async or threaded handler runs).
 * **A client that does not read cannot stall the others.** Replies that find
   their client's pipe full wait in a queue of that client's route only,
   bounded per route (``max_unread_replies``, ``max_unread_bytes``) and in
@@ -71,9 +96,11 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from ctlwire.kernel.builtin_methods import ENGINE_METRICS_METHOD
+from ctlwire.kernel.core.duplicate_filter import DuplicateFilter
+from ctlwire.kernel.core.fence_guard import DEFAULT_FENCE_WINDOW, FenceGuard
 from ctlwire.kernel.core.result_cache import ResultCache
 from ctlwire.kernel.engine_admission import _BadFrameReply, _Inbound
 from ctlwire.kernel.engine_base import log
@@ -107,6 +134,9 @@ class EngineEndpoint(EngineServing):
         heartbeat_interval: float | None = 0.25,
         mailbox_size: int = 256,
         dedup_window: int = 4096,
+        dedup_peers: int = 64,
+        fence_window: float = DEFAULT_FENCE_WINDOW,
+        key_scope: Literal["route", "client"] = "route",
         clock: Callable[[], float] = time.time,
         beacon: bool = True,
         result_cache: ResultCache | None = None,
@@ -127,8 +157,8 @@ class EngineEndpoint(EngineServing):
         # name -> (spec, encode a result, decode a payload as the spec's type)
         self._fast: dict[str, tuple[MethodSpec, Callable[[Any], bytes],
                                     Callable[[Any], Any]]] = {}
-        self._seen: OrderedDict[tuple[int, int], None] = OrderedDict()
-        self._dedup_window = dedup_window
+        self.duplicates = DuplicateFilter(dedup_window, dedup_peers)
+        self.fences = FenceGuard(fence_window)
         self._hb_seq = 0
         self._next_heartbeat = 0.0
         # replies waiting for room, per route (poll mode): route -> queue of (reply, size)
@@ -145,6 +175,10 @@ class EngineEndpoint(EngineServing):
         self.heartbeats_paused = False
         self.use_beacon = beacon
         self.beacon_active = False
+        self.shared_heartbeats = bool(getattr(transport, "routed", False))
+        self._running_routes: dict[int, Route] = {}
+        self._io_thread: int | None = None
+        self._next_progress_send = 0.0
         self._opened = False
         self._closed = False
         self.client_last_seen: float | None = None
@@ -156,7 +190,9 @@ class EngineEndpoint(EngineServing):
         self.loops = 0
         self._last_loop = time.monotonic()
         self.results = result_cache if result_cache is not None else ResultCache()
-        self.fence_high = 0
+        if key_scope not in ("route", "client"):
+            raise ValueError(f"key_scope must be 'route' or 'client', not {key_scope!r}")
+        self.key_scope = key_scope
         self._polling = False
         self._nil = self.codec.encode_value(None)
         # the reply hot path: encode with the codec's own encoder, check the size,
@@ -198,12 +234,15 @@ class EngineEndpoint(EngineServing):
             "heartbeats_received": 0,
             "internal_errors": 0,
             "fenced": 0,
+            "fence_out_of_range": 0,
             "idempotent_replays": 0,
             "idempotent_in_progress": 0,
+            "idempotency_key_too_long": 0,
+            "idempotency_cache_full": 0,
         }
         self.states: dict[InboundState, int] = {s: 0 for s in InboundState}
         # built in, read-only, allow-listed like any method: what metrics() returns
-        self.register(ENGINE_METRICS_METHOD, self.metrics, payload_type=None)
+        self.register(ENGINE_METRICS_METHOD, self.metrics, payload_type=None, read_only=True)
         self._builtin = frozenset(self._methods)
 
     # -- synchronous embedding -------------------------------------------------
@@ -216,6 +255,7 @@ class EngineEndpoint(EngineServing):
             self._set_ok_reply()  # rank and incarnation are fixed from here on
             self._opened = True
             self._polling = True
+            self._io_thread = threading.get_ident()
             self._last_loop = time.monotonic()
             self._start_beacon()
             self._next_heartbeat = 0.0
@@ -328,16 +368,11 @@ class EngineEndpoint(EngineServing):
         :meth:`_send_data_sync`, inline (this runs once per request)."""
         counters = self.counters
         counters["received"] += 1
-        seen = self._seen
-        key = (req.client, req.id)
-        if key in seen:
+        if self.duplicates.seen(route, req.id):
             counters["duplicates"] += 1
             return 0
-        seen[key] = None
-        if len(seen) > self._dedup_window:
-            seen.popitem(last=False)
         now = self.client_last_seen = self.clock()
-        out = self._run_fast(req, now)
+        out = self._run_fast(req, route, now)
         if out is None:
             return self._handle_admitted_sync(_Inbound(req, route, now))
         if type(out) is bytes:
@@ -366,7 +401,7 @@ class EngineEndpoint(EngineServing):
             self._send_sync(work.route, work.reply)
             return 0
         assert isinstance(work, _Inbound)
-        fast = self._run_fast(work.request, work.received)
+        fast = self._run_fast(work.request, work.route, work.received)
         if fast is not None:
             if type(fast) is bytes:
                 self._send_data_sync(work.route, fast)
@@ -384,11 +419,14 @@ class EngineEndpoint(EngineServing):
             return 1
         spec, payload = admitted
         if spec.is_async:
+            if work.request.key:  # it never ran: a retry under serve() may run it
+                self.results.abandon(self._key_scope(work.route, work.request), spec.name,
+                                     work.request.key)
             reply = self._exception_reply(work, _AsyncHandlerInPoll(
                 f"{spec.name!r} is async; serve it with EngineEndpoint.serve()"))
         else:
             token = current_trace.set(work.request.trace)
-            running = self._begin(work.request)
+            running = self._begin(work.request, work.route)
             done: Reply | None = None
             try:
                 result = (spec.handler(payload) if payload is not _NONE and spec.takes_payload
@@ -398,7 +436,7 @@ class EngineEndpoint(EngineServing):
             else:
                 reply = done = self._result_reply(work, result)
             finally:
-                self._end(work.request, done, running)
+                self._end(work.request, work.route, done, running)
                 current_trace.reset(token)
         self._send_sync(work.route, reply)
         return 1
@@ -424,8 +462,14 @@ class EngineEndpoint(EngineServing):
             "beacon": self.beacon_active,
             "loops": self.loops,
             "fence_high": self.fence_high,
-            "idempotency_cache": {"entries": len(cache), "bytes": cache.bytes, "hits": cache.hits,
-                                  "evicted": cache.evicted},
+            "fence_window": self.fences.window,
+            # request ids remembered per route to drop duplicates, bounded
+            "duplicate_filter": {"ids": len(self.duplicates),
+                                 "peers_evicted": self.duplicates.peers_evicted},
+            "idempotency_cache": {"entries": len(cache), "bytes": cache.bytes,
+                                  "max_bytes": cache.max_bytes, "hits": cache.hits,
+                                  "evicted": cache.evicted, "refused_full": cache.refused_full,
+                                  "results_not_kept": cache.results_not_kept},
             # replies waiting for clients that do not read, bounded per route and in total
             "outbox": {"replies": self.outbox_replies, "bytes": self._outbox_bytes,
                        "peak_bytes": self.outbox_peak_bytes, "routes": len(self._outbox),

@@ -8,6 +8,7 @@ import contextvars
 import secrets
 import threading
 import time
+from collections.abc import Hashable
 
 from ctlwire.kernel.core.peer_table import INCARNATION_TIME_SHIFT
 from ctlwire.kernel.core.result_cache import RecordedOutcome
@@ -17,6 +18,7 @@ from ctlwire.transports.errors import (
     TransportError,
     WouldBlock,
 )
+from ctlwire.transports.transport import Route
 
 __all__ = ["STEP_METHOD", "EngineLiveness", "new_incarnation", "report_progress"]
 
@@ -71,26 +73,50 @@ class EngineLiveness(EngineBase):
     heartbeats_paused: bool
     use_beacon: bool
     beacon_active: bool
+    shared_heartbeats: bool
+    """Heartbeats reach every peer (a routed transport), not only a request's sender."""
+    _running_routes: dict[int, Route]
+    key_scope: str
+    _io_thread: int | None  # the thread that uses the transport (serve's or poll's)
+    _next_progress_send: float
 
     # -- what is running (read by the beacon's thread) ---------------------------
-    def _begin(self, req: Request) -> contextvars.Token[tuple[EngineLiveness, int] | None]:
+    def _begin(self, req: Request, route: Route
+               ) -> contextvars.Token[tuple[EngineLiveness, int] | None]:
+        """An admitted request starts running (its key, if any, was recorded as
+        running by admission)."""
         self.running[req.id] = (req.method, time.monotonic())
-        if req.key:
-            self.results.start(req.method, req.key)
+        if self.shared_heartbeats:
+            self._running_routes[req.id] = route
         return _current_request.set((self, req.id))
 
-    def _end(self, req: Request, reply: Reply | None,
+    def _end(self, req: Request, route: Route, reply: Reply | None,
              token: contextvars.Token[tuple[EngineLiveness, int] | None]) -> None:
+        """It ended: with ``reply``, recorded under its key; with None (cancelled,
+        no outcome), its key is forgotten so that a retry runs."""
         _current_request.reset(token)
         self.running.pop(req.id, None)
         self._progress.pop(req.id, None)
+        if self._running_routes:
+            self._running_routes.pop(req.id, None)
         self._last_loop = time.monotonic()
         if req.key:
             if reply is None:
-                self.results.abandon(req.method, req.key)
+                self.results.abandon(self._key_scope(route, req), req.method, req.key)
             else:
-                self.results.finish(req.method, req.key,
-                                    RecordedOutcome(reply.ok, bytes(reply.result), reply.error))
+                self.results.finish(self._key_scope(route, req), req.method, req.key,
+                                    RecordedOutcome(reply.ok, bytes(reply.result), reply.error),
+                                    self.clock())
+
+    def _key_scope(self, route: Route, req: Request) -> Hashable:
+        """Whose idempotency keys ``req``'s key is among: its route's (the
+        connection it came from); the client incarnation it claims with
+        ``key_scope="client"`` (survives reconnects; trusts every peer) or where
+        the transport has no routes to tell peers apart (a DEALER engine's one
+        client, a PULL engine's senders)."""
+        if route is None or self.key_scope == "client":
+            return ("client", req.client)
+        return route
 
     def report_progress(self, request_id: int, fraction: float, note: str = "") -> bool:
         """Record the progress of running request ``request_id`` (see
@@ -98,6 +124,13 @@ class EngineLiveness(EngineBase):
         if request_id not in self.running:
             return False
         self._progress[request_id] = (min(1.0, max(0.0, float(fraction))), str(note)[:200])
+        if self._running_routes and threading.get_ident() == self._io_thread:
+            # a handler on the transport's own thread (it may block that thread):
+            # its sender hears now, at most once an interval
+            now = time.monotonic()
+            if now >= self._next_progress_send:
+                self._next_progress_send = now + (self.heartbeat_interval or 0.25)
+                self.send_progress_heartbeats()
         return True
 
     def loop_came_round(self) -> None:
@@ -108,7 +141,13 @@ class EngineLiveness(EngineBase):
     def status_heartbeat(self) -> Heartbeat | None:
         """This engine's next heartbeat: who it is and what it is doing. Safe to
         call from the beacon's thread (reads only). None while
-        :attr:`heartbeats_paused`."""
+        :attr:`heartbeats_paused`.
+
+        With :attr:`shared_heartbeats` (a transport whose heartbeats reach every
+        peer, such as a ROUTER engine's PUB beacon) it says only what liveness
+        needs -- busy or idle, the method and for how long -- and nothing that
+        names a request (no id, no handler progress); the sender of a running
+        request gets those in-band (:meth:`send_progress_heartbeats`)."""
         if self.heartbeats_paused:
             return None
         self._hb_seq += 1
@@ -119,6 +158,9 @@ class EngineLiveness(EngineBase):
             running = []
         if running:
             rid, (method, since) = min(running, key=lambda item: item[1][1])
+            if self.shared_heartbeats:
+                return Heartbeat(self.rank, self.incarnation, self._hb_seq, 0, method,
+                                 now - since, self.loops)
             fraction, note = self._progress.get(rid, (-1.0, ""))
             return Heartbeat(self.rank, self.incarnation, self._hb_seq, rid, method,
                              now - since, self.loops, fraction, note)
@@ -143,6 +185,28 @@ class EngineLiveness(EngineBase):
             return
         self._next_heartbeat = now + self.heartbeat_interval
         self.send_heartbeat()
+
+    def send_progress_heartbeats(self) -> None:
+        """With :attr:`shared_heartbeats`: tell each running request's sender, on
+        its own route, what that request is doing (its id and its handler's
+        progress). Nothing to send is a no-op; a full route misses one."""
+        routes = self._running_routes
+        if not routes or self.heartbeats_paused:
+            return
+        now = time.monotonic()
+        for rid, route in list(routes.items()):
+            entry = self.running.get(rid)
+            if entry is None:
+                continue
+            method, since = entry
+            fraction, note = self._progress.get(rid, (-1.0, ""))
+            hb = Heartbeat(self.rank, self.incarnation, self._hb_seq, rid, method,
+                           now - since, self.loops, fraction, note)
+            try:
+                self.transport.send_nowait(route, hb)
+                self.counters["heartbeats_sent"] += 1
+            except (WouldBlock, TransportError):
+                pass
 
     def send_heartbeat(self) -> None:
         """Announce this rank and incarnation to every client route now

@@ -33,6 +33,9 @@ class ErrorCode:
     ASYNC_HANDLER_IN_POLL = 501
     FENCED = FENCED_CODE
     IN_PROGRESS = 425
+    FENCE_OUT_OF_RANGE = 416
+    KEY_TOO_LONG = 414
+    CACHE_FULL = 507
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,9 @@ class MethodSpec:
     threaded: bool
     payload_optional: bool = False
     concurrency: int = 1
+    read_only: bool = False
+    """Declared not to change the engine's state: fencing tokens and idempotency
+    keys are ignored for it (it neither checks nor moves the fence)."""
 
 
 FastMethod = tuple[MethodSpec, Callable[[Any], bytes], Callable[[Any], Any]]
@@ -65,7 +71,7 @@ class MethodRegistry:
 
     # -- registration ----------------------------------------------------------
     def register(self, name: str, handler: Callable[..., Any], *, payload_type: Any = _NONE,
-                 threaded: bool = False, concurrency: int = 1,
+                 threaded: bool = False, concurrency: int = 1, read_only: bool = False,
                  _caller_frame: int = 1) -> MethodSpec:
         """Allow ``name``, served by ``handler``.
 
@@ -75,6 +81,11 @@ class MethodRegistry:
         Under :meth:`serve`, async and threaded handlers of one method run at
         most ``concurrency`` at a time (default 1: serial, in arrival order),
         concurrently with other methods.
+
+        ``read_only=True`` declares that the handler does not change the
+        engine's state (a query): its requests neither check nor move the
+        engine's fence and are never recorded under an idempotency key. Every
+        other method is state-changing.
 
         The payload annotation is resolved here, string annotations
         (``from __future__ import annotations``) included, in the handler's
@@ -101,7 +112,8 @@ class MethodRegistry:
                 payload_type = _payload_annotation(name, handler, params[0], _caller_frame)
         optional = bool(params) and params[0].default is not params[0].empty
         spec = MethodSpec(name, handler, payload_type, takes_payload,
-                          inspect.iscoroutinefunction(handler), threaded, optional, concurrency)
+                          inspect.iscoroutinefunction(handler), threaded, optional, concurrency,
+                          read_only)
         self._methods[name] = spec
         if not (spec.is_async or spec.threaded):
             codec = self.codec.fast_value_codec(payload_type)
@@ -110,13 +122,13 @@ class MethodRegistry:
         return spec
 
     def method(self, name: str | None = None, *, payload_type: Any = _NONE,
-               threaded: bool = False, concurrency: int = 1
+               threaded: bool = False, concurrency: int = 1, read_only: bool = False
                ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator form of :meth:`register` (name defaults to the function's)."""
 
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
             self.register(name or fn.__name__, fn, payload_type=payload_type, threaded=threaded,
-                          concurrency=concurrency,
+                          concurrency=concurrency, read_only=read_only,
                           _caller_frame=2)  # the scope applying the decorator
             return fn
 

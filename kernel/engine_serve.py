@@ -4,6 +4,8 @@ requests in arrival order, and the lanes (one per async or threaded method, at m
 
 from __future__ import annotations
 
+import threading
+
 import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -108,6 +110,7 @@ class EngineServing(EngineAdmission, ReplyOutbox):
     async def _serve_loop(self, dispatcher: _Dispatcher, lanes: anyio.abc.TaskGroup,
                           task_status: anyio.abc.TaskStatus[None]) -> None:
         self._polling = False
+        self._io_thread = threading.get_ident()
         self._set_ok_reply()  # rank and incarnation are fixed from here on
         self._start_beacon()
         if not self.beacon_active:
@@ -125,7 +128,7 @@ class EngineServing(EngineAdmission, ReplyOutbox):
                     try:
                         if type(event) is Received and type(event.envelope) is Request:
                             req = event.envelope
-                            now = self._accept(req)
+                            now = self._accept(req, event.route)
                             if now is None:
                                 continue
                             if not dispatcher.inflight and self._dispatch_now(
@@ -159,7 +162,7 @@ class EngineServing(EngineAdmission, ReplyOutbox):
         when the dispatcher has to take it. A reply that finds the client's pipe
         full is handed to the dispatcher, which waits for room (bounded, see
         :meth:`_send_async`)."""
-        out = self._run_fast(req, now)
+        out = self._run_fast(req, route, now)
         if out is not None:
             if type(out) is bytes:
                 if not self._send_now(route, None, out):
@@ -200,6 +203,7 @@ class EngineServing(EngineAdmission, ReplyOutbox):
             self.loop_came_round()
             if not self.beacon_active:
                 self.send_heartbeat()
+            self.send_progress_heartbeats()
 
     async def _run_async(self, item: _Inbound) -> None:
         admitted = self._admit(item)
@@ -209,7 +213,7 @@ class EngineServing(EngineAdmission, ReplyOutbox):
         spec, payload = admitted
         args = (payload,) if spec.takes_payload and payload is not _NONE else ()
         current_trace.set(item.request.trace)  # this task handles one request at a time
-        running = self._begin(item.request)
+        running = self._begin(item.request, item.route)
         done: Reply | None = None
         try:
             try:
@@ -224,5 +228,5 @@ class EngineServing(EngineAdmission, ReplyOutbox):
             else:
                 reply = done = self._result_reply(item, result)
         finally:
-            self._end(item.request, done, running)
+            self._end(item.request, item.route, done, running)
         await self._send_async(item.route, reply)

@@ -119,6 +119,19 @@ def diagnostic_methods(ep: EngineEndpoint) -> None:
         return applied["slow_update"]
 
     @ep.method()
+    async def nap_progress(seconds: float) -> float:
+        """An async handler that reports its progress (serve mode)."""
+        import anyio
+
+        from ctlwire.kernel.engine_endpoint import report_progress
+
+        steps = 10
+        for i in range(steps):
+            await anyio.sleep(seconds / steps)
+            report_progress((i + 1) / steps, f"step {i + 1}/{steps}")
+        return seconds
+
+    @ep.method()
     def applied_counts() -> dict[str, int]:
         """How many times each counting handler actually ran."""
         return dict(applied)

@@ -10,7 +10,10 @@ no sockets and no clock of their own (time is passed in).
   and what it returns.
 * :mod:`.peer_table` -- each rank's ``PeerLink`` machine: connected, busy,
   stalled, suspect, lost; incarnations and fencing.
-* :mod:`.result_cache` -- the engine's idempotency cache (bounded).
+* :mod:`.result_cache` -- the engine's idempotency cache (bounded in entries and
+  bytes, keys scoped by peer and method, outcomes kept for their retry window).
+* :mod:`.fence_guard` -- the engine's fence: the range of a token and when it moves.
+* :mod:`.duplicate_filter` -- request ids an engine has seen, per peer (bounded).
 * :mod:`.operation_core`, :mod:`.operation_plan`, :mod:`.operation_result` --
   coordinated multi-step operations with compensation.
 * :mod:`.fencing` -- fencing tokens.

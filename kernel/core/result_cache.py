@@ -1,4 +1,5 @@
-"""The engine's record of requests run under an idempotency key (sans-IO).
+"""The engine's record of requests run under an idempotency key (sans-IO, time
+passed in).
 
 A caller that got :class:`~ctlwire.kernel.errors.OutcomeUnknown` cannot tell
 whether its ``update_weights`` ran. If the request carried an idempotency key,
@@ -8,24 +9,49 @@ again: at-most-once delivery plus a retry becomes an exactly-once effect.
 
 Guarantees:
 
-* Keys are scoped by method: ``(method, key)``.
+* Keys are scoped by the peer that sent them and by method: ``(peer, method,
+  key)``. A peer is the connection the request came from (the transport's
+  route), so another connection can neither read nor pre-empt a key, and two
+  methods using the same key both run.
+* A key is at most ``max_key_bytes`` bytes (UTF-8); :meth:`ResultCache.key_fits`
+  says whether one is, and the engine refuses a longer one.
 * A key whose first request is still running is reported as running
   (:meth:`ResultCache.lookup` returns :data:`RUNNING`); the engine answers
-  ``InProgress`` rather than run it twice.
-* Bounded by entries and by bytes of recorded results; the oldest records are
-  evicted first, and evictions are counted. The cache lives as long as the
-  engine process (its incarnation): it survives reconnects and client restarts,
-  not an engine restart.
+  ``InProgress`` rather than run it twice. A run that ends with no outcome
+  (cancelled) forgets its key (:meth:`ResultCache.abandon`): a retry runs.
+* The first run's error is recorded like a result: a repeat gets the same error.
+* Bounded in entries and in bytes (keys, method names, results and error
+  texts, plus a fixed overhead per entry). A recorded outcome is kept at least
+  ``retention`` seconds (the retry window): it is never evicted younger than
+  that. When there is no room for a new key without evicting a younger entry,
+  :meth:`ResultCache.start` refuses it (counted in :attr:`refused_full`) and
+  the engine answers ``CacheFull`` without running the handler. A result too
+  large to fit is replaced by a ``ResultNotRetained`` error (counted in
+  :attr:`results_not_kept`): a retry learns that the call ran, and it does not
+  run twice. Entries past their retention are evicted oldest first when room
+  is needed (counted in :attr:`evicted`).
+* The cache lives as long as the engine process (its incarnation): it survives
+  client restarts, not an engine restart.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable
 from typing import Final
 
 from ctlwire.transports.envelope import ErrorInfo
 
-__all__ = ["RUNNING", "RecordedOutcome", "ResultCache"]
+__all__ = ["ENTRY_OVERHEAD", "NOT_RETAINED", "RUNNING", "CacheKey", "RecordedOutcome",
+           "ResultCache"]
+
+ENTRY_OVERHEAD: Final = 256
+"""Bytes counted for an entry on top of its key, method name and outcome."""
+
+RESULT_NOT_RETAINED_CODE: Final = 507
+
+CacheKey = tuple[Hashable, str, str]
+"""``(peer, method, key)``."""
 
 
 class RecordedOutcome:
@@ -41,66 +67,122 @@ class RecordedOutcome:
     @property
     def size(self) -> int:
         err = self.error
-        return len(self.result) + (len(err.message) + len(err.type) if err is not None else 0) + 64
+        return len(self.result) + (len(err.message) + len(err.type) if err is not None else 0)
 
 
 RUNNING: Final = RecordedOutcome(False, b"", None)
 """The placeholder of a key whose first request is still running."""
 
+NOT_RETAINED: Final = RecordedOutcome(False, b"", ErrorInfo(
+    "ResultNotRetained", "the request with this idempotency key ran; its outcome was too "
+    "large for the engine's idempotency cache", RESULT_NOT_RETAINED_CODE))
+"""What a repeat gets when the first run's outcome did not fit (it ran once)."""
+
+
+class _Entry:
+    __slots__ = ("outcome", "since", "size")
+
+    def __init__(self, outcome: RecordedOutcome, size: int, since: float) -> None:
+        self.outcome = outcome
+        self.size = size
+        self.since = since
+
 
 class ResultCache:
-    """``(method, key) -> outcome``, bounded; see the module docstring."""
+    """``(peer, method, key) -> outcome``, bounded; see the module docstring."""
 
-    def __init__(self, max_entries: int = 4096, max_bytes: int = 64 * 1024 * 1024) -> None:
-        if max_entries < 1 or max_bytes < 1:
-            raise ValueError("max_entries and max_bytes must be >= 1")
+    def __init__(self, max_entries: int = 4096, max_bytes: int = 64 * 1024 * 1024, *,
+                 max_key_bytes: int = 256, retention: float = 600.0) -> None:
+        if max_entries < 1 or max_bytes < 1 or max_key_bytes < 1:
+            raise ValueError("max_entries, max_bytes and max_key_bytes must be >= 1")
+        if not retention >= 0:
+            raise ValueError("retention must be >= 0 seconds")
         self.max_entries = max_entries
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[str, str], RecordedOutcome] = OrderedDict()
+        self.max_key_bytes = max_key_bytes
+        self.retention = retention
+        self._running: dict[CacheKey, _Entry] = {}
+        self._done: OrderedDict[CacheKey, _Entry] = OrderedDict()  # oldest outcome first
         self.bytes = 0
         self.hits = 0
         self.evicted = 0
+        self.refused_full = 0
+        self.results_not_kept = 0
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._running) + len(self._done)
 
-    def lookup(self, method: str, key: str) -> RecordedOutcome | None:
+    def key_fits(self, key: str) -> bool:
+        """Whether ``key`` is within :attr:`max_key_bytes` (UTF-8)."""
+        limit = self.max_key_bytes
+        return len(key) <= limit and len(key.encode("utf-8", "surrogatepass")) <= limit
+
+    def lookup(self, peer: Hashable, method: str, key: str) -> RecordedOutcome | None:
         """The recorded outcome, :data:`RUNNING`, or None (never seen: run it)."""
-        found = self._entries.get((method, key))
-        if found is not None and found is not RUNNING:
-            self.hits += 1
-        return found
+        k = (peer, method, key)
+        if k in self._running:
+            return RUNNING
+        found = self._done.get(k)
+        if found is None:
+            return None
+        self.hits += 1
+        return found.outcome
 
-    def start(self, method: str, key: str) -> None:
-        """The first request with this key starts running."""
-        self._entries[(method, key)] = RUNNING
-        self._entries.move_to_end((method, key))
-        self._evict()
+    def start(self, peer: Hashable, method: str, key: str, now: float) -> bool:
+        """The first request with this key starts running. False (counted in
+        :attr:`refused_full`, nothing recorded) when there is no room for it
+        without evicting an entry younger than :attr:`retention`."""
+        k = (peer, method, key)
+        if k in self._running or k in self._done:
+            raise ValueError(f"key {key!r} of {method!r} is already recorded")
+        # room for the outcome that always fits: a result too large becomes NOT_RETAINED
+        size = _base_size(k) + NOT_RETAINED.size
+        if not self._make_room(size, 1, now):
+            self.refused_full += 1
+            return False
+        self._running[k] = _Entry(RUNNING, size, now)
+        self.bytes += size
+        return True
 
-    def finish(self, method: str, key: str, outcome: RecordedOutcome) -> None:
+    def finish(self, peer: Hashable, method: str, key: str, outcome: RecordedOutcome,
+               now: float) -> None:
         """Record the outcome of the run :meth:`start` announced."""
-        k = (method, key)
-        old = self._entries.pop(k, None)
-        if old is not None and old is not RUNNING:
-            self.bytes -= old.size
-        self._entries[k] = outcome
-        self.bytes += outcome.size
-        self._evict()
+        k = (peer, method, key)
+        entry = self._running.pop(k, None)
+        if entry is None:
+            return  # never started here: nothing to record
+        self.bytes -= entry.size
+        size = _base_size(k) + outcome.size
+        if size > entry.size and not self._make_room(size, 0, now):
+            self.results_not_kept += 1
+            outcome, size = NOT_RETAINED, entry.size  # the room start() reserved
+        self._done[k] = _Entry(outcome, size, now)
+        self.bytes += size
 
-    def abandon(self, method: str, key: str) -> None:
+    def abandon(self, peer: Hashable, method: str, key: str) -> None:
         """The run ended without an outcome to record (cancelled): forget the key."""
-        if self._entries.get((method, key)) is RUNNING:
-            del self._entries[(method, key)]
+        entry = self._running.pop((peer, method, key), None)
+        if entry is not None:
+            self.bytes -= entry.size
 
-    def _evict(self) -> None:
-        entries = self._entries
-        while len(entries) > self.max_entries or self.bytes > self.max_bytes:
-            # oldest first; a running key is kept (it is re-inserted at the end)
-            k, v = entries.popitem(last=False)
-            if v is RUNNING:
-                entries[k] = v
-                if all(x is RUNNING for x in entries.values()):
-                    break
-                continue
-            self.bytes -= v.size
+    def _make_room(self, size: int, entries: int, now: float) -> bool:
+        """Evict outcomes past their retention, oldest first, until ``size`` more
+        bytes and ``entries`` more entries fit. False when they cannot."""
+        done = self._done
+        while (self.bytes + size > self.max_bytes
+               or len(self._running) + len(done) + entries > self.max_entries):
+            if not done:
+                return False
+            oldest = next(iter(done.values()))
+            if now - oldest.since < self.retention:
+                return False
+            done.popitem(last=False)
+            self.bytes -= oldest.size
             self.evicted += 1
+        return True
+
+
+def _base_size(k: CacheKey) -> int:
+    peer, method, key = k
+    return (ENTRY_OVERHEAD + len(method) + len(key.encode("utf-8", "surrogatepass"))
+            + (len(peer) if isinstance(peer, bytes) else 0))

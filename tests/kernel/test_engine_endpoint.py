@@ -141,10 +141,12 @@ async def test_duplicate_request_runs_at_most_once() -> None:
     env = request(codec, 7, "flush_cache", None)
     p.send(env)
     p.send(env)
-    p.send(request(codec, 7, "flush_cache", None, client=10))  # same id, other client: new
+    # the same id on the same route is a duplicate whatever client id it claims
+    p.send(request(codec, 7, "flush_cache", None, client=10))
+    p.send(request(codec, 8, "flush_cache", None))
     p.ep.poll()
     assert len(p.replies()) == 2
-    assert p.ep.counters["duplicates"] == 1
+    assert p.ep.counters["duplicates"] == 2
     assert len(p.ep.__dict__["ran"]) == 2
 
 

@@ -225,8 +225,8 @@ async def test_serve_fast_path_same_answers_and_taken() -> None:
         else:
             run_fast = ep._run_fast
 
-            def spy(req: Request, now: float) -> Any:
-                reply = run_fast(req, now)
+            def spy(req: Request, route: Any, now: float) -> Any:
+                reply = run_fast(req, route, now)
                 if reply is not None:
                     taken.append(req.id)
                 return reply

@@ -352,11 +352,12 @@ def test_values_nested_near_the_recursion_limit_give_payload_type_errors(name: s
 
 # -- 2. the engine endpoint (poll) ---------------------------------------------------------
 # typed answers a well-formed request may get; "Fenced": a fencing token below one the
-# engine already accepted (hypothesis draws the tokens), "InProgress": an idempotency key
-# still running
+# engine already accepted (hypothesis draws the tokens), "FenceOutOfRange": one negative or
+# too far ahead of the engine's clock, "InProgress": an idempotency key still running,
+# "KeyTooLong" and "CacheFull": a key the idempotency cache does not take
 REQUEST_ERRORS = {"WrongRank", "UnknownMethod", "DeadlineExpired", "InvalidPayload",
                   "RuntimeError", "ResultNotEncodable", "_AsyncHandlerInPoll", "ReplyTooLarge",
-                  "Fenced", "InProgress"}
+                  "Fenced", "FenceOutOfRange", "InProgress", "KeyTooLong", "CacheFull"}
 
 
 def engine_methods(ep: EngineEndpoint) -> None:
@@ -407,7 +408,7 @@ def expected_replies(codec: Codec, frame: bytes, seen: set[tuple[int, int]]
         sid = codec.salvage_id(frame)
         return [(sid, "MalformedFrame")] if sid else []
     if type(env) is Request:
-        key = (env.client, env.id)
+        key = (0, env.id)  # one route here: ids are per route, whatever client they claim
         if key in seen:
             return []
         seen.add(key)
