@@ -36,6 +36,7 @@ class ErrorCode:
     FENCE_OUT_OF_RANGE = 416
     KEY_TOO_LONG = 414
     CACHE_FULL = 507
+    UNSUPPORTED_PROTOCOL_VERSION = 505
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ __all__ = [
     "RequestTimedOut",
     "RequestTooLarge",
     "ResultTypeError",
+    "UnsupportedProtocolVersion",
     "error_info",
     "remote_error",
 ]
@@ -128,6 +129,17 @@ class AuthenticationFailed(NotDelivered):
     engine that binds, ``EngineEndpoint.metrics()["auth_rejections"]``."""
 
 
+class UnsupportedProtocolVersion(NotDelivered):
+    """This client and the engine for ``rank`` speak different protocol major
+    versions (``docs/protocol.md``, Versioning): either the engine's heartbeats
+    announced one this client does not speak (nothing was sent), or the engine
+    refused the request's version (code 505; it did not run). Nothing will be
+    delivered until one side is upgraded. Refused heartbeats are counted in
+    ``ControlClient.metrics()`` as ``dropped_protocol_version``."""
+
+    code = 505
+
+
 class OutcomeUnknown(EngineDead):
     """The request was handed to the transport, then the rank was lost or
     restarted before it answered: the engine may have run it, may be running
@@ -180,7 +192,11 @@ class AskTimeout(CtlwireError):
 FENCED_CODE = 409
 
 
-def remote_error(info: ErrorInfo, *, rank: int | None = None, method: str = "") -> RemoteError:
+def remote_error(info: ErrorInfo, *, rank: int | None = None,
+                 method: str = "") -> RemoteError | UnsupportedProtocolVersion:
+    """The typed error of an engine's error reply."""
+    if info.code == UnsupportedProtocolVersion.code and info.type == "UnsupportedProtocolVersion":
+        return UnsupportedProtocolVersion(rank if rank is not None else -1, info.message)
     cls = Fenced if info.code == FENCED_CODE and info.type == "Fenced" else RemoteError
     return cls(info.type, info.message, info.code, rank=rank, method=method)
 

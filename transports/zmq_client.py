@@ -41,6 +41,7 @@ from ctlwire.transports.codec import Codec, check_pickle_allowed
 from ctlwire.transports.curve import CurveAuthenticator, CurveServerConfig
 from ctlwire.transports.envelope import Envelope, Heartbeat
 from ctlwire.transports.errors import (
+    ProtocolVersionRefused,
     SocketClosed,
     TransportClosed,
     TransportError,
@@ -48,6 +49,11 @@ from ctlwire.transports.errors import (
     WouldBlock,
 )
 from ctlwire.transports.memory import decode_event
+from ctlwire.transports.protocol_version import (
+    PROTOCOL_VERSION,
+    supported_version,
+    version_text,
+)
 from ctlwire.transports.transport import Dropped, PeerDisconnected, Received, TransportEvent
 from ctlwire.transports.zmq_client_base import _ZmqClientBase
 from ctlwire.transports.zmq_config import (
@@ -136,6 +142,8 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         self._identity_of: dict[int, bytes] = {}
         self._learned_routes_only = curve is not None and curve.binds_ranks
         self._rank_of: dict[bytes, int] = {}
+        # rank -> the unsupported protocol version its engine announced (no route meanwhile)
+        self._refused_versions: dict[int, int] = {}
         self._fast_decode = self.codec.fast_envelope_decoder()
 
     def _open(self) -> None:
@@ -167,6 +175,11 @@ class ZmqRouterClientTransport(_ZmqClientBase):
     def _default_route(self, rank: int) -> bytes:
         """The identity of ``rank`` before any was learned: ``rank-N``; none when ranks
         are bound to keys (a route is only ever one authenticated for the rank)."""
+        refused = self._refused_versions.get(rank)
+        if refused is not None:
+            raise ProtocolVersionRefused(rank, refused, (
+                f"its engine speaks protocol {version_text(refused)}, this side "
+                f"{version_text(PROTOCOL_VERSION)}"))
         if self._learned_routes_only:
             raise Unroutable(rank, "no connection authenticated with this rank's key yet")
         identity = rank_identity(rank)
@@ -377,10 +390,14 @@ class ZmqRouterClientTransport(_ZmqClientBase):
             fast = self._fast_decode
             if fast is not None and len(data) <= self.codec.max_message_size:
                 try:
-                    return Received(fast(data), named, identity, len(data))
+                    env = fast(data)
                 except Exception:
                     pass  # not an envelope: decode_event gives the verdict
-            return decode_event(self.codec, data, named, identity)
+                else:
+                    if type(env) is Heartbeat:
+                        return self._versioned(Received(env, named, identity, len(data)))
+                    return Received(env, named, identity, len(data))
+            return self._versioned(decode_event(self.codec, data, named, identity))
         named = rank_from_identity(identity)
         if named is not None and len(self._rank_of) < _CACHE_LIMIT:
             self._rank_of[identity] = named
@@ -407,14 +424,37 @@ class ZmqRouterClientTransport(_ZmqClientBase):
                 # a beacon carries heartbeats only
                 self.counters["unknown_peer"] += 1
                 return Dropped("wrong_type", "a beacon sent something else", len(data), rank)
+            event = self._versioned(event)
             if curve is not None and type(event) is Received:
                 self._learn_route(rank, request_route_of_beacon(identity))
             return event
         self._known.add(rank)
-        event = decode_event(self.codec, data, rank, identity)
+        event = self._versioned(decode_event(self.codec, data, rank, identity))
         if curve is not None and type(event) is Received:
             self._learn_route(rank, identity)
         return event
+
+    def _versioned(self, event: TransportEvent) -> TransportEvent:
+        """``event``, unless it is a heartbeat announcing a protocol major version this
+        side does not speak: then Dropped (``protocol_version``, counted by the
+        receiver) and its rank refused (sends raise ProtocolVersionRefused) until a
+        heartbeat of the rank announces a supported version."""
+        if type(event) is not Received:
+            return event
+        env = event.envelope
+        if type(env) is not Heartbeat or event.peer is None:
+            return event
+        rank = event.peer
+        if supported_version(env.version):
+            if self._refused_versions:
+                self._refused_versions.pop(rank, None)
+            return event
+        if rank in self._refused_versions or len(self._refused_versions) < _CACHE_LIMIT:
+            self._refused_versions[rank] = env.version
+        self._identity_of.pop(rank, None)
+        return Dropped("protocol_version",
+                       f"rank {rank} speaks protocol {version_text(env.version)}, this side "
+                       f"{version_text(PROTOCOL_VERSION)}", event.size, rank)
 
     def _push(self, event: TransportEvent) -> None:
         self._pending.append(event)
