@@ -55,14 +55,37 @@ const SCHEMA = {
 };
 const KIND = { q: 'request', r: 'reply', h: 'heartbeat' };
 
+// The id of a frame that is not a valid envelope, read from its first bytes only: an
+// array header (fixarray of 2..15, array16, array32), the tag "q" (fixstr or str8) and
+// an integer (any msgpack integer format); 0 when any of it is missing.
+function salvageId(data) {
+  const b = Buffer.from(data.buffer, data.byteOffset, Math.min(data.length, 64));
+  let pos;
+  if (b.length < 4) return 0;
+  if (b[0] > 0x91 && b[0] <= 0x9f) pos = 1; else if (b[0] === 0xdc) pos = 3; else if (b[0] === 0xdd) pos = 5; else return 0;
+  if (b[pos] === 0xa1 && b[pos + 1] === 0x71) pos += 2;
+  else if (b[pos] === 0xd9 && b[pos + 1] === 0x01 && b[pos + 2] === 0x71) pos += 3;
+  else return 0;
+  if (pos >= b.length) return 0;
+  const t = b[pos];
+  if (t <= 0x7f) return t;
+  if (t >= 0xe0) return t - 0x100;
+  const width = { 0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8, 0xd0: 1, 0xd1: 2, 0xd2: 4, 0xd3: 8 }[t];
+  if (!width || pos + 1 + width > b.length) return 0;
+  const raw = b.subarray(pos + 1, pos + 1 + width);
+  const unsigned = BigInt('0x' + raw.toString('hex'));
+  const v = t >= 0xd0 ? BigInt.asIntN(width * 8, unsigned) : unsigned;
+  return norm(v);
+}
+
 function decodeEnvelope(data) {
   if (data.length > MAX_MESSAGE_SIZE) throw new MalformedFrame(`oversized frame of ${data.length} bytes`);
+  const salvaged = salvageId(data);
   let arr;
-  try { arr = msgpack.decode(data, DECODE); } catch (e) { throw new MalformedFrame(`not msgpack: ${e.message}`); }
-  if (!Array.isArray(arr) || arr.length < 1 || !SCHEMA[arr[0]]) throw new MalformedFrame('not a ctlwire envelope');
+  try { arr = msgpack.decode(data, DECODE); } catch (e) { throw new MalformedFrame(`not msgpack: ${e.message}`, salvaged); }
+  if (!Array.isArray(arr) || arr.length < 1 || !SCHEMA[arr[0]]) throw new MalformedFrame('not a ctlwire envelope', salvaged);
   const tag = arr[0];
   const fields = SCHEMA[tag];
-  const salvaged = tag === 'q' && isInt(arr[1]) ? norm(arr[1]) : 0;
   const env = { kind: KIND[tag] };
   fields.forEach(([name, check, dflt], i) => {
     const has = i + 1 < arr.length;
@@ -122,6 +145,8 @@ function newIncarnation() {
 }
 const versionText = (v) => `${Math.floor(Number(v) / 256)}.${Number(v) % 256}`;
 const supported = (v) => Math.floor(Number(v) / 256) === PROTOCOL_MAJOR;
+
+const sleepMs = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 // -- typed errors (the client's view) ---------------------------------------------------
 class CtlwireError extends Error {}
@@ -253,12 +278,18 @@ class Client {
     });
     const frame = encodeRequest({ id: wireId, rank, method, payload, deadline: deadlineMs / 1000, seq: 0,
       client: this.incarnation, key, fence, version: _version ?? PROTOCOL_VERSION });
-    try {
-      await this.send([`rank-${rank}`, frame]);
-    } catch (e) {
-      const p = this.pending.get(key_);
-      if (p) { this.pending.delete(key_); clearTimeout(p.timer); }
-      throw new NotDelivered(rank, `unroutable: ${e.message}`);
+    // the beacon's connection may be up before the request connection: an unroutable
+    // send is retried until the deadline (nothing was delivered meanwhile)
+    for (;;) {
+      try {
+        await this.send([`rank-${rank}`, frame]);
+        break;
+      } catch (e) {
+        if (Date.now() + 20 < deadlineMs && this.pending.has(key_)) { await sleepMs(20); continue; }
+        const p = this.pending.get(key_);
+        if (p) { this.pending.delete(key_); clearTimeout(p.timer); }
+        throw new NotDelivered(rank, `unroutable: ${e.message}`);
+      }
     }
     return result;
   }
@@ -393,7 +424,7 @@ class Engine {
 }
 
 module.exports = {
-  PROTOCOL_VERSION, PROTOCOL_MAJOR, PROTOCOL_MINOR, decodeEnvelope, encodeRequest, encodeReply, encodeHeartbeat,
+  PROTOCOL_VERSION, PROTOCOL_MAJOR, PROTOCOL_MINOR, decodeEnvelope, salvageId, encodeRequest, encodeReply, encodeHeartbeat,
   Client, Engine, CtlwireError, RemoteError, Fenced, RequestTimedOut, EngineDead, NotDelivered, OutcomeUnknown,
   UnsupportedProtocolVersion, MalformedFrame, newIncarnation,
 };
