@@ -41,7 +41,6 @@ from ctlwire.transports.codec import Codec, check_pickle_allowed
 from ctlwire.transports.curve import CurveAuthenticator, CurveServerConfig
 from ctlwire.transports.envelope import Envelope, Heartbeat
 from ctlwire.transports.errors import (
-    ProtocolVersionRefused,
     SocketClosed,
     TransportClosed,
     TransportError,
@@ -49,11 +48,6 @@ from ctlwire.transports.errors import (
     WouldBlock,
 )
 from ctlwire.transports.memory import decode_event
-from ctlwire.transports.protocol_version import (
-    PROTOCOL_VERSION,
-    supported_version,
-    version_text,
-)
 from ctlwire.transports.transport import Dropped, PeerDisconnected, Received, TransportEvent
 from ctlwire.transports.zmq_client_base import _ZmqClientBase
 from ctlwire.transports.zmq_config import (
@@ -142,8 +136,6 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         self._identity_of: dict[int, bytes] = {}
         self._learned_routes_only = curve is not None and curve.binds_ranks
         self._rank_of: dict[bytes, int] = {}
-        # rank -> the unsupported protocol version its engine announced (no route meanwhile)
-        self._refused_versions: dict[int, int] = {}
         self._fast_decode = self.codec.fast_envelope_decoder()
 
     def _open(self) -> None:
@@ -175,11 +167,8 @@ class ZmqRouterClientTransport(_ZmqClientBase):
     def _default_route(self, rank: int) -> bytes:
         """The identity of ``rank`` before any was learned: ``rank-N``; none when ranks
         are bound to keys (a route is only ever one authenticated for the rank)."""
-        refused = self._refused_versions.get(rank)
-        if refused is not None:
-            raise ProtocolVersionRefused(rank, refused, (
-                f"its engine speaks protocol {version_text(refused)}, this side "
-                f"{version_text(PROTOCOL_VERSION)}"))
+        if self._refused_versions:
+            self._check_version(rank)
         if self._learned_routes_only:
             raise Unroutable(rank, "no connection authenticated with this rank's key yet")
         identity = rank_identity(rank)
@@ -435,26 +424,10 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         return event
 
     def _versioned(self, event: TransportEvent) -> TransportEvent:
-        """``event``, unless it is a heartbeat announcing a protocol major version this
-        side does not speak: then Dropped (``protocol_version``, counted by the
-        receiver) and its rank refused (sends raise ProtocolVersionRefused) until a
-        heartbeat of the rank announces a supported version."""
-        if type(event) is not Received:
-            return event
-        env = event.envelope
-        if type(env) is not Heartbeat or event.peer is None:
-            return event
-        rank = event.peer
-        if supported_version(env.version):
-            if self._refused_versions:
-                self._refused_versions.pop(rank, None)
-            return event
-        if rank in self._refused_versions or len(self._refused_versions) < _CACHE_LIMIT:
-            self._refused_versions[rank] = env.version
-        self._identity_of.pop(rank, None)
-        return Dropped("protocol_version",
-                       f"rank {rank} speaks protocol {version_text(env.version)}, this side "
-                       f"{version_text(PROTOCOL_VERSION)}", event.size, rank)
+        event = super()._versioned(event)
+        if type(event) is Dropped and event.reason == "protocol_version" and event.peer is not None:
+            self._identity_of.pop(event.peer, None)  # no route to it while refused
+        return event
 
     def _push(self, event: TransportEvent) -> None:
         self._pending.append(event)

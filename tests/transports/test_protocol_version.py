@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -30,7 +31,7 @@ from ctlwire.transports.protocol_version import (
     supported_version,
     version_text,
 )
-from ctlwire.transports.zmq_client import ZmqRouterClientTransport
+from ctlwire.transports.zmq_client import ZmqDealerClientTransport, ZmqRouterClientTransport
 from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -138,6 +139,62 @@ async def test_client_serves_an_engine_of_a_newer_minor_version() -> None:
         with foreign_engine(transport.address, 0, MINOR_NEWER, extra=("a future field", [1])):
             assert await client.call("echo", "x", rank=0, timeout=20.0) == "x"
             assert client.metrics()["counters"].get("dropped_protocol_version", 0) == 0
+
+
+@contextmanager
+def foreign_bound_engine(address: str, rank: int, version: int) -> Iterator[dict[str, int]]:
+    """A raw engine that binds a ROUTER at ``address`` and sends heartbeats of ``version``
+    in-band to every client route that said hello (no beacon)."""
+    stop = threading.Event()
+    seen = {"requests": 0, "hellos": 0}
+    incarnation = new_incarnation()
+
+    def run() -> None:
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(address)
+        routes: set[bytes] = set()
+        try:
+            while not stop.is_set():
+                for route in routes:
+                    sock.send_multipart([route, heartbeat_frame(rank, incarnation, version)])
+                while sock.poll(50):
+                    route, data = sock.recv_multipart()
+                    env = CODEC.decode(data)
+                    routes.add(route)
+                    if isinstance(env, Request):
+                        seen["requests"] += 1
+                    else:
+                        seen["hellos"] += 1
+        finally:
+            sock.close(0)
+            ctx.term()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+async def test_dealer_client_refuses_an_engine_of_another_major_version(tmp_path: Path
+                                                                        ) -> None:
+    """The per-rank clients refuse the same way (here the DEALER client, an engine that
+    binds and heartbeats in-band)."""
+    directory = tmp_path / "sockets"
+    directory.mkdir(mode=0o700)
+    address = f"ipc://{directory}/engine"
+    with foreign_bound_engine(address, 0, MAJOR_2) as seen:
+        transport = ZmqDealerClientTransport({0: address})
+        async with ControlClient(transport, ranks=[0], default_timeout=20.0) as client:
+            await wait_for(lambda: client.metrics()["counters"].get(
+                "dropped_protocol_version", 0) >= 2)
+            with pytest.raises(UnsupportedProtocolVersion):
+                await client.call("echo", "x", rank=0, timeout=10.0)
+        assert seen["requests"] == 0 and seen["hellos"] >= 1
 
 
 @contextmanager
