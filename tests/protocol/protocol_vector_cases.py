@@ -120,6 +120,7 @@ ERRORS: list[tuple[str, int, str]] = [
     ("MalformedFrame", 400,
      "not a ctlwire envelope (msgpack): Expected `str`, got `int` - at `$[3]`"),
     ("UnknownMethod", 404, "no control method 'nope' on this engine"),
+    ("UnknownStepMethod", 404, "'reload' is not an operation step on this engine"),
     ("DeadlineExpired", 408, "'load' arrived 0.250 s after its deadline"),
     ("Fenced", 409, "'load': fencing token 1767225600000000 is older than 1767225601000000, "
                     "already accepted"),
@@ -134,6 +135,7 @@ ERRORS: list[tuple[str, int, str]] = [
                              "1..1767225900000000"),
     ("WrongRank", 421, "this is rank 0, not 3"),
     ("InvalidPayload", 422, "'load': Expected `object`, got `str`"),
+    ("InvalidStepPayload", 422, "'update_weights': Expected `object`, got `int`"),
     ("InProgress", 425, "'load': a request with this idempotency key is still running"),
     ("ResultNotEncodable", 500, "'load': cannot encode set: Encoding objects of type set is "
                                 "unsupported"),
