@@ -48,16 +48,16 @@ def failures(report: object) -> list[str]:
     return [c.line() for c in checks if not c.passed]
 
 
-def test_harness_passes_the_python_engine() -> None:
+def test_the_python_engine_conforms() -> None:
     assert failures(check_engine(None, 0, PY_ENGINE, 10.0)) == []
 
 
-def test_harness_passes_the_python_client() -> None:
+def test_the_python_client_conforms() -> None:
     assert failures(check_client(None, PY_CLIENT, 90.0)) == []
 
 
 @needs_node
-def test_harness_passes_the_node_engine() -> None:
+def test_the_node_engine_conforms() -> None:
     """Through the command line, as CI and other implementations run it."""
     proc = subprocess.run([PY, "-m", "ctlwire.transports.conformance", "engine", "--spawn",
                            NODE_ENGINE], capture_output=True, text=True, timeout=150)
@@ -66,7 +66,7 @@ def test_harness_passes_the_node_engine() -> None:
 
 
 @needs_node
-def test_harness_passes_the_node_client() -> None:
+def test_the_node_client_conforms() -> None:
     assert failures(check_client(None, NODE_CLIENT, 90.0)) == []
 
 
@@ -75,6 +75,21 @@ def test_harness_fails_an_engine_of_another_major_version() -> None:
     """The harness can fail: an engine announcing 2.0 fails first contact."""
     report = check_engine(None, 0, NODE_ENGINE + " --version 2.0", 10.0)
     assert any(line.startswith("FAIL  first-contact") for line in failures(report))
+
+
+def test_harness_fails_a_client_that_reports_without_calling(tmp_path: Path) -> None:
+    """The client checks look at the wire, not only at what the client says: a
+    program that prints the right outcomes without calling anything fails."""
+    lines = [{"step": "echo", "ok": True, "value": {"x": [1, "ü"]}},
+             {"step": "fan-out", "ok": True, "value": {"0": "all", "1": "all"}},
+             {"step": "done", "ok": True, "value": {}}]
+    script = tmp_path / "liar.py"
+    script.write_text("import json\n" + "".join(
+        f"print(json.dumps({line!r}))\n" for line in lines))
+    failed = failures(check_client(None, f"{PY} {script}", 30.0))
+    assert any(line.startswith("FAIL  client-frames-valid") for line in failed), failed
+    assert any(line.startswith("FAIL  client-heartbeats") for line in failed), failed
+    assert not any(line.startswith("FAIL  client-echo") for line in failed), failed
 
 
 @contextmanager
