@@ -24,7 +24,6 @@ from ctlwire.transports.envelope import Heartbeat, Reply, Request
 from ctlwire.transports.protocol_version import (
     PROTOCOL_MAJOR,
     PROTOCOL_VERSION,
-    UNSUPPORTED_VERSION_CODE,
     version_text,
 )
 from ctlwire.transports.transport import Dropped, Received, Route
@@ -107,7 +106,7 @@ class EngineAdmission(EngineLiveness):
             return self._finish(item, InboundEvent.REJECT, self._error_reply(
                 req.id, "UnsupportedProtocolVersion",
                 f"this engine speaks protocol {version_text(PROTOCOL_VERSION)}, the request "
-                f"{version_text(req.version)}", UNSUPPORTED_VERSION_CODE))
+                f"{version_text(req.version)}", ErrorCode.UNSUPPORTED_PROTOCOL_VERSION))
         if req.rank != self.rank:
             self.counters["rejected"] += 1
             return self._finish(item, InboundEvent.REJECT, self._error_reply(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctlwire.states import IllegalTransition
 from ctlwire.transports.envelope import ErrorInfo
+from ctlwire.transports.protocol_version import UNSUPPORTED_VERSION_CODE
 
 if TYPE_CHECKING:
     from ctlwire.kernel.core.fan_out_result import FanOutResult
@@ -137,7 +138,7 @@ class UnsupportedProtocolVersion(NotDelivered):
     delivered until one side is upgraded. Refused heartbeats are counted in
     ``ControlClient.metrics()`` as ``dropped_protocol_version``."""
 
-    code = 505
+    code = UNSUPPORTED_VERSION_CODE
 
 
 class OutcomeUnknown(EngineDead):
