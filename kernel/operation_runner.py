@@ -95,6 +95,8 @@ def classify(error: Exception | None) -> tuple[StepOutcome, str]:
     if isinstance(error, NotDelivered):
         return StepOutcome.NOT_DELIVERED, detail
     if isinstance(error, RemoteError):
+        if error.type_name == "StepNotApplied":  # a compensation with nothing to undo there
+            return StepOutcome.NOT_APPLIED, detail
         return StepOutcome.ERROR, detail
     return StepOutcome.UNKNOWN, detail  # EngineDead, timeouts, anything else: may have run
 
@@ -185,8 +187,10 @@ class OperationRunner:
 
     async def _dispatch(self, d: Dispatch) -> dict[int, tuple[StepOutcome, str]]:
         client = self.client
+        core = self.active.get(d.op_id)
+        ranks = core.ranks if core is not None else d.ranks
         payload = StepRequest(d.op_id, d.step, d.phase, d.fence, d.key, d.method,
-                              client.codec.encode_value(d.payload))
+                              client.codec.encode_value(d.payload), d.index, list(ranks))
         extra: dict[str, Any] = (
             {"idempotency_key": d.key, "fence": d.fence} if self._envelope_fields else {})
         res: FanOutResult | None

@@ -70,6 +70,7 @@ class StepOutcome(Enum):
     NOT_DELIVERED = "not_delivered"    # never handed to the transport: did not apply
     UNKNOWN = "unknown"                # lost or timed out after hand-over: may have applied
     FENCED = "fenced"                  # refused: a newer operation holds this rank
+    NOT_APPLIED = "not_applied"        # a compensation refused: its step never applied there
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class Dispatch:
     ranks: tuple[int, ...]
     key: str
     fence: int
+    index: int = -1  # the step's position in the plan
 
 
 class OperationCore:
@@ -190,7 +192,7 @@ class OperationCore:
             for r in self.ranks:
                 self._go(r, _RE.SEND, step.name, "apply")
             d = Dispatch(self.op_id, "apply", step.name, step.method, step.payload, step.timeout,
-                         self.ranks, step_key(self.op_id, step.name), self.fence)
+                         self.ranks, step_key(self.op_id, step.name), self.fence, self._index)
         elif self.state is _O.ABORTING:
             found: Dispatch | None = None
             while found is None and self._undo_index >= 0:
@@ -207,7 +209,7 @@ class OperationCore:
                                      comp.payload,
                                      comp.timeout if comp.timeout is not None else step.timeout,
                                      targets, step_key(self.op_id, step.name, undo=True),
-                                     self.fence)
+                                     self.fence, j)
             if found is None:
                 self._finish_abort()
                 return None
@@ -287,10 +289,11 @@ class OperationCore:
     def _settle_compensation(self, d: Dispatch) -> None:
         for r in d.ranks:
             outcome, detail = self._outcomes[r]
-            if outcome is StepOutcome.OK:
+            if outcome is StepOutcome.OK or outcome is StepOutcome.NOT_APPLIED:
                 self._to_undo[r].pop(0)
-                self._undone[r].append(d.step)
-                self._go(r, _RE.UNDO, d.step, "compensate")
+                if outcome is StepOutcome.OK:
+                    self._undone[r].append(d.step)
+                self._go(r, _RE.UNDO, d.step, "compensate", detail)
             elif outcome is StepOutcome.FENCED:
                 self._detail[r] = detail
                 self._go(r, _RE.SUPERSEDE, d.step, "compensate", detail)

@@ -68,10 +68,13 @@ def ledger() -> tuple[OperationLedger, list[int]]:
 
 
 def step(op: str, name: str, fence: int, method: str = "bump", arg: Any = None,
-         phase: str = "apply") -> StepRequest:
+         phase: str = "apply", index: int | None = None) -> StepRequest:
+    """A step; forward steps named "a", "b", "c"... sit at positions 0, 1, 2..."""
+    if index is None:
+        index = ord(name) - ord("a") if len(name) == 1 and name <= "w" else 0
     return StepRequest(op, name, phase, fence, f"{op}:{name}" + (":undo" if phase != "apply"
                                                                  else ""),
-                       method, CODEC.encode_value(arg if arg is not None else Bump(1)))
+                       method, CODEC.encode_value(arg if arg is not None else Bump(1)), index)
 
 
 def test_a_key_runs_once_and_replays_its_result() -> None:
@@ -116,11 +119,14 @@ def test_no_forward_step_replays_after_a_compensation() -> None:
     assert led.last_operation().applied == ["a", "a:undo"]
 
 
-def test_the_result_cache_is_bounded() -> None:
-    led, calls = ledger()
-    for name in "abc":
-        led.step(step("op", name, 1))
-    led.step(step("op", "a", 1))  # evicted (cache_size=2): runs again
+def test_the_operations_remembered_are_bounded() -> None:
+    led, calls = ledger()  # remembers 2 operations
+    for op in ("p", "q", "r"):
+        led.step(step(op, "a", 1))
+    assert led.metrics()["operations"] == 2
+    led.step(step("q", "a", 1))  # remembered: replays
+    assert len(calls) == 3
+    led.step(step("p", "a", 1))  # forgotten: begins anew
     assert len(calls) == 4
 
 

@@ -185,14 +185,16 @@ async def test_retry_after_controller_restart_applies_nothing_twice(
         assert recovery is not None
         assert recovery.steps == {r: ("pause", "update") for r in range(N)}
         assert not recovery.complete and not recovery.compensated
-        result = await runner.run(plan, op_id=recovery.op_id, fence=recovery.fence)
+        # it takes the operation over with a newer fence (the dead one's is fenced out)
+        result = await runner.run(plan, op_id=recovery.op_id, fence=new_fence())
         assert result.ok and result.op_id == recovery.op_id, result.summary()
+        assert result.fence > recovery.fence
         assert await info(c2) == {r: (1, False) for r in range(N)}
         for r, n in (await counts(c2)).items():
             assert n["runs"] == {"pause": 1, "update_weights": 1, "resume": 1}, r
             assert n["replayed"] == 2, r  # pause and update answered from the ledger
         # and the whole operation once more: every step replays, nothing runs
-        again = await runner.run(plan, op_id=recovery.op_id, fence=recovery.fence)
+        again = await runner.run(plan, op_id=recovery.op_id, fence=result.fence)
         assert again.ok
         done = await runner.recover(plan)
         assert done is not None and done.complete and done.op_id == recovery.op_id
