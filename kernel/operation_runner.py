@@ -44,7 +44,13 @@ from typing import Any
 from ctlwire.kernel.control_client import ControlClient
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.operation_core import Dispatch, OperationCore, StepOutcome
-from ctlwire.kernel.core.operation_plan import OperationPlan, new_fence, new_operation_id
+from ctlwire.kernel.core.operation_plan import (
+    InvalidPlan,
+    OperationPlan,
+    new_fence,
+    new_operation_id,
+    step_key,
+)
 from ctlwire.kernel.core.operation_result import OperationResult, ProgressEvent
 from ctlwire.kernel.errors import (
     FanOutFailed,
@@ -52,13 +58,16 @@ from ctlwire.kernel.errors import (
     NotDelivered,
     RemoteError,
     RequestTimedOut,
+    RequestTooLarge,
 )
 from ctlwire.kernel.operation_ledger import (
     LAST_OPERATION_METHOD,
     STEP_METHOD,
+    STEP_METHODS_METHOD,
     LastOperation,
     StepRequest,
 )
+from ctlwire.transports.codec import PayloadTypeError
 
 __all__ = ["OperationRunner", "Quarantine", "Recovery", "classify"]
 
@@ -149,24 +158,32 @@ class OperationRunner:
         """Run ``plan`` on ``ranks`` (default: :meth:`routable_ranks`) as one operation.
 
         ``op_id``/``fence`` default to fresh ones; pass a recovered pair to finish an
-        operation a previous controller started. Raises ValueError for quarantined
-        or unknown ranks, ClientClosed if the client closes meanwhile. An exception
+        operation a previous controller started. Raises
+        :class:`~ctlwire.kernel.core.operation_plan.InvalidPlan` (a ValueError) for
+        quarantined, repeated or unknown ranks and for anything :meth:`check`
+        finds, before any step is sent; ClientClosed if the client closes
+        meanwhile. Once the first step is sent, every failure (one found at
+        dispatch, such as a payload that no longer encodes, included) is a step
+        failure: it ends in compensation and a result. An exception
         raised by ``on_progress`` (or a cancellation) ends the run like a crash of
         the controller: the operation is left undecided (see :meth:`recover`).
         """
         targets = tuple(ranks) if ranks is not None else self.routable_ranks()
         if not targets:
-            raise ValueError("no routable rank to run the operation on")
+            raise InvalidPlan(["no routable rank to run the operation on"])
+        if len(set(targets)) != len(targets):
+            raise InvalidPlan([f"ranks {targets} name a rank twice"])
         unknown = set(targets) - set(self.client.ranks)
         if unknown:
-            raise ValueError(f"ranks {sorted(unknown)} are not one of {self.client.ranks}")
+            raise InvalidPlan([f"ranks {sorted(unknown)} are not one of {self.client.ranks}"])
         held = sorted(set(targets) & set(self.quarantined))
         if held:
-            raise ValueError(f"ranks {held} are quarantined; release() them first")
+            raise InvalidPlan([f"ranks {held} are quarantined; release() them first"])
         fence = fence if fence is not None else new_fence()
         op_id = op_id or new_operation_id(plan.name, fence)
         if op_id in self.active:
             raise ValueError(f"operation {op_id!r} is already running")
+        await self.check(plan, targets, op_id=op_id, fence=fence)
         core = OperationCore(plan, targets, op_id=op_id, fence=fence, observer=on_progress)
         self.active[op_id] = core
         self.counters["operations"] += 1
@@ -185,22 +202,78 @@ class OperationRunner:
         self.history.append(result)
         return result
 
+    async def check(self, plan: OperationPlan, ranks: Sequence[int], *, op_id: str = "",
+                    fence: int = 0, timeout: float = 5.0) -> None:
+        """Check the whole of ``plan`` for ``ranks`` before anything of it is sent.
+
+        Every step's and compensation's payload must encode and fit the size
+        limit as a ``ctlwire.step`` request, and every method must be one each
+        rank's ledger declares (``ctlwire.step_methods``; a rank that does not
+        answer is not checked, its dispatch will tell). Raises
+        :class:`~ctlwire.kernel.core.operation_plan.InvalidPlan` listing every
+        problem; nothing of the plan has been sent then."""
+        client = self.client
+        problems: list[str] = []
+        fence = fence or new_fence()
+        op_id = op_id or new_operation_id(plan.name, fence)
+        longest = max((s.name for s in plan.steps), key=len)
+        for what, method, payload, _ in plan.calls():
+            try:
+                raw = client.codec.encode_value(payload)
+                probe = StepRequest(op_id, longest, "compensate", fence,
+                                    step_key(op_id, longest, undo=True), method, raw,
+                                    len(plan.steps), list(ranks))
+                client.issuer.encode_payload(probe, STEP_METHOD)
+            except (PayloadTypeError, TypeError) as exc:
+                problems.append(f"{what}: payload cannot be encoded ({exc})")
+            except RequestTooLarge as exc:
+                problems.append(f"{what}: {exc}")
+        methods = {method for _, method, _, _ in plan.calls()}
+        for rank, declared in sorted((await self.step_methods(ranks, timeout)).items()):
+            missing = sorted(methods - set(declared))
+            if missing:
+                problems.append(f"rank {rank} runs no operation step {', '.join(missing)} "
+                                f"(it declares {', '.join(declared) or 'none'})")
+        if problems:
+            raise InvalidPlan(problems)
+
+    async def step_methods(self, ranks: Sequence[int] | None = None, timeout: float = 5.0
+                           ) -> dict[int, tuple[str, ...]]:
+        """The methods each rank's ledger runs as steps, for the ranks that answer."""
+        targets = tuple(ranks) if ranks is not None else self.client.ranks
+        try:
+            res: FanOutResult | None = await self.client.fan_out(
+                STEP_METHODS_METHOD, ranks=targets, timeout=timeout, mode="concurrent",
+                result_type=list[str])
+        except FanOutFailed as exc:
+            res = exc.result
+        except RequestTimedOut as exc:
+            res = exc.partial
+        if res is None:
+            return {}
+        return {r: tuple(v) for r, v in res.results.items()}
+
     async def _dispatch(self, d: Dispatch) -> dict[int, tuple[StepOutcome, str]]:
         client = self.client
         core = self.active.get(d.op_id)
         ranks = core.ranks if core is not None else d.ranks
-        payload = StepRequest(d.op_id, d.step, d.phase, d.fence, d.key, d.method,
-                              client.codec.encode_value(d.payload), d.index, list(ranks))
         extra: dict[str, Any] = (
             {"idempotency_key": d.key, "fence": d.fence} if self._envelope_fields else {})
         res: FanOutResult | None
         try:
+            payload = StepRequest(d.op_id, d.step, d.phase, d.fence, d.key, d.method,
+                                  client.codec.encode_value(d.payload), d.index, list(ranks))
             res = await client.fan_out(STEP_METHOD, payload, ranks=d.ranks, timeout=d.timeout,
                                        mode="concurrent", **extra)
         except FanOutFailed as exc:
             res = exc.result
         except RequestTimedOut as exc:
             res = exc.partial
+        except (PayloadTypeError, TypeError, ValueError) as exc:
+            # refused by the client before any frame went out (encoding, size, timeout):
+            # a failure of this step on every rank, which ends in compensation
+            detail = f"{type(exc).__name__}: {exc}"
+            return {r: (StepOutcome.NOT_DELIVERED, detail) for r in d.ranks}
         outcomes: dict[int, tuple[StepOutcome, str]] = {}
         for rank in d.ranks:
             if res is not None and rank in res.results:
