@@ -17,6 +17,11 @@ plus:
   ledger's counters (applied, replayed, fenced, highest fence): what the tests
   count to prove nothing was applied twice.
 
+``register_async`` serves the same engine with ``async def`` weight steps
+(``update_weights`` and ``restore_weights`` await before they change anything),
+``register_threaded`` with every step in a worker thread, so the engine
+answers other methods while a long step runs; both need ``--mode serve``.
+
 :func:`weight_update_plan` is the pause -> update_weights -> resume operation
 for this engine, with its compensations.
 """
@@ -28,6 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import msgspec
 
 from ctlwire.kernel.app.demo_engine import Pause, SimulatedEngine, UpdateWeights
@@ -35,7 +41,8 @@ from ctlwire.kernel.core.operation_plan import OperationPlan, OperationStep, Ste
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.operation_ledger import OperationLedger
 
-__all__ = ["Fault", "OperationEngine", "RestoreWeights", "register", "weight_update_plan"]
+__all__ = ["Fault", "OperationEngine", "RestoreWeights", "register", "register_async",
+           "register_threaded", "weight_update_plan"]
 
 
 class Fault(msgspec.Struct, frozen=True):
@@ -90,6 +97,16 @@ class OperationEngine(SimulatedEngine):
         self._maybe_fail("resume")
         return self.resume()
 
+    async def async_update_weights(self, req: UpdateWeights) -> dict[str, Any]:
+        """update_weights after awaiting the transfer (an async weight load)."""
+        await anyio.sleep(0.01 + req.load_seconds)
+        self._maybe_fail("update_weights")
+        return self.update_weights(UpdateWeights(req.version, req.path))
+
+    async def async_restore_weights(self, req: RestoreWeights) -> dict[str, Any]:
+        await anyio.sleep(0.01)
+        return self.restore_weights(req)
+
 
 def weight_update_plan(version: int, old_version: int, *, timeout: float = 10.0,
                        quarantine_on_error: bool = False,
@@ -109,11 +126,28 @@ def weight_update_plan(version: int, old_version: int, *, timeout: float = 10.0,
 
 def register(ep: EngineEndpoint) -> Callable[[], bool]:
     """Register the engine's methods and its operation ledger on ``ep``; returns its step."""
+    return _register(ep, "sync")
+
+
+def register_async(ep: EngineEndpoint) -> Callable[[], bool]:
+    """As :func:`register`, with ``async def`` update and restore steps (``--mode serve``)."""
+    return _register(ep, "async")
+
+
+def register_threaded(ep: EngineEndpoint) -> Callable[[], bool]:
+    """As :func:`register`, every step in a worker thread (``--mode serve``)."""
+    return _register(ep, "threaded")
+
+
+def _register(ep: EngineEndpoint, steps: str) -> Callable[[], bool]:
     engine = OperationEngine(ep.rank)
-    ledger = OperationLedger({"pause": engine.op_pause,
-                              "update_weights": engine.op_update_weights,
-                              "restore_weights": engine.restore_weights,
-                              "resume": engine.op_resume})
+    handlers: dict[str, Callable[..., Any]] = {
+        "pause": engine.op_pause, "update_weights": engine.op_update_weights,
+        "restore_weights": engine.restore_weights, "resume": engine.op_resume}
+    if steps == "async":
+        handlers["update_weights"] = engine.async_update_weights
+        handlers["restore_weights"] = engine.async_restore_weights
+    ledger = OperationLedger(handlers, threaded=steps == "threaded")
     ledger.install(ep)
     ep.register("pause", engine.pause)
     ep.register("update_weights", engine.update_weights)
