@@ -38,8 +38,8 @@ from __future__ import annotations
 import inspect
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from ctlwire.kernel.control_client import ControlClient
 from ctlwire.kernel.core.fan_out_result import FanOutResult
@@ -82,15 +82,32 @@ class Quarantine:
     detail: str
 
 
+RecoveryAction = Literal["compensate", "roll_forward", "done"]
+
+
 @dataclass(frozen=True)
 class Recovery:
-    """The newest operation of a plan the ranks report having applied steps of."""
+    """The newest operation of a plan the ranks report having applied steps of, and
+    what remains of it on each rank (from the ranks' own ledgers).
+
+    ``action``: ``"compensate"`` once some rank ran a compensation (the
+    operation can only be undone; ``remaining`` lists, per rank, the steps
+    whose compensation is still to run, newest first), ``"roll_forward"`` when
+    none did and the plan's last step is missing somewhere (``remaining``: the
+    steps still to apply there), ``"done"`` when every rank applied every step.
+    ``ranks``: the operation's ranks; ``missing``: those that did not answer.
+    :meth:`OperationRunner.finish` does what remains, in one call."""
 
     op_id: str
     fence: int
-    steps: dict[int, tuple[str, ...]]  # per rank that reported it: the steps applied there
-    complete: bool = False      # every reporting rank applied the plan's last step
+    steps: dict[int, tuple[str, ...]]  # per rank: the steps applied there, plan order
+    complete: bool = False      # every rank applied the plan's last step
     compensated: bool = False   # some rank ran a compensation: it cannot be replayed forward
+    undone: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    ranks: tuple[int, ...] = ()
+    missing: tuple[int, ...] = ()
+    action: RecoveryAction = "done"
+    remaining: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 def classify(error: Exception | None) -> tuple[StepOutcome, str]:
@@ -185,6 +202,11 @@ class OperationRunner:
             raise ValueError(f"operation {op_id!r} is already running")
         await self.check(plan, targets, op_id=op_id, fence=fence)
         core = OperationCore(plan, targets, op_id=op_id, fence=fence, observer=on_progress)
+        return await self._drive(core)
+
+    async def _drive(self, core: OperationCore) -> OperationResult:
+        """Send ``core``'s dispatches until it is decided; its result, quarantines applied."""
+        op_id = core.op_id
         self.active[op_id] = core
         self.counters["operations"] += 1
         try:
@@ -310,18 +332,68 @@ class OperationRunner:
 
     async def recover(self, plan: OperationPlan, ranks: Sequence[int] | None = None,
                       timeout: float = 5.0) -> Recovery | None:
-        """The newest operation of ``plan`` some rank applied steps of, or None."""
+        """The newest operation of ``plan`` some rank applied steps of, and what
+        remains of it per rank (see :class:`Recovery`); None when there is none."""
         prefix = f"{plan.name}@"
-        lasts = [v for v in (await self.last_operations(ranks, timeout)).values()
+        answers = await self.last_operations(ranks, timeout)
+        lasts = [v for v in answers.values()
                  if isinstance(v, LastOperation) and v.op.startswith(prefix)]
         if not lasts:
             return None
         newest = max(lasts, key=lambda v: v.fence)
-        steps = {v.rank: tuple(v.applied) for v in lasts if v.op == newest.op}
-        last = plan.steps[-1].name
-        return Recovery(newest.op, newest.fence, steps,
-                        complete=all(s and s[-1] == last for s in steps.values()),
-                        compensated=any(n.endswith(":undo") for s in steps.values() for n in s))
+        mine = {v.rank: v for v in lasts if v.op == newest.op}
+        op_ranks = tuple(sorted(set(newest.ranks) | set(mine)))
+        missing = tuple(r for r in op_ranks if not isinstance(answers.get(r), LastOperation))
+        known = [r for r in op_ranks if r not in missing]
+        # a rank that answered with another operation applied nothing of this one
+        steps = {r: tuple(mine[r].steps) if r in mine else () for r in known}
+        undone = {r: tuple(mine[r].undone) if r in mine else () for r in known}
+        names = [s.name for s in plan.steps]
+        compensated = any(undone.values())
+        complete = all(len(s) == len(names) for s in steps.values())
+        action: RecoveryAction
+        if compensated:
+            action = "compensate"
+            remaining = {r: tuple(n for n in reversed(steps[r]) if n not in undone[r]
+                                  and plan.steps[plan.index(n)].compensation is not None)
+                         for r in known}
+        elif complete and not missing:
+            action, remaining = "done", {r: () for r in known}
+        else:
+            action = "roll_forward"
+            remaining = {r: tuple(names[len(steps[r]):]) for r in known}
+        return Recovery(newest.op, max(v.fence for v in mine.values()), steps,
+                        complete=complete and not missing, compensated=compensated,
+                        undone=undone, ranks=op_ranks, missing=missing, action=action,
+                        remaining=remaining)
+
+    async def finish(self, plan: OperationPlan, recovery: Recovery, *,
+                     on_progress: Callable[[ProgressEvent], None] | None = None
+                     ) -> OperationResult:
+        """Do what remains of a recovered operation, in one call, under a newer fence
+        (which takes the operation over on every rank and fences its old
+        controller out): finish its compensation, or roll it forward (steps
+        already applied answer their recorded results and do not run again).
+        A rank of the operation that did not answer the recovery is quarantined:
+        what it applied is not known. Raises InvalidPlan as :meth:`run` does."""
+        for rank in recovery.missing:
+            self.quarantine(rank, recovery.op_id, "",
+                            "did not answer the recovery of its operation")
+        targets = tuple(r for r in recovery.ranks if r not in recovery.missing)
+        if recovery.action != "compensate":
+            return await self.run(plan, ranks=targets, op_id=recovery.op_id,
+                                  on_progress=on_progress)
+        if not targets:
+            raise InvalidPlan([f"no rank of {recovery.op_id!r} answered its recovery"])
+        if recovery.op_id in self.active:
+            raise ValueError(f"operation {recovery.op_id!r} is already running")
+        fence = new_fence()
+        await self.check(plan, targets, op_id=recovery.op_id, fence=fence)
+        core = OperationCore(plan, targets, op_id=recovery.op_id, fence=fence,
+                             observer=on_progress)
+        core.finish_compensation({r: recovery.steps.get(r, ()) for r in targets},
+                                 {r: recovery.undone.get(r, ()) for r in targets})
+        return await self._drive(core)
 
     # -- observability ---------------------------------------------------------------
     def progress(self) -> dict[str, dict[str, Any]]:

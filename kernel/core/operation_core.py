@@ -141,6 +141,30 @@ class OperationCore:
                 tuple((r, tuple(v)) for r, v in sorted(self._to_undo.items())),
                 tuple(sorted(self._quarantine_now)))
 
+    def finish_compensation(self, applied: dict[int, Sequence[str]],
+                            undone: dict[int, Sequence[str]]) -> None:
+        """Take over an operation whose compensation another controller began.
+
+        ``applied``/``undone``: per rank, the steps its ledger applied and the
+        compensations it already ran. Every rank goes to Compensating; the
+        dispatches that follow undo what remains, newest first. Only before the
+        first dispatch (RuntimeError otherwise)."""
+        if self.dispatches or self.state is not _O.RUNNING:
+            raise RuntimeError(f"{self.op_id}: a compensation is taken over before any dispatch")
+        steps = self.plan.steps
+        first = steps[0].name
+        self._op(_OE.ABORT)
+        for r in self.ranks:
+            done = list(undone.get(r, ()))
+            indices = [self.plan.index(name) for name in applied.get(r, ())]
+            self._applied[r] = indices
+            self._undone[r] = done
+            self._to_undo[r] = [j for j in reversed(indices)
+                                if steps[j].compensation is not None
+                                and steps[j].name not in done]
+            self._go(r, _RE.RECOVER, first, "compensate")
+        self._undo_index = len(steps) - 1
+
     def has_outcome(self, rank: int) -> bool:
         """Whether ``rank`` already has an outcome for the dispatch in flight."""
         return self._inflight is not None and rank in self._outcomes
