@@ -56,6 +56,7 @@ from ctlwire.kernel.errors import (
     FanOutFailed,
     Fenced,
     NotDelivered,
+    OutcomeUnknown,
     RemoteError,
     RequestTimedOut,
     RequestTooLarge,
@@ -74,12 +75,14 @@ __all__ = ["OperationRunner", "Quarantine", "Recovery", "classify"]
 
 @dataclass(frozen=True)
 class Quarantine:
-    """Why a rank is out of routing: the operation, the step that failed there, the detail."""
+    """Why a rank is out of routing: the operation, the step that failed there, the
+    detail and the typed error of that failure."""
 
     rank: int
     op_id: str
     step: str
     detail: str
+    error: Exception | None = None
 
 
 RecoveryAction = Literal["compensate", "roll_forward", "done"]
@@ -153,13 +156,14 @@ class OperationRunner:
         """The client's ranks minus the quarantined ones."""
         return tuple(r for r in self.client.ranks if r not in self.quarantined)
 
-    def quarantine(self, rank: int, op_id: str = "", step: str = "", detail: str = "") -> None:
+    def quarantine(self, rank: int, op_id: str = "", step: str = "", detail: str = "",
+                   error: Exception | None = None) -> None:
         """Take ``rank`` out of routing (operations do this themselves when needed)."""
         if rank not in self.client.ranks:
             raise ValueError(f"rank {rank} is not one of {self.client.ranks}")
         if rank not in self.quarantined:
             self.counters["quarantines"] += 1
-        self.quarantined[rank] = Quarantine(rank, op_id, step, detail)
+        self.quarantined[rank] = Quarantine(rank, op_id, step, detail, error)
 
     def release(self, rank: int) -> Quarantine:
         """Put a quarantined ``rank`` back in routing; KeyError when it is not quarantined."""
@@ -219,7 +223,7 @@ class OperationRunner:
         result = core.result()
         for rank in result.quarantined:
             rep = result.ranks[rank]
-            self.quarantine(rank, op_id, rep.failed_step or "", rep.detail)
+            self.quarantine(rank, op_id, rep.failed_step or "", rep.detail, rep.error)
         self.counters[result.state.value] = self.counters.get(result.state.value, 0) + 1
         self.history.append(result)
         return result
@@ -275,7 +279,9 @@ class OperationRunner:
             return {}
         return {r: tuple(v) for r, v in res.results.items()}
 
-    async def _dispatch(self, d: Dispatch) -> dict[int, tuple[StepOutcome, str]]:
+    async def _dispatch(self, d: Dispatch
+                        ) -> dict[int, tuple[StepOutcome, str, Exception | None]]:
+        """Send ``d``; each rank's outcome, its detail and the typed error behind it."""
         client = self.client
         core = self.active.get(d.op_id)
         ranks = core.ranks if core is not None else d.ranks
@@ -295,15 +301,17 @@ class OperationRunner:
             # refused by the client before any frame went out (encoding, size, timeout):
             # a failure of this step on every rank, which ends in compensation
             detail = f"{type(exc).__name__}: {exc}"
-            return {r: (StepOutcome.NOT_DELIVERED, detail) for r in d.ranks}
-        outcomes: dict[int, tuple[StepOutcome, str]] = {}
+            return {r: (StepOutcome.NOT_DELIVERED, detail, exc) for r in d.ranks}
+        outcomes: dict[int, tuple[StepOutcome, str, Exception | None]] = {}
         for rank in d.ranks:
             if res is not None and rank in res.results:
-                outcomes[rank] = classify(None)
+                outcomes[rank] = (StepOutcome.OK, "", None)
             elif res is not None and rank in res.errors:
-                outcomes[rank] = classify(res.errors[rank])
+                error = res.errors[rank]
+                outcomes[rank] = (*classify(error), error)
             else:
-                outcomes[rank] = (StepOutcome.UNKNOWN, f"no outcome of {d.key!r} in time")
+                detail = f"no outcome of {d.key!r} in time"
+                outcomes[rank] = (StepOutcome.UNKNOWN, detail, OutcomeUnknown(rank, detail))
         return outcomes
 
     # -- restart recovery ----------------------------------------------------------

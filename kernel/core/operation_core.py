@@ -114,7 +114,8 @@ class OperationCore:
         self._index = 0
         self._undo_index = -1
         self._inflight: Dispatch | None = None
-        self._outcomes: dict[int, tuple[StepOutcome, str]] = {}
+        self._outcomes: dict[int, tuple[StepOutcome, str, Exception | None]] = {}
+        self._error: dict[int, Exception] = {}
         self.dispatches: list[Dispatch] = []
 
     def clone(self) -> OperationCore:
@@ -129,6 +130,7 @@ class OperationCore:
         other._to_undo = {r: list(v) for r, v in self._to_undo.items()}
         other._quarantine_now = set(self._quarantine_now)
         other._outcomes = dict(self._outcomes)
+        other._error = dict(self._error)
         other.dispatches = list(self.dispatches)
         other.__class__ = self.__class__
         return other
@@ -196,10 +198,12 @@ class OperationCore:
                 "ranks": {r: s.value for r, s in self._rank.items()}}
 
     # -- transitions -------------------------------------------------------------
-    def _go(self, rank: int, event: RankEvent, step: str, phase: Phase, detail: str = "") -> None:
+    def _go(self, rank: int, event: RankEvent, step: str, phase: Phase, detail: str = "",
+            error: Exception | None = None) -> None:
         self._rank[rank] = OPERATION_RANK_TABLE.apply(self._rank[rank], event, rank)
         if self.observer is not None:
-            self.observer(ProgressEvent(self.op_id, rank, step, phase, self._rank[rank], detail))
+            self.observer(ProgressEvent(self.op_id, rank, step, phase, self._rank[rank], detail,
+                                        error))
 
     def _op(self, event: OperationEvent) -> None:
         self.state = OPERATION_TABLE.apply(self.state, event, self.op_id)
@@ -245,14 +249,16 @@ class OperationCore:
         self.dispatches.append(d)
         return d
 
-    def record(self, rank: int, outcome: StepOutcome, detail: str = "") -> None:
-        """``rank``'s outcome of the dispatch in flight (each rank once, any order)."""
+    def record(self, rank: int, outcome: StepOutcome, detail: str = "",
+               error: Exception | None = None) -> None:
+        """``rank``'s outcome of the dispatch in flight (each rank once, any order);
+        ``error``: the typed error behind a failure, as the fan-out gave it."""
         d = self._inflight
         if d is None or rank not in d.ranks:
             raise ValueError(f"{self.op_id}: no outcome expected from rank {rank}")
         if rank in self._outcomes:
             raise ValueError(f"{self.op_id}: rank {rank} already has an outcome for {d.key!r}")
-        self._outcomes[rank] = (outcome, detail)
+        self._outcomes[rank] = (outcome, detail, error)
         if len(self._outcomes) == len(d.ranks):
             self._inflight = None
             if d.phase == "apply":
@@ -264,23 +270,26 @@ class OperationCore:
         i = self._index
         step = self.plan.steps[i]
         for r in d.ranks:
-            outcome, detail = self._outcomes[r]
+            outcome, detail, error = self._outcomes[r]
             if outcome is StepOutcome.OK:
                 self._applied[r].append(i)
                 self._go(r, _RE.OK, step.name, "apply")
             elif outcome is StepOutcome.UNKNOWN:
                 self._applied[r].append(i)  # may have applied: undo it too
                 self._failed[r] = (step.name, detail)
-                self._go(r, _RE.LOSE, step.name, "apply", detail)
+                self._note_error(r, error)
+                self._go(r, _RE.LOSE, step.name, "apply", detail, error)
             elif outcome is StepOutcome.FENCED:
                 self._detail[r] = detail
-                self._go(r, _RE.SUPERSEDE, step.name, "apply", detail)
+                self._note_error(r, error)
+                self._go(r, _RE.SUPERSEDE, step.name, "apply", detail, error)
             else:
                 self._failed[r] = (step.name, detail)
+                self._note_error(r, error)
                 if outcome is StepOutcome.ERROR and step.quarantine_on_error:
                     self._quarantine_now.add(r)
-                self._go(r, _RE.REFUSE, step.name, "apply", detail)
-        outcomes = {o for o, _ in self._outcomes.values()}
+                self._go(r, _RE.REFUSE, step.name, "apply", detail, error)
+        outcomes = {o for o, _, _ in self._outcomes.values()}
         if StepOutcome.FENCED in outcomes:
             self._op(_OE.SUPERSEDE)
             for r in self.ranks:
@@ -299,7 +308,8 @@ class OperationCore:
         self._op(_OE.ABORT)
         for r in self.ranks:
             if r in self._quarantine_now:
-                self._go(r, _RE.QUARANTINE, step.name, "apply", self._failed[r][1])
+                self._go(r, _RE.QUARANTINE, step.name, "apply", self._failed[r][1],
+                         self._error.get(r))
                 continue
             undo = [j for j in reversed(self._applied[r])
                     if self.plan.steps[j].compensation is not None]
@@ -312,7 +322,7 @@ class OperationCore:
 
     def _settle_compensation(self, d: Dispatch) -> None:
         for r in d.ranks:
-            outcome, detail = self._outcomes[r]
+            outcome, detail, error = self._outcomes[r]
             if outcome is StepOutcome.OK or outcome is StepOutcome.NOT_APPLIED:
                 self._to_undo[r].pop(0)
                 if outcome is StepOutcome.OK:
@@ -320,18 +330,25 @@ class OperationCore:
                 self._go(r, _RE.UNDO, d.step, "compensate", detail)
             elif outcome is StepOutcome.FENCED:
                 self._detail[r] = detail
-                self._go(r, _RE.SUPERSEDE, d.step, "compensate", detail)
+                self._note_error(r, error)
+                self._go(r, _RE.SUPERSEDE, d.step, "compensate", detail, error)
             else:
                 self._failed.setdefault(r, (f"{d.step}:undo", detail))
                 self._detail[r] = f"undo of {d.step!r} failed: {detail}"
-                self._go(r, _RE.QUARANTINE, d.step, "compensate", self._detail[r])
-        if any(o is StepOutcome.FENCED for o, _ in self._outcomes.values()):
+                self._note_error(r, error)
+                self._go(r, _RE.QUARANTINE, d.step, "compensate", self._detail[r], error)
+        if any(o is StepOutcome.FENCED for o, _, _ in self._outcomes.values()):
             # a newer operation holds some rank: send nothing more, hand the rest over
             for r in self.ranks:
                 if self._rank[r] not in OPERATION_RANK_TABLE.final:
                     self._go(r, _RE.SUPERSEDE, d.step, "compensate",
                              "a newer operation took over")
             self._op(_OE.SUPERSEDE)
+
+    def _note_error(self, rank: int, error: Exception | None) -> None:
+        """Keep the first typed error of ``rank``'s failure (the one its report names)."""
+        if error is not None:
+            self._error.setdefault(rank, error)
 
     def _finish_abort(self) -> None:
         for r in self.ranks:
@@ -357,5 +374,5 @@ class OperationCore:
             detail = self._detail.get(r) or (failed[1] if failed else "")
             reports[r] = RankReport(r, self._rank[r], tuple(names[j] for j in self._applied[r]),
                                     tuple(self._undone[r]), failed[0] if failed else None,
-                                    detail)
+                                    detail, self._error.get(r))
         return OperationResult(self.op_id, self.fence, self.plan.name, self.state, reports)

@@ -16,7 +16,11 @@ Phase = Literal["apply", "compensate"]
 class ProgressEvent:
     """One rank's part of an operation changed: ``state`` after ``step`` in ``phase``.
 
-    ``detail`` names the error or loss for Failed / Unknown / Quarantined."""
+    ``detail`` names the error or loss for Failed / Unknown / Quarantined;
+    ``error`` is the typed error behind it, the one the step's fan-out gave
+    (e.g. :class:`~ctlwire.kernel.errors.RemoteError`,
+    :class:`~ctlwire.kernel.errors.OutcomeUnknown`,
+    :class:`~ctlwire.kernel.errors.NotDelivered`), None when there is none."""
 
     op_id: str
     rank: int
@@ -24,6 +28,7 @@ class ProgressEvent:
     phase: Phase
     state: RankState
     detail: str = ""
+    error: Exception | None = None
 
 
 @dataclass(frozen=True)
@@ -33,7 +38,8 @@ class RankReport:
     ``applied``: the steps that applied on it (or may have: outcome unknown),
     in order; ``undone``: the steps whose compensation ran on it, in the order
     run; ``failed_step``/``detail``: the step (or compensation) that failed
-    there and why."""
+    there and why; ``error``: the typed error of that failure, as the
+    fan-out gave it (None when the rank did not fail)."""
 
     rank: int
     state: RankState
@@ -41,6 +47,7 @@ class RankReport:
     undone: tuple[str, ...] = ()
     failed_step: str | None = None
     detail: str = ""
+    error: Exception | None = None
 
 
 @dataclass(frozen=True)

@@ -216,7 +216,8 @@ async def test_stale_controller_mid_operation_cannot_apply_after_its_successor(
     go_on = anyio.Event()
 
     class StallingRunner(OperationRunner):
-        async def _dispatch(self, d: Dispatch) -> dict[int, tuple[StepOutcome, str]]:
+        async def _dispatch(self, d: Dispatch
+                            ) -> dict[int, tuple[StepOutcome, str, Exception | None]]:
             if d.step == "update":
                 paused.set()
                 await go_on.wait()  # A freezes here (a GC pause, a partition, ...)
