@@ -6,7 +6,7 @@
     result = await runner.run(plan, on_progress=print)      # OperationResult
     if not result.ok:
         print(result.summary(), result.failed_ranks, result.quarantined)
-    await client.fan_out("get_load", ranks=runner.routable_ranks())   # skips quarantined
+    await client.fan_out("get_load")                        # skips quarantined ranks
     runner.release(2)                                       # back in routing
 
 :class:`OperationRunner` drives an :class:`~ctlwire.kernel.core.operation_core.OperationCore`:
@@ -19,10 +19,12 @@ is ERROR (did not apply).
 
 Guarantees, on top of the core's:
 
-* **Quarantine.** A rank the operation could not bring back is quarantined:
-  listed in :meth:`metrics`, left out of :meth:`routable_ranks` and of every
-  later operation (naming it explicitly raises ValueError) until
-  :meth:`release`.
+* **Quarantine.** A rank the operation could not bring back is quarantined in
+  the client's :class:`~ctlwire.kernel.core.quarantine.FleetQuarantine`
+  (``client.quarantine``, shared by every runner over the client): left out of
+  every fan-out that does not name it, of :meth:`routable_ranks` and of every
+  later operation (naming it raises InvalidPlan) until :meth:`release`; shown
+  by :meth:`metrics`, ``client.rank_status()`` and the client's metrics.
 * **Observable.** ``on_progress`` receives every per-rank, per-step change as it
   happens; :meth:`progress` is a snapshot of the operations in flight.
 * **Restart, honestly.** A run that is cancelled, or whose controller dies,
@@ -52,6 +54,7 @@ from ctlwire.kernel.core.operation_plan import (
     step_key,
 )
 from ctlwire.kernel.core.operation_result import OperationResult, ProgressEvent
+from ctlwire.kernel.core.quarantine import Quarantine
 from ctlwire.kernel.errors import (
     FanOutFailed,
     Fenced,
@@ -71,18 +74,6 @@ from ctlwire.kernel.operation_ledger import (
 from ctlwire.transports.codec import PayloadTypeError
 
 __all__ = ["OperationRunner", "Quarantine", "Recovery", "classify"]
-
-
-@dataclass(frozen=True)
-class Quarantine:
-    """Why a rank is out of routing: the operation, the step that failed there, the
-    detail and the typed error of that failure."""
-
-    rank: int
-    op_id: str
-    step: str
-    detail: str
-    error: Exception | None = None
 
 
 RecoveryAction = Literal["compensate", "roll_forward", "done"]
@@ -136,7 +127,6 @@ class OperationRunner:
     def __init__(self, client: ControlClient, *, history: int = 32,
                  envelope_fields: bool = False) -> None:
         self.client = client
-        self.quarantined: dict[int, Quarantine] = {}
         self.active: dict[str, OperationCore] = {}
         self.history: deque[OperationResult] = deque(maxlen=history)
         self.counters: dict[str, int] = {"operations": 0, "committed": 0, "aborted": 0,
@@ -152,9 +142,14 @@ class OperationRunner:
                                  and "fence" in params)
 
     # -- routing -----------------------------------------------------------------
+    @property
+    def quarantined(self) -> dict[int, Quarantine]:
+        """The quarantined ranks: the client's set, shared by every runner over it."""
+        return self.client.quarantine.held
+
     def routable_ranks(self) -> tuple[int, ...]:
         """The client's ranks minus the quarantined ones."""
-        return tuple(r for r in self.client.ranks if r not in self.quarantined)
+        return self.client.quarantine.routable(self.client.ranks)
 
     def quarantine(self, rank: int, op_id: str = "", step: str = "", detail: str = "",
                    error: Exception | None = None) -> None:
@@ -163,11 +158,11 @@ class OperationRunner:
             raise ValueError(f"rank {rank} is not one of {self.client.ranks}")
         if rank not in self.quarantined:
             self.counters["quarantines"] += 1
-        self.quarantined[rank] = Quarantine(rank, op_id, step, detail, error)
+        self.client.quarantine.add(Quarantine(rank, op_id, step, detail, error))
 
     def release(self, rank: int) -> Quarantine:
         """Put a quarantined ``rank`` back in routing; KeyError when it is not quarantined."""
-        record = self.quarantined.pop(rank)
+        record = self.client.quarantine.remove(rank)
         self.counters["released"] += 1
         return record
 
@@ -375,6 +370,30 @@ class OperationRunner:
                         undone=undone, ranks=op_ranks, missing=missing, action=action,
                         remaining=remaining)
 
+    async def restore_quarantine(self, plan: OperationPlan, ranks: Sequence[int] | None = None,
+                                 timeout: float = 5.0) -> tuple[int, ...]:
+        """Rebuild the quarantine from the engines' own ledgers (after a controller
+        restart): every rank whose last operation of ``plan`` is unsettled there
+        -- steps applied, but neither every step nor every compensation due -- is
+        quarantined (step ``""``: left mid-operation). Returns the ranks added."""
+        names = [s.name for s in plan.steps]
+        prefix = f"{plan.name}@"
+        added = []
+        for rank, last in sorted((await self.last_operations(ranks, timeout)).items()):
+            if not isinstance(last, LastOperation) or not last.op.startswith(prefix):
+                continue
+            if not last.steps or (list(last.steps) == names and not last.undone):
+                continue  # nothing applied, or committed
+            due = [n for n in last.steps if n in names
+                   and plan.steps[plan.index(n)].compensation is not None]
+            if last.undone and all(n in last.undone for n in due):
+                continue  # compensated
+            if rank not in self.quarantined:
+                added.append(rank)
+                self.quarantine(rank, last.op, "", f"left mid-operation: applied {last.steps}, "
+                                                   f"undone {last.undone}")
+        return tuple(added)
+
     async def finish(self, plan: OperationPlan, recovery: Recovery, *,
                      on_progress: Callable[[ProgressEvent], None] | None = None
                      ) -> OperationResult:
@@ -388,6 +407,10 @@ class OperationRunner:
             self.quarantine(rank, recovery.op_id, "",
                             "did not answer the recovery of its operation")
         targets = tuple(r for r in recovery.ranks if r not in recovery.missing)
+        for rank in targets:  # held only because this very operation was left unfinished
+            held = self.quarantined.get(rank)
+            if held is not None and held.op_id == recovery.op_id and not held.step:
+                self.client.quarantine.remove(rank)
         if recovery.action != "compensate":
             return await self.run(plan, ranks=targets, op_id=recovery.op_id,
                                   on_progress=on_progress)
