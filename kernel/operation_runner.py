@@ -40,7 +40,7 @@ from __future__ import annotations
 import inspect
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from ctlwire.kernel.control_client import ControlClient
@@ -49,6 +49,8 @@ from ctlwire.kernel.core.operation_core import Dispatch, OperationCore, StepOutc
 from ctlwire.kernel.core.operation_plan import (
     InvalidPlan,
     OperationPlan,
+    PostCondition,
+    PostConditionFailed,
     new_fence,
     new_operation_id,
     step_key,
@@ -73,7 +75,17 @@ from ctlwire.kernel.operation_ledger import (
 )
 from ctlwire.transports.codec import PayloadTypeError
 
-__all__ = ["OperationRunner", "Quarantine", "Recovery", "classify"]
+__all__ = ["OperationRunner", "Quarantine", "Recovery", "ReleaseRefused", "classify"]
+
+
+class ReleaseRefused(Exception):
+    """A quarantined rank that does not meet its post-condition: it stays quarantined.
+    ``observed``: what the rank answered (or the error reading it)."""
+
+    def __init__(self, rank: int, reason: str, observed: Any = None) -> None:
+        self.rank, self.reason, self.observed = rank, reason, observed
+        super().__init__(f"rank {rank} stays quarantined: {reason} (release(force=True) "
+                         "to override)")
 
 
 RecoveryAction = Literal["compensate", "roll_forward", "done"]
@@ -128,6 +140,7 @@ class OperationRunner:
                  envelope_fields: bool = False) -> None:
         self.client = client
         self.active: dict[str, OperationCore] = {}
+        self._observed: dict[str, dict[int, Any]] = {}  # op id -> rank -> post-condition answer
         self.history: deque[OperationResult] = deque(maxlen=history)
         self.counters: dict[str, int] = {"operations": 0, "committed": 0, "aborted": 0,
                                          "degraded": 0, "superseded": 0, "quarantines": 0,
@@ -152,16 +165,35 @@ class OperationRunner:
         return self.client.quarantine.routable(self.client.ranks)
 
     def quarantine(self, rank: int, op_id: str = "", step: str = "", detail: str = "",
-                   error: Exception | None = None) -> None:
-        """Take ``rank`` out of routing (operations do this themselves when needed)."""
+                   error: Exception | None = None,
+                   postcondition: PostCondition | None = None) -> None:
+        """Take ``rank`` out of routing (operations do this themselves when needed);
+        ``postcondition``: what it must meet to be released without ``force``."""
         if rank not in self.client.ranks:
             raise ValueError(f"rank {rank} is not one of {self.client.ranks}")
         if rank not in self.quarantined:
             self.counters["quarantines"] += 1
-        self.client.quarantine.add(Quarantine(rank, op_id, step, detail, error))
+        self.client.quarantine.add(Quarantine(rank, op_id, step, detail, error, postcondition))
 
-    def release(self, rank: int) -> Quarantine:
-        """Put a quarantined ``rank`` back in routing; KeyError when it is not quarantined."""
+    async def release(self, rank: int, *, postcondition: PostCondition | None = None,
+                      force: bool = False, timeout: float = 5.0) -> Quarantine:
+        """Put a quarantined ``rank`` back in routing. Unless ``force``, the rank
+        must first meet ``postcondition`` (default: the post-condition of the
+        plan that quarantined it, if it had one), read from the rank itself;
+        otherwise :class:`ReleaseRefused` and the rank stays quarantined.
+        KeyError when it is not quarantined."""
+        record = self.quarantined[rank]
+        pc = postcondition if postcondition is not None else record.postcondition
+        if pc is not None and not force:
+            try:
+                answer = await self.client.call(pc.method, pc.payload, rank=rank,
+                                                timeout=pc.timeout or timeout)
+            except Exception as exc:
+                raise ReleaseRefused(rank, f"its post-condition could not be read: {exc}",
+                                     exc) from exc
+            if not pc.holds(answer):
+                raise ReleaseRefused(rank, str(PostConditionFailed(rank, pc.method, pc.expect,
+                                                                   answer)), answer)
         record = self.client.quarantine.remove(rank)
         self.counters["released"] += 1
         return record
@@ -216,9 +248,13 @@ class OperationRunner:
         finally:
             del self.active[op_id]
         result = core.result()
+        observed = self._observed.pop(op_id, {})
+        if observed:
+            result = replace(result, observed=observed)
         for rank in result.quarantined:
             rep = result.ranks[rank]
-            self.quarantine(rank, op_id, rep.failed_step or "", rep.detail, rep.error)
+            self.quarantine(rank, op_id, rep.failed_step or "", rep.detail, rep.error,
+                            core.plan.postcondition)
         self.counters[result.state.value] = self.counters.get(result.state.value, 0) + 1
         self.history.append(result)
         return result
@@ -249,6 +285,15 @@ class OperationRunner:
                 problems.append(f"{what}: payload cannot be encoded ({exc})")
             except RequestTooLarge as exc:
                 problems.append(f"{what}: {exc}")
+        pc = plan.postcondition
+        if pc is not None:
+            try:
+                client.issuer.encode_payload(pc.payload, pc.method)
+            except (PayloadTypeError, TypeError) as exc:
+                problems.append(f"post-condition {pc.method!r}: payload cannot be encoded "
+                                f"({exc})")
+            except RequestTooLarge as exc:
+                problems.append(f"post-condition {pc.method!r}: {exc}")
         methods = {method for _, method, _, _ in plan.calls()}
         for rank, declared in sorted((await self.step_methods(ranks, timeout)).items()):
             missing = sorted(methods - set(declared))
@@ -282,6 +327,8 @@ class OperationRunner:
         ranks = core.ranks if core is not None else d.ranks
         extra: dict[str, Any] = (
             {"idempotency_key": d.key, "fence": d.fence} if self._envelope_fields else {})
+        if d.check:
+            return await self._check_postcondition(d)
         res: FanOutResult | None
         try:
             payload = StepRequest(d.op_id, d.step, d.phase, d.fence, d.key, d.method,
@@ -306,6 +353,41 @@ class OperationRunner:
                 outcomes[rank] = (*classify(error), error)
             else:
                 detail = f"no outcome of {d.key!r} in time"
+                outcomes[rank] = (StepOutcome.UNKNOWN, detail, OutcomeUnknown(rank, detail))
+        return outcomes
+
+    async def _check_postcondition(self, d: Dispatch
+                                   ) -> dict[int, tuple[StepOutcome, str, Exception | None]]:
+        """Read the plan's post-condition on ``d.ranks``: a mismatch fails that rank."""
+        core = self.active[d.op_id]
+        pc = core.plan.postcondition
+        assert pc is not None
+        res: FanOutResult | None
+        try:
+            res = await self.client.fan_out(d.method, d.payload, ranks=d.ranks,
+                                            timeout=d.timeout, mode="concurrent")
+        except FanOutFailed as exc:
+            res = exc.result
+        except RequestTimedOut as exc:
+            res = exc.partial
+        except (PayloadTypeError, TypeError, ValueError) as exc:
+            return {r: (StepOutcome.NOT_DELIVERED, f"{type(exc).__name__}: {exc}", exc)
+                    for r in d.ranks}
+        observed = self._observed.setdefault(d.op_id, {})
+        outcomes: dict[int, tuple[StepOutcome, str, Exception | None]] = {}
+        for rank in d.ranks:
+            if res is not None and rank in res.results:
+                answer = observed[rank] = res.results[rank]
+                if pc.holds(answer):
+                    outcomes[rank] = (StepOutcome.OK, "", None)
+                else:
+                    err = PostConditionFailed(rank, pc.method, pc.expect, answer)
+                    outcomes[rank] = (StepOutcome.ERROR, f"PostConditionFailed: {err}", err)
+            elif res is not None and rank in res.errors:
+                error = res.errors[rank]
+                outcomes[rank] = (*classify(error), error)
+            else:
+                detail = f"no answer to the post-condition {pc.method!r} in time"
                 outcomes[rank] = (StepOutcome.UNKNOWN, detail, OutcomeUnknown(rank, detail))
         return outcomes
 
@@ -391,7 +473,8 @@ class OperationRunner:
             if rank not in self.quarantined:
                 added.append(rank)
                 self.quarantine(rank, last.op, "", f"left mid-operation: applied {last.steps}, "
-                                                   f"undone {last.undone}")
+                                                   f"undone {last.undone}",
+                                postcondition=plan.postcondition)
         return tuple(added)
 
     async def finish(self, plan: OperationPlan, recovery: Recovery, *,
@@ -405,7 +488,8 @@ class OperationRunner:
         what it applied is not known. Raises InvalidPlan as :meth:`run` does."""
         for rank in recovery.missing:
             self.quarantine(rank, recovery.op_id, "",
-                            "did not answer the recovery of its operation")
+                            "did not answer the recovery of its operation",
+                            postcondition=plan.postcondition)
         targets = tuple(r for r in recovery.ranks if r not in recovery.missing)
         for rank in targets:  # held only because this very operation was left unfinished
             held = self.quarantined.get(rank)

@@ -11,8 +11,10 @@ operation steps through an :class:`~ctlwire.kernel.operation_ledger.OperationLed
 plus:
 
 * ``arm_fault(Fault)`` -- the next run of ``method`` on this rank raises
-  (``"raise"``), kills the process (``"crash"``) or blocks for ``seconds``
-  (``"hang"``): fault injection for tests and ``ctlwire demo --fault``.
+  (``"raise"``), kills the process (``"crash"``), blocks for ``seconds``
+  (``"hang"``) or returns success without changing anything (``"skip"``, a
+  silent failure only a post-condition catches): fault injection for tests
+  and ``ctlwire demo --fault``.
 * ``op_counts()`` -- how many times each step method really ran here, and the
   ledger's counters (applied, replayed, fenced, highest fence): what the tests
   count to prove nothing was applied twice.
@@ -37,7 +39,12 @@ import anyio
 import msgspec
 
 from ctlwire.kernel.app.demo_engine import Pause, SimulatedEngine, UpdateWeights
-from ctlwire.kernel.core.operation_plan import OperationPlan, OperationStep, StepCall
+from ctlwire.kernel.core.operation_plan import (
+    OperationPlan,
+    OperationStep,
+    PostCondition,
+    StepCall,
+)
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.operation_ledger import OperationLedger
 
@@ -47,7 +54,7 @@ __all__ = ["Fault", "OperationEngine", "RestoreWeights", "register", "register_a
 
 class Fault(msgspec.Struct, frozen=True):
     method: str
-    kind: str = "raise"  # raise | crash | hang
+    kind: str = "raise"  # raise | crash | hang | skip
     seconds: float = 0.0
 
 
@@ -69,15 +76,18 @@ class OperationEngine(SimulatedEngine):
     def arm_fault(self, fault: Fault) -> None:
         self.faults[fault.method] = fault
 
-    def _maybe_fail(self, method: str) -> None:
+    def _maybe_fail(self, method: str) -> bool:
+        """Apply an armed fault of ``method``; True when the call must change nothing."""
         fault = self.faults.pop(method, None)
         if fault is None:
-            return
+            return False
         if fault.kind == "crash":
             os._exit(9)
         if fault.kind == "hang":
             time.sleep(fault.seconds)
-            return
+            return False
+        if fault.kind == "skip":
+            return True
         raise InjectedFault(f"rank {self.rank}: injected failure in {method}")
 
     def op_pause(self, req: Pause = Pause()) -> dict[str, Any]:  # noqa: B008 - frozen struct
@@ -85,7 +95,8 @@ class OperationEngine(SimulatedEngine):
         return self.pause(req)
 
     def op_update_weights(self, req: UpdateWeights) -> dict[str, Any]:
-        self._maybe_fail("update_weights")
+        if self._maybe_fail("update_weights"):
+            return {"rank": self.rank, "version": req.version}  # claims it, did nothing
         return self.update_weights(req)
 
     def restore_weights(self, req: RestoreWeights) -> dict[str, Any]:
@@ -111,7 +122,8 @@ class OperationEngine(SimulatedEngine):
 def weight_update_plan(version: int, old_version: int, *, timeout: float = 10.0,
                        quarantine_on_error: bool = False,
                        load_seconds: float = 0.0) -> OperationPlan:
-    """pause -> update_weights(version) -> resume; undo: restore old_version, resume.
+    """pause -> update_weights(version) -> resume; undo: restore old_version, resume;
+    before commit every rank must report ``version`` and not paused.
     ``load_seconds``: how long each rank's update blocks (reporting progress)."""
     return OperationPlan("weight-update", (
         OperationStep("pause", "pause", Pause("drain"), timeout,
@@ -121,7 +133,7 @@ def weight_update_plan(version: int, old_version: int, *, timeout: float = 10.0,
                       compensation=StepCall("restore_weights", RestoreWeights(old_version)),
                       quarantine_on_error=quarantine_on_error),
         OperationStep("resume", "resume", None, timeout),
-    ))
+    ), PostCondition("get_server_info", {"version": version, "paused": False}, timeout=timeout))
 
 
 def register(ep: EngineEndpoint) -> Callable[[], bool]:

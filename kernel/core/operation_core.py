@@ -26,6 +26,11 @@ Guarantees (checked for every outcome at every step on up to three ranks):
 * **Fenced out means hands off.** A rank that refuses a step as fenced (a newer
   operation started on it) ends Superseded, and so does the operation: this
   controller sends nothing more (a compensation would race its successor).
+* **Post-condition before commit.** A plan's
+  :class:`~ctlwire.kernel.core.operation_plan.PostCondition` is checked on every
+  rank once the last step applied everywhere (one more dispatch, ``check``
+  set, step ``"(postcondition)"``); a rank where it does not hold (or does not
+  answer) fails, and the operation is compensated like after a failed step.
 * **Idempotent and fenced on the wire.** Every dispatch carries the operation's
   fencing token and the key ``"{op_id}:{step}"`` (``"{op_id}:{step}:undo"``
   for a compensation), so a retried operation (same id and token, e.g. after
@@ -54,7 +59,10 @@ from ctlwire.states import (
     RankState,
 )
 
-__all__ = ["Dispatch", "OperationCore", "StepOutcome"]
+__all__ = ["POSTCONDITION_STEP", "Dispatch", "OperationCore", "StepOutcome"]
+
+POSTCONDITION_STEP = "(postcondition)"
+"""The step name progress events and reports use for the plan's post-condition check."""
 
 _R = RankState
 _RE = RankEvent
@@ -87,6 +95,7 @@ class Dispatch:
     key: str
     fence: int
     index: int = -1  # the step's position in the plan
+    check: bool = False  # the plan's post-condition: a read-only method, not a step
 
 
 class OperationCore:
@@ -215,7 +224,14 @@ class OperationCore:
         Raises RuntimeError while a dispatch still has ranks without an outcome."""
         if self._inflight is not None:
             raise RuntimeError(f"{self.op_id}: dispatch {self._inflight.key!r} is still in flight")
-        if self.state is _O.RUNNING:
+        if self.state is _O.RUNNING and self._index == len(self.plan.steps):
+            pc = self.plan.postcondition
+            assert pc is not None
+            for r in self.ranks:
+                self._go(r, _RE.SEND, POSTCONDITION_STEP, "apply")
+            d = Dispatch(self.op_id, "apply", POSTCONDITION_STEP, pc.method, pc.payload,
+                         pc.timeout, self.ranks, "", self.fence, self._index, check=True)
+        elif self.state is _O.RUNNING:
             step = self.plan.steps[self._index]
             for r in self.ranks:
                 self._go(r, _RE.SEND, step.name, "apply")
@@ -268,57 +284,60 @@ class OperationCore:
 
     def _settle_apply(self, d: Dispatch) -> None:
         i = self._index
-        step = self.plan.steps[i]
+        steps = self.plan.steps
+        check = i == len(steps)  # the post-condition: nothing applies, a mismatch fails
+        name = POSTCONDITION_STEP if check else steps[i].name
         for r in d.ranks:
             outcome, detail, error = self._outcomes[r]
             if outcome is StepOutcome.OK:
-                self._applied[r].append(i)
-                self._go(r, _RE.OK, step.name, "apply")
-            elif outcome is StepOutcome.UNKNOWN:
+                if not check:
+                    self._applied[r].append(i)
+                self._go(r, _RE.OK, name, "apply")
+            elif outcome is StepOutcome.UNKNOWN and not check:
                 self._applied[r].append(i)  # may have applied: undo it too
-                self._failed[r] = (step.name, detail)
+                self._failed[r] = (name, detail)
                 self._note_error(r, error)
-                self._go(r, _RE.LOSE, step.name, "apply", detail, error)
+                self._go(r, _RE.LOSE, name, "apply", detail, error)
             elif outcome is StepOutcome.FENCED:
                 self._detail[r] = detail
                 self._note_error(r, error)
-                self._go(r, _RE.SUPERSEDE, step.name, "apply", detail, error)
+                self._go(r, _RE.SUPERSEDE, name, "apply", detail, error)
             else:
-                self._failed[r] = (step.name, detail)
+                self._failed[r] = (name, detail)
                 self._note_error(r, error)
-                if outcome is StepOutcome.ERROR and step.quarantine_on_error:
+                if outcome is StepOutcome.ERROR and not check and steps[i].quarantine_on_error:
                     self._quarantine_now.add(r)
-                self._go(r, _RE.REFUSE, step.name, "apply", detail, error)
+                self._go(r, _RE.REFUSE, name, "apply", detail, error)
         outcomes = {o for o, _, _ in self._outcomes.values()}
         if StepOutcome.FENCED in outcomes:
             self._op(_OE.SUPERSEDE)
             for r in self.ranks:
                 if self._rank[r] not in OPERATION_RANK_TABLE.final:
-                    self._go(r, _RE.SUPERSEDE, step.name, "apply", "a newer operation took over")
+                    self._go(r, _RE.SUPERSEDE, name, "apply", "a newer operation took over")
             return
         if outcomes == {StepOutcome.OK}:
-            if i + 1 < len(self.plan.steps):
+            if i + 1 < len(steps) or (not check and self.plan.postcondition is not None):
                 self._index += 1
                 self._op(_OE.ADVANCE)
                 return
             for r in self.ranks:
-                self._go(r, _RE.COMMIT, step.name, "apply")
+                self._go(r, _RE.COMMIT, name, "apply")
             self._op(_OE.COMMIT)
             return
         self._op(_OE.ABORT)
         for r in self.ranks:
             if r in self._quarantine_now:
-                self._go(r, _RE.QUARANTINE, step.name, "apply", self._failed[r][1],
+                self._go(r, _RE.QUARANTINE, name, "apply", self._failed[r][1],
                          self._error.get(r))
                 continue
             undo = [j for j in reversed(self._applied[r])
-                    if self.plan.steps[j].compensation is not None]
+                    if steps[j].compensation is not None]
             if undo:
                 self._to_undo[r] = undo
-                self._go(r, _RE.COMPENSATE, step.name, "compensate")
+                self._go(r, _RE.COMPENSATE, name, "compensate")
             else:
-                self._go(r, _RE.SKIP, step.name, "compensate")
-        self._undo_index = i
+                self._go(r, _RE.SKIP, name, "compensate")
+        self._undo_index = min(i, len(steps) - 1)
 
     def _settle_compensation(self, d: Dispatch) -> None:
         for r in d.ranks:

@@ -26,14 +26,14 @@ it replaces, clocks permitting.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ctlwire.kernel.core.fencing import new_fence
 
-__all__ = ["InvalidPlan", "OperationPlan", "OperationStep", "StepCall", "new_fence",
-           "new_operation_id", "step_key"]
+__all__ = ["InvalidPlan", "OperationPlan", "OperationStep", "PostCondition",
+           "PostConditionFailed", "StepCall", "new_fence", "new_operation_id", "step_key"]
 
 
 class InvalidPlan(ValueError):
@@ -97,12 +97,48 @@ class OperationStep:
                                f"not {self.compensation!r}"])
 
 
+class PostConditionFailed(Exception):
+    """A rank's answer to a plan's post-condition does not match what it expects."""
+
+    def __init__(self, rank: int, method: str, expected: Mapping[str, Any],
+                 observed: Any) -> None:
+        self.rank, self.method, self.expected, self.observed = rank, method, expected, observed
+        super().__init__(f"rank {rank}: {method} answered {observed!r}, "
+                         f"expected {dict(expected)!r}")
+
+
+@dataclass(frozen=True)
+class PostCondition:
+    """What must hold on every rank before an operation commits: the read-only
+    ``method(payload)`` answers a mapping in which every key of ``expect`` has
+    that value (e.g. ``PostCondition("get_server_info", {"version": 7,
+    "paused": False})``)."""
+
+    method: str
+    expect: Mapping[str, Any]
+    payload: Any = None
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_call(f"post-condition {self.method!r}", self.method, self.timeout)
+        if not isinstance(self.expect, Mapping) or not self.expect:
+            raise InvalidPlan([f"post-condition {self.method!r}: expect must be a non-empty "
+                               "mapping"])
+
+    def holds(self, answer: Any) -> bool:
+        """Whether ``answer`` (the method's result) meets the post-condition."""
+        return isinstance(answer, Mapping) and all(
+            k in answer and answer[k] == v for k, v in self.expect.items())
+
+
 @dataclass(frozen=True)
 class OperationPlan:
-    """A named, non-empty sequence of steps with unique names."""
+    """A named, non-empty sequence of steps with unique names, and optionally the
+    post-condition every rank must meet before the operation commits."""
 
     name: str
     steps: tuple[OperationStep, ...]
+    postcondition: PostCondition | None = None
 
     def __post_init__(self) -> None:
         if not self.name or "@" in self.name:

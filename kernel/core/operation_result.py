@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from ctlwire.states import OperationState, RankState
 
@@ -58,13 +58,15 @@ class OperationResult:
     ``failed_ranks`` names the ranks where a step (or its compensation) failed,
     ``quarantined`` those that could not be brought back (the runner excludes
     them from later operations until released) and ``superseded`` those where a
-    newer operation fenced this one out."""
+    newer operation fenced this one out. ``observed``: each rank's answer to
+    the plan's post-condition (e.g. its weight version), where it was read."""
 
     op_id: str
     fence: int
     plan: str
     state: OperationState
     ranks: dict[int, RankReport] = field(default_factory=dict)
+    observed: dict[int, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

@@ -28,7 +28,7 @@ from ctlwire.kernel.operation_ledger import (
     StepRequest,
     UnknownStepMethod,
 )
-from ctlwire.kernel.operation_runner import OperationRunner, classify
+from ctlwire.kernel.operation_runner import OperationRunner, ReleaseRefused, classify
 from ctlwire.kernel.testing import EngineHarness
 from ctlwire.states import OperationState, RankState
 from ctlwire.transports.codec import MsgpackCodec
@@ -154,8 +154,8 @@ async def test_progress_is_observable_while_the_operation_runs() -> None:
 
         result = await runner.run(weight_update_plan(1, 0), on_progress=watch)
         assert result.ok
-        assert [next(iter(s.values()))["step"] for s in snapshots] == ["pause", "update",
-                                                                       "resume"]
+        assert [next(iter(s.values()))["step"] for s in snapshots] == [
+            "pause", "update", "resume", "(postcondition)"]
         assert all(next(iter(s.values()))["state"] == "running" for s in snapshots)
         assert runner.progress() == {}
 
@@ -172,9 +172,11 @@ async def test_a_failing_compensation_quarantines_the_rank() -> None:
         assert result.compensated == (0, 1)
         assert result.ranks[2].failed_step == "update:undo"
         assert runner.routable_ranks() == (0, 1)
-        assert runner.release(2).step == "update:undo"
+        with pytest.raises(ReleaseRefused, match="paused"):
+            await runner.release(2)  # still paused: its post-condition does not hold
+        assert (await runner.release(2, force=True)).step == "update:undo"
         with pytest.raises(KeyError):
-            runner.release(2)
+            await runner.release(2)
         assert runner.metrics()["released"] == 1
 
 
@@ -232,7 +234,7 @@ async def test_quarantine_is_visible_in_the_snapshot_and_prometheus() -> None:
         assert registry.get_sample_value(
             "ctlwire_rank_quarantined", {"rank": "1", "op": result.op_id, "step": "update"}) == 1
         assert registry.get_sample_value("ctlwire_operations_total", {"state": "degraded"}) == 1
-        runner.release(1)
+        await runner.release(1, force=True)
         assert registry.get_sample_value(
             "ctlwire_rank_quarantined", {"rank": "1", "op": result.op_id, "step": "update"}) is None
 
