@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import inspect
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -75,7 +75,8 @@ from ctlwire.kernel.operation_ledger import (
 )
 from ctlwire.transports.codec import PayloadTypeError
 
-__all__ = ["OperationRunner", "Quarantine", "Recovery", "ReleaseRefused", "classify"]
+__all__ = ["OperationRunner", "Quarantine", "Recovery", "ReleaseRefused", "classify",
+           "recovery_of"]
 
 
 class ReleaseRefused(Exception):
@@ -131,6 +132,43 @@ def classify(error: Exception | None) -> tuple[StepOutcome, str]:
             return StepOutcome.NOT_APPLIED, detail
         return StepOutcome.ERROR, detail
     return StepOutcome.UNKNOWN, detail  # EngineDead, timeouts, anything else: may have run
+
+
+def recovery_of(plan: OperationPlan, answers: Mapping[int, LastOperation | Exception]
+                ) -> Recovery | None:
+    """The :class:`Recovery` of ``plan`` from each rank's ledger answer (an
+    exception: the rank did not answer); None when no rank applied a step of it."""
+    prefix = f"{plan.name}@"
+    lasts = [v for v in answers.values()
+             if isinstance(v, LastOperation) and v.op.startswith(prefix)]
+    if not lasts:
+        return None
+    newest = max(lasts, key=lambda v: v.fence)
+    mine = {v.rank: v for v in lasts if v.op == newest.op}
+    op_ranks = tuple(sorted(set(newest.ranks) | set(mine)))
+    missing = tuple(r for r in op_ranks if not isinstance(answers.get(r), LastOperation))
+    known = [r for r in op_ranks if r not in missing]
+    # a rank that answered with another operation applied nothing of this one
+    steps = {r: tuple(mine[r].steps) if r in mine else () for r in known}
+    undone = {r: tuple(mine[r].undone) if r in mine else () for r in known}
+    names = [s.name for s in plan.steps]
+    compensated = any(undone.values())
+    complete = all(len(s) == len(names) for s in steps.values())
+    action: RecoveryAction
+    if compensated:
+        action = "compensate"
+        remaining = {r: tuple(n for n in reversed(steps[r]) if n not in undone[r]
+                              and plan.steps[plan.index(n)].compensation is not None)
+                     for r in known}
+    elif complete and not missing:
+        action, remaining = "done", {r: () for r in known}
+    else:
+        action = "roll_forward"
+        remaining = {r: tuple(names[len(steps[r]):]) for r in known}
+    return Recovery(newest.op, max(v.fence for v in mine.values()), steps,
+                    complete=complete and not missing, compensated=compensated,
+                    undone=undone, ranks=op_ranks, missing=missing, action=action,
+                    remaining=remaining)
 
 
 class OperationRunner:
@@ -419,38 +457,7 @@ class OperationRunner:
                       timeout: float = 5.0) -> Recovery | None:
         """The newest operation of ``plan`` some rank applied steps of, and what
         remains of it per rank (see :class:`Recovery`); None when there is none."""
-        prefix = f"{plan.name}@"
-        answers = await self.last_operations(ranks, timeout)
-        lasts = [v for v in answers.values()
-                 if isinstance(v, LastOperation) and v.op.startswith(prefix)]
-        if not lasts:
-            return None
-        newest = max(lasts, key=lambda v: v.fence)
-        mine = {v.rank: v for v in lasts if v.op == newest.op}
-        op_ranks = tuple(sorted(set(newest.ranks) | set(mine)))
-        missing = tuple(r for r in op_ranks if not isinstance(answers.get(r), LastOperation))
-        known = [r for r in op_ranks if r not in missing]
-        # a rank that answered with another operation applied nothing of this one
-        steps = {r: tuple(mine[r].steps) if r in mine else () for r in known}
-        undone = {r: tuple(mine[r].undone) if r in mine else () for r in known}
-        names = [s.name for s in plan.steps]
-        compensated = any(undone.values())
-        complete = all(len(s) == len(names) for s in steps.values())
-        action: RecoveryAction
-        if compensated:
-            action = "compensate"
-            remaining = {r: tuple(n for n in reversed(steps[r]) if n not in undone[r]
-                                  and plan.steps[plan.index(n)].compensation is not None)
-                         for r in known}
-        elif complete and not missing:
-            action, remaining = "done", {r: () for r in known}
-        else:
-            action = "roll_forward"
-            remaining = {r: tuple(names[len(steps[r]):]) for r in known}
-        return Recovery(newest.op, max(v.fence for v in mine.values()), steps,
-                        complete=complete and not missing, compensated=compensated,
-                        undone=undone, ranks=op_ranks, missing=missing, action=action,
-                        remaining=remaining)
+        return recovery_of(plan, await self.last_operations(ranks, timeout))
 
     async def restore_quarantine(self, plan: OperationPlan, ranks: Sequence[int] | None = None,
                                  timeout: float = 5.0) -> tuple[int, ...]:
@@ -495,19 +502,22 @@ class OperationRunner:
             held = self.quarantined.get(rank)
             if held is not None and held.op_id == recovery.op_id and not held.step:
                 self.client.quarantine.remove(rank)
-        if recovery.action != "compensate":
-            return await self.run(plan, ranks=targets, op_id=recovery.op_id,
-                                  on_progress=on_progress)
         if not targets:
             raise InvalidPlan([f"no rank of {recovery.op_id!r} answered its recovery"])
+        still_held = sorted(set(targets) & set(self.quarantined))
+        if still_held:
+            raise InvalidPlan([f"ranks {still_held} are quarantined; release() them first"])
         if recovery.op_id in self.active:
             raise ValueError(f"operation {recovery.op_id!r} is already running")
         fence = new_fence()
         await self.check(plan, targets, op_id=recovery.op_id, fence=fence)
         core = OperationCore(plan, targets, op_id=recovery.op_id, fence=fence,
                              observer=on_progress)
-        core.finish_compensation({r: recovery.steps.get(r, ()) for r in targets},
-                                 {r: recovery.undone.get(r, ()) for r in targets})
+        applied = {r: recovery.steps.get(r, ()) for r in targets}
+        if recovery.action == "compensate":
+            core.finish_compensation(applied, {r: recovery.undone.get(r, ()) for r in targets})
+        else:
+            core.resume_forward(applied)  # should it abort, what applied before is undone too
         return await self._drive(core)
 
     # -- observability ---------------------------------------------------------------

@@ -122,7 +122,7 @@ class OperationEngine(SimulatedEngine):
 def weight_update_plan(version: int, old_version: int, *, timeout: float = 10.0,
                        quarantine_on_error: bool = False,
                        load_seconds: float = 0.0) -> OperationPlan:
-    """pause -> update_weights(version) -> resume; undo: restore old_version, resume;
+    """pause -> update_weights(version) -> resume; undo: pause, restore old_version, resume;
     before commit every rank must report ``version`` and not paused.
     ``load_seconds``: how long each rank's update blocks (reporting progress)."""
     return OperationPlan("weight-update", (
@@ -132,7 +132,9 @@ def weight_update_plan(version: int, old_version: int, *, timeout: float = 10.0,
                       max(timeout, 3 * load_seconds),
                       compensation=StepCall("restore_weights", RestoreWeights(old_version)),
                       quarantine_on_error=quarantine_on_error),
-        OperationStep("resume", "resume", None, timeout),
+        # once a rank serves again, undoing the operation starts by pausing it, so
+        # old weights are never restored under traffic
+        OperationStep("resume", "resume", None, timeout, compensation=StepCall("pause")),
     ), PostCondition("get_server_info", {"version": version, "paused": False}, timeout=timeout))
 
 

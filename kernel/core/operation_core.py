@@ -43,7 +43,7 @@ Guarantees (checked for every outcome at every step on up to three ranks):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -152,8 +152,19 @@ class OperationCore:
                 tuple((r, tuple(v)) for r, v in sorted(self._to_undo.items())),
                 tuple(sorted(self._quarantine_now)))
 
-    def finish_compensation(self, applied: dict[int, Sequence[str]],
-                            undone: dict[int, Sequence[str]]) -> None:
+    def resume_forward(self, applied: Mapping[int, Sequence[str]]) -> None:
+        """Take over an operation another controller ran forward: ``applied``, per
+        rank, the steps its ledger already applied. The steps are sent again from
+        the first (the ledgers answer those already applied from their records);
+        should the operation abort, every step applied on a rank -- these
+        included -- is compensated there. Only before the first dispatch."""
+        if self.dispatches or self.state is not _O.RUNNING:
+            raise RuntimeError(f"{self.op_id}: an operation is taken over before any dispatch")
+        for r in self.ranks:
+            self._applied[r] = [self.plan.index(name) for name in applied.get(r, ())]
+
+    def finish_compensation(self, applied: Mapping[int, Sequence[str]],
+                            undone: Mapping[int, Sequence[str]]) -> None:
         """Take over an operation whose compensation another controller began.
 
         ``applied``/``undone``: per rank, the steps its ledger applied and the
@@ -290,11 +301,12 @@ class OperationCore:
         for r in d.ranks:
             outcome, detail, error = self._outcomes[r]
             if outcome is StepOutcome.OK:
-                if not check:
+                if not check and i not in self._applied[r]:
                     self._applied[r].append(i)
                 self._go(r, _RE.OK, name, "apply")
             elif outcome is StepOutcome.UNKNOWN and not check:
-                self._applied[r].append(i)  # may have applied: undo it too
+                if i not in self._applied[r]:
+                    self._applied[r].append(i)  # may have applied: undo it too
                 self._failed[r] = (name, detail)
                 self._note_error(r, error)
                 self._go(r, _RE.LOSE, name, "apply", detail, error)
@@ -337,7 +349,7 @@ class OperationCore:
                 self._go(r, _RE.COMPENSATE, name, "compensate")
             else:
                 self._go(r, _RE.SKIP, name, "compensate")
-        self._undo_index = min(i, len(steps) - 1)
+        self._undo_index = len(steps) - 1  # from the newest step any rank applied
 
     def _settle_compensation(self, d: Dispatch) -> None:
         for r in d.ranks:
