@@ -7,15 +7,25 @@
     if not result.ok:
         print(result.summary(), result.failed_ranks, result.quarantined)
     await client.fan_out("get_load")                        # skips quarantined ranks
-    runner.release(2)                                       # back in routing
+    await runner.release(2)              # back in routing once its post-condition holds
+
+    # a new controller, after the old one died mid-operation:
+    recovery = await runner.recover(plan)                   # what remains, per rank
+    if recovery is not None and recovery.action != "done":
+        result = await runner.finish(plan, recovery)        # compensate or roll forward
 
 :class:`OperationRunner` drives an :class:`~ctlwire.kernel.core.operation_core.OperationCore`:
-each dispatch is one ``concurrent`` fan-out of ``ctlwire.step`` (see
-:mod:`~ctlwire.kernel.operation_ledger`) with the step's own timeout, and each
-rank's typed outcome is fed back -- a result is OK, ``Fenced`` is FENCED,
-``NotDelivered`` is NOT_DELIVERED (did not run), any other ``EngineDead``, a
-timeout or a missing outcome is UNKNOWN (may have run), any other remote error
-is ERROR (did not apply).
+the whole plan is checked first (:meth:`check`: payloads, sizes, each rank's
+declared step methods; :class:`~ctlwire.kernel.core.operation_plan.InvalidPlan`
+before anything is sent); then each dispatch is one ``concurrent`` fan-out of
+``ctlwire.step`` (see :mod:`~ctlwire.kernel.operation_ledger`) with the step's
+own timeout, and each rank's typed outcome is fed back -- a result is OK,
+``Fenced`` is FENCED, ``NotDelivered`` or a request the client refused is
+NOT_DELIVERED (did not run), any other ``EngineDead``, a timeout or a missing
+outcome is UNKNOWN (may have run), ``StepNotApplied`` for a compensation is
+NOT_APPLIED (nothing to undo there), any other remote error is ERROR (did not
+apply). The plan's post-condition, if any, is read on every rank before
+commit. Reports and progress events carry each failure's error object.
 
 Guarantees, on top of the core's:
 
@@ -28,11 +38,14 @@ Guarantees, on top of the core's:
 * **Observable.** ``on_progress`` receives every per-rank, per-step change as it
   happens; :meth:`progress` is a snapshot of the operations in flight.
 * **Restart, honestly.** A run that is cancelled, or whose controller dies,
-  leaves the operation undecided. A new controller calls :meth:`recover` (each
-  rank's last applied operation and step) and runs the same plan again with the
-  recovered ``op_id`` and ``fence``: steps already applied answer their
-  recorded results and do not run twice. A rank that was restarted itself has
-  lost its ledger; an operation that was compensated cannot be replayed forward.
+  leaves the operation undecided. A new controller calls :meth:`recover` (per
+  rank, what its ledger applied and undid, and what remains) and
+  :meth:`finish`, which takes the operation over with a newer fence and
+  finishes its compensation or rolls it forward: steps already applied answer
+  their recorded results and do not run twice. :meth:`restore_quarantine`
+  rebuilds the quarantine from the ledgers. A rank that was restarted itself
+  has lost its ledger; an operation that was compensated cannot be replayed
+  forward.
 """
 
 from __future__ import annotations
@@ -243,8 +256,9 @@ class OperationRunner:
                   ) -> OperationResult:
         """Run ``plan`` on ``ranks`` (default: :meth:`routable_ranks`) as one operation.
 
-        ``op_id``/``fence`` default to fresh ones; pass a recovered pair to finish an
-        operation a previous controller started. Raises
+        ``op_id``/``fence`` default to fresh ones (a controller taking over another's
+        operation uses :meth:`finish`; the same id with the same fence from another
+        client is refused by the ledgers). Raises
         :class:`~ctlwire.kernel.core.operation_plan.InvalidPlan` (a ValueError) for
         quarantined, repeated or unknown ranks and for anything :meth:`check`
         finds, before any step is sent; ClientClosed if the client closes

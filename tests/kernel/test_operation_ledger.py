@@ -23,8 +23,12 @@ from ctlwire.kernel.operation_ledger import (
     Fenced as EngineFenced,
 )
 from ctlwire.kernel.operation_ledger import (
+    InvalidStep,
     OperationAborted,
     OperationLedger,
+    OperationOwned,
+    StepNotApplied,
+    StepOutOfOrder,
     StepRequest,
     UnknownStepMethod,
 )
@@ -47,6 +51,7 @@ class FakeEndpoint:
         self.rank = 4
         self.codec = CODEC
         self.methods: dict[str, Any] = {}
+        self.running: dict[int, tuple[str, float]] = {}
 
     def register(self, name: str, fn: Any) -> None:
         self.methods[name] = fn
@@ -257,3 +262,87 @@ async def test_a_compensated_operation_cannot_be_replayed_forward() -> None:
         after = (await h.client.fan_out("op_counts", mode="concurrent")).results
         assert {r: n["runs"] for r, n in after.items()} == {
             r: n["runs"] for r, n in before.items()}  # nothing ran again
+
+
+def test_malformed_steps_are_refused_without_running_or_raising_the_fence() -> None:
+    led, calls = ledger()
+    led.step(step("op", "a", 5))
+    bad = [
+        StepRequest("op", "b", "rollback", 5, "op:b", "bump", CODEC.encode_value(Bump(1)), 1),
+        StepRequest("op", "b", "apply", 0, "op:b", "bump", CODEC.encode_value(Bump(1)), 1),
+        StepRequest("op", "b", "apply", 2**63 - 1, "op:b", "bump",
+                    CODEC.encode_value(Bump(1)), 1),
+        StepRequest("op", "b", "apply", 6, "other:b", "bump", CODEC.encode_value(Bump(1)), 1),
+        StepRequest("op", "b", "apply", 6, "op:b", "bump", CODEC.encode_value(Bump(1))),
+    ]
+    for req in bad:
+        with pytest.raises(InvalidStep):
+            led.step(req)
+    with pytest.raises(StepOutOfOrder):
+        led.step(step("op", "c", 6))  # b has not applied here
+    with pytest.raises(StepOutOfOrder):
+        led.step(step("new", "b", 6))  # an operation begins with its first step
+    with pytest.raises(StepNotApplied):
+        led.step(step("ghost", "a", 6, phase="compensate"))
+    assert calls == [1] and led.highest_fence == 5 and led.counters["refused"] == 8
+
+
+def test_a_compensation_runs_once_and_only_for_what_applied() -> None:
+    led, calls = ledger()
+    led.step(step("op", "a", 5))
+    led.step(step("op", "b", 5))
+    with pytest.raises(StepNotApplied):
+        led.step(step("op", "c", 5, phase="compensate"))
+    assert led.step(step("op", "b", 5, phase="compensate", arg=Bump(-1))) == 1
+    assert led.step(step("op", "b", 5, phase="compensate", arg=Bump(-1))) == 1  # replayed
+    assert calls == [1, 1, -1]
+    last = led.last_operation()
+    assert (last.steps, last.undone, last.applied) == (["a", "b"], ["b"], ["a", "b", "b:undo"])
+
+
+def test_an_operation_is_bound_to_its_controller_until_a_newer_fence_takes_it_over() -> None:
+    from ctlwire.kernel.engine_liveness import _current_request
+
+    led, calls = ledger()
+
+    def as_peer(peer: int, req: StepRequest) -> Any:
+        token = _current_request.set((None, peer << 32 | 1))  # type: ignore[arg-type]
+        try:
+            return led.step(req)
+        finally:
+            _current_request.reset(token)
+
+    as_peer(7, step("op", "a", 5))
+    with pytest.raises(OperationOwned):
+        as_peer(8, step("op", "a", 5, phase="compensate", arg=Bump(-1)))
+    assert as_peer(8, step("op", "a", 6)) == 1  # a successor: replays, takes it over
+    with pytest.raises(EngineFenced):
+        as_peer(7, step("op", "b", 5))  # the old controller is fenced out
+    assert as_peer(8, step("op", "b", 6)) == 2
+    assert calls == [1, 1] and led.counters["taken_over"] == 1
+
+
+@anyio_test
+async def test_async_steps_are_awaited_and_recorded_only_after_they_return() -> None:
+    import anyio
+
+    ran: list[int] = []
+
+    async def load(req: Bump) -> int:
+        await anyio.sleep(0)
+        if req.by < 0:
+            raise ValueError("bad weights")
+        ran.append(req.by)
+        return req.by
+
+    led = OperationLedger({"load": load})
+    ep = FakeEndpoint()
+    led.install(ep)  # type: ignore[arg-type]
+    assert ep.methods["ctlwire.step"] == led.step_async
+    with pytest.raises(ValueError):
+        await led.step_async(step("op", "a", 5, method="load", arg=Bump(-1)))
+    assert led.last_operation().op == "" and ran == []
+    assert await led.step_async(step("op", "a", 5, method="load", arg=Bump(3))) == 3
+    assert ran == [3] and led.last_operation().steps == ["a"]
+    with pytest.raises(InvalidStep, match="async"):
+        led.step(step("op2", "a", 5, method="load"))  # served inline: refused, not skipped
