@@ -407,7 +407,8 @@ class ControlClient:
         if pol is None:
             pol = policy if isinstance(policy, Policy) else Policy(policy)
         targets = (tuple(ranks) if ranks is not None
-                   else self.quarantine.routable(self.ranks) if self.quarantine else self.ranks)
+                   else self.quarantine.routable(self.ranks) if self.quarantine.held
+                   else self.ranks)
         if not targets or not self._rank_set.issuperset(targets):
             raise ValueError(f"ranks {targets} must be a non-empty subset of {self.ranks}")
         budget = self.timeout_for(method, timeout)
