@@ -192,6 +192,8 @@ class OperationRunner:
         self.client = client
         self.active: dict[str, OperationCore] = {}
         self._observed: dict[str, dict[int, Any]] = {}  # op id -> rank -> post-condition answer
+        # rank -> (incarnation, the step methods its ledger declared)
+        self._declared: dict[int, tuple[int, tuple[str, ...]]] = {}
         self.history: deque[OperationResult] = deque(maxlen=history)
         self.counters: dict[str, int] = {"operations": 0, "committed": 0, "aborted": 0,
                                          "degraded": 0, "superseded": 0, "quarantines": 0,
@@ -317,8 +319,9 @@ class OperationRunner:
 
         Every step's and compensation's payload must encode and fit the size
         limit as a ``ctlwire.step`` request, and every method must be one each
-        rank's ledger declares (``ctlwire.step_methods``; a rank that does not
-        answer is not checked, its dispatch will tell). Raises
+        rank's ledger declares (``ctlwire.step_methods``, asked once per engine
+        incarnation; a rank that does not answer is not checked, its dispatch
+        will tell). Raises
         :class:`~ctlwire.kernel.core.operation_plan.InvalidPlan` listing every
         problem; nothing of the plan has been sent then."""
         client = self.client
@@ -347,13 +350,33 @@ class OperationRunner:
             except RequestTooLarge as exc:
                 problems.append(f"post-condition {pc.method!r}: {exc}")
         methods = {method for _, method, _, _ in plan.calls()}
-        for rank, declared in sorted((await self.step_methods(ranks, timeout)).items()):
+        for rank, declared in sorted((await self._declared_methods(ranks, timeout)).items()):
             missing = sorted(methods - set(declared))
             if missing:
                 problems.append(f"rank {rank} runs no operation step {', '.join(missing)} "
                                 f"(it declares {', '.join(declared) or 'none'})")
         if problems:
             raise InvalidPlan(problems)
+
+    async def _declared_methods(self, ranks: Sequence[int], timeout: float
+                                ) -> dict[int, tuple[str, ...]]:
+        """:meth:`step_methods`, asked again only of ranks whose incarnation changed."""
+        known: dict[int, tuple[str, ...]] = {}
+        ask: dict[int, int] = {}
+        for rank in ranks:
+            incarnation = int(self.client.rank_status(rank).get("incarnation") or 0)
+            cached = self._declared.get(rank)
+            if incarnation and cached is not None and cached[0] == incarnation:
+                known[rank] = cached[1]
+            else:
+                ask[rank] = incarnation
+        if ask:
+            answers = await self.step_methods(tuple(ask), timeout)
+            for rank, declared in answers.items():
+                known[rank] = declared
+                if ask[rank]:
+                    self._declared[rank] = (ask[rank], declared)
+        return known
 
     async def step_methods(self, ranks: Sequence[int] | None = None, timeout: float = 5.0
                            ) -> dict[int, tuple[str, ...]]:

@@ -20,7 +20,6 @@ from ctlwire.kernel.testing.operation_simulation import (
 )
 from ctlwire.states import OperationState, RankState
 
-
 SEEDS = int(os.environ.get("CTLWIRE_SIM_SEEDS", "2000"))  # more behind this variable
 
 
