@@ -368,7 +368,7 @@ class OperationLedger:
             try:
                 value = self.codec.decode_value(req.args, handler.payload_type)
             except PayloadTypeError as exc:
-                if not (handler.optional and self.codec.decode_value(req.args) is None):
+                if not (handler.optional and self._is_nil(req.args)):
                     raise self._refuse(InvalidStep(f"{req.method!r}: {exc}")) from None
             else:
                 if not (handler.optional and value is None):
@@ -378,6 +378,14 @@ class OperationLedger:
         self.highest_fence = max(self.highest_fence, req.fence)
         self._show_running(req.method)
         return _Admitted(req, handler, args, owner)
+
+    def _is_nil(self, raw: msgspec.Raw) -> bool:
+        """Whether ``raw`` is an encoded None (no payload for an optional one)."""
+        assert self.codec is not None
+        try:
+            return self.codec.decode_value(raw) is None
+        except PayloadTypeError:
+            return False
 
     def _replay(self, rec: _OpRecord, name: str, req: StepRequest) -> tuple[Any]:
         self.highest_fence = max(self.highest_fence, req.fence)

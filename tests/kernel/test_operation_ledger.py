@@ -346,3 +346,11 @@ async def test_async_steps_are_awaited_and_recorded_only_after_they_return() -> 
     assert ran == [3] and led.last_operation().steps == ["a"]
     with pytest.raises(InvalidStep, match="async"):
         led.step(step("op2", "a", 5, method="load"))  # served inline: refused, not skipped
+
+
+def test_a_payload_that_does_not_decode_is_an_invalid_step() -> None:
+    led, calls = ledger()
+    for raw in (b"\xc1", CODEC.encode_value("not a Bump")):
+        with pytest.raises(InvalidStep):
+            led.step(StepRequest("op", "a", "apply", 5, "op:a", "bump", msgspec.Raw(raw), 0))
+    assert calls == [] and led.highest_fence == 0
