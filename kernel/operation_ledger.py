@@ -47,6 +47,9 @@ The ledger guarantees, per engine:
 * **Recovery.** ``ctlwire.last_operation`` answers :class:`LastOperation`: the
   operation last applied here, its token and ranks, every step applied and
   every compensation run, so a successor can compute what remains.
+  ``ctlwire.take_over`` (:class:`TakeOver`) first raises the fence to the
+  successor's, so no older controller changes anything after the answer
+  (refused with :class:`StepInFlight` while a step runs).
   ``ctlwire.step_methods`` lists the methods this ledger runs as steps.
 
 These are the operation-level checks; the endpoint's own request-level ones
@@ -72,13 +75,14 @@ from ctlwire.kernel.errors import FENCED_CODE
 from ctlwire.transports.codec import Codec, PayloadTypeError
 
 __all__ = ["LAST_OPERATION_METHOD", "PHASES", "STEP_METHOD", "STEP_METHODS_METHOD",
-           "InvalidStep", "LastOperation", "OperationAborted", "OperationLedger",
-           "OperationOwned", "StepNotApplied", "StepOutOfOrder", "StepRequest",
-           "UnknownStepMethod"]
+           "TAKE_OVER_METHOD", "InvalidStep", "LastOperation", "OperationAborted",
+           "OperationLedger", "OperationOwned", "StepInFlight", "StepNotApplied",
+           "StepOutOfOrder", "StepRequest", "TakeOver", "UnknownStepMethod"]
 
 STEP_METHOD = "ctlwire.step"
 LAST_OPERATION_METHOD = "ctlwire.last_operation"
 STEP_METHODS_METHOD = "ctlwire.step_methods"
+TAKE_OVER_METHOD = "ctlwire.take_over"
 PHASES = frozenset({"apply", "compensate"})
 
 
@@ -97,6 +101,12 @@ class StepRequest(msgspec.Struct, frozen=True):
     args: msgspec.Raw
     index: int = -1
     ranks: list[int] = msgspec.field(default_factory=list)
+
+
+class TakeOver(msgspec.Struct, frozen=True):
+    """A successor controller's fencing token (``ctlwire.take_over``)."""
+
+    fence: int
 
 
 class LastOperation(msgspec.Struct, frozen=True):
@@ -156,6 +166,12 @@ class StepOutOfOrder(Exception):
     """A forward step that is not the next one of its operation here."""
 
     code = 425
+
+
+class StepInFlight(Exception):
+    """A take-over while a step runs here: ask again once it returned."""
+
+    code = 409
 
 
 class StepNotApplied(Exception):
@@ -241,8 +257,10 @@ class OperationLedger:
         self.rank = -1
         self.codec: Codec | None = None
         self._endpoint: EngineEndpoint | None = None
+        self._in_flight = ""  # the step whose body runs now
         self.counters: dict[str, int] = {"applied": 0, "replayed": 0, "fenced": 0,
-                                         "step_errors": 0, "refused": 0, "taken_over": 0}
+                                         "step_errors": 0, "refused": 0, "taken_over": 0,
+                                         "take_overs": 0}
         self.runs: dict[str, int] = {}
 
     @property
@@ -262,6 +280,7 @@ class OperationLedger:
             endpoint.register(STEP_METHOD, self.step)
         endpoint.register(LAST_OPERATION_METHOD, self.last_operation)
         endpoint.register(STEP_METHODS_METHOD, self.step_methods)
+        endpoint.register(TAKE_OVER_METHOD, self.take_over)
 
     # -- the step ------------------------------------------------------------------
     def step(self, req: StepRequest) -> Any:
@@ -271,11 +290,14 @@ class OperationLedger:
             return admitted[0]
         if admitted.handler.is_async:
             raise InvalidStep(f"{req.method!r} is async; serve the engine with serve()")
+        self._in_flight = req.step
         try:
             result = admitted.handler.fn(*admitted.args)
         except Exception:
             self.counters["step_errors"] += 1
             raise
+        finally:
+            self._in_flight = ""
         return self._record(admitted, result)
 
     async def step_async(self, req: StepRequest) -> Any:
@@ -285,6 +307,7 @@ class OperationLedger:
         if not isinstance(admitted, _Admitted):
             return admitted[0]
         fn = admitted.handler.fn
+        self._in_flight = req.step
         try:
             if admitted.handler.is_async:
                 result = await fn(*admitted.args)
@@ -295,24 +318,48 @@ class OperationLedger:
         except Exception:
             self.counters["step_errors"] += 1
             raise
+        finally:
+            self._in_flight = ""
         return self._record(admitted, result)
 
     def _refuse(self, exc: Exception) -> Exception:
         self.counters["refused"] += 1
         return exc
 
+    def _check_fence(self, fence: int, what: str) -> None:
+        """A fencing token is a positive int no further ahead of this engine's clock
+        than ``max_fence_lead`` (InvalidStep otherwise)."""
+        if type(fence) is not int or fence <= 0:
+            raise self._refuse(InvalidStep(f"{what}: a positive fencing token is required, "
+                                           f"got {fence!r}"))
+        bound = int((self.clock() + self.max_fence_lead) * 1_000_000)
+        if fence > bound:
+            raise self._refuse(InvalidStep(
+                f"{what}: fence {fence} is beyond this engine's clock (tokens are "
+                f"microseconds since the epoch; bound {bound})"))
+
+    def take_over(self, req: TakeOver) -> LastOperation:
+        """A successor controller: raise the fence to ``req.fence`` (every older
+        controller is refused from now on), then answer what this ledger applied.
+        Refused while a step runs here (:class:`StepInFlight`: ask again), so the
+        answer is not overtaken by a step an older controller had started."""
+        self._check_fence(req.fence, "take-over")
+        if req.fence < self.highest_fence:
+            self.counters["fenced"] += 1
+            raise Fenced(f"take-over with fence {req.fence} is older than fence "
+                         f"{self.highest_fence} already accepted by rank {self.rank}")
+        if self._in_flight:
+            raise StepInFlight(f"step {self._in_flight!r} is running on rank {self.rank}; "
+                               "ask again once it returned")
+        self.highest_fence = req.fence
+        self.counters["take_overs"] += 1
+        return self.last_operation()
+
     def _admit(self, req: StepRequest) -> _Admitted | tuple[Any]:
         """Every check, changing nothing but the fence; a recorded result as ``(result,)``."""
         if req.phase not in PHASES:
             raise self._refuse(InvalidStep(f"phase {req.phase!r} is not one of {sorted(PHASES)}"))
-        if type(req.fence) is not int or req.fence <= 0:
-            raise self._refuse(InvalidStep(f"operation {req.op!r}: a positive fencing token is "
-                                           f"required, got {req.fence!r}"))
-        bound = int((self.clock() + self.max_fence_lead) * 1_000_000)
-        if req.fence > bound:
-            raise self._refuse(InvalidStep(
-                f"operation {req.op!r}: fence {req.fence} is beyond this engine's clock "
-                f"(tokens are microseconds since the epoch; bound {bound})"))
+        self._check_fence(req.fence, f"operation {req.op!r}")
         undo = req.phase == "compensate"
         if not req.op or not req.step or req.key != step_key(req.op, req.step, undo):
             raise self._refuse(InvalidStep(

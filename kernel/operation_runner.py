@@ -56,6 +56,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+import anyio
+
 from ctlwire.kernel.control_client import ControlClient
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.operation_core import Dispatch, OperationCore, StepOutcome
@@ -83,8 +85,10 @@ from ctlwire.kernel.operation_ledger import (
     LAST_OPERATION_METHOD,
     STEP_METHOD,
     STEP_METHODS_METHOD,
+    TAKE_OVER_METHOD,
     LastOperation,
     StepRequest,
+    TakeOver,
 )
 from ctlwire.transports.codec import PayloadTypeError
 
@@ -128,6 +132,7 @@ class Recovery:
     missing: tuple[int, ...] = ()
     action: RecoveryAction = "done"
     remaining: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    taken_over: int = 0  # the fence the ranks were taken over with (0: only read)
 
 
 def classify(error: Exception | None) -> tuple[StepOutcome, str]:
@@ -467,34 +472,59 @@ class OperationRunner:
         return outcomes
 
     # -- restart recovery ----------------------------------------------------------
-    async def last_operations(self, ranks: Sequence[int] | None = None, timeout: float = 5.0
+    async def last_operations(self, ranks: Sequence[int] | None = None, timeout: float = 5.0,
+                              *, fence: int | None = None
                               ) -> dict[int, LastOperation | Exception]:
-        """Ask each rank (default: all) which operation and step it last applied."""
+        """Ask each rank (default: all) which operation and step it last applied.
+
+        With ``fence``, take the ranks over first (``ctlwire.take_over``): each
+        raises its fence to ``fence`` before it answers, so no older controller
+        changes anything there afterwards; a rank running a step is asked again
+        (within ``timeout``) once it returned."""
         targets = tuple(ranks) if ranks is not None else self.client.ranks
-        try:
-            res = await self.client.fan_out(LAST_OPERATION_METHOD, ranks=targets,
-                                            timeout=timeout, mode="concurrent",
-                                            result_type=LastOperation)
-        except FanOutFailed as exc:
-            res = exc.result
-        except RequestTimedOut as exc:
-            if exc.partial is None:
-                raise
-            res = exc.partial
+        method = LAST_OPERATION_METHOD if fence is None else TAKE_OVER_METHOD
+        payload = None if fence is None else TakeOver(fence)
         out: dict[int, LastOperation | Exception] = {}
+        ask = targets
+        with anyio.move_on_after(timeout):
+            while ask:
+                try:
+                    res = await self.client.fan_out(method, payload, ranks=ask,
+                                                    timeout=timeout, mode="concurrent",
+                                                    result_type=LastOperation)
+                except FanOutFailed as exc:
+                    res = exc.result
+                except RequestTimedOut as exc:
+                    if exc.partial is None:
+                        break
+                    res = exc.partial
+                busy = []
+                for rank in ask:
+                    if rank in res.results:
+                        out[rank] = res.results[rank]
+                        continue
+                    error = res.errors.get(rank)
+                    if error is not None:
+                        out[rank] = error
+                        if isinstance(error, RemoteError) and error.type_name == "StepInFlight":
+                            busy.append(rank)
+                ask = tuple(busy)
+                if ask:
+                    await anyio.sleep(0.05)
         for rank in targets:
-            if rank in res.results:
-                out[rank] = res.results[rank]
-            else:
-                out[rank] = res.errors.get(rank) or RequestTimedOut(LAST_OPERATION_METHOD,
-                                                                    timeout)
+            out.setdefault(rank, RequestTimedOut(method, timeout))
         return out
 
     async def recover(self, plan: OperationPlan, ranks: Sequence[int] | None = None,
-                      timeout: float = 5.0) -> Recovery | None:
+                      timeout: float = 5.0, *, fence: int | None = None) -> Recovery | None:
         """The newest operation of ``plan`` some rank applied steps of, and what
-        remains of it per rank (see :class:`Recovery`); None when there is none."""
-        return recovery_of(plan, await self.last_operations(ranks, timeout))
+        remains of it per rank (see :class:`Recovery`); None when there is none.
+        With ``fence``, the ranks are taken over first (see :meth:`last_operations`):
+        what is read stays true, and :meth:`finish` acts under that fence."""
+        recovery = recovery_of(plan, await self.last_operations(ranks, timeout, fence=fence))
+        if recovery is not None and fence is not None:
+            recovery = replace(recovery, taken_over=fence)
+        return recovery
 
     async def restore_quarantine(self, plan: OperationPlan, ranks: Sequence[int] | None = None,
                                  timeout: float = 5.0) -> tuple[int, ...]:
@@ -529,7 +559,18 @@ class OperationRunner:
         controller out): finish its compensation, or roll it forward (steps
         already applied answer their recorded results and do not run again).
         A rank of the operation that did not answer the recovery is quarantined:
-        what it applied is not known. Raises InvalidPlan as :meth:`run` does."""
+        what it applied is not known. Raises InvalidPlan as :meth:`run` does.
+
+        A ``recovery`` read without taking the ranks over is read again, under a
+        new fence, first: an older controller that is only stalled could have
+        changed the ranks since (InvalidPlan when the operation is no longer
+        the newest there)."""
+        if not recovery.taken_over:
+            fresh = await self.recover(plan, recovery.ranks or None, fence=new_fence())
+            if fresh is None or fresh.op_id != recovery.op_id:
+                raise InvalidPlan([f"{recovery.op_id!r} is no longer the newest operation of "
+                                   f"{plan.name!r} on its ranks; recover() again"])
+            recovery = fresh
         for rank in recovery.missing:
             self.quarantine(rank, recovery.op_id, "",
                             "did not answer the recovery of its operation",
@@ -546,7 +587,7 @@ class OperationRunner:
             raise InvalidPlan([f"ranks {still_held} are quarantined; release() them first"])
         if recovery.op_id in self.active:
             raise ValueError(f"operation {recovery.op_id!r} is already running")
-        fence = new_fence()
+        fence = recovery.taken_over
         await self.check(plan, targets, op_id=recovery.op_id, fence=fence)
         core = OperationCore(plan, targets, op_id=recovery.op_id, fence=fence,
                              observer=on_progress)

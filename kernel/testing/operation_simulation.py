@@ -6,13 +6,16 @@ N engines each with a real :class:`~ctlwire.kernel.operation_ledger.OperationLed
 and a network that drops, delays, duplicates and reorders messages and
 partitions ranks. The controller may crash at any event (between steps, or
 while a step is in flight); engines may crash before or after a step's body
-and come back with a fresh process. A successor controller then reads every
-ledger, computes what remains (:func:`~ctlwire.kernel.operation_runner.recovery_of`)
-and finishes it, as :meth:`OperationRunner.finish` does.
+and come back with a fresh process. A successor controller then takes every
+ledger over with a newer fence and reads it, computes what remains
+(:func:`~ctlwire.kernel.operation_runner.recovery_of`) and finishes it, as
+:meth:`OperationRunner.finish` does. The first controller may instead only
+stall and come back after its successor took over: it is fenced out.
 
 Checked after every run (:class:`SimulationViolation` names the seed)::
 
     each rank ends committed, compensated, aborted or quarantined-and-reported
+    (or superseded, when a successor took over and found nothing to finish)
     no step body runs twice in one engine process
     no engine is paused without a ledger record of its pause, nor unreported
     an engine's fence never goes backwards
@@ -49,7 +52,12 @@ from ctlwire.kernel.core.operation_plan import (
 )
 from ctlwire.kernel.core.operation_result import OperationResult
 from ctlwire.kernel.engine_liveness import _current_request
-from ctlwire.kernel.operation_ledger import LastOperation, OperationLedger, StepRequest
+from ctlwire.kernel.operation_ledger import (
+    LastOperation,
+    OperationLedger,
+    StepRequest,
+    TakeOver,
+)
 from ctlwire.kernel.operation_runner import Recovery, recovery_of
 from ctlwire.states import OperationState, RankState
 from ctlwire.transports.codec import MsgpackCodec
@@ -101,6 +109,7 @@ class SimConfig:
     max_delay: float = 0.3
     partition: float = 0.2       # chance that one rank is cut off for a while
     controller_crash: float = 0.5
+    stalled_controller: float = 0.3  # of those: stalled and coming back, not dead
     engine_crash: float = 0.15   # per engine
     horizon: float = 60.0
 
@@ -192,8 +201,11 @@ class SimEngine:
         kind = msg["kind"]
         if kind == "info":
             return {"ok": True, "result": {"version": self.version, "paused": self.paused}}
-        if kind == "last":
-            return {"ok": True, "result": self.ledger.last_operation()}
+        if kind == "take":
+            try:
+                return {"ok": True, "result": self.ledger.take_over(TakeOver(msg["fence"]))}
+            except Exception as exc:
+                return {"ok": False, "error": type(exc).__name__, "detail": str(exc)}
         req: StepRequest = msg["step"]
         crash_before, crash_after = self.sim.engine_crash_point(self.rank)
         if crash_before:
@@ -229,6 +241,7 @@ class SimController:
         self.core = core
         self.peer = peer
         self.dead = False
+        self.frozen_until = -1.0  # a stalled controller (GC pause, partition) acts again then
         self.seq = 0
         self.result: OperationResult | None = None
         self.observed: dict[int, Any] = {}
@@ -257,7 +270,16 @@ class SimController:
             self.sim.send_request(r, msg, partial(self._reply, d, seq, r))
         self.sim.at(self.sim.now + (d.timeout or 1.0), lambda: self._deadline(d, seq))
 
+    def _frozen(self, fn: Callable[[], None]) -> bool:
+        """While stalled, whatever reaches this controller waits until it wakes."""
+        if self.sim.now < self.frozen_until:
+            self.sim.at(self.frozen_until, fn)
+            return True
+        return False
+
     def _reply(self, d: Dispatch, seq: int, rank: int, reply: dict[str, Any]) -> None:
+        if self._frozen(lambda: self._reply(d, seq, rank, reply)):
+            return
         if self.dead or seq != self.seq or self.core.inflight is not d \
                 or self.core.has_outcome(rank):
             return  # late, duplicated or for a dead controller
@@ -278,6 +300,8 @@ class SimController:
             self._next()
 
     def _deadline(self, d: Dispatch, seq: int) -> None:
+        if self._frozen(lambda: self._deadline(d, seq)):
+            return
         if self.dead or seq != self.seq or self.core.inflight is not d:
             return
         for r in [r for r in d.ranks if not self.core.has_outcome(r)]:
@@ -319,6 +343,7 @@ class Simulation:
         self._fence = 1_000_000
         self._crash_points: dict[int, int] = {}  # rank -> the step message it dies at
         self._messages: dict[int, int] = {}
+        self.took_over = False
 
     # -- the clock and the network ------------------------------------------------------
     def at(self, when: float, fn: Callable[[], None]) -> None:
@@ -376,7 +401,9 @@ class Simulation:
     def controller_done(self, controller: SimController) -> None:
         result = controller.result
         assert result is not None
-        self.final = result
+        # the newest controller's word is final (a stalled one may finish after it)
+        newest = [c for c in self.controllers if c.result is not None][-1]
+        self.final = newest.result
         for r in result.quarantined:
             self.quarantined[r] = result.ranks[r].detail
 
@@ -392,34 +419,46 @@ class Simulation:
         first = self.controllers[0]
         if first.result is not None:
             return
-        first.dead = True
-        self.log("controller 1 crashed")
-        self.at(self.now + self.rng.uniform(0.1, 5.0), self._successor)
+        successor_at = self.now + self.rng.uniform(0.1, 5.0)
+        if self.rng.random() < self.config.stalled_controller:
+            # not dead: stalled, it wakes up after its successor took over, and acts
+            first.frozen_until = successor_at + self.rng.uniform(0.0, 4.0)
+            self.log(f"controller 1 stalled until {first.frozen_until:.3f}")
+        else:
+            first.dead = True
+            self.log("controller 1 crashed")
+        self.at(successor_at, self._successor)
 
     def _successor(self, attempt: int = 1,
-                   answers: dict[int, LastOperation | Exception] | None = None) -> None:
-        """Read every ledger (over the same network, a few attempts for the ranks
-        that do not answer), then finish what remains."""
+                   answers: dict[int, LastOperation | Exception] | None = None,
+                   fence: int = 0) -> None:
+        """Take every ledger over with a newer fence and read it (over the same
+        network, a few attempts for the ranks that do not answer), then finish
+        what remains under that fence."""
+        fence = fence or self.new_fence()
         if answers is None:
             answers = {r: TimeoutError(f"rank {r} did not answer") for r in self.ranks}
         got = answers
 
         def answer(rank: int, reply: dict[str, Any]) -> None:
-            got[rank] = reply["result"]
+            if reply["ok"]:
+                got[rank] = reply["result"]
 
         for r in self.ranks:
             if isinstance(got[r], Exception):
-                self.send_request(r, {"kind": "last", "peer": 2, "seq": 0}, partial(answer, r))
+                self.send_request(r, {"kind": "take", "fence": fence, "peer": 2, "seq": 0},
+                                  partial(answer, r))
 
         def settle() -> None:
             if attempt < 5 and any(isinstance(v, Exception) for v in got.values()):
-                self._successor(attempt + 1, got)
+                self._successor(attempt + 1, got, fence)
             else:
-                self._finish(got)
+                self._finish(got, fence)
 
         self.at(self.now + 2.0, settle)
 
-    def _finish(self, answers: Mapping[int, LastOperation | Exception]) -> None:
+    def _finish(self, answers: Mapping[int, LastOperation | Exception], fence: int) -> None:
+        self.took_over = True
         recovery = recovery_of(self.plan, answers)
         if recovery is None:
             missing = [r for r, v in answers.items() if isinstance(v, Exception)]
@@ -437,7 +476,6 @@ class Simulation:
         if not targets:
             self.final = None
             return
-        fence = self.new_fence()
         core = self.core_factory(self.plan, targets, op_id=recovery.op_id, fence=fence)
         applied = {r: recovery.steps.get(r, ()) for r in targets}
         if recovery.action == "compensate":
@@ -499,6 +537,9 @@ class Simulation:
                 if (engine.version, engine.paused) != (OLD, False):
                     self.violate(f"rank {r} ended {rep.state.value} but runs "
                                  f"{engine.version}, paused={engine.paused}")
+            elif rep.state is RankState.SUPERSEDED and len(self.controllers) == 1 \
+                    and self.took_over:
+                pass  # a stalled controller fenced out by a successor that found nothing
             else:
                 self.violate(f"rank {r} ended {rep.state.value}")
         if final is not None and final.state is OperationState.COMMITTED:

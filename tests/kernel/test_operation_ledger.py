@@ -30,6 +30,7 @@ from ctlwire.kernel.operation_ledger import (
     StepNotApplied,
     StepOutOfOrder,
     StepRequest,
+    TakeOver,
     UnknownStepMethod,
 )
 from ctlwire.kernel.operation_runner import OperationRunner, ReleaseRefused, classify
@@ -354,3 +355,17 @@ def test_a_payload_that_does_not_decode_is_an_invalid_step() -> None:
         with pytest.raises(InvalidStep):
             led.step(StepRequest("op", "a", "apply", 5, "op:a", "bump", msgspec.Raw(raw), 0))
     assert calls == [] and led.highest_fence == 0
+
+
+def test_a_take_over_fences_older_controllers_before_it_answers() -> None:
+    led, calls = ledger()
+    led.step(step("op", "a", 5))
+    last = led.take_over(TakeOver(9))
+    assert (last.op, last.steps, led.highest_fence) == ("op", ["a"], 9)
+    with pytest.raises(EngineFenced):
+        led.step(step("op", "b", 5))  # the old controller, after the take-over
+    with pytest.raises(EngineFenced):
+        led.take_over(TakeOver(8))
+    with pytest.raises(InvalidStep):
+        led.take_over(TakeOver(2**63 - 1))
+    assert led.step(step("op", "b", 9)) == 2 and calls == [1, 1]
