@@ -278,8 +278,8 @@ class OperationLedger:
             endpoint.register(STEP_METHOD, self.step_async)
         else:
             endpoint.register(STEP_METHOD, self.step)
-        endpoint.register(LAST_OPERATION_METHOD, self.last_operation)
-        endpoint.register(STEP_METHODS_METHOD, self.step_methods)
+        endpoint.register(LAST_OPERATION_METHOD, self.last_operation, read_only=True)
+        endpoint.register(STEP_METHODS_METHOD, self.step_methods, read_only=True)
         endpoint.register(TAKE_OVER_METHOD, self.take_over)
 
     # -- the step ------------------------------------------------------------------

@@ -52,10 +52,13 @@ class FakeEndpoint:
         self.rank = 4
         self.codec = CODEC
         self.methods: dict[str, Any] = {}
+        self.read_only: set[str] = set()
         self.running: dict[int, tuple[str, float]] = {}
 
-    def register(self, name: str, fn: Any) -> None:
+    def register(self, name: str, fn: Any, *, read_only: bool = False) -> None:
         self.methods[name] = fn
+        if read_only:
+            self.read_only.add(name)
 
 
 def ledger() -> tuple[OperationLedger, list[int]]:
@@ -81,6 +84,13 @@ def step(op: str, name: str, fence: int, method: str = "bump", arg: Any = None,
     return StepRequest(op, name, phase, fence, f"{op}:{name}" + (":undo" if phase != "apply"
                                                                  else ""),
                        method, CODEC.encode_value(arg if arg is not None else Bump(1)), index)
+
+
+def test_the_ledger_declares_its_reads_read_only_and_its_steps_not() -> None:
+    endpoint = FakeEndpoint()
+    OperationLedger({"bump": lambda arg: arg}).install(endpoint)  # type: ignore[arg-type]
+    assert endpoint.read_only == {"ctlwire.last_operation", "ctlwire.step_methods"}
+    assert {"ctlwire.step", "ctlwire.take_over"} <= set(endpoint.methods) - endpoint.read_only
 
 
 def test_a_key_runs_once_and_replays_its_result() -> None:
