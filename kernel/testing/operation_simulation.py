@@ -123,7 +123,7 @@ class _Endpoint:
         self.methods: dict[str, Callable[..., Any]] = {}
         self.running: dict[int, tuple[str, float]] = {}
 
-    def register(self, name: str, fn: Callable[..., Any]) -> None:
+    def register(self, name: str, fn: Callable[..., Any], *, read_only: bool = False) -> None:
         self.methods[name] = fn
 
 
