@@ -23,6 +23,7 @@ from ctlwire.kernel import (
     OperationPlan,
     OperationRunner,
     OperationStep,
+    PostCondition,
     ProgressEvent,
     StepCall,
 )
@@ -38,8 +39,8 @@ def weight_sync_plan(version: int, old: int) -> OperationPlan:
                       compensation=StepCall("resume")),
         OperationStep("update", "update_weights", UpdateWeights(version, f"/ckpt/{version}"),
                       timeout=60, compensation=StepCall("restore_weights", RestoreWeights(old))),
-        OperationStep("resume", "resume", timeout=10),
-    ))
+        OperationStep("resume", "resume", timeout=10, compensation=StepCall("pause")),
+    ), PostCondition("get_server_info", {"version": version, "paused": False}))
 
 
 async def run(engines: int, iterations: int) -> int:

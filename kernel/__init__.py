@@ -36,8 +36,11 @@ if TYPE_CHECKING:
         FanOutResult,
     )
     from ctlwire.kernel.core.operation_plan import (
+        InvalidPlan,
         OperationPlan,
         OperationStep,
+        PostCondition,
+        PostConditionFailed,
         StepCall,
         new_fence,
         new_operation_id,
@@ -48,6 +51,10 @@ if TYPE_CHECKING:
         Phase,
         ProgressEvent,
         RankReport,
+    )
+    from ctlwire.kernel.core.quarantine import (
+        FleetQuarantine,
+        Quarantine,
     )
     from ctlwire.kernel.core.result_cache import (
         ResultCache,
@@ -91,8 +98,8 @@ if TYPE_CHECKING:
     )
     from ctlwire.kernel.operation_runner import (
         OperationRunner,
-        Quarantine,
         Recovery,
+        ReleaseRefused,
     )
     from ctlwire.kernel.testing import (
         EngineHarness,
@@ -148,12 +155,17 @@ _EXPORTS: dict[str, str] = {
     "OperationStep": "ctlwire.kernel.core.operation_plan",
     "step_key": "ctlwire.kernel.core.operation_plan",
     "StepCall": "ctlwire.kernel.core.operation_plan",
+    "InvalidPlan": "ctlwire.kernel.core.operation_plan",
+    "PostCondition": "ctlwire.kernel.core.operation_plan",
+    "PostConditionFailed": "ctlwire.kernel.core.operation_plan",
+    "FleetQuarantine": "ctlwire.kernel.core.quarantine",
+    "ReleaseRefused": "ctlwire.kernel.operation_runner",
     "OperationResult": "ctlwire.kernel.core.operation_result",
     "Phase": "ctlwire.kernel.core.operation_result",
     "ProgressEvent": "ctlwire.kernel.core.operation_result",
     "RankReport": "ctlwire.kernel.core.operation_result",
     "OperationRunner": "ctlwire.kernel.operation_runner",
-    "Quarantine": "ctlwire.kernel.operation_runner",
+    "Quarantine": "ctlwire.kernel.core.quarantine",
     "Recovery": "ctlwire.kernel.operation_runner",
     "ResultCache": "ctlwire.kernel.core.result_cache",
     "EngineHarness": "ctlwire.kernel.testing",
@@ -180,7 +192,9 @@ __all__ = [
     "FanOutFailed",
     "FanOutResult",
     "Fenced",
+    "FleetQuarantine",
     "IllegalTransition",
+    "InvalidPlan",
     "LastOperation",
     "MailboxFull",
     "MethodSpec",
@@ -193,11 +207,14 @@ __all__ = [
     "OutcomeUnknown",
     "Phase",
     "Policy",
+    "PostCondition",
+    "PostConditionFailed",
     "ProgressEvent",
     "PrometheusExporter",
     "Quarantine",
     "RankReport",
     "Recovery",
+    "ReleaseRefused",
     "RemoteError",
     "RequestMetrics",
     "RequestTimedOut",

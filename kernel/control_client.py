@@ -63,6 +63,7 @@ from ctlwire.kernel.call_issuer import CallIssuer
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.fencing import new_fence
+from ctlwire.kernel.core.quarantine import FleetQuarantine
 from ctlwire.kernel.core.request_registry import (
     PendingRequest,
     ReplyDisposition,
@@ -187,6 +188,9 @@ class ControlClient:
             # highest they accepted, so a replaced controller cannot act after its successor
             fence=new_fence() if fence is True else int(fence) if fence else 0,
             first_contact_retry=heartbeat_interval or 0.25)
+        #: ranks out of routing (shared by every OperationRunner over this client):
+        #: a fan-out without explicit ``ranks`` leaves them out
+        self.quarantine = FleetQuarantine()
 
     @property
     def fence(self) -> int:
@@ -279,8 +283,13 @@ class ControlClient:
     def rank_status(self, rank: int) -> dict[str, Any]:
         """What this client knows of ``rank``: its PeerLink state (CONNECTED,
         BUSY, STALLED, SUSPECT, LOST, UNKNOWN), incarnation, and the request or
-        step it was last reported running, for how long, with its progress."""
-        return self.liveness.rank_status(rank)
+        step it was last reported running, for how long, with its progress;
+        ``quarantined``: why it is out of routing (None when it is not)."""
+        status = self.liveness.rank_status(rank)
+        held = self.quarantine.get(rank)
+        status["quarantined"] = None if held is None else {
+            "op": held.op_id, "step": held.step, "detail": held.detail}
+        return status
 
     # -- public calls ----------------------------------------------------------
     def timeout_for(self, method: str, timeout: float | None = None) -> float:
@@ -383,7 +392,8 @@ class ControlClient:
         retry: int = 0,
         on_progress: ProgressCallback | None = None,
     ) -> FanOutResult:
-        """Send ``method(payload)`` to every rank in ``ranks`` (default: all).
+        """Send ``method(payload)`` to every rank in ``ranks`` (default: every rank
+        not in :attr:`quarantine`; a quarantined rank is reached only by naming it).
 
         Returns a :class:`FanOutResult` with each rank's result or typed error
         once ``policy`` is met. Raises FanOutFailed when it cannot be met,
@@ -402,7 +412,9 @@ class ControlClient:
         pol = _POLICIES.get(policy) if type(policy) is str else None
         if pol is None:
             pol = policy if isinstance(policy, Policy) else Policy(policy)
-        targets = tuple(ranks) if ranks is not None else self.ranks
+        targets = (tuple(ranks) if ranks is not None
+                   else self.quarantine.routable(self.ranks) if self.quarantine.held
+                   else self.ranks)
         if not targets or not self._rank_set.issuperset(targets):
             raise ValueError(f"ranks {targets} must be a non-empty subset of {self.ranks}")
         budget = self.timeout_for(method, timeout)

@@ -20,7 +20,8 @@ from ctlwire.transports.errors import (
 )
 from ctlwire.transports.transport import Route
 
-__all__ = ["STEP_METHOD", "EngineLiveness", "new_incarnation", "report_progress"]
+__all__ = ["STEP_METHOD", "EngineLiveness", "current_request_id", "new_incarnation",
+           "report_progress"]
 
 STEP_METHOD = "(step)"
 """The method a heartbeat names while the engine's own step keeps it from polling."""
@@ -39,6 +40,13 @@ def report_progress(fraction: float, note: str = "") -> bool:
         return False
     endpoint, request_id = current
     return endpoint.report_progress(request_id, fraction, note)
+
+
+def current_request_id() -> int | None:
+    """The id of the request the calling handler is running (sync, threaded or
+    async handlers); None outside a handler."""
+    current = _current_request.get()
+    return None if current is None else current[1]
 
 
 _incarnation_lock = threading.Lock()

@@ -223,6 +223,10 @@ def client_metrics(client: _ClientView) -> dict[str, Any]:
         "mailbox_depth": mailbox_depth,
         "peers": client.peers.snapshot(),
         "ranks": client.peers.describe(),
+        # ranks out of routing (client.quarantine), with the operation and step why
+        "quarantined": (quarantine.snapshot()
+                        if (quarantine := getattr(client, "quarantine", None)) is not None
+                        else {}),
         "counters": counters,
         "transport_counters": dict(getattr(client.transport, "counters", {}) or {}),
         # CURVE handshakes lost because an engine refused our key

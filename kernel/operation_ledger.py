@@ -1,32 +1,56 @@
-"""The engine side of operations: fenced, idempotent steps and what was last applied.
+"""The engine side of operations: validated, fenced, once-only steps, recorded per operation.
 
 ::
 
     ledger = OperationLedger({"pause": engine.pause, "update_weights": engine.update_weights,
                               "restore_weights": engine.restore_weights,
                               "resume": engine.resume})
-    ledger.install(endpoint)   # registers ctlwire.step and ctlwire.last_operation
+    ledger.install(endpoint)   # ctlwire.step, ctlwire.last_operation, ctlwire.step_methods
 
 An operation's steps reach the engine as ``ctlwire.step`` requests carrying a
-:class:`StepRequest` (operation id, step, phase, fencing token, idempotency
-key, the method to run and its encoded arguments). The ledger guarantees, per
-engine:
+:class:`StepRequest` (operation id, step, its position in the plan, phase,
+fencing token, idempotency key, the ranks of the operation, the method to run
+and its encoded arguments). Every field is checked before anything changes;
+a refused step does not run, does not raise the fence and is not recorded.
+The ledger guarantees, per engine:
 
-* **Fencing.** It keeps the highest fencing token it has accepted; a step with
-  a lower (nonzero) token is refused with an error the client sees as
-  :class:`~ctlwire.kernel.errors.Fenced` (``type "Fenced"``, code 409) and does
-  not run. A stale controller cannot apply a step after its successor started.
-* **Once per key.** A step whose key already ran successfully answers with the
-  recorded result and does not run again (bounded: the newest ``cache_size``
-  keys). A step that raised is not recorded: its retry runs it.
-* **No forward step after an undo.** Once a compensation of an operation ran
-  here, a forward step of that same operation is refused
-  (``OperationAborted``): a retried operation cannot replay recorded results
-  over state its compensation already rolled back.
-* **Allow-list.** Only the methods handed to the ledger run as steps.
+* **Well-formed.** The phase is ``"apply"`` or ``"compensate"``; the fencing
+  token is a positive int no further ahead of this engine's clock than
+  ``max_fence_lead`` seconds (tokens are microseconds since the epoch, see
+  :mod:`~ctlwire.kernel.core.fencing`); the key is the step's own
+  (:func:`~ctlwire.kernel.core.operation_plan.step_key`); the method is one of
+  the ledger's. Otherwise :class:`InvalidStep` (422), or :class:`UnknownStepMethod`.
+* **Fencing.** It keeps the highest token it has accepted; a step with a lower
+  token is refused with an error the client sees as
+  :class:`~ctlwire.kernel.errors.Fenced` (``type "Fenced"``, code 409).
+* **An operation belongs to the controller that began it.** An operation is
+  begun by its first step (position 0) and bound to that step's token and
+  peer (the client incarnation of its request id). A step of it carrying the
+  same token from another peer is refused (:class:`OperationOwned`); a newer
+  token takes the operation over (a successor finishing it) and fences the
+  old controller out.
+* **Plan order.** A forward step runs only at the next position of its
+  operation here (:class:`StepOutOfOrder` otherwise); a step already applied
+  at that position answers its recorded result and does not run again.
+* **Compensation only for what applied here.** A compensation runs only for a
+  step this ledger applied in that operation and did not undo yet
+  (:class:`StepNotApplied` otherwise: nothing to undo); a repeated one answers
+  its recorded result. Once a compensation ran, forward steps of the
+  operation are refused (:class:`OperationAborted`).
+* **Recorded after success only.** A step is recorded once its handler
+  returned; a step that raised is not recorded and its retry runs it.
+  ``async def`` handlers are awaited (the ledger's step is then served by
+  :meth:`~ctlwire.kernel.engine_endpoint.EngineEndpoint.serve`); with
+  ``threaded=True`` sync handlers run in a worker thread, so the engine
+  answers other methods while a long step runs.
+* **Bounded.** The newest ``max_operations`` operations are remembered.
 * **Recovery.** ``ctlwire.last_operation`` answers :class:`LastOperation`: the
-  operation and step last applied here, the token, and every step of that
-  operation applied here, so a restarted controller can tell where it stopped.
+  operation last applied here, its token and ranks, every step applied and
+  every compensation run, so a successor can compute what remains.
+  ``ctlwire.take_over`` (:class:`TakeOver`) first raises the fence to the
+  successor's, so no older controller changes anything after the answer
+  (refused with :class:`StepInFlight` while a step runs).
+  ``ctlwire.step_methods`` lists the methods this ledger runs as steps.
 
 These are the operation-level checks; the endpoint's own request-level ones
 (``Request.key``, ``Request.fence``) are independent of them.
@@ -35,25 +59,38 @@ These are the operation-level checks; the endpoint's own request-level ones
 from __future__ import annotations
 
 import inspect
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
+import anyio.to_thread
 import msgspec
 
+from ctlwire.kernel.core.operation_plan import step_key
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine_liveness import current_request_id
 from ctlwire.kernel.errors import FENCED_CODE
 from ctlwire.transports.codec import Codec, PayloadTypeError
 
-__all__ = ["LAST_OPERATION_METHOD", "STEP_METHOD", "LastOperation", "OperationLedger",
-           "StepRequest"]
+__all__ = ["LAST_OPERATION_METHOD", "PHASES", "STEP_METHOD", "STEP_METHODS_METHOD",
+           "TAKE_OVER_METHOD", "InvalidStep", "LastOperation", "OperationAborted",
+           "OperationLedger", "OperationOwned", "StepInFlight", "StepNotApplied",
+           "StepOutOfOrder", "StepRequest", "TakeOver", "UnknownStepMethod"]
 
 STEP_METHOD = "ctlwire.step"
 LAST_OPERATION_METHOD = "ctlwire.last_operation"
+STEP_METHODS_METHOD = "ctlwire.step_methods"
+TAKE_OVER_METHOD = "ctlwire.take_over"
+PHASES = frozenset({"apply", "compensate"})
 
 
 class StepRequest(msgspec.Struct, frozen=True):
-    """One step (or compensation) of an operation, as sent to an engine."""
+    """One step (or compensation) of an operation, as sent to an engine.
+
+    ``index``: the step's position in its plan; ``ranks``: every rank of the
+    operation (recorded, so a successor knows whom the operation concerns)."""
 
     op: str
     step: str
@@ -62,10 +99,23 @@ class StepRequest(msgspec.Struct, frozen=True):
     key: str
     method: str
     args: msgspec.Raw
+    index: int = -1
+    ranks: list[int] = msgspec.field(default_factory=list)
+
+
+class TakeOver(msgspec.Struct, frozen=True):
+    """A successor controller's fencing token (``ctlwire.take_over``)."""
+
+    fence: int
 
 
 class LastOperation(msgspec.Struct, frozen=True):
-    """What a rank last applied: ``op`` is empty when it never applied a step."""
+    """What a rank last applied: ``op`` is empty when it never applied a step.
+
+    ``applied``: every step and compensation (``"step:undo"``) run here, in
+    order; ``steps``: the forward steps applied (plan order); ``undone``: the
+    steps whose compensation ran, in the order run; ``ranks``: the operation's
+    ranks; ``fence``: the token the operation is bound to now."""
 
     rank: int
     op: str = ""
@@ -74,6 +124,9 @@ class LastOperation(msgspec.Struct, frozen=True):
     fence: int = 0
     applied: list[str] = msgspec.field(default_factory=list)
     highest_fence: int = 0
+    steps: list[str] = msgspec.field(default_factory=list)
+    undone: list[str] = msgspec.field(default_factory=list)
+    ranks: list[int] = msgspec.field(default_factory=list)
 
 
 class Fenced(Exception):
@@ -94,8 +147,37 @@ class OperationAborted(Exception):
     code = 410
 
 
-class InvalidStepPayload(Exception):
+class InvalidStep(Exception):
+    """A malformed step: unknown phase, missing or implausible fence, wrong key or position."""
+
     code = 422
+
+
+InvalidStepPayload = InvalidStep
+
+
+class OperationOwned(Exception):
+    """A step of an operation bound to another controller (same token, another peer)."""
+
+    code = 403
+
+
+class StepOutOfOrder(Exception):
+    """A forward step that is not the next one of its operation here."""
+
+    code = 425
+
+
+class StepInFlight(Exception):
+    """A take-over while a step runs here: ask again once it returned."""
+
+    code = 409
+
+
+class StepNotApplied(Exception):
+    """A compensation for a step this ledger did not apply: nothing to undo, nothing ran."""
+
+    code = 412
 
 
 def _payload_type(fn: Callable[..., Any]) -> tuple[bool, bool, Any]:
@@ -111,79 +193,312 @@ def _payload_type(fn: Callable[..., Any]) -> tuple[bool, bool, Any]:
     return True, params[0].default is not params[0].empty, hints.get(params[0].name, Any)
 
 
+@dataclass
+class _Handler:
+    fn: Callable[..., Any]
+    takes_payload: bool
+    optional: bool
+    payload_type: Any
+    is_async: bool
+
+
+@dataclass
+class _OpRecord:
+    """One operation as this ledger applied it."""
+
+    op: str
+    fence: int
+    owner: int
+    ranks: list[int]
+    steps: list[str] = field(default_factory=list)       # forward steps, plan order
+    methods: list[str] = field(default_factory=list)     # the method each ran
+    undone: list[str] = field(default_factory=list)      # compensations, order run
+    history: list[str] = field(default_factory=list)     # both, order run
+    results: dict[str, Any] = field(default_factory=dict)  # "step" / "step:undo" -> result
+
+
+@dataclass
+class _Admitted:
+    """A step that passed every check and must run: what to record once it returned."""
+
+    req: StepRequest
+    handler: _Handler
+    args: tuple[Any, ...]
+    owner: int
+
+
+def _peer() -> int:
+    """The peer of the step being handled: its request id's client incarnation (0: none)."""
+    rid = current_request_id()
+    return rid >> 32 if rid else 0
+
+
 class OperationLedger:
-    """Runs operation steps on one engine: fenced, once per key, recorded."""
+    """Runs operation steps on one engine: validated, fenced, once, recorded."""
 
     def __init__(self, handlers: Mapping[str, Callable[..., Any]], *,
-                 cache_size: int = 1024) -> None:
-        self._handlers = {name: (fn, *_payload_type(fn)) for name, fn in handlers.items()}
-        self.cache_size = cache_size
-        self._results: OrderedDict[str, Any] = OrderedDict()
+                 max_operations: int = 64, threaded: bool = False,
+                 max_fence_lead: float = 300.0,
+                 clock: Callable[[], float] = time.time,
+                 cache_size: int | None = None) -> None:
+        self._handlers = {name: _Handler(fn, *_payload_type(fn),
+                                         inspect.iscoroutinefunction(fn))
+                          for name, fn in handlers.items()}
+        self.max_operations = cache_size if cache_size is not None else max_operations
+        if self.max_operations < 1:
+            raise ValueError("max_operations must be >= 1")
+        self.threaded = threaded
+        self.max_fence_lead = max_fence_lead
+        self.clock = clock
+        self._ops: OrderedDict[str, _OpRecord] = OrderedDict()
+        self._last: _OpRecord | None = None
+        self._last_step = ("", "")
         self.highest_fence = 0
         self.rank = -1
         self.codec: Codec | None = None
-        self.last = LastOperation(-1)
+        self._endpoint: EngineEndpoint | None = None
+        self._in_flight = ""  # the step whose body runs now
         self.counters: dict[str, int] = {"applied": 0, "replayed": 0, "fenced": 0,
-                                         "step_errors": 0}
+                                         "step_errors": 0, "refused": 0, "taken_over": 0,
+                                         "take_overs": 0}
         self.runs: dict[str, int] = {}
 
+    @property
+    def is_async(self) -> bool:
+        """Whether ``ctlwire.step`` must be served by ``serve()`` (async or threaded steps)."""
+        return self.threaded or any(h.is_async for h in self._handlers.values())
+
     def install(self, endpoint: EngineEndpoint) -> None:
-        """Register ``ctlwire.step`` and ``ctlwire.last_operation`` on ``endpoint``."""
+        """Register ``ctlwire.step``, ``ctlwire.last_operation`` and
+        ``ctlwire.step_methods`` on ``endpoint``."""
         self.rank = endpoint.rank
         self.codec = endpoint.codec
-        self.last = LastOperation(self.rank)
-        endpoint.register(STEP_METHOD, self.step)
-        endpoint.register(LAST_OPERATION_METHOD, self.last_operation)
+        self._endpoint = endpoint
+        if self.is_async:
+            endpoint.register(STEP_METHOD, self.step_async)
+        else:
+            endpoint.register(STEP_METHOD, self.step)
+        endpoint.register(LAST_OPERATION_METHOD, self.last_operation, read_only=True)
+        endpoint.register(STEP_METHODS_METHOD, self.step_methods, read_only=True)
+        endpoint.register(TAKE_OVER_METHOD, self.take_over)
 
+    # -- the step ------------------------------------------------------------------
     def step(self, req: StepRequest) -> Any:
-        """Run one step: refuse it if fenced out, replay it if its key already ran."""
-        if req.fence and req.fence < self.highest_fence:
-            self.counters["fenced"] += 1
-            raise Fenced(f"operation {req.op!r} (fence {req.fence}) is older than fence "
-                         f"{self.highest_fence} already accepted by rank {self.rank}")
-        entry = self._handlers.get(req.method)
-        if entry is None:
-            raise UnknownStepMethod(f"{req.method!r} is not an operation step on this engine")
-        self.highest_fence = max(self.highest_fence, req.fence)
-        last = self.last
-        if req.phase == "apply" and last.op == req.op and last.phase == "compensate":
-            raise OperationAborted(f"operation {req.op!r} was compensated on rank {self.rank}; "
-                                   f"start a new operation")
-        if req.key and req.key in self._results:
-            self.counters["replayed"] += 1
-            self._results.move_to_end(req.key)
-            return self._results[req.key]
-        fn, takes_payload, optional, payload_type = entry
-        args: tuple[Any, ...] = ()
-        assert self.codec is not None, "install() the ledger on an endpoint first"
-        if takes_payload and not (optional and self.codec.decode_value(req.args) is None):
-            try:
-                args = (self.codec.decode_value(req.args, payload_type),)
-            except PayloadTypeError as exc:
-                raise InvalidStepPayload(f"{req.method!r}: {exc}") from None
+        """Run one step inline (sync handlers): checked, then run, then recorded."""
+        admitted = self._admit(req)
+        if not isinstance(admitted, _Admitted):
+            return admitted[0]
+        if admitted.handler.is_async:
+            raise InvalidStep(f"{req.method!r} is async; serve the engine with serve()")
+        self._in_flight = req.step
         try:
-            result = fn(*args)
+            result = admitted.handler.fn(*admitted.args)
         except Exception:
             self.counters["step_errors"] += 1
             raise
+        finally:
+            self._in_flight = ""
+        return self._record(admitted, result)
+
+    async def step_async(self, req: StepRequest) -> Any:
+        """Run one step under ``serve()``: async handlers awaited, sync ones in a
+        worker thread when the ledger is ``threaded``; recorded after they returned."""
+        admitted = self._admit(req)
+        if not isinstance(admitted, _Admitted):
+            return admitted[0]
+        fn = admitted.handler.fn
+        self._in_flight = req.step
+        try:
+            if admitted.handler.is_async:
+                result = await fn(*admitted.args)
+            elif self.threaded:
+                result = await anyio.to_thread.run_sync(fn, *admitted.args)
+            else:
+                result = fn(*admitted.args)
+        except Exception:
+            self.counters["step_errors"] += 1
+            raise
+        finally:
+            self._in_flight = ""
+        return self._record(admitted, result)
+
+    def _refuse(self, exc: Exception) -> Exception:
+        self.counters["refused"] += 1
+        return exc
+
+    def _check_fence(self, fence: int, what: str) -> None:
+        """A fencing token is a positive int no further ahead of this engine's clock
+        than ``max_fence_lead`` (InvalidStep otherwise)."""
+        if type(fence) is not int or fence <= 0:
+            raise self._refuse(InvalidStep(f"{what}: a positive fencing token is required, "
+                                           f"got {fence!r}"))
+        bound = int((self.clock() + self.max_fence_lead) * 1_000_000)
+        if fence > bound:
+            raise self._refuse(InvalidStep(
+                f"{what}: fence {fence} is beyond this engine's clock (tokens are "
+                f"microseconds since the epoch; bound {bound})"))
+
+    def take_over(self, req: TakeOver) -> LastOperation:
+        """A successor controller: raise the fence to ``req.fence`` (every older
+        controller is refused from now on), then answer what this ledger applied.
+        Refused while a step runs here (:class:`StepInFlight`: ask again), so the
+        answer is not overtaken by a step an older controller had started."""
+        self._check_fence(req.fence, "take-over")
+        if req.fence < self.highest_fence:
+            self.counters["fenced"] += 1
+            raise Fenced(f"take-over with fence {req.fence} is older than fence "
+                         f"{self.highest_fence} already accepted by rank {self.rank}")
+        if self._in_flight:
+            raise StepInFlight(f"step {self._in_flight!r} is running on rank {self.rank}; "
+                               "ask again once it returned")
+        self.highest_fence = req.fence
+        self.counters["take_overs"] += 1
+        return self.last_operation()
+
+    def _admit(self, req: StepRequest) -> _Admitted | tuple[Any]:
+        """Every check, changing nothing but the fence; a recorded result as ``(result,)``."""
+        if req.phase not in PHASES:
+            raise self._refuse(InvalidStep(f"phase {req.phase!r} is not one of {sorted(PHASES)}"))
+        self._check_fence(req.fence, f"operation {req.op!r}")
+        undo = req.phase == "compensate"
+        if not req.op or not req.step or req.key != step_key(req.op, req.step, undo):
+            raise self._refuse(InvalidStep(
+                f"operation {req.op!r} step {req.step!r}: key {req.key!r} is not the step's own"))
+        handler = self._handlers.get(req.method)
+        if handler is None:
+            raise self._refuse(UnknownStepMethod(
+                f"{req.method!r} is not an operation step on this engine"))
+        if not undo and req.index < 0:
+            raise self._refuse(InvalidStep(f"operation {req.op!r} step {req.step!r}: a forward "
+                                           "step carries its position in the plan"))
+        if req.fence < self.highest_fence:
+            self.counters["fenced"] += 1
+            raise Fenced(f"operation {req.op!r} (fence {req.fence}) is older than fence "
+                         f"{self.highest_fence} already accepted by rank {self.rank}")
+        owner = _peer()
+        rec = self._ops.get(req.op)
+        if rec is not None and req.fence == rec.fence and owner != rec.owner:
+            raise self._refuse(OperationOwned(
+                f"operation {req.op!r} belongs to the controller that began it (fence "
+                f"{rec.fence}); a successor takes it over with a newer fence"))
+        if undo:
+            if rec is None or req.step not in rec.steps:
+                raise self._refuse(StepNotApplied(
+                    f"operation {req.op!r}: step {req.step!r} was not applied on rank "
+                    f"{self.rank}; nothing to undo"))
+            if req.step in rec.undone:
+                return self._replay(rec, f"{req.step}:undo", req)
+        else:
+            if rec is None:
+                if req.index != 0:
+                    raise self._refuse(StepOutOfOrder(
+                        f"operation {req.op!r} is unknown on rank {self.rank}; its step "
+                        f"{req.step!r} (position {req.index}) cannot come first"))
+            else:
+                if rec.undone:
+                    raise self._refuse(OperationAborted(
+                        f"operation {req.op!r} was compensated on rank {self.rank}; start a "
+                        "new operation"))
+                if req.index < len(rec.steps):
+                    if rec.steps[req.index] != req.step or rec.methods[req.index] != req.method:
+                        raise self._refuse(StepOutOfOrder(
+                            f"operation {req.op!r}: position {req.index} is "
+                            f"{rec.steps[req.index]!r} here, not {req.step!r}"))
+                    return self._replay(rec, req.step, req)
+                if req.index > len(rec.steps) or req.step in rec.steps:
+                    raise self._refuse(StepOutOfOrder(
+                        f"operation {req.op!r}: step {req.step!r} (position {req.index}) "
+                        f"after {rec.steps} on rank {self.rank}"))
+        args: tuple[Any, ...] = ()
+        assert self.codec is not None, "install() the ledger on an endpoint first"
+        if handler.takes_payload:
+            try:
+                value = self.codec.decode_value(req.args, handler.payload_type)
+            except PayloadTypeError as exc:
+                if not (handler.optional and self._is_nil(req.args)):
+                    raise self._refuse(InvalidStep(f"{req.method!r}: {exc}")) from None
+            else:
+                if not (handler.optional and value is None):
+                    args = (value,)
+        # fully validated: the step may now raise the fence (it belongs to the newest
+        # controller) and say what it runs to whoever watches this engine's heartbeats
+        self.highest_fence = max(self.highest_fence, req.fence)
+        self._show_running(req.method)
+        return _Admitted(req, handler, args, owner)
+
+    def _is_nil(self, raw: msgspec.Raw) -> bool:
+        """Whether ``raw`` is an encoded None (no payload for an optional one)."""
+        assert self.codec is not None
+        try:
+            return self.codec.decode_value(raw) is None
+        except PayloadTypeError:
+            return False
+
+    def _replay(self, rec: _OpRecord, name: str, req: StepRequest) -> tuple[Any]:
+        self.highest_fence = max(self.highest_fence, req.fence)
+        self._take_over(rec, req.fence, _peer())
+        self.counters["replayed"] += 1
+        return (rec.results.get(name),)
+
+    def _take_over(self, rec: _OpRecord, fence: int, owner: int) -> None:
+        if (fence, owner) != (rec.fence, rec.owner):
+            self.counters["taken_over"] += 1
+            rec.fence, rec.owner = fence, owner
+
+    def _show_running(self, method: str) -> None:
+        """Name the step's own method as what the engine is running (heartbeats, rank_status)."""
+        rid = current_request_id()
+        endpoint = self._endpoint
+        if rid and endpoint is not None and rid in endpoint.running:
+            endpoint.running[rid] = (method, endpoint.running[rid][1])
+
+    def _record(self, admitted: _Admitted, result: Any) -> Any:
+        req = admitted.req
         self.counters["applied"] += 1
         self.runs[req.method] = self.runs.get(req.method, 0) + 1
-        if req.key:
-            self._results[req.key] = result
-            if len(self._results) > self.cache_size:
-                self._results.popitem(last=False)
-        name = f"{req.step}:undo" if req.phase == "compensate" else req.step
-        applied = [*self.last.applied, name] if self.last.op == req.op else [name]
-        self.last = LastOperation(self.rank, req.op, req.step, req.phase, req.fence, applied,
-                                  self.highest_fence)
+        rec = self._ops.get(req.op)
+        if rec is None:
+            rec = _OpRecord(req.op, req.fence, admitted.owner, list(req.ranks))
+            self._ops[req.op] = rec
+            while len(self._ops) > self.max_operations:
+                self._ops.popitem(last=False)
+        else:
+            self._take_over(rec, req.fence, admitted.owner)
+            self._ops.move_to_end(req.op)
+        if req.phase == "compensate":
+            name = f"{req.step}:undo"
+            rec.undone.append(req.step)
+        else:
+            name = req.step
+            rec.steps.append(req.step)
+            rec.methods.append(req.method)
+        rec.history.append(name)
+        rec.results[name] = result
+        self._last = rec
+        self._last_step = (req.step, req.phase)
         return result
 
+    # -- read-only ---------------------------------------------------------------------
     def last_operation(self) -> LastOperation:
-        """The operation and step last applied here (for a restarted controller)."""
-        last = self.last
-        return LastOperation(last.rank, last.op, last.step, last.phase, last.fence,
-                             list(last.applied), self.highest_fence)
+        """The operation last applied here, what of it applied, its token and ranks."""
+        rec = self._last
+        if rec is None:
+            return LastOperation(self.rank, highest_fence=self.highest_fence)
+        step, phase = self._last_step
+        return LastOperation(self.rank, rec.op, step, phase, rec.fence, list(rec.history),
+                             self.highest_fence, list(rec.steps), list(rec.undone),
+                             list(rec.ranks))
+
+    def step_methods(self) -> list[str]:
+        """The methods this ledger runs as operation steps."""
+        return sorted(self._handlers)
+
+    @property
+    def last(self) -> LastOperation:
+        return self.last_operation()
 
     def metrics(self) -> dict[str, Any]:
-        return {"highest_fence": self.highest_fence, "last_op": self.last.op,
-                "last_step": self.last.step, "runs": dict(self.runs), **self.counters}
+        last = self._last
+        return {"highest_fence": self.highest_fence, "last_op": last.op if last else "",
+                "last_step": self._last_step[0], "runs": dict(self.runs),
+                "operations": len(self._ops), **self.counters}

@@ -6,82 +6,133 @@
     result = await runner.run(plan, on_progress=print)      # OperationResult
     if not result.ok:
         print(result.summary(), result.failed_ranks, result.quarantined)
-    await client.fan_out("get_load", ranks=runner.routable_ranks())   # skips quarantined
-    runner.release(2)                                       # back in routing
+    await client.fan_out("get_load")                        # skips quarantined ranks
+    await runner.release(2)              # back in routing once its post-condition holds
+
+    # a new controller, after the old one died mid-operation:
+    recovery = await runner.recover(plan)                   # what remains, per rank
+    if recovery is not None and recovery.action != "done":
+        result = await runner.finish(plan, recovery)        # compensate or roll forward
 
 :class:`OperationRunner` drives an :class:`~ctlwire.kernel.core.operation_core.OperationCore`:
-each dispatch is one ``concurrent`` fan-out of ``ctlwire.step`` (see
-:mod:`~ctlwire.kernel.operation_ledger`) with the step's own timeout, and each
-rank's typed outcome is fed back -- a result is OK, ``Fenced`` is FENCED,
-``NotDelivered`` is NOT_DELIVERED (did not run), any other ``EngineDead``, a
-timeout or a missing outcome is UNKNOWN (may have run), any other remote error
-is ERROR (did not apply).
+the whole plan is checked first (:meth:`check`: payloads, sizes, each rank's
+declared step methods; :class:`~ctlwire.kernel.core.operation_plan.InvalidPlan`
+before anything is sent); then each dispatch is one ``concurrent`` fan-out of
+``ctlwire.step`` (see :mod:`~ctlwire.kernel.operation_ledger`) with the step's
+own timeout, and each rank's typed outcome is fed back -- a result is OK,
+``Fenced`` is FENCED, ``NotDelivered`` or a request the client refused is
+NOT_DELIVERED (did not run), any other ``EngineDead``, a timeout or a missing
+outcome is UNKNOWN (may have run), ``StepNotApplied`` for a compensation is
+NOT_APPLIED (nothing to undo there), any other remote error is ERROR (did not
+apply). The plan's post-condition, if any, is read on every rank before
+commit. Reports and progress events carry each failure's error object.
 
 Guarantees, on top of the core's:
 
-* **Quarantine.** A rank the operation could not bring back is quarantined:
-  listed in :meth:`metrics`, left out of :meth:`routable_ranks` and of every
-  later operation (naming it explicitly raises ValueError) until
-  :meth:`release`.
+* **Quarantine.** A rank the operation could not bring back is quarantined in
+  the client's :class:`~ctlwire.kernel.core.quarantine.FleetQuarantine`
+  (``client.quarantine``, shared by every runner over the client): left out of
+  every fan-out that does not name it, of :meth:`routable_ranks` and of every
+  later operation (naming it raises InvalidPlan) until :meth:`release`; shown
+  by :meth:`metrics`, ``client.rank_status()`` and the client's metrics.
 * **Observable.** ``on_progress`` receives every per-rank, per-step change as it
   happens; :meth:`progress` is a snapshot of the operations in flight.
 * **Restart, honestly.** A run that is cancelled, or whose controller dies,
-  leaves the operation undecided. A new controller calls :meth:`recover` (each
-  rank's last applied operation and step) and runs the same plan again with the
-  recovered ``op_id`` and ``fence``: steps already applied answer their
-  recorded results and do not run twice. A rank that was restarted itself has
-  lost its ledger; an operation that was compensated cannot be replayed forward.
+  leaves the operation undecided. A new controller calls :meth:`recover` (per
+  rank, what its ledger applied and undid, and what remains) and
+  :meth:`finish`, which takes the operation over with a newer fence and
+  finishes its compensation or rolls it forward: steps already applied answer
+  their recorded results and do not run twice. :meth:`restore_quarantine`
+  rebuilds the quarantine from the ledgers. A rank that was restarted itself
+  has lost its ledger; an operation that was compensated cannot be replayed
+  forward.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import anyio
 
 from ctlwire.kernel.control_client import ControlClient
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.operation_core import Dispatch, OperationCore, StepOutcome
-from ctlwire.kernel.core.operation_plan import OperationPlan, new_fence, new_operation_id
+from ctlwire.kernel.core.operation_plan import (
+    InvalidPlan,
+    OperationPlan,
+    PostCondition,
+    PostConditionFailed,
+    new_fence,
+    new_operation_id,
+    step_key,
+)
 from ctlwire.kernel.core.operation_result import OperationResult, ProgressEvent
+from ctlwire.kernel.core.quarantine import Quarantine
 from ctlwire.kernel.errors import (
     FanOutFailed,
     Fenced,
     NotDelivered,
+    OutcomeUnknown,
     RemoteError,
     RequestTimedOut,
+    RequestTooLarge,
 )
 from ctlwire.kernel.operation_ledger import (
     LAST_OPERATION_METHOD,
     STEP_METHOD,
+    STEP_METHODS_METHOD,
+    TAKE_OVER_METHOD,
     LastOperation,
     StepRequest,
+    TakeOver,
 )
+from ctlwire.transports.codec import PayloadTypeError
 
-__all__ = ["OperationRunner", "Quarantine", "Recovery", "classify"]
+__all__ = ["OperationRunner", "Quarantine", "Recovery", "ReleaseRefused", "classify",
+           "recovery_of"]
 
 
-@dataclass(frozen=True)
-class Quarantine:
-    """Why a rank is out of routing: the operation, the step that failed there, the detail."""
+class ReleaseRefused(Exception):
+    """A quarantined rank that does not meet its post-condition: it stays quarantined.
+    ``observed``: what the rank answered (or the error reading it)."""
 
-    rank: int
-    op_id: str
-    step: str
-    detail: str
+    def __init__(self, rank: int, reason: str, observed: Any = None) -> None:
+        self.rank, self.reason, self.observed = rank, reason, observed
+        super().__init__(f"rank {rank} stays quarantined: {reason} (release(force=True) "
+                         "to override)")
+
+
+RecoveryAction = Literal["compensate", "roll_forward", "done"]
 
 
 @dataclass(frozen=True)
 class Recovery:
-    """The newest operation of a plan the ranks report having applied steps of."""
+    """The newest operation of a plan the ranks report having applied steps of, and
+    what remains of it on each rank (from the ranks' own ledgers).
+
+    ``action``: ``"compensate"`` once some rank ran a compensation (the
+    operation can only be undone; ``remaining`` lists, per rank, the steps
+    whose compensation is still to run, newest first), ``"roll_forward"`` when
+    none did and the plan's last step is missing somewhere (``remaining``: the
+    steps still to apply there), ``"done"`` when every rank applied every step.
+    ``ranks``: the operation's ranks; ``missing``: those that did not answer.
+    :meth:`OperationRunner.finish` does what remains, in one call."""
 
     op_id: str
     fence: int
-    steps: dict[int, tuple[str, ...]]  # per rank that reported it: the steps applied there
-    complete: bool = False      # every reporting rank applied the plan's last step
+    steps: dict[int, tuple[str, ...]]  # per rank: the steps applied there, plan order
+    complete: bool = False      # every rank applied the plan's last step
     compensated: bool = False   # some rank ran a compensation: it cannot be replayed forward
+    undone: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    ranks: tuple[int, ...] = ()
+    missing: tuple[int, ...] = ()
+    action: RecoveryAction = "done"
+    remaining: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    taken_over: int = 0  # the fence the ranks were taken over with (0: only read)
 
 
 def classify(error: Exception | None) -> tuple[StepOutcome, str]:
@@ -95,8 +146,47 @@ def classify(error: Exception | None) -> tuple[StepOutcome, str]:
     if isinstance(error, NotDelivered):
         return StepOutcome.NOT_DELIVERED, detail
     if isinstance(error, RemoteError):
+        if error.type_name == "StepNotApplied":  # a compensation with nothing to undo there
+            return StepOutcome.NOT_APPLIED, detail
         return StepOutcome.ERROR, detail
     return StepOutcome.UNKNOWN, detail  # EngineDead, timeouts, anything else: may have run
+
+
+def recovery_of(plan: OperationPlan, answers: Mapping[int, LastOperation | Exception]
+                ) -> Recovery | None:
+    """The :class:`Recovery` of ``plan`` from each rank's ledger answer (an
+    exception: the rank did not answer); None when no rank applied a step of it."""
+    prefix = f"{plan.name}@"
+    lasts = [v for v in answers.values()
+             if isinstance(v, LastOperation) and v.op.startswith(prefix)]
+    if not lasts:
+        return None
+    newest = max(lasts, key=lambda v: v.fence)
+    mine = {v.rank: v for v in lasts if v.op == newest.op}
+    op_ranks = tuple(sorted(set(newest.ranks) | set(mine)))
+    missing = tuple(r for r in op_ranks if not isinstance(answers.get(r), LastOperation))
+    known = [r for r in op_ranks if r not in missing]
+    # a rank that answered with another operation applied nothing of this one
+    steps = {r: tuple(mine[r].steps) if r in mine else () for r in known}
+    undone = {r: tuple(mine[r].undone) if r in mine else () for r in known}
+    names = [s.name for s in plan.steps]
+    compensated = any(undone.values())
+    complete = all(len(s) == len(names) for s in steps.values())
+    action: RecoveryAction
+    if compensated:
+        action = "compensate"
+        remaining = {r: tuple(n for n in reversed(steps[r]) if n not in undone[r]
+                              and plan.steps[plan.index(n)].compensation is not None)
+                     for r in known}
+    elif complete and not missing:
+        action, remaining = "done", {r: () for r in known}
+    else:
+        action = "roll_forward"
+        remaining = {r: tuple(names[len(steps[r]):]) for r in known}
+    return Recovery(newest.op, max(v.fence for v in mine.values()), steps,
+                    complete=complete and not missing, compensated=compensated,
+                    undone=undone, ranks=op_ranks, missing=missing, action=action,
+                    remaining=remaining)
 
 
 class OperationRunner:
@@ -105,8 +195,10 @@ class OperationRunner:
     def __init__(self, client: ControlClient, *, history: int = 32,
                  envelope_fields: bool = False) -> None:
         self.client = client
-        self.quarantined: dict[int, Quarantine] = {}
         self.active: dict[str, OperationCore] = {}
+        self._observed: dict[str, dict[int, Any]] = {}  # op id -> rank -> post-condition answer
+        # rank -> (incarnation, the step methods its ledger declared)
+        self._declared: dict[int, tuple[int, tuple[str, ...]]] = {}
         self.history: deque[OperationResult] = deque(maxlen=history)
         self.counters: dict[str, int] = {"operations": 0, "committed": 0, "aborted": 0,
                                          "degraded": 0, "superseded": 0, "quarantines": 0,
@@ -121,21 +213,46 @@ class OperationRunner:
                                  and "fence" in params)
 
     # -- routing -----------------------------------------------------------------
+    @property
+    def quarantined(self) -> dict[int, Quarantine]:
+        """The quarantined ranks: the client's set, shared by every runner over it."""
+        return self.client.quarantine.held
+
     def routable_ranks(self) -> tuple[int, ...]:
         """The client's ranks minus the quarantined ones."""
-        return tuple(r for r in self.client.ranks if r not in self.quarantined)
+        return self.client.quarantine.routable(self.client.ranks)
 
-    def quarantine(self, rank: int, op_id: str = "", step: str = "", detail: str = "") -> None:
-        """Take ``rank`` out of routing (operations do this themselves when needed)."""
+    def quarantine(self, rank: int, op_id: str = "", step: str = "", detail: str = "",
+                   error: Exception | None = None,
+                   postcondition: PostCondition | None = None) -> None:
+        """Take ``rank`` out of routing (operations do this themselves when needed);
+        ``postcondition``: what it must meet to be released without ``force``."""
         if rank not in self.client.ranks:
             raise ValueError(f"rank {rank} is not one of {self.client.ranks}")
         if rank not in self.quarantined:
             self.counters["quarantines"] += 1
-        self.quarantined[rank] = Quarantine(rank, op_id, step, detail)
+        self.client.quarantine.add(Quarantine(rank, op_id, step, detail, error, postcondition))
 
-    def release(self, rank: int) -> Quarantine:
-        """Put a quarantined ``rank`` back in routing; KeyError when it is not quarantined."""
-        record = self.quarantined.pop(rank)
+    async def release(self, rank: int, *, postcondition: PostCondition | None = None,
+                      force: bool = False, timeout: float = 5.0) -> Quarantine:
+        """Put a quarantined ``rank`` back in routing. Unless ``force``, the rank
+        must first meet ``postcondition`` (default: the post-condition of the
+        plan that quarantined it, if it had one), read from the rank itself;
+        otherwise :class:`ReleaseRefused` and the rank stays quarantined.
+        KeyError when it is not quarantined."""
+        record = self.quarantined[rank]
+        pc = postcondition if postcondition is not None else record.postcondition
+        if pc is not None and not force:
+            try:
+                answer = await self.client.call(pc.method, pc.payload, rank=rank,
+                                                timeout=pc.timeout or timeout)
+            except Exception as exc:
+                raise ReleaseRefused(rank, f"its post-condition could not be read: {exc}",
+                                     exc) from exc
+            if not pc.holds(answer):
+                raise ReleaseRefused(rank, str(PostConditionFailed(rank, pc.method, pc.expect,
+                                                                   answer)), answer)
+        record = self.client.quarantine.remove(rank)
         self.counters["released"] += 1
         return record
 
@@ -146,26 +263,40 @@ class OperationRunner:
                   ) -> OperationResult:
         """Run ``plan`` on ``ranks`` (default: :meth:`routable_ranks`) as one operation.
 
-        ``op_id``/``fence`` default to fresh ones; pass a recovered pair to finish an
-        operation a previous controller started. Raises ValueError for quarantined
-        or unknown ranks, ClientClosed if the client closes meanwhile. An exception
+        ``op_id``/``fence`` default to fresh ones (a controller taking over another's
+        operation uses :meth:`finish`; the same id with the same fence from another
+        client is refused by the ledgers). Raises
+        :class:`~ctlwire.kernel.core.operation_plan.InvalidPlan` (a ValueError) for
+        quarantined, repeated or unknown ranks and for anything :meth:`check`
+        finds, before any step is sent; ClientClosed if the client closes
+        meanwhile. Once the first step is sent, every failure (one found at
+        dispatch, such as a payload that no longer encodes, included) is a step
+        failure: it ends in compensation and a result. An exception
         raised by ``on_progress`` (or a cancellation) ends the run like a crash of
         the controller: the operation is left undecided (see :meth:`recover`).
         """
         targets = tuple(ranks) if ranks is not None else self.routable_ranks()
         if not targets:
-            raise ValueError("no routable rank to run the operation on")
+            raise InvalidPlan(["no routable rank to run the operation on"])
+        if len(set(targets)) != len(targets):
+            raise InvalidPlan([f"ranks {targets} name a rank twice"])
         unknown = set(targets) - set(self.client.ranks)
         if unknown:
-            raise ValueError(f"ranks {sorted(unknown)} are not one of {self.client.ranks}")
+            raise InvalidPlan([f"ranks {sorted(unknown)} are not one of {self.client.ranks}"])
         held = sorted(set(targets) & set(self.quarantined))
         if held:
-            raise ValueError(f"ranks {held} are quarantined; release() them first")
+            raise InvalidPlan([f"ranks {held} are quarantined; release() them first"])
         fence = fence if fence is not None else new_fence()
         op_id = op_id or new_operation_id(plan.name, fence)
         if op_id in self.active:
             raise ValueError(f"operation {op_id!r} is already running")
+        await self.check(plan, targets, op_id=op_id, fence=fence)
         core = OperationCore(plan, targets, op_id=op_id, fence=fence, observer=on_progress)
+        return await self._drive(core)
+
+    async def _drive(self, core: OperationCore) -> OperationResult:
+        """Send ``core``'s dispatches until it is decided; its result, quarantines applied."""
+        op_id = core.op_id
         self.active[op_id] = core
         self.counters["operations"] += 1
         try:
@@ -176,75 +307,296 @@ class OperationRunner:
         finally:
             del self.active[op_id]
         result = core.result()
+        observed = self._observed.pop(op_id, {})
+        if observed:
+            result = replace(result, observed=observed)
         for rank in result.quarantined:
             rep = result.ranks[rank]
-            self.quarantine(rank, op_id, rep.failed_step or "", rep.detail)
+            self.quarantine(rank, op_id, rep.failed_step or "", rep.detail, rep.error,
+                            core.plan.postcondition)
         self.counters[result.state.value] = self.counters.get(result.state.value, 0) + 1
         self.history.append(result)
         return result
 
-    async def _dispatch(self, d: Dispatch) -> dict[int, tuple[StepOutcome, str]]:
+    async def check(self, plan: OperationPlan, ranks: Sequence[int], *, op_id: str = "",
+                    fence: int = 0, timeout: float = 5.0) -> None:
+        """Check the whole of ``plan`` for ``ranks`` before anything of it is sent.
+
+        Every step's and compensation's payload must encode and fit the size
+        limit as a ``ctlwire.step`` request, and every method must be one each
+        rank's ledger declares (``ctlwire.step_methods``, asked once per engine
+        incarnation; a rank that does not answer is not checked, its dispatch
+        will tell). Raises
+        :class:`~ctlwire.kernel.core.operation_plan.InvalidPlan` listing every
+        problem; nothing of the plan has been sent then."""
         client = self.client
-        payload = StepRequest(d.op_id, d.step, d.phase, d.fence, d.key, d.method,
-                              client.codec.encode_value(d.payload))
+        problems: list[str] = []
+        fence = fence or new_fence()
+        op_id = op_id or new_operation_id(plan.name, fence)
+        longest = max((s.name for s in plan.steps), key=len)
+        for what, method, payload, _ in plan.calls():
+            try:
+                raw = client.codec.encode_value(payload)
+                probe = StepRequest(op_id, longest, "compensate", fence,
+                                    step_key(op_id, longest, undo=True), method, raw,
+                                    len(plan.steps), list(ranks))
+                client.issuer.encode_payload(probe, STEP_METHOD)
+            except (PayloadTypeError, TypeError) as exc:
+                problems.append(f"{what}: payload cannot be encoded ({exc})")
+            except RequestTooLarge as exc:
+                problems.append(f"{what}: {exc}")
+        pc = plan.postcondition
+        if pc is not None:
+            try:
+                client.issuer.encode_payload(pc.payload, pc.method)
+            except (PayloadTypeError, TypeError) as exc:
+                problems.append(f"post-condition {pc.method!r}: payload cannot be encoded "
+                                f"({exc})")
+            except RequestTooLarge as exc:
+                problems.append(f"post-condition {pc.method!r}: {exc}")
+        methods = {method for _, method, _, _ in plan.calls()}
+        for rank, declared in sorted((await self._declared_methods(ranks, timeout)).items()):
+            missing = sorted(methods - set(declared))
+            if missing:
+                problems.append(f"rank {rank} runs no operation step {', '.join(missing)} "
+                                f"(it declares {', '.join(declared) or 'none'})")
+        if problems:
+            raise InvalidPlan(problems)
+
+    async def _declared_methods(self, ranks: Sequence[int], timeout: float
+                                ) -> dict[int, tuple[str, ...]]:
+        """:meth:`step_methods`, asked again only of ranks whose incarnation changed."""
+        known: dict[int, tuple[str, ...]] = {}
+        ask: dict[int, int] = {}
+        for rank in ranks:
+            incarnation = int(self.client.rank_status(rank).get("incarnation") or 0)
+            cached = self._declared.get(rank)
+            if incarnation and cached is not None and cached[0] == incarnation:
+                known[rank] = cached[1]
+            else:
+                ask[rank] = incarnation
+        if ask:
+            answers = await self.step_methods(tuple(ask), timeout)
+            for rank, declared in answers.items():
+                known[rank] = declared
+                if ask[rank]:
+                    self._declared[rank] = (ask[rank], declared)
+        return known
+
+    async def step_methods(self, ranks: Sequence[int] | None = None, timeout: float = 5.0
+                           ) -> dict[int, tuple[str, ...]]:
+        """The methods each rank's ledger runs as steps, for the ranks that answer."""
+        targets = tuple(ranks) if ranks is not None else self.client.ranks
+        try:
+            res: FanOutResult | None = await self.client.fan_out(
+                STEP_METHODS_METHOD, ranks=targets, timeout=timeout, mode="concurrent",
+                result_type=list[str])
+        except FanOutFailed as exc:
+            res = exc.result
+        except RequestTimedOut as exc:
+            res = exc.partial
+        if res is None:
+            return {}
+        return {r: tuple(v) for r, v in res.results.items()}
+
+    async def _dispatch(self, d: Dispatch
+                        ) -> dict[int, tuple[StepOutcome, str, Exception | None]]:
+        """Send ``d``; each rank's outcome, its detail and the typed error behind it."""
+        client = self.client
+        core = self.active.get(d.op_id)
+        ranks = core.ranks if core is not None else d.ranks
         extra: dict[str, Any] = (
             {"idempotency_key": d.key, "fence": d.fence} if self._envelope_fields else {})
+        if d.check:
+            return await self._check_postcondition(d)
         res: FanOutResult | None
         try:
+            payload = StepRequest(d.op_id, d.step, d.phase, d.fence, d.key, d.method,
+                                  client.codec.encode_value(d.payload), d.index, list(ranks))
             res = await client.fan_out(STEP_METHOD, payload, ranks=d.ranks, timeout=d.timeout,
                                        mode="concurrent", **extra)
         except FanOutFailed as exc:
             res = exc.result
         except RequestTimedOut as exc:
             res = exc.partial
-        outcomes: dict[int, tuple[StepOutcome, str]] = {}
+        except (PayloadTypeError, TypeError, ValueError) as exc:
+            # refused by the client before any frame went out (encoding, size, timeout):
+            # a failure of this step on every rank, which ends in compensation
+            detail = f"{type(exc).__name__}: {exc}"
+            return {r: (StepOutcome.NOT_DELIVERED, detail, exc) for r in d.ranks}
+        outcomes: dict[int, tuple[StepOutcome, str, Exception | None]] = {}
         for rank in d.ranks:
             if res is not None and rank in res.results:
-                outcomes[rank] = classify(None)
+                outcomes[rank] = (StepOutcome.OK, "", None)
             elif res is not None and rank in res.errors:
-                outcomes[rank] = classify(res.errors[rank])
+                error = res.errors[rank]
+                outcomes[rank] = (*classify(error), error)
             else:
-                outcomes[rank] = (StepOutcome.UNKNOWN, f"no outcome of {d.key!r} in time")
+                detail = f"no outcome of {d.key!r} in time"
+                outcomes[rank] = (StepOutcome.UNKNOWN, detail, OutcomeUnknown(rank, detail))
         return outcomes
 
-    # -- restart recovery ----------------------------------------------------------
-    async def last_operations(self, ranks: Sequence[int] | None = None, timeout: float = 5.0
-                              ) -> dict[int, LastOperation | Exception]:
-        """Ask each rank (default: all) which operation and step it last applied."""
-        targets = tuple(ranks) if ranks is not None else self.client.ranks
+    async def _check_postcondition(self, d: Dispatch
+                                   ) -> dict[int, tuple[StepOutcome, str, Exception | None]]:
+        """Read the plan's post-condition on ``d.ranks``: a mismatch fails that rank."""
+        core = self.active[d.op_id]
+        pc = core.plan.postcondition
+        assert pc is not None
+        res: FanOutResult | None
         try:
-            res = await self.client.fan_out(LAST_OPERATION_METHOD, ranks=targets,
-                                            timeout=timeout, mode="concurrent",
-                                            result_type=LastOperation)
+            res = await self.client.fan_out(d.method, d.payload, ranks=d.ranks,
+                                            timeout=d.timeout, mode="concurrent")
         except FanOutFailed as exc:
             res = exc.result
         except RequestTimedOut as exc:
-            if exc.partial is None:
-                raise
             res = exc.partial
-        out: dict[int, LastOperation | Exception] = {}
-        for rank in targets:
-            if rank in res.results:
-                out[rank] = res.results[rank]
+        except (PayloadTypeError, TypeError, ValueError) as exc:
+            return {r: (StepOutcome.NOT_DELIVERED, f"{type(exc).__name__}: {exc}", exc)
+                    for r in d.ranks}
+        observed = self._observed.setdefault(d.op_id, {})
+        outcomes: dict[int, tuple[StepOutcome, str, Exception | None]] = {}
+        for rank in d.ranks:
+            if res is not None and rank in res.results:
+                answer = observed[rank] = res.results[rank]
+                if pc.holds(answer):
+                    outcomes[rank] = (StepOutcome.OK, "", None)
+                else:
+                    err = PostConditionFailed(rank, pc.method, pc.expect, answer)
+                    outcomes[rank] = (StepOutcome.ERROR, f"PostConditionFailed: {err}", err)
+            elif res is not None and rank in res.errors:
+                error = res.errors[rank]
+                outcomes[rank] = (*classify(error), error)
             else:
-                out[rank] = res.errors.get(rank) or RequestTimedOut(LAST_OPERATION_METHOD,
-                                                                    timeout)
+                detail = f"no answer to the post-condition {pc.method!r} in time"
+                outcomes[rank] = (StepOutcome.UNKNOWN, detail, OutcomeUnknown(rank, detail))
+        return outcomes
+
+    # -- restart recovery ----------------------------------------------------------
+    async def last_operations(self, ranks: Sequence[int] | None = None, timeout: float = 5.0,
+                              *, fence: int | None = None
+                              ) -> dict[int, LastOperation | Exception]:
+        """Ask each rank (default: all) which operation and step it last applied.
+
+        With ``fence``, take the ranks over first (``ctlwire.take_over``): each
+        raises its fence to ``fence`` before it answers, so no older controller
+        changes anything there afterwards; a rank running a step is asked again
+        (within ``timeout``) once it returned."""
+        targets = tuple(ranks) if ranks is not None else self.client.ranks
+        method = LAST_OPERATION_METHOD if fence is None else TAKE_OVER_METHOD
+        payload = None if fence is None else TakeOver(fence)
+        out: dict[int, LastOperation | Exception] = {}
+        ask = targets
+        with anyio.move_on_after(timeout):
+            while ask:
+                try:
+                    res = await self.client.fan_out(method, payload, ranks=ask,
+                                                    timeout=timeout, mode="concurrent",
+                                                    result_type=LastOperation)
+                except FanOutFailed as exc:
+                    res = exc.result
+                except RequestTimedOut as exc:
+                    if exc.partial is None:
+                        break
+                    res = exc.partial
+                busy = []
+                for rank in ask:
+                    if rank in res.results:
+                        out[rank] = res.results[rank]
+                        continue
+                    error = res.errors.get(rank)
+                    if error is not None:
+                        out[rank] = error
+                        if isinstance(error, RemoteError) and error.type_name == "StepInFlight":
+                            busy.append(rank)
+                ask = tuple(busy)
+                if ask:
+                    await anyio.sleep(0.05)
+        for rank in targets:
+            out.setdefault(rank, RequestTimedOut(method, timeout))
         return out
 
     async def recover(self, plan: OperationPlan, ranks: Sequence[int] | None = None,
-                      timeout: float = 5.0) -> Recovery | None:
-        """The newest operation of ``plan`` some rank applied steps of, or None."""
+                      timeout: float = 5.0, *, fence: int | None = None) -> Recovery | None:
+        """The newest operation of ``plan`` some rank applied steps of, and what
+        remains of it per rank (see :class:`Recovery`); None when there is none.
+        With ``fence``, the ranks are taken over first (see :meth:`last_operations`):
+        what is read stays true, and :meth:`finish` acts under that fence."""
+        recovery = recovery_of(plan, await self.last_operations(ranks, timeout, fence=fence))
+        if recovery is not None and fence is not None:
+            recovery = replace(recovery, taken_over=fence)
+        return recovery
+
+    async def restore_quarantine(self, plan: OperationPlan, ranks: Sequence[int] | None = None,
+                                 timeout: float = 5.0) -> tuple[int, ...]:
+        """Rebuild the quarantine from the engines' own ledgers (after a controller
+        restart): every rank whose last operation of ``plan`` is unsettled there
+        -- steps applied, but neither every step nor every compensation due -- is
+        quarantined (step ``""``: left mid-operation). Returns the ranks added."""
+        names = [s.name for s in plan.steps]
         prefix = f"{plan.name}@"
-        lasts = [v for v in (await self.last_operations(ranks, timeout)).values()
-                 if isinstance(v, LastOperation) and v.op.startswith(prefix)]
-        if not lasts:
-            return None
-        newest = max(lasts, key=lambda v: v.fence)
-        steps = {v.rank: tuple(v.applied) for v in lasts if v.op == newest.op}
-        last = plan.steps[-1].name
-        return Recovery(newest.op, newest.fence, steps,
-                        complete=all(s and s[-1] == last for s in steps.values()),
-                        compensated=any(n.endswith(":undo") for s in steps.values() for n in s))
+        added = []
+        for rank, last in sorted((await self.last_operations(ranks, timeout)).items()):
+            if not isinstance(last, LastOperation) or not last.op.startswith(prefix):
+                continue
+            if not last.steps or (list(last.steps) == names and not last.undone):
+                continue  # nothing applied, or committed
+            due = [n for n in last.steps if n in names
+                   and plan.steps[plan.index(n)].compensation is not None]
+            if last.undone and all(n in last.undone for n in due):
+                continue  # compensated
+            if rank not in self.quarantined:
+                added.append(rank)
+                self.quarantine(rank, last.op, "", f"left mid-operation: applied {last.steps}, "
+                                                   f"undone {last.undone}",
+                                postcondition=plan.postcondition)
+        return tuple(added)
+
+    async def finish(self, plan: OperationPlan, recovery: Recovery, *,
+                     on_progress: Callable[[ProgressEvent], None] | None = None
+                     ) -> OperationResult:
+        """Do what remains of a recovered operation, in one call, under a newer fence
+        (which takes the operation over on every rank and fences its old
+        controller out): finish its compensation, or roll it forward (steps
+        already applied answer their recorded results and do not run again).
+        A rank of the operation that did not answer the recovery is quarantined:
+        what it applied is not known. Raises InvalidPlan as :meth:`run` does.
+
+        A ``recovery`` read without taking the ranks over is read again, under a
+        new fence, first: an older controller that is only stalled could have
+        changed the ranks since (InvalidPlan when the operation is no longer
+        the newest there)."""
+        if not recovery.taken_over:
+            fresh = await self.recover(plan, recovery.ranks or None, fence=new_fence())
+            if fresh is None or fresh.op_id != recovery.op_id:
+                raise InvalidPlan([f"{recovery.op_id!r} is no longer the newest operation of "
+                                   f"{plan.name!r} on its ranks; recover() again"])
+            recovery = fresh
+        for rank in recovery.missing:
+            self.quarantine(rank, recovery.op_id, "",
+                            "did not answer the recovery of its operation",
+                            postcondition=plan.postcondition)
+        targets = tuple(r for r in recovery.ranks if r not in recovery.missing)
+        for rank in targets:  # held only because this very operation was left unfinished
+            held = self.quarantined.get(rank)
+            if held is not None and held.op_id == recovery.op_id and not held.step:
+                self.client.quarantine.remove(rank)
+        if not targets:
+            raise InvalidPlan([f"no rank of {recovery.op_id!r} answered its recovery"])
+        still_held = sorted(set(targets) & set(self.quarantined))
+        if still_held:
+            raise InvalidPlan([f"ranks {still_held} are quarantined; release() them first"])
+        if recovery.op_id in self.active:
+            raise ValueError(f"operation {recovery.op_id!r} is already running")
+        fence = recovery.taken_over
+        await self.check(plan, targets, op_id=recovery.op_id, fence=fence)
+        core = OperationCore(plan, targets, op_id=recovery.op_id, fence=fence,
+                             observer=on_progress)
+        applied = {r: recovery.steps.get(r, ()) for r in targets}
+        if recovery.action == "compensate":
+            core.finish_compensation(applied, {r: recovery.undone.get(r, ()) for r in targets})
+        else:
+            core.resume_forward(applied)  # should it abort, what applied before is undone too
+        return await self._drive(core)
 
     # -- observability ---------------------------------------------------------------
     def progress(self) -> dict[str, dict[str, Any]]:

@@ -22,6 +22,7 @@ OperationRank (one rank's part)::
     Applying --refuse--> Failed           (the step answered an error: it did not apply)
     Applying --lose--> Unknown            (rank lost or timed out: the step may have applied)
     Applied | Failed | Unknown --compensate--> Compensating   (something to undo)
+    Pending --recover--> Compensating     (a successor finishes a compensation begun before)
     Compensating --undo--> Compensating   (one compensating step done)
     Compensating --restore--> Compensated (every applied step undone)
     Applied | Failed | Unknown --skip--> Aborted   (nothing declared to undo)
@@ -119,6 +120,7 @@ class RankEvent(IdentityEnum):
     SKIP = "skip"
     QUARANTINE = "quarantine"
     SUPERSEDE = "supersede"
+    RECOVER = "recover"
 
 
 _R = RankState
@@ -137,6 +139,7 @@ OPERATION_RANK: MachineSpec[RankState, RankEvent] = MachineSpec(
         (_RE.LOSE, (_R.APPLYING,), _R.UNKNOWN),
         (_RE.COMMIT, (_R.APPLIED,), _R.COMMITTED),
         (_RE.COMPENSATE, (_R.APPLIED, _R.FAILED, _R.UNKNOWN), _R.COMPENSATING),
+        (_RE.RECOVER, (_R.PENDING,), _R.COMPENSATING),
         (_RE.UNDO, (_R.COMPENSATING,), _R.COMPENSATING),
         (_RE.RESTORE, (_R.COMPENSATING,), _R.COMPENSATED),
         (_RE.SKIP, (_R.APPLIED, _R.FAILED, _R.UNKNOWN), _R.ABORTED),

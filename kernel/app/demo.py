@@ -347,7 +347,7 @@ async def _drive(cfg: DemoConfig, client: ControlClient, fleet: EngineFleet | No
         waiting: dict[str, set[int]] = defaultdict(set)
 
         def on_progress(ev: ProgressEvent) -> None:  # per-step latency, as fan-outs had
-            if ev.phase != "apply":
+            if ev.phase != "apply" or ev.step not in methods:  # steps, not the post-condition
                 return
             if ev.state is RankState.APPLYING:
                 started.setdefault(ev.step, time.perf_counter())
@@ -434,7 +434,7 @@ async def _drive(cfg: DemoConfig, client: ControlClient, fleet: EngineFleet | No
             loading = []
             for rank in ranks:
                 status = client.rank_status(rank)
-                if status["progress"] >= 0 and status["method"] == "ctlwire.step":
+                if status["progress"] >= 0 and status["method"] == "update_weights":
                     fraction = float(status["progress"])
                     best = report.slow_progress.get(rank, 0.0)
                     report.slow_progress[rank] = max(best, fraction)

@@ -26,6 +26,11 @@ Guarantees (checked for every outcome at every step on up to three ranks):
 * **Fenced out means hands off.** A rank that refuses a step as fenced (a newer
   operation started on it) ends Superseded, and so does the operation: this
   controller sends nothing more (a compensation would race its successor).
+* **Post-condition before commit.** A plan's
+  :class:`~ctlwire.kernel.core.operation_plan.PostCondition` is checked on every
+  rank once the last step applied everywhere (one more dispatch, ``check``
+  set, step ``"(postcondition)"``); a rank where it does not hold (or does not
+  answer) fails, and the operation is compensated like after a failed step.
 * **Idempotent and fenced on the wire.** Every dispatch carries the operation's
   fencing token and the key ``"{op_id}:{step}"`` (``"{op_id}:{step}:undo"``
   for a compensation), so a retried operation (same id and token, e.g. after
@@ -38,7 +43,7 @@ Guarantees (checked for every outcome at every step on up to three ranks):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -54,7 +59,10 @@ from ctlwire.states import (
     RankState,
 )
 
-__all__ = ["Dispatch", "OperationCore", "StepOutcome"]
+__all__ = ["POSTCONDITION_STEP", "Dispatch", "OperationCore", "StepOutcome"]
+
+POSTCONDITION_STEP = "(postcondition)"
+"""The step name progress events and reports use for the plan's post-condition check."""
 
 _R = RankState
 _RE = RankEvent
@@ -70,6 +78,7 @@ class StepOutcome(Enum):
     NOT_DELIVERED = "not_delivered"    # never handed to the transport: did not apply
     UNKNOWN = "unknown"                # lost or timed out after hand-over: may have applied
     FENCED = "fenced"                  # refused: a newer operation holds this rank
+    NOT_APPLIED = "not_applied"        # a compensation refused: its step never applied there
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,8 @@ class Dispatch:
     ranks: tuple[int, ...]
     key: str
     fence: int
+    index: int = -1  # the step's position in the plan
+    check: bool = False  # the plan's post-condition: a read-only method, not a step
 
 
 class OperationCore:
@@ -112,7 +123,8 @@ class OperationCore:
         self._index = 0
         self._undo_index = -1
         self._inflight: Dispatch | None = None
-        self._outcomes: dict[int, tuple[StepOutcome, str]] = {}
+        self._outcomes: dict[int, tuple[StepOutcome, str, Exception | None]] = {}
+        self._error: dict[int, Exception] = {}
         self.dispatches: list[Dispatch] = []
 
     def clone(self) -> OperationCore:
@@ -127,6 +139,7 @@ class OperationCore:
         other._to_undo = {r: list(v) for r, v in self._to_undo.items()}
         other._quarantine_now = set(self._quarantine_now)
         other._outcomes = dict(self._outcomes)
+        other._error = dict(self._error)
         other.dispatches = list(self.dispatches)
         other.__class__ = self.__class__
         return other
@@ -138,6 +151,41 @@ class OperationCore:
                 tuple((r, tuple(v)) for r, v in self._applied.items()),
                 tuple((r, tuple(v)) for r, v in sorted(self._to_undo.items())),
                 tuple(sorted(self._quarantine_now)))
+
+    def resume_forward(self, applied: Mapping[int, Sequence[str]]) -> None:
+        """Take over an operation another controller ran forward: ``applied``, per
+        rank, the steps its ledger already applied. The steps are sent again from
+        the first (the ledgers answer those already applied from their records);
+        should the operation abort, every step applied on a rank -- these
+        included -- is compensated there. Only before the first dispatch."""
+        if self.dispatches or self.state is not _O.RUNNING:
+            raise RuntimeError(f"{self.op_id}: an operation is taken over before any dispatch")
+        for r in self.ranks:
+            self._applied[r] = [self.plan.index(name) for name in applied.get(r, ())]
+
+    def finish_compensation(self, applied: Mapping[int, Sequence[str]],
+                            undone: Mapping[int, Sequence[str]]) -> None:
+        """Take over an operation whose compensation another controller began.
+
+        ``applied``/``undone``: per rank, the steps its ledger applied and the
+        compensations it already ran. Every rank goes to Compensating; the
+        dispatches that follow undo what remains, newest first. Only before the
+        first dispatch (RuntimeError otherwise)."""
+        if self.dispatches or self.state is not _O.RUNNING:
+            raise RuntimeError(f"{self.op_id}: a compensation is taken over before any dispatch")
+        steps = self.plan.steps
+        first = steps[0].name
+        self._op(_OE.ABORT)
+        for r in self.ranks:
+            done = list(undone.get(r, ()))
+            indices = [self.plan.index(name) for name in applied.get(r, ())]
+            self._applied[r] = indices
+            self._undone[r] = done
+            self._to_undo[r] = [j for j in reversed(indices)
+                                if steps[j].compensation is not None
+                                and steps[j].name not in done]
+            self._go(r, _RE.RECOVER, first, "compensate")
+        self._undo_index = len(steps) - 1
 
     def has_outcome(self, rank: int) -> bool:
         """Whether ``rank`` already has an outcome for the dispatch in flight."""
@@ -170,10 +218,12 @@ class OperationCore:
                 "ranks": {r: s.value for r, s in self._rank.items()}}
 
     # -- transitions -------------------------------------------------------------
-    def _go(self, rank: int, event: RankEvent, step: str, phase: Phase, detail: str = "") -> None:
+    def _go(self, rank: int, event: RankEvent, step: str, phase: Phase, detail: str = "",
+            error: Exception | None = None) -> None:
         self._rank[rank] = OPERATION_RANK_TABLE.apply(self._rank[rank], event, rank)
         if self.observer is not None:
-            self.observer(ProgressEvent(self.op_id, rank, step, phase, self._rank[rank], detail))
+            self.observer(ProgressEvent(self.op_id, rank, step, phase, self._rank[rank], detail,
+                                        error))
 
     def _op(self, event: OperationEvent) -> None:
         self.state = OPERATION_TABLE.apply(self.state, event, self.op_id)
@@ -185,12 +235,19 @@ class OperationCore:
         Raises RuntimeError while a dispatch still has ranks without an outcome."""
         if self._inflight is not None:
             raise RuntimeError(f"{self.op_id}: dispatch {self._inflight.key!r} is still in flight")
-        if self.state is _O.RUNNING:
+        if self.state is _O.RUNNING and self._index == len(self.plan.steps):
+            pc = self.plan.postcondition
+            assert pc is not None
+            for r in self.ranks:
+                self._go(r, _RE.SEND, POSTCONDITION_STEP, "apply")
+            d = Dispatch(self.op_id, "apply", POSTCONDITION_STEP, pc.method, pc.payload,
+                         pc.timeout, self.ranks, "", self.fence, self._index, check=True)
+        elif self.state is _O.RUNNING:
             step = self.plan.steps[self._index]
             for r in self.ranks:
                 self._go(r, _RE.SEND, step.name, "apply")
             d = Dispatch(self.op_id, "apply", step.name, step.method, step.payload, step.timeout,
-                         self.ranks, step_key(self.op_id, step.name), self.fence)
+                         self.ranks, step_key(self.op_id, step.name), self.fence, self._index)
         elif self.state is _O.ABORTING:
             found: Dispatch | None = None
             while found is None and self._undo_index >= 0:
@@ -207,7 +264,7 @@ class OperationCore:
                                      comp.payload,
                                      comp.timeout if comp.timeout is not None else step.timeout,
                                      targets, step_key(self.op_id, step.name, undo=True),
-                                     self.fence)
+                                     self.fence, j)
             if found is None:
                 self._finish_abort()
                 return None
@@ -219,14 +276,16 @@ class OperationCore:
         self.dispatches.append(d)
         return d
 
-    def record(self, rank: int, outcome: StepOutcome, detail: str = "") -> None:
-        """``rank``'s outcome of the dispatch in flight (each rank once, any order)."""
+    def record(self, rank: int, outcome: StepOutcome, detail: str = "",
+               error: Exception | None = None) -> None:
+        """``rank``'s outcome of the dispatch in flight (each rank once, any order);
+        ``error``: the typed error behind a failure, as the fan-out gave it."""
         d = self._inflight
         if d is None or rank not in d.ranks:
             raise ValueError(f"{self.op_id}: no outcome expected from rank {rank}")
         if rank in self._outcomes:
             raise ValueError(f"{self.op_id}: rank {rank} already has an outcome for {d.key!r}")
-        self._outcomes[rank] = (outcome, detail)
+        self._outcomes[rank] = (outcome, detail, error)
         if len(self._outcomes) == len(d.ranks):
             self._inflight = None
             if d.phase == "apply":
@@ -236,75 +295,91 @@ class OperationCore:
 
     def _settle_apply(self, d: Dispatch) -> None:
         i = self._index
-        step = self.plan.steps[i]
+        steps = self.plan.steps
+        check = i == len(steps)  # the post-condition: nothing applies, a mismatch fails
+        name = POSTCONDITION_STEP if check else steps[i].name
         for r in d.ranks:
-            outcome, detail = self._outcomes[r]
+            outcome, detail, error = self._outcomes[r]
             if outcome is StepOutcome.OK:
-                self._applied[r].append(i)
-                self._go(r, _RE.OK, step.name, "apply")
-            elif outcome is StepOutcome.UNKNOWN:
-                self._applied[r].append(i)  # may have applied: undo it too
-                self._failed[r] = (step.name, detail)
-                self._go(r, _RE.LOSE, step.name, "apply", detail)
+                if not check and i not in self._applied[r]:
+                    self._applied[r].append(i)
+                self._go(r, _RE.OK, name, "apply")
+            elif outcome is StepOutcome.UNKNOWN and not check:
+                if i not in self._applied[r]:
+                    self._applied[r].append(i)  # may have applied: undo it too
+                self._failed[r] = (name, detail)
+                self._note_error(r, error)
+                self._go(r, _RE.LOSE, name, "apply", detail, error)
             elif outcome is StepOutcome.FENCED:
                 self._detail[r] = detail
-                self._go(r, _RE.SUPERSEDE, step.name, "apply", detail)
+                self._note_error(r, error)
+                self._go(r, _RE.SUPERSEDE, name, "apply", detail, error)
             else:
-                self._failed[r] = (step.name, detail)
-                if outcome is StepOutcome.ERROR and step.quarantine_on_error:
+                self._failed[r] = (name, detail)
+                self._note_error(r, error)
+                if outcome is StepOutcome.ERROR and not check and steps[i].quarantine_on_error:
                     self._quarantine_now.add(r)
-                self._go(r, _RE.REFUSE, step.name, "apply", detail)
-        outcomes = {o for o, _ in self._outcomes.values()}
+                self._go(r, _RE.REFUSE, name, "apply", detail, error)
+        outcomes = {o for o, _, _ in self._outcomes.values()}
         if StepOutcome.FENCED in outcomes:
             self._op(_OE.SUPERSEDE)
             for r in self.ranks:
                 if self._rank[r] not in OPERATION_RANK_TABLE.final:
-                    self._go(r, _RE.SUPERSEDE, step.name, "apply", "a newer operation took over")
+                    self._go(r, _RE.SUPERSEDE, name, "apply", "a newer operation took over")
             return
         if outcomes == {StepOutcome.OK}:
-            if i + 1 < len(self.plan.steps):
+            if i + 1 < len(steps) or (not check and self.plan.postcondition is not None):
                 self._index += 1
                 self._op(_OE.ADVANCE)
                 return
             for r in self.ranks:
-                self._go(r, _RE.COMMIT, step.name, "apply")
+                self._go(r, _RE.COMMIT, name, "apply")
             self._op(_OE.COMMIT)
             return
         self._op(_OE.ABORT)
         for r in self.ranks:
             if r in self._quarantine_now:
-                self._go(r, _RE.QUARANTINE, step.name, "apply", self._failed[r][1])
+                self._go(r, _RE.QUARANTINE, name, "apply", self._failed[r][1],
+                         self._error.get(r))
                 continue
             undo = [j for j in reversed(self._applied[r])
-                    if self.plan.steps[j].compensation is not None]
+                    if steps[j].compensation is not None]
             if undo:
                 self._to_undo[r] = undo
-                self._go(r, _RE.COMPENSATE, step.name, "compensate")
+                self._go(r, _RE.COMPENSATE, name, "compensate")
             else:
-                self._go(r, _RE.SKIP, step.name, "compensate")
-        self._undo_index = i
+                self._go(r, _RE.SKIP, name, "compensate")
+        self._undo_index = len(steps) - 1  # from the newest step any rank applied
 
     def _settle_compensation(self, d: Dispatch) -> None:
         for r in d.ranks:
-            outcome, detail = self._outcomes[r]
-            if outcome is StepOutcome.OK:
+            outcome, detail, error = self._outcomes[r]
+            if outcome is StepOutcome.OK or outcome is StepOutcome.NOT_APPLIED:
                 self._to_undo[r].pop(0)
-                self._undone[r].append(d.step)
-                self._go(r, _RE.UNDO, d.step, "compensate")
+                if outcome is StepOutcome.OK:
+                    self._undone[r].append(d.step)
+                self._go(r, _RE.UNDO, d.step, "compensate", detail)
             elif outcome is StepOutcome.FENCED:
                 self._detail[r] = detail
-                self._go(r, _RE.SUPERSEDE, d.step, "compensate", detail)
+                self._note_error(r, error)
+                self._go(r, _RE.SUPERSEDE, d.step, "compensate", detail, error)
             else:
                 self._failed.setdefault(r, (f"{d.step}:undo", detail))
                 self._detail[r] = f"undo of {d.step!r} failed: {detail}"
-                self._go(r, _RE.QUARANTINE, d.step, "compensate", self._detail[r])
-        if any(o is StepOutcome.FENCED for o, _ in self._outcomes.values()):
+                self._note_error(r, error)
+                self._go(r, _RE.QUARANTINE, d.step, "compensate", self._detail[r], error)
+        if any(o is StepOutcome.FENCED for o, _, _ in self._outcomes.values()):
             # a newer operation holds some rank: send nothing more, hand the rest over
             for r in self.ranks:
                 if self._rank[r] not in OPERATION_RANK_TABLE.final:
                     self._go(r, _RE.SUPERSEDE, d.step, "compensate",
                              "a newer operation took over")
             self._op(_OE.SUPERSEDE)
+
+    def _note_error(self, rank: int, error: Exception | None) -> None:
+        """Keep the first typed error of ``rank``'s failure (the one its report names)."""
+        if error is not None:
+            self._error.setdefault(rank, error)
 
     def _finish_abort(self) -> None:
         for r in self.ranks:
@@ -330,5 +405,5 @@ class OperationCore:
             detail = self._detail.get(r) or (failed[1] if failed else "")
             reports[r] = RankReport(r, self._rank[r], tuple(names[j] for j in self._applied[r]),
                                     tuple(self._undone[r]), failed[0] if failed else None,
-                                    detail)
+                                    detail, self._error.get(r))
         return OperationResult(self.op_id, self.fence, self.plan.name, self.state, reports)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from ctlwire.states import OperationState, RankState
 
@@ -16,7 +16,11 @@ Phase = Literal["apply", "compensate"]
 class ProgressEvent:
     """One rank's part of an operation changed: ``state`` after ``step`` in ``phase``.
 
-    ``detail`` names the error or loss for Failed / Unknown / Quarantined."""
+    ``detail`` names the error or loss for Failed / Unknown / Quarantined;
+    ``error`` is the typed error behind it, the one the step's fan-out gave
+    (e.g. :class:`~ctlwire.kernel.errors.RemoteError`,
+    :class:`~ctlwire.kernel.errors.OutcomeUnknown`,
+    :class:`~ctlwire.kernel.errors.NotDelivered`), None when there is none."""
 
     op_id: str
     rank: int
@@ -24,6 +28,7 @@ class ProgressEvent:
     phase: Phase
     state: RankState
     detail: str = ""
+    error: Exception | None = None
 
 
 @dataclass(frozen=True)
@@ -33,7 +38,8 @@ class RankReport:
     ``applied``: the steps that applied on it (or may have: outcome unknown),
     in order; ``undone``: the steps whose compensation ran on it, in the order
     run; ``failed_step``/``detail``: the step (or compensation) that failed
-    there and why."""
+    there and why; ``error``: the typed error of that failure, as the
+    fan-out gave it (None when the rank did not fail)."""
 
     rank: int
     state: RankState
@@ -41,6 +47,7 @@ class RankReport:
     undone: tuple[str, ...] = ()
     failed_step: str | None = None
     detail: str = ""
+    error: Exception | None = None
 
 
 @dataclass(frozen=True)
@@ -51,13 +58,15 @@ class OperationResult:
     ``failed_ranks`` names the ranks where a step (or its compensation) failed,
     ``quarantined`` those that could not be brought back (the runner excludes
     them from later operations until released) and ``superseded`` those where a
-    newer operation fenced this one out."""
+    newer operation fenced this one out. ``observed``: each rank's answer to
+    the plan's post-condition (e.g. its weight version), where it was read."""
 
     op_id: str
     fence: int
     plan: str
     state: OperationState
     ranks: dict[int, RankReport] = field(default_factory=dict)
+    observed: dict[int, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

@@ -84,8 +84,10 @@ def test_bench_runs_twice_and_writes_both_runs_and_the_medians(
 
 
 def test_bench_runs_below_one_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "--quick", "--only", "state_table", "--runs", "0"]) == 2
-    assert "--runs must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--quick", "--only", "state_table", "--runs", "0"])
+    assert exit_info.value.code == 2
+    assert "argument --runs: must be at least 1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("mode", ["--reliability", "--soak"])

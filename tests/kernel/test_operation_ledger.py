@@ -23,12 +23,17 @@ from ctlwire.kernel.operation_ledger import (
     Fenced as EngineFenced,
 )
 from ctlwire.kernel.operation_ledger import (
+    InvalidStep,
     OperationAborted,
     OperationLedger,
+    OperationOwned,
+    StepNotApplied,
+    StepOutOfOrder,
     StepRequest,
+    TakeOver,
     UnknownStepMethod,
 )
-from ctlwire.kernel.operation_runner import OperationRunner, classify
+from ctlwire.kernel.operation_runner import OperationRunner, ReleaseRefused, classify
 from ctlwire.kernel.testing import EngineHarness
 from ctlwire.states import OperationState, RankState
 from ctlwire.transports.codec import MsgpackCodec
@@ -47,9 +52,13 @@ class FakeEndpoint:
         self.rank = 4
         self.codec = CODEC
         self.methods: dict[str, Any] = {}
+        self.read_only: set[str] = set()
+        self.running: dict[int, tuple[str, float]] = {}
 
-    def register(self, name: str, fn: Any) -> None:
+    def register(self, name: str, fn: Any, *, read_only: bool = False) -> None:
         self.methods[name] = fn
+        if read_only:
+            self.read_only.add(name)
 
 
 def ledger() -> tuple[OperationLedger, list[int]]:
@@ -68,10 +77,20 @@ def ledger() -> tuple[OperationLedger, list[int]]:
 
 
 def step(op: str, name: str, fence: int, method: str = "bump", arg: Any = None,
-         phase: str = "apply") -> StepRequest:
+         phase: str = "apply", index: int | None = None) -> StepRequest:
+    """A step; forward steps named "a", "b", "c"... sit at positions 0, 1, 2..."""
+    if index is None:
+        index = ord(name) - ord("a") if len(name) == 1 and name <= "w" else 0
     return StepRequest(op, name, phase, fence, f"{op}:{name}" + (":undo" if phase != "apply"
                                                                  else ""),
-                       method, CODEC.encode_value(arg if arg is not None else Bump(1)))
+                       method, CODEC.encode_value(arg if arg is not None else Bump(1)), index)
+
+
+def test_the_ledger_declares_its_reads_read_only_and_its_steps_not() -> None:
+    endpoint = FakeEndpoint()
+    OperationLedger({"bump": lambda arg: arg}).install(endpoint)  # type: ignore[arg-type]
+    assert endpoint.read_only == {"ctlwire.last_operation", "ctlwire.step_methods"}
+    assert {"ctlwire.step", "ctlwire.take_over"} <= set(endpoint.methods) - endpoint.read_only
 
 
 def test_a_key_runs_once_and_replays_its_result() -> None:
@@ -116,11 +135,14 @@ def test_no_forward_step_replays_after_a_compensation() -> None:
     assert led.last_operation().applied == ["a", "a:undo"]
 
 
-def test_the_result_cache_is_bounded() -> None:
-    led, calls = ledger()
-    for name in "abc":
-        led.step(step("op", name, 1))
-    led.step(step("op", "a", 1))  # evicted (cache_size=2): runs again
+def test_the_operations_remembered_are_bounded() -> None:
+    led, calls = ledger()  # remembers 2 operations
+    for op in ("p", "q", "r"):
+        led.step(step(op, "a", 1))
+    assert led.metrics()["operations"] == 2
+    led.step(step("q", "a", 1))  # remembered: replays
+    assert len(calls) == 3
+    led.step(step("p", "a", 1))  # forgotten: begins anew
     assert len(calls) == 4
 
 
@@ -148,8 +170,8 @@ async def test_progress_is_observable_while_the_operation_runs() -> None:
 
         result = await runner.run(weight_update_plan(1, 0), on_progress=watch)
         assert result.ok
-        assert [next(iter(s.values()))["step"] for s in snapshots] == ["pause", "update",
-                                                                       "resume"]
+        assert [next(iter(s.values()))["step"] for s in snapshots] == [
+            "pause", "update", "resume", "(postcondition)"]
         assert all(next(iter(s.values()))["state"] == "running" for s in snapshots)
         assert runner.progress() == {}
 
@@ -166,9 +188,11 @@ async def test_a_failing_compensation_quarantines_the_rank() -> None:
         assert result.compensated == (0, 1)
         assert result.ranks[2].failed_step == "update:undo"
         assert runner.routable_ranks() == (0, 1)
-        assert runner.release(2).step == "update:undo"
+        with pytest.raises(ReleaseRefused, match="paused"):
+            await runner.release(2)  # still paused: its post-condition does not hold
+        assert (await runner.release(2, force=True)).step == "update:undo"
         with pytest.raises(KeyError):
-            runner.release(2)
+            await runner.release(2)
         assert runner.metrics()["released"] == 1
 
 
@@ -226,7 +250,7 @@ async def test_quarantine_is_visible_in_the_snapshot_and_prometheus() -> None:
         assert registry.get_sample_value(
             "ctlwire_rank_quarantined", {"rank": "1", "op": result.op_id, "step": "update"}) == 1
         assert registry.get_sample_value("ctlwire_operations_total", {"state": "degraded"}) == 1
-        runner.release(1)
+        await runner.release(1, force=True)
         assert registry.get_sample_value(
             "ctlwire_rank_quarantined", {"rank": "1", "op": result.op_id, "step": "update"}) is None
 
@@ -249,3 +273,109 @@ async def test_a_compensated_operation_cannot_be_replayed_forward() -> None:
         after = (await h.client.fan_out("op_counts", mode="concurrent")).results
         assert {r: n["runs"] for r, n in after.items()} == {
             r: n["runs"] for r, n in before.items()}  # nothing ran again
+
+
+def test_malformed_steps_are_refused_without_running_or_raising_the_fence() -> None:
+    led, calls = ledger()
+    led.step(step("op", "a", 5))
+    bad = [
+        StepRequest("op", "b", "rollback", 5, "op:b", "bump", CODEC.encode_value(Bump(1)), 1),
+        StepRequest("op", "b", "apply", 0, "op:b", "bump", CODEC.encode_value(Bump(1)), 1),
+        StepRequest("op", "b", "apply", 2**63 - 1, "op:b", "bump",
+                    CODEC.encode_value(Bump(1)), 1),
+        StepRequest("op", "b", "apply", 6, "other:b", "bump", CODEC.encode_value(Bump(1)), 1),
+        StepRequest("op", "b", "apply", 6, "op:b", "bump", CODEC.encode_value(Bump(1))),
+    ]
+    for req in bad:
+        with pytest.raises(InvalidStep):
+            led.step(req)
+    with pytest.raises(StepOutOfOrder):
+        led.step(step("op", "c", 6))  # b has not applied here
+    with pytest.raises(StepOutOfOrder):
+        led.step(step("new", "b", 6))  # an operation begins with its first step
+    with pytest.raises(StepNotApplied):
+        led.step(step("ghost", "a", 6, phase="compensate"))
+    assert calls == [1] and led.highest_fence == 5 and led.counters["refused"] == 8
+
+
+def test_a_compensation_runs_once_and_only_for_what_applied() -> None:
+    led, calls = ledger()
+    led.step(step("op", "a", 5))
+    led.step(step("op", "b", 5))
+    with pytest.raises(StepNotApplied):
+        led.step(step("op", "c", 5, phase="compensate"))
+    assert led.step(step("op", "b", 5, phase="compensate", arg=Bump(-1))) == 1
+    assert led.step(step("op", "b", 5, phase="compensate", arg=Bump(-1))) == 1  # replayed
+    assert calls == [1, 1, -1]
+    last = led.last_operation()
+    assert (last.steps, last.undone, last.applied) == (["a", "b"], ["b"], ["a", "b", "b:undo"])
+
+
+def test_an_operation_is_bound_to_its_controller_until_a_newer_fence_takes_it_over() -> None:
+    from ctlwire.kernel.engine_liveness import _current_request
+
+    led, calls = ledger()
+
+    def as_peer(peer: int, req: StepRequest) -> Any:
+        token = _current_request.set((None, peer << 32 | 1))  # type: ignore[arg-type]
+        try:
+            return led.step(req)
+        finally:
+            _current_request.reset(token)
+
+    as_peer(7, step("op", "a", 5))
+    with pytest.raises(OperationOwned):
+        as_peer(8, step("op", "a", 5, phase="compensate", arg=Bump(-1)))
+    assert as_peer(8, step("op", "a", 6)) == 1  # a successor: replays, takes it over
+    with pytest.raises(EngineFenced):
+        as_peer(7, step("op", "b", 5))  # the old controller is fenced out
+    assert as_peer(8, step("op", "b", 6)) == 2
+    assert calls == [1, 1] and led.counters["taken_over"] == 1
+
+
+@anyio_test
+async def test_async_steps_are_awaited_and_recorded_only_after_they_return() -> None:
+    import anyio
+
+    ran: list[int] = []
+
+    async def load(req: Bump) -> int:
+        await anyio.sleep(0)
+        if req.by < 0:
+            raise ValueError("bad weights")
+        ran.append(req.by)
+        return req.by
+
+    led = OperationLedger({"load": load})
+    ep = FakeEndpoint()
+    led.install(ep)  # type: ignore[arg-type]
+    assert ep.methods["ctlwire.step"] == led.step_async
+    with pytest.raises(ValueError):
+        await led.step_async(step("op", "a", 5, method="load", arg=Bump(-1)))
+    assert led.last_operation().op == "" and ran == []
+    assert await led.step_async(step("op", "a", 5, method="load", arg=Bump(3))) == 3
+    assert ran == [3] and led.last_operation().steps == ["a"]
+    with pytest.raises(InvalidStep, match="async"):
+        led.step(step("op2", "a", 5, method="load"))  # served inline: refused, not skipped
+
+
+def test_a_payload_that_does_not_decode_is_an_invalid_step() -> None:
+    led, calls = ledger()
+    for raw in (b"\xc1", CODEC.encode_value("not a Bump")):
+        with pytest.raises(InvalidStep):
+            led.step(StepRequest("op", "a", "apply", 5, "op:a", "bump", msgspec.Raw(raw), 0))
+    assert calls == [] and led.highest_fence == 0
+
+
+def test_a_take_over_fences_older_controllers_before_it_answers() -> None:
+    led, calls = ledger()
+    led.step(step("op", "a", 5))
+    last = led.take_over(TakeOver(9))
+    assert (last.op, last.steps, led.highest_fence) == ("op", ["a"], 9)
+    with pytest.raises(EngineFenced):
+        led.step(step("op", "b", 5))  # the old controller, after the take-over
+    with pytest.raises(EngineFenced):
+        led.take_over(TakeOver(8))
+    with pytest.raises(InvalidStep):
+        led.take_over(TakeOver(2**63 - 1))
+    assert led.step(step("op", "b", 9)) == 2 and calls == [1, 1]

@@ -20,7 +20,7 @@ from ctlwire.kernel.app.operation_engine import Fault, weight_update_plan
 from ctlwire.kernel.control_client import ControlClient
 from ctlwire.kernel.core.operation_plan import new_fence
 from ctlwire.kernel.core.operation_result import ProgressEvent
-from ctlwire.kernel.operation_runner import OperationRunner
+from ctlwire.kernel.operation_runner import OperationRunner, ReleaseRefused
 from ctlwire.states import OperationState, RankState
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
@@ -65,7 +65,11 @@ async def test_commit_on_every_rank_with_progress(fleet: tuple[str, EngineFleet]
                 ("pause", RankState.APPLYING), ("pause", RankState.APPLIED),
                 ("update", RankState.APPLYING), ("update", RankState.APPLIED),
                 ("resume", RankState.APPLYING), ("resume", RankState.APPLIED),
-                ("resume", RankState.COMMITTED)]
+                ("(postcondition)", RankState.APPLYING), ("(postcondition)", RankState.APPLIED),
+                ("(postcondition)", RankState.COMMITTED)]
+        # each rank's post-condition answer: the version it really runs
+        assert {r: (v["version"], v["paused"]) for r, v in result.observed.items()} == {
+            r: (1, False) for r in range(N)}
         assert await info(c) == {r: (1, False) for r in range(N)}
         for r, n in (await counts(c)).items():
             assert n["runs"] == {"pause": 1, "update_weights": 1, "resume": 1}, r
@@ -124,10 +128,14 @@ async def test_killed_rank_is_quarantined_and_skipped_until_released(
         assert again.ok and again.committed == (0, 1)
         with pytest.raises(ValueError, match="quarantined"):
             await runner.run(weight_update_plan(3, 2), ranks=(1, 2))
-        # the rank comes back (a new process), is released, and joins the next operation
+        # the rank comes back (a new process) on its old weights: its release is refused
+        # until forced (or until it meets the post-condition), then it joins the next one
         engines.restart(2)
         await c.wait_ready(timeout=10)
-        runner.release(2)
+        with pytest.raises(ReleaseRefused, match="version"):
+            await runner.release(2)
+        assert runner.routable_ranks() == (0, 1)
+        await runner.release(2, force=True)
         assert runner.routable_ranks() == (0, 1, 2)
         third = await runner.run(weight_update_plan(3, 2))
         assert third.ok and third.committed == (0, 1, 2), third.summary()
@@ -185,14 +193,16 @@ async def test_retry_after_controller_restart_applies_nothing_twice(
         assert recovery is not None
         assert recovery.steps == {r: ("pause", "update") for r in range(N)}
         assert not recovery.complete and not recovery.compensated
-        result = await runner.run(plan, op_id=recovery.op_id, fence=recovery.fence)
+        # it takes the operation over with a newer fence (the dead one's is fenced out)
+        result = await runner.run(plan, op_id=recovery.op_id, fence=new_fence())
         assert result.ok and result.op_id == recovery.op_id, result.summary()
+        assert result.fence > recovery.fence
         assert await info(c2) == {r: (1, False) for r in range(N)}
         for r, n in (await counts(c2)).items():
             assert n["runs"] == {"pause": 1, "update_weights": 1, "resume": 1}, r
             assert n["replayed"] == 2, r  # pause and update answered from the ledger
         # and the whole operation once more: every step replays, nothing runs
-        again = await runner.run(plan, op_id=recovery.op_id, fence=recovery.fence)
+        again = await runner.run(plan, op_id=recovery.op_id, fence=result.fence)
         assert again.ok
         done = await runner.recover(plan)
         assert done is not None and done.complete and done.op_id == recovery.op_id
@@ -214,7 +224,8 @@ async def test_stale_controller_mid_operation_cannot_apply_after_its_successor(
     go_on = anyio.Event()
 
     class StallingRunner(OperationRunner):
-        async def _dispatch(self, d: Dispatch) -> dict[int, tuple[StepOutcome, str]]:
+        async def _dispatch(self, d: Dispatch
+                            ) -> dict[int, tuple[StepOutcome, str, Exception | None]]:
             if d.step == "update":
                 paused.set()
                 await go_on.wait()  # A freezes here (a GC pause, a partition, ...)

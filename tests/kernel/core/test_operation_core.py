@@ -211,5 +211,11 @@ def test_the_explorer_exercises_every_declared_transition(
                         Recording(OPERATION_TABLE.spec, OPERATION_TABLE.table))
     for plan in (weight_sync(), weight_sync(True), with_benign_step(), benign_first()):
         explore(plan, 2, every_order=False)
+    # a successor finishing a compensation (not a path of one controller's run)
+    core = OperationCore(weight_sync(), (0, 1), op_id="op", fence=5)
+    core.finish_compensation({0: ["pause", "update"], 1: ["pause"]}, {0: ["update"]})
+    while (d := core.next_dispatch()) is not None:
+        for r in d.ranks:
+            core.record(r, StepOutcome.OK)
     declared = set(OPERATION_RANK_TABLE.table) | set(OPERATION_TABLE.table)
     assert declared - used == set()  # no edge in the diagrams that the core never takes

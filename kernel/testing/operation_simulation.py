@@ -1,0 +1,602 @@
+"""Deterministic simulation of a whole fleet running one operation, and its recovery.
+
+One thread, virtual time, and every choice drawn from one seed: a controller
+driving the real :class:`~ctlwire.kernel.core.operation_core.OperationCore`,
+N engines each with a real :class:`~ctlwire.kernel.operation_ledger.OperationLedger`,
+and a network that drops, delays, duplicates and reorders messages and
+partitions ranks. The controller may crash at any event (between steps, or
+while a step is in flight); engines may crash before or after a step's body
+and come back with a fresh process. A successor controller then takes every
+ledger over with a newer fence and reads it, computes what remains
+(:func:`~ctlwire.kernel.operation_runner.recovery_of`) and finishes it, as
+:meth:`OperationRunner.finish` does. The first controller may instead only
+stall and come back after its successor took over: it is fenced out.
+
+Checked after every run (:class:`SimulationViolation` names the seed)::
+
+    each rank ends committed, compensated, aborted or quarantined-and-reported
+    (or superseded, when a successor took over and found nothing to finish)
+    no step body runs twice in one engine process
+    no engine is paused without a ledger record of its pause, nor unreported
+    an engine's fence never goes backwards
+    weights change only while the engine is paused
+    the post-condition holds on every committed rank; a compensated or aborted
+    rank is back on the old weights, serving
+
+A failing run replays exactly from its seed::
+
+    python -m ctlwire.kernel.testing.operation_simulation --seeds 2000
+    python -m ctlwire.kernel.testing.operation_simulation --seed 1234 --trace
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import random
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, cast
+
+import msgspec
+
+from ctlwire.kernel.core.operation_core import Dispatch, OperationCore, StepOutcome
+from ctlwire.kernel.core.operation_plan import (
+    OperationPlan,
+    OperationStep,
+    PostCondition,
+    StepCall,
+    new_operation_id,
+)
+from ctlwire.kernel.core.operation_result import OperationResult
+from ctlwire.kernel.engine_liveness import _current_request
+from ctlwire.kernel.operation_ledger import (
+    LastOperation,
+    OperationLedger,
+    StepRequest,
+    TakeOver,
+)
+from ctlwire.kernel.operation_runner import Recovery, recovery_of
+from ctlwire.states import OperationState, RankState
+from ctlwire.transports.codec import MsgpackCodec
+
+__all__ = [
+    "SimConfig",
+    "SimulationViolation",
+    "main",
+    "sim_plan",
+    "simulate",
+    "simulate_many",
+]
+
+OLD, NEW = 0, 1
+CODEC = MsgpackCodec()
+
+
+class Version(msgspec.Struct, frozen=True):
+    version: int
+
+
+def sim_plan() -> OperationPlan:
+    """pause -> update(NEW) -> resume, undone by resume / restore(OLD) / pause, and
+    the post-condition (NEW, serving) before commit."""
+    return OperationPlan("sim", (
+        OperationStep("pause", "pause", None, 1.0, compensation=StepCall("resume")),
+        OperationStep("update", "update_weights", Version(NEW), 1.0,
+                      compensation=StepCall("restore_weights", Version(OLD))),
+        OperationStep("resume", "resume", None, 1.0, compensation=StepCall("pause")),
+    ), PostCondition("get_server_info", {"version": NEW, "paused": False}, timeout=1.0))
+
+
+class SimulationViolation(AssertionError):
+    """An invariant failed in the run of ``seed`` (replay it with that seed)."""
+
+    def __init__(self, seed: int, message: str, trace: list[str]) -> None:
+        self.seed = seed
+        self.trace = trace
+        super().__init__(f"seed {seed}: {message}")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Fault rates of one run (each run draws its own choices from its seed)."""
+
+    ranks: int = 3
+    drop: float = 0.03
+    duplicate: float = 0.05
+    max_delay: float = 0.3
+    partition: float = 0.2       # chance that one rank is cut off for a while
+    controller_crash: float = 0.5
+    stalled_controller: float = 0.3  # of those: stalled and coming back, not dead
+    engine_crash: float = 0.15   # per engine
+    horizon: float = 60.0
+
+
+class _Endpoint:
+    """What OperationLedger.install uses of an endpoint."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.codec = CODEC
+        self.methods: dict[str, Callable[..., Any]] = {}
+        self.running: dict[int, tuple[str, float]] = {}
+
+    def register(self, name: str, fn: Callable[..., Any], *, read_only: bool = False) -> None:
+        self.methods[name] = fn
+
+
+class SimEngine:
+    """One engine process: weights, paused flag, a ledger; lost when it crashes."""
+
+    def __init__(self, sim: Simulation, rank: int) -> None:
+        self.sim = sim
+        self.rank = rank
+        self.alive = True
+        self.crashed = False
+        self.incarnation = 0
+        self._boot()
+
+    def _boot(self) -> None:
+        self.version = OLD  # weights as loaded at start
+        self.paused = False
+        self.runs: dict[tuple[str, str, str], int] = {}
+        self.current: StepRequest | None = None
+        self.ledger = self.sim.ledger_factory({
+            "pause": self.pause, "resume": self.resume,
+            "update_weights": self.update_weights, "restore_weights": self.restore_weights})
+        self.ledger.install(cast(Any, _Endpoint(self.rank)))
+        self.fence_seen = 0
+
+    def crash(self) -> None:
+        self.alive = False
+        self.crashed = True
+        self.sim.log(f"engine {self.rank} crashed")
+
+    def restart(self) -> None:
+        self.incarnation += 1
+        self.alive = True
+        self._boot()
+        self.sim.log(f"engine {self.rank} restarted")
+
+    # -- step bodies -------------------------------------------------------------------
+    def _body(self) -> None:
+        req = self.current
+        assert req is not None
+        key = (req.op, req.step, req.phase)
+        self.runs[key] = self.runs.get(key, 0) + 1
+        if self.runs[key] > 1:
+            self.sim.violate(f"rank {self.rank}: the body of {key} ran twice")
+
+    def _set_version(self, version: int) -> None:
+        if version != self.version and not self.paused:
+            self.sim.violate(f"rank {self.rank}: weights changed {self.version} -> {version} "
+                             "while serving")
+        self.version = version
+
+    def pause(self) -> None:
+        self._body()
+        self.paused = True
+
+    def resume(self) -> None:
+        self._body()
+        self.paused = False
+
+    def update_weights(self, req: Version) -> int:
+        self._body()
+        if not self.paused:
+            raise RuntimeError("update_weights needs a paused engine")
+        self._set_version(req.version)
+        return self.version
+
+    def restore_weights(self, req: Version) -> int:
+        self._body()
+        self._set_version(req.version)
+        return self.version
+
+    # -- requests ------------------------------------------------------------------------
+    def handle(self, msg: dict[str, Any]) -> dict[str, Any] | None:
+        """A request; its reply (None: the engine died before answering)."""
+        kind = msg["kind"]
+        if kind == "info":
+            return {"ok": True, "result": {"version": self.version, "paused": self.paused}}
+        if kind == "take":
+            try:
+                return {"ok": True, "result": self.ledger.take_over(TakeOver(msg["fence"]))}
+            except Exception as exc:
+                return {"ok": False, "error": type(exc).__name__, "detail": str(exc)}
+        req: StepRequest = msg["step"]
+        crash_before, crash_after = self.sim.engine_crash_point(self.rank)
+        if crash_before:
+            self.crash()
+            return None
+        self.current = req
+        token = _current_request.set(cast(Any, (None, msg["peer"] << 32 | msg["seq"])))
+        try:
+            result = self.ledger.step(req)
+            reply: dict[str, Any] = {"ok": True, "result": result}
+        except SimulationViolation:
+            raise
+        except Exception as exc:
+            reply = {"ok": False, "error": type(exc).__name__, "detail": str(exc)}
+        finally:
+            _current_request.reset(token)
+            self.current = None
+        if self.ledger.highest_fence < self.fence_seen:
+            self.sim.violate(f"rank {self.rank}: fence went back from {self.fence_seen} "
+                             f"to {self.ledger.highest_fence}")
+        self.fence_seen = self.ledger.highest_fence
+        if crash_after:
+            self.crash()
+            return None
+        return reply
+
+
+class SimController:
+    """Drives one OperationCore over the simulated network (as OperationRunner does)."""
+
+    def __init__(self, sim: Simulation, core: OperationCore, peer: int) -> None:
+        self.sim = sim
+        self.core = core
+        self.peer = peer
+        self.dead = False
+        self.frozen_until = -1.0  # a stalled controller (GC pause, partition) acts again then
+        self.seq = 0
+        self.result: OperationResult | None = None
+        self.observed: dict[int, Any] = {}
+
+    def start(self) -> None:
+        self._next()
+
+    def _next(self) -> None:
+        if self.dead:
+            return
+        d = self.core.next_dispatch()
+        if d is None:
+            self.result = self.core.result()
+            self.sim.log(f"controller {self.peer}: {self.result.summary()}")
+            self.sim.controller_done(self)
+            return
+        self.seq += 1
+        seq = self.seq
+        self.sim.log(f"controller {self.peer}: {d.phase} {d.step} -> {d.ranks}")
+        for r in d.ranks:
+            if d.check:
+                msg: dict[str, Any] = {"kind": "info"}
+            else:
+                msg = {"kind": "step", "step": _step_request(d, self.core.ranks)}
+            msg.update(peer=self.peer, seq=seq)
+            self.sim.send_request(r, msg, partial(self._reply, d, seq, r))
+        self.sim.at(self.sim.now + (d.timeout or 1.0), lambda: self._deadline(d, seq))
+
+    def _frozen(self, fn: Callable[[], None]) -> bool:
+        """While stalled, whatever reaches this controller waits until it wakes."""
+        if self.sim.now < self.frozen_until:
+            self.sim.at(self.frozen_until, fn)
+            return True
+        return False
+
+    def _reply(self, d: Dispatch, seq: int, rank: int, reply: dict[str, Any]) -> None:
+        if self._frozen(lambda: self._reply(d, seq, rank, reply)):
+            return
+        if self.dead or seq != self.seq or self.core.inflight is not d \
+                or self.core.has_outcome(rank):
+            return  # late, duplicated or for a dead controller
+        if d.check:
+            pc = self.core.plan.postcondition
+            assert pc is not None
+            self.observed[rank] = reply["result"]
+            outcome = StepOutcome.OK if pc.holds(reply["result"]) else StepOutcome.ERROR
+            self.core.record(rank, outcome, "" if outcome is StepOutcome.OK else "mismatch")
+        elif reply["ok"]:
+            self.core.record(rank, StepOutcome.OK)
+        else:
+            error = reply["error"]
+            outcome = {"Fenced": StepOutcome.FENCED,
+                       "StepNotApplied": StepOutcome.NOT_APPLIED}.get(error, StepOutcome.ERROR)
+            self.core.record(rank, outcome, f"{error}: {reply['detail']}")
+        if self.core.inflight is None:
+            self._next()
+
+    def _deadline(self, d: Dispatch, seq: int) -> None:
+        if self._frozen(lambda: self._deadline(d, seq)):
+            return
+        if self.dead or seq != self.seq or self.core.inflight is not d:
+            return
+        for r in [r for r in d.ranks if not self.core.has_outcome(r)]:
+            self.core.record(r, StepOutcome.UNKNOWN, "no answer in time")
+        self._next()
+
+
+def _step_request(d: Dispatch, ranks: tuple[int, ...]) -> StepRequest:
+    return StepRequest(d.op_id, d.step, d.phase, d.fence, d.key, d.method,
+                       CODEC.encode_value(d.payload), d.index, list(ranks))
+
+
+class Simulation:
+    """One seeded run; see the module docstring."""
+
+    def __init__(self, seed: int, config: SimConfig,
+                 core_factory: type[OperationCore] = OperationCore,
+                 ledger_factory: Callable[[Mapping[str, Callable[..., Any]]],
+                                          OperationLedger] | None = None,
+                 trace: bool = False) -> None:
+        self.seed = seed
+        self.config = config
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._n = 0
+        self.trace: list[str] = []
+        self.print_trace = trace
+        self.core_factory = core_factory
+        self.ledger_factory = ledger_factory or (
+            lambda handlers: OperationLedger(handlers, clock=lambda: 2e9))
+        self.plan = sim_plan()
+        self.ranks = tuple(range(config.ranks))
+        self.engines = {r: SimEngine(self, r) for r in self.ranks}
+        self.cut: dict[int, float] = {}  # rank -> partitioned until
+        self.quarantined: dict[int, str] = {}
+        self.final: OperationResult | None = None
+        self.controllers: list[SimController] = []
+        self._fence = 1_000_000
+        self._crash_points: dict[int, int] = {}  # rank -> the step message it dies at
+        self._messages: dict[int, int] = {}
+        self.took_over = False
+
+    # -- the clock and the network ------------------------------------------------------
+    def at(self, when: float, fn: Callable[[], None]) -> None:
+        self._n += 1
+        heapq.heappush(self._events, (when, self._n, fn))
+
+    def log(self, line: str) -> None:
+        entry = f"{self.now:8.3f} {line}"
+        self.trace.append(entry)
+        if self.print_trace:
+            print(entry)
+
+    def violate(self, message: str) -> None:
+        raise SimulationViolation(self.seed, message, self.trace)
+
+    def _hop(self, rank: int) -> list[float]:
+        """Delivery delays of one message to or from ``rank`` ([]: lost)."""
+        if self.cut.get(rank, -1.0) > self.now or self.rng.random() < self.config.drop:
+            return []
+        delays = [self.rng.uniform(0.001, self.config.max_delay)]
+        if self.rng.random() < self.config.duplicate:
+            delays.append(self.rng.uniform(0.001, self.config.max_delay))
+        return delays
+
+    def send_request(self, rank: int, msg: dict[str, Any],
+                     on_reply: Callable[[dict[str, Any]], None]) -> None:
+        for delay in self._hop(rank):
+            self.at(self.now + delay, lambda: self._deliver(rank, msg, on_reply))
+
+    def _deliver(self, rank: int, msg: dict[str, Any],
+                 on_reply: Callable[[dict[str, Any]], None]) -> None:
+        engine = self.engines[rank]
+        if not engine.alive:
+            return
+        reply = engine.handle(msg)
+        if reply is None:
+            self.at(self.now + self.rng.uniform(0.5, 3.0), engine.restart)
+            return
+        for delay in self._hop(rank):
+            self.at(self.now + delay, lambda: on_reply(reply))
+
+    def engine_crash_point(self, rank: int) -> tuple[bool, bool]:
+        """Whether this step message kills ``rank`` (before or after its body)."""
+        n = self._messages[rank] = self._messages.get(rank, 0) + 1
+        if self._crash_points.get(rank) != n:
+            return False, False
+        del self._crash_points[rank]
+        return (True, False) if self.rng.random() < 0.5 else (False, True)
+
+    # -- controllers ---------------------------------------------------------------------
+    def new_fence(self) -> int:
+        self._fence += self.rng.randint(1, 1000)
+        return self._fence
+
+    def controller_done(self, controller: SimController) -> None:
+        result = controller.result
+        assert result is not None
+        # the newest controller's word is final (a stalled one may finish after it)
+        newest = [c for c in self.controllers if c.result is not None][-1]
+        self.final = newest.result
+        for r in result.quarantined:
+            self.quarantined[r] = result.ranks[r].detail
+
+    def _start_first(self) -> None:
+        fence = self.new_fence()
+        core = self.core_factory(self.plan, self.ranks,
+                                 op_id=new_operation_id(self.plan.name, fence), fence=fence)
+        controller = SimController(self, core, peer=1)
+        self.controllers.append(controller)
+        controller.start()
+
+    def _crash_controller(self) -> None:
+        first = self.controllers[0]
+        if first.result is not None:
+            return
+        successor_at = self.now + self.rng.uniform(0.1, 5.0)
+        if self.rng.random() < self.config.stalled_controller:
+            # not dead: stalled, it wakes up after its successor took over, and acts
+            first.frozen_until = successor_at + self.rng.uniform(0.0, 4.0)
+            self.log(f"controller 1 stalled until {first.frozen_until:.3f}")
+        else:
+            first.dead = True
+            self.log("controller 1 crashed")
+        self.at(successor_at, self._successor)
+
+    def _successor(self, attempt: int = 1,
+                   answers: dict[int, LastOperation | Exception] | None = None,
+                   fence: int = 0) -> None:
+        """Take every ledger over with a newer fence and read it (over the same
+        network, a few attempts for the ranks that do not answer), then finish
+        what remains under that fence."""
+        fence = fence or self.new_fence()
+        if answers is None:
+            answers = {r: TimeoutError(f"rank {r} did not answer") for r in self.ranks}
+        got = answers
+
+        def answer(rank: int, reply: dict[str, Any]) -> None:
+            if reply["ok"]:
+                got[rank] = reply["result"]
+
+        for r in self.ranks:
+            if isinstance(got[r], Exception):
+                self.send_request(r, {"kind": "take", "fence": fence, "peer": 2, "seq": 0},
+                                  partial(answer, r))
+
+        def settle() -> None:
+            if attempt < 5 and any(isinstance(v, Exception) for v in got.values()):
+                self._successor(attempt + 1, got, fence)
+            else:
+                self._finish(got, fence)
+
+        self.at(self.now + 2.0, settle)
+
+    def _finish(self, answers: Mapping[int, LastOperation | Exception], fence: int) -> None:
+        self.took_over = True
+        recovery = recovery_of(self.plan, answers)
+        if recovery is None:
+            missing = [r for r, v in answers.items() if isinstance(v, Exception)]
+            self.log(f"successor: nothing of the operation applied on the ranks that "
+                     f"answered; {missing} did not")
+            for r in missing:
+                self.quarantined[r] = "did not answer the recovery"
+            self.final = None
+            return
+        self.log(f"successor: {recovery.action}, remaining {recovery.remaining}, "
+                 f"missing {recovery.missing}")
+        for r in recovery.missing:
+            self.quarantined[r] = "did not answer the recovery"
+        targets = tuple(r for r in recovery.ranks if r not in recovery.missing)
+        if not targets:
+            self.final = None
+            return
+        core = self.core_factory(self.plan, targets, op_id=recovery.op_id, fence=fence)
+        applied = {r: recovery.steps.get(r, ()) for r in targets}
+        if recovery.action == "compensate":
+            core.finish_compensation(applied, {r: recovery.undone.get(r, ()) for r in targets})
+        else:
+            core.resume_forward(applied)
+        controller = SimController(self, core, peer=2)
+        self.controllers.append(controller)
+        self.recovery: Recovery | None = recovery
+        controller.start()
+
+    # -- the run -------------------------------------------------------------------------
+    def run(self) -> None:
+        cfg, rng = self.config, self.rng
+        if rng.random() < cfg.partition:
+            rank = rng.choice(self.ranks)
+            start = rng.uniform(0.0, 3.0)
+            self.at(start, lambda: self.cut.__setitem__(rank, start + rng.uniform(0.2, 2.0)))
+        for r in self.ranks:
+            if rng.random() < cfg.engine_crash:
+                self._crash_points[r] = rng.randint(1, 6)
+        if rng.random() < cfg.controller_crash:
+            self.at(rng.uniform(0.0, 4.0), self._crash_controller)
+        self.at(0.0, self._start_first)
+        while self._events:
+            when, _, fn = heapq.heappop(self._events)
+            if when > cfg.horizon:
+                self.violate("the run did not settle within the horizon")
+            self.now = when
+            fn()
+        self.check()
+
+    def check(self) -> None:
+        """The invariants of a settled run (see the module docstring)."""
+        done = [c for c in self.controllers if c.result is not None]
+        undecided = [c for c in self.controllers if c.result is None and not c.dead]
+        if undecided:
+            self.violate("a live controller never decided its operation")
+        final = self.final
+        reports = final.ranks if final is not None and done and done[-1].result is final else {}
+        for r, engine in self.engines.items():
+            if engine.paused:
+                last = engine.ledger.last_operation()
+                if "pause" not in last.steps or "pause" in last.undone:
+                    self.violate(f"rank {r} is paused without a ledger record of its pause")
+                if r not in self.quarantined:
+                    self.violate(f"rank {r} is paused and not reported quarantined")
+            rep = reports.get(r)
+            if rep is None:
+                continue
+            if rep.state is RankState.QUARANTINED:
+                if r not in self.quarantined:
+                    self.violate(f"rank {r} ended quarantined but is not reported")
+            elif rep.state is RankState.COMMITTED:
+                if not engine.crashed and (engine.version, engine.paused) != (NEW, False):
+                    self.violate(f"rank {r} committed but runs {engine.version}, "
+                                 f"paused={engine.paused}")
+            elif rep.state in (RankState.COMPENSATED, RankState.ABORTED):
+                if (engine.version, engine.paused) != (OLD, False):
+                    self.violate(f"rank {r} ended {rep.state.value} but runs "
+                                 f"{engine.version}, paused={engine.paused}")
+            elif rep.state is RankState.SUPERSEDED and len(self.controllers) == 1 \
+                    and self.took_over:
+                pass  # a stalled controller fenced out by a successor that found nothing
+            else:
+                self.violate(f"rank {r} ended {rep.state.value}")
+        if final is not None and final.state is OperationState.COMMITTED:
+            for r in final.ranks:
+                if final.ranks[r].state is not RankState.COMMITTED:
+                    self.violate(f"committed, but rank {r} is {final.ranks[r].state.value}")
+
+
+def simulate(seed: int, config: SimConfig | None = None, *,
+             core_factory: type[OperationCore] = OperationCore,
+             ledger_factory: Callable[[Mapping[str, Callable[..., Any]]],
+                                      OperationLedger] | None = None,
+             trace: bool = False) -> Simulation:
+    """Run the simulation of ``seed``; raises SimulationViolation naming it."""
+    sim = Simulation(seed, config or SimConfig(), core_factory, ledger_factory, trace)
+    sim.run()
+    return sim
+
+
+@dataclass
+class Summary:
+    runs: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+
+def simulate_many(seeds: range, config: SimConfig | None = None, **kwargs: Any) -> Summary:
+    """Run every seed; the first violation raises (with its seed)."""
+    summary = Summary()
+    for seed in seeds:
+        sim = simulate(seed, config, **kwargs)
+        summary.runs += 1
+        key = sim.final.state.value if sim.final is not None else "nothing-applied"
+        summary.outcomes[key] = summary.outcomes.get(key, 0) + 1
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--seeds", type=int, default=2000, help="how many seeds to run")
+    p.add_argument("--first", type=int, default=0, help="the first seed")
+    p.add_argument("--seed", type=int, help="replay one seed (with --trace: its events)")
+    p.add_argument("--trace", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        if args.seed is not None:
+            sim = simulate(args.seed, trace=args.trace)
+            print(f"seed {args.seed}: "
+                  f"{sim.final.summary() if sim.final is not None else 'nothing applied'}")
+            return 0
+        summary = simulate_many(range(args.first, args.first + args.seeds))
+    except SimulationViolation as exc:
+        print(f"VIOLATION {exc}\nreplay: python -m ctlwire.kernel.testing.operation_simulation "
+              f"--seed {exc.seed} --trace", file=sys.stderr)
+        return 1
+    print(f"{summary.runs} runs, no violation: {summary.outcomes}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
