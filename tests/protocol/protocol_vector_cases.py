@@ -97,10 +97,15 @@ def _reject(name: str, description: str, frame: bytes) -> dict[str, Any]:
             "salvaged_id": CODEC.salvage_id(frame)}
 
 
-def _value(name: str, description: str, value: Any) -> dict[str, Any]:
+def _value(name: str, description: str, value: Any, struct: str = "") -> dict[str, Any]:
+    """A payload or result alone; ``struct``: the ledger's type it is (by field name)."""
     data = msgspec.msgpack.encode(value)
-    return {"name": name, "description": description, "expect": "roundtrip", "hex": data.hex(),
-            "meaning": {"kind": "value", "fields": msgspec.msgpack.decode(data)}}
+    vector = {"name": name, "description": description, "expect": "roundtrip",
+              "hex": data.hex(), "meaning": {"kind": "value", "fields":
+                                             msgspec.msgpack.decode(data)}}
+    if struct:
+        vector["meaning"]["struct"] = struct
+    return vector
 
 
 def _fields(env: Envelope) -> list[Any]:
@@ -124,6 +129,12 @@ ERRORS: list[tuple[str, int, str]] = [
     ("DeadlineExpired", 408, "'load' arrived 0.250 s after its deadline"),
     ("Fenced", 409, "'load': fencing token 1767225600000000 is older than 1767225601000000, "
                     "already accepted"),
+    ("OperationOwned", 403, "operation 'op-7' belongs to the controller that began it "
+                            "(fence 1767225600000000); a successor takes it over with a newer "
+                            "fence"),
+    ("StepInFlight", 409, "step 'load' is running on rank 0; ask again once it returned"),
+    ("StepNotApplied", 412, "operation 'op-7': step 'load' was not applied on rank 0; "
+                            "nothing to undo"),
     ("OperationAborted", 410, "operation 'op-7' was compensated on rank 0; its forward steps "
                               "are refused"),
     ("OversizedFrame", 413, "frame of 16777300 bytes exceeds the maximum message size of "
@@ -135,7 +146,9 @@ ERRORS: list[tuple[str, int, str]] = [
                              "1..1767225900000000"),
     ("WrongRank", 421, "this is rank 0, not 3"),
     ("InvalidPayload", 422, "'load': Expected `object`, got `str`"),
-    ("InvalidStepPayload", 422, "'update_weights': Expected `object`, got `int`"),
+    ("InvalidStep", 422, "'update_weights': Expected `object`, got `int`"),
+    ("StepOutOfOrder", 425, "operation 'op-7': step 'resume' (position 3) after ['pause'] on "
+                            "rank 0"),
     ("InProgress", 425, "'load': a request with this idempotency key is still running"),
     ("ResultNotEncodable", 500, "'load': cannot encode set: Encoding objects of type set is "
                                 "unsupported"),
@@ -177,7 +190,8 @@ def cases() -> list[dict[str, Any]]:
                    Request(5, 0, "ctlwire.step", raw({
                        "op": "op-7", "step": "load", "phase": "apply", "fence": FENCE,
                        "key": "op-7:load", "method": "update_weights",
-                       "args": CODEC.encode_value({"path": "/w"})}),
+                       "args": CODEC.encode_value({"path": "/w"}), "index": 1,
+                       "ranks": [0, 1]}),
                        WALL, 1, CLIENT_INC, None, "op-7:load", FENCE)))
     add(_roundtrip("request-last-operation", "The ledger's recovery query.",
                    Request(6, 0, "ctlwire.last_operation", NIL)))
@@ -203,7 +217,8 @@ def cases() -> list[dict[str, Any]]:
                    Reply(6, 0, ENGINE_INC, True, raw({
                        "rank": 0, "op": "op-7", "step": "load", "phase": "apply",
                        "fence": FENCE, "applied": ["pause", "load"],
-                       "highest_fence": FENCE}))))
+                       "highest_fence": FENCE, "steps": ["pause", "load"], "undone": [],
+                       "ranks": [0, 1]}))))
     for type_name, code, message in ERRORS:
         add(_roundtrip(f"reply-error-{code}-{type_name.strip('_')}",
                        f"An error reply: {type_name} (code {code}).",
@@ -244,10 +259,16 @@ def cases() -> list[dict[str, Any]]:
     # -- values -----------------------------------------------------------------------
     add(_value("value-step-request", "The payload of ctlwire.step (a map, by field name).", {
         "op": "op-7", "step": "load", "phase": "compensate", "fence": FENCE,
-        "key": "op-7:load:undo", "method": "restore_weights", "args": None}))
+        "key": "op-7:load:undo", "method": "restore_weights", "args": None, "index": 1,
+        "ranks": [0, 1]}, "StepRequest"))
+    add(_value("value-take-over", "The payload of ctlwire.take_over.", {"fence": FENCE},
+               "TakeOver"))
+    add(_value("value-step-methods", "ctlwire.step_methods' answer.",
+               ["pause", "update_weights", "restore_weights", "resume"]))
     add(_value("value-last-operation-never", "ctlwire.last_operation of a rank that never "
                "applied a step.", {"rank": 2, "op": "", "step": "", "phase": "", "fence": 0,
-                                   "applied": [], "highest_fence": 0}))
+                                   "applied": [], "highest_fence": 0, "steps": [],
+                                   "undone": [], "ranks": []}, "LastOperation"))
     # -- refused ----------------------------------------------------------------------
     add(_reject("reject-unknown-tag", "An array whose tag is no envelope kind.",
                 _frame("x", 1, 0)))

@@ -12,7 +12,11 @@ import msgspec
 import pytest
 from protocol_vector_cases import CODEC, VECTORS, cases, envelope_of, meaning_of
 
+from ctlwire.kernel.operation_ledger import LastOperation, StepRequest, TakeOver
 from ctlwire.transports.errors import MalformedFrame
+
+LEDGER_TYPES: dict[str, type[msgspec.Struct]] = {
+    "StepRequest": StepRequest, "LastOperation": LastOperation, "TakeOver": TakeOver}
 
 FILES = sorted(VECTORS.glob("*.json"))
 
@@ -43,6 +47,9 @@ def test_vector(path: Path) -> None:
     if meaning["kind"] == "value":
         assert msgspec.msgpack.encode(meaning["fields"]) == data
         assert msgspec.msgpack.decode(data) == meaning["fields"]
+        if "struct" in meaning:  # the ledger's own type encodes it the same way
+            struct = LEDGER_TYPES[meaning["struct"]]
+            assert msgspec.msgpack.encode(msgspec.msgpack.decode(data, type=struct)) == data
         return
     decoded = CODEC.decode(data)
     assert meaning_of(decoded) == meaning
@@ -50,6 +57,14 @@ def test_vector(path: Path) -> None:
     canonical = bytes.fromhex(vector.get("canonical_hex", vector["hex"]))
     assert CODEC.encode(env) == canonical
     fields = meaning["fields"]
+    if vector["name"] == "reply-last-operation":  # the ledger's answer, as it encodes it
+        answer = msgspec.msgpack.decode(bytes.fromhex(meaning["fields"]["result_hex"]),
+                                        type=LastOperation)
+        assert msgspec.msgpack.encode(answer).hex() == meaning["fields"]["result_hex"]
+    if vector["name"] == "request-step":
+        step = msgspec.msgpack.decode(bytes.fromhex(meaning["fields"]["payload_hex"]),
+                                      type=StepRequest)
+        assert msgspec.msgpack.encode(step).hex() == meaning["fields"]["payload_hex"]
     for name in ("payload", "result"):  # embedded values are the codec's own encoding
         if name + "_hex" in fields and fields[name + "_hex"]:
             assert bytes(CODEC.encode_value(fields[name])) == bytes.fromhex(fields[name + "_hex"])
