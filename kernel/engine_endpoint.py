@@ -84,12 +84,16 @@ from ctlwire.kernel.tracing import current_trace
 from ctlwire.states import InboundState
 from ctlwire.transports.envelope import Reply, Request
 from ctlwire.transports.errors import TransportClosed, TransportError, Unroutable, WouldBlock
+from ctlwire.transports.rate_limited_log import RateLimitedLog
 from ctlwire.transports.transport import EngineTransport, Received, Route
 
 # EngineEndpoint is composed of parts, one module each (see engine_base); the
 # names below are re-exported from there (this module is their documented home).
 __all__ = ["STEP_METHOD", "EngineEndpoint", "ErrorCode", "MethodSpec", "new_incarnation",
            "report_progress"]
+
+#: the longest a poll loop waits for input while replies wait for room
+_OUTBOX_RETRY = 0.005
 
 _ENGINE_DROPS = ("duplicates", "dropped_malformed", "dropped_oversized", "dropped_framing",
                  "dropped_wrong_type", "reply_send_failures", "replies_too_large")
@@ -132,7 +136,7 @@ class EngineEndpoint(EngineServing):
         self._hb_seq = 0
         self._next_heartbeat = 0.0
         # replies waiting for room, per route (poll mode): route -> queue of (reply, size)
-        self._outbox: OrderedDict[Route, deque[tuple[Reply, int]]] = OrderedDict()
+        self._outbox: OrderedDict[Route, deque[tuple[Reply | bytes, int]]] = OrderedDict()
         self._outbox_route_bytes: dict[Route, int] = {}
         self._outbox_bytes = 0
         self.max_unread_replies = max_unread_replies
@@ -142,6 +146,7 @@ class EngineEndpoint(EngineServing):
         # serve mode: routes whose last reply timed out waiting for room
         self._stalled: OrderedDict[Route, None] = OrderedDict()
         self.outbox_peak_bytes = 0
+        self.unsent_log = RateLimitedLog(log)
         self.heartbeats_paused = False
         self.use_beacon = beacon
         self.beacon_active = False
@@ -269,7 +274,15 @@ class EngineEndpoint(EngineServing):
                 return handled
             for event in events:
                 handled += self._handle_event(event)
+        if self._outbox:  # a burst's replies that found the pipe full: room now, likely
+            self._flush_outbox()
         return handled
+
+    def idle_wait(self, timeout: float) -> float:
+        """How long a poll loop may block waiting for input: ``timeout``, or at most
+        5 ms while replies wait in the outbox for room (they go out on the next
+        :meth:`poll`)."""
+        return min(timeout, _OUTBOX_RETRY) if self._outbox else timeout
 
     def _handle_event(self, event: Any) -> int:
         """Handle one event received by :meth:`poll`; 1 when it was a request handled."""
@@ -318,7 +331,7 @@ class EngineEndpoint(EngineServing):
                 self.poll()
                 if step is None:
                     # returns at once if more input is queued (level-triggered)
-                    self.transport.wait_readable(wait)
+                    self.transport.wait_readable(self.idle_wait(wait))
         finally:
             self.close()
 
@@ -347,10 +360,10 @@ class EngineEndpoint(EngineServing):
             try:
                 self._send_encoded(route, out)
             except WouldBlock:
-                self._enqueue(route, self._reply_of(out))
+                self._enqueue_data(route, out)
             except (Unroutable, TransportError) as exc:
                 counters["reply_send_failures"] += 1
-                log.warning("engine %d: reply %d not sent: %r", self.rank, req.id, exc)
+                self._log_unsent(exc)
             else:
                 counters["replied"] += 1
         else:

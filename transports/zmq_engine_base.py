@@ -85,7 +85,8 @@ class ZmqEngineBase:
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self.context.socket(kind)
         self._raw.append(sock)
-        self.options.apply(sock, self.codec.max_message_size)
+        # replies are sized by the peers that ask: bound what libzmq queues in bytes
+        self.options.apply(sock, self.codec.max_message_size, peer_sized_sends=True)
         return sock
 
     def _setup(self) -> None:
@@ -358,7 +359,27 @@ class ZmqEngineBase:
     def send_encoded_nowait(self, route: Route, data: bytes) -> None:
         """:meth:`send_nowait` of an envelope the caller already encoded with this
         transport's codec, within its ``max_message_size`` (an engine's reply hot
-        path encodes with :meth:`Codec.fast_envelope_encoder`). Same errors."""
+        path encodes with :meth:`Codec.fast_envelope_encoder`). Same errors.
+
+        A send that finds the pipe full is tried once more after reading the
+        socket's ``EVENTS``: libzmq learns that its I/O thread has drained the
+        pipe from notices a send processes at most about once a millisecond,
+        which a burst of replies outruns when ``SNDHWM`` is small
+        (:meth:`ZmqOptions.effective_sndhwm`); reading ``EVENTS`` processes them
+        now. :class:`WouldBlock` then means the peer really is not reading."""
+        try:
+            self._send_encoded_once(route, data)
+        except WouldBlock:
+            sock = self._send
+            if sock is None or self._closed:
+                raise
+            try:
+                sock.socket.getsockopt(zmq.EVENTS)
+            except zmq.ZMQError:
+                raise TransportClosed("engine transport is closed") from None
+            self._send_encoded_once(route, data)
+
+    def _send_encoded_once(self, route: Route, data: bytes) -> None:
         if self._direct and not self._closed and threading.get_ident() == self._owner:
             send = self._raw_send
             assert send is not None
