@@ -424,6 +424,7 @@ class EngineEndpoint(EngineServing):
         counters = dict(self.counters)
         running = list(self.running.items())
         cache = self.results
+        transport = self.transport
         return {
             "role": "engine",
             "rank": self.rank,
@@ -442,7 +443,15 @@ class EngineEndpoint(EngineServing):
             # replies waiting for clients that do not read, bounded per route and in total
             "outbox": {"replies": self.outbox_replies, "bytes": self._outbox_bytes,
                        "peak_bytes": self.outbox_peak_bytes, "routes": len(self._outbox),
-                       "stalled_routes": len(self._stalled)},
+                       "stalled_routes": len(self._stalled),
+                       # what libzmq itself may hold per connection (both directions)
+                       "transport_bound_bytes_per_connection": int(
+                           bound() if (bound := getattr(transport, "queued_bytes_bound",
+                                                        None)) is not None else 0)},
+            # connections open on the transport's listening sockets, and those refused
+            # because max_connections were open (engines that bind)
+            "connections": {"open": int(getattr(transport, "open_connections", 0)),
+                            "refused": int(getattr(transport, "connections_refused", 0))},
             # client routes refused because the route table was full of live ones
             "routes_refused": int(getattr(self.transport, "routes_refused", 0)),
             "counters": counters,

@@ -116,6 +116,10 @@ class ZmqOptions:
     tcp_max_retransmit_ms: int = 5_000
     reconnect_ivl_ms: int = 100
     reconnect_ivl_max_ms: int = 1_000
+    #: a connection that has not completed the ZMTP handshake after this long is
+    #: dropped (libzmq's ``HANDSHAKE_IVL``, 30 s by default): how long a peer that
+    #: opens connections and says nothing holds a descriptor
+    handshake_ivl_ms: int = 10_000
 
     def hard_limit(self, codec_limit: int) -> int:
         """``MAXMSGSIZE``: a larger frame makes libzmq drop the peer's connection."""
@@ -157,6 +161,7 @@ class ZmqOptions:
             sock.setsockopt(zmq.TCP_MAXRT, self.tcp_max_retransmit_ms)
         sock.setsockopt(zmq.RECONNECT_IVL, self.reconnect_ivl_ms)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, self.reconnect_ivl_max_ms)
+        sock.setsockopt(zmq.HANDSHAKE_IVL, self.handshake_ivl_ms)
         if sock.type == zmq.ROUTER:
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
