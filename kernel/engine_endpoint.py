@@ -63,6 +63,11 @@ Guarantees:
   waits at most ``reply_send_timeout`` for room; a route that timed out is
   marked stalled and further replies to it are dropped at once (counted)
   until it takes one again, so the dispatcher keeps serving other clients.
+* **What peers send is bounded in bytes.** Under :meth:`serve`, requests taken
+  and not yet started hold at most ``max_queued_request_bytes`` (plus one
+  request): beyond, the engine takes no more until some start, and libzmq's
+  byte-sized high-water marks hold the rest (see
+  :class:`~ctlwire.transports.zmq_config.ZmqOptions`).
 """
 
 from __future__ import annotations
@@ -79,7 +84,7 @@ from ctlwire.kernel.engine_admission import _BadFrameReply, _Inbound
 from ctlwire.kernel.engine_base import log
 from ctlwire.kernel.engine_liveness import STEP_METHOD, new_incarnation, report_progress
 from ctlwire.kernel.engine_registry import _NONE, ErrorCode, MethodSpec
-from ctlwire.kernel.engine_serve import EngineServing
+from ctlwire.kernel.engine_serve import EngineServing, QueuedRequestBytes
 from ctlwire.kernel.tracing import current_trace
 from ctlwire.states import InboundState
 from ctlwire.transports.envelope import Reply, Request
@@ -118,6 +123,7 @@ class EngineEndpoint(EngineServing):
         max_unread_bytes: int = 4 << 20,
         max_outbox_bytes: int = 32 << 20,
         reply_send_timeout: float = 1.0,
+        max_queued_request_bytes: int = 16 << 20,
     ) -> None:
         self.transport = transport
         self.codec = transport.codec
@@ -147,6 +153,8 @@ class EngineEndpoint(EngineServing):
         self._stalled: OrderedDict[Route, None] = OrderedDict()
         self.outbox_peak_bytes = 0
         self.unsent_log = RateLimitedLog(log)
+        #: serve mode: bytes of requests taken and not finished, against their budget
+        self.queued_requests = QueuedRequestBytes(max_queued_request_bytes)
         self.heartbeats_paused = False
         self.use_beacon = beacon
         self.beacon_active = False
@@ -441,6 +449,10 @@ class EngineEndpoint(EngineServing):
             "idempotency_cache": {"entries": len(cache), "bytes": cache.bytes, "hits": cache.hits,
                                   "evicted": cache.evicted},
             # replies waiting for clients that do not read, bounded per route and in total
+            # serve mode: requests taken and not started, in bytes, against their budget
+            "queued_requests": {"bytes": self.queued_requests.held,
+                                "peak_bytes": self.queued_requests.peak,
+                                "limit_bytes": self.queued_requests.limit},
             "outbox": {"replies": self.outbox_replies, "bytes": self._outbox_bytes,
                        "peak_bytes": self.outbox_peak_bytes, "routes": len(self._outbox),
                        "stalled_routes": len(self._stalled),
