@@ -183,8 +183,9 @@ async def test_a_client_that_never_reads_cannot_grow_the_engine_past_its_byte_bo
     reads: the engine's RSS grows by less than its documented per-connection
     bound for messages of this size (libzmq: ``SNDHWM + RCVHWM + 2`` messages, the
     high-water marks sized from the frame limit; plus the outbox's per-route
-    bound, or under ``serve`` the queued requests' byte budget) and some slack; the dropped replies are counted in its metrics, which
-    report the per-connection bound. Before, libzmq's send pipe held up to 10,000
+    bound, or under ``serve`` the queued requests' byte budget) and some slack;
+    the dropped replies are counted in its metrics, which report the
+    per-connection bound. Before, libzmq's send pipe held up to 10,000
     replies (~1.3 GB here) while the outbox reported 0 B."""
     os.chmod(tmp_path, 0o700)
     address = f"ipc://{tmp_path}/e.sock"
