@@ -78,9 +78,9 @@ def test_an_engine_process_refuses_to_dial_through_a_world_writable_directory(
     """The engine process (the side that re-dials on its own) never opens: it
     exits before it is READY, saying why."""
     address = f"ipc://{shared_parent}/ctl.sock"
-    with pytest.raises(EngineStartError) as raised:
-        with EngineFleet(1, lambda r: ["--connect", address], ready_timeout=30):
-            pass
+    fleet = EngineFleet(1, lambda r: ["--connect", address], ready_timeout=30)
+    with pytest.raises(EngineStartError) as raised, fleet:
+        pass
     print(f"\n{raised.value!r}")
     assert not os.path.exists(f"{shared_parent}/ctl.sock")
 
