@@ -47,7 +47,7 @@ from collections import OrderedDict
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-__all__ = ["ConnectionGuard"]
+__all__ = ["ConnectionBound", "ConnectionGuard"]
 
 #: a ZMTP 3 greeting: a peer that has not sent this much has not begun to talk
 _GREETING_BYTES = 64
@@ -70,22 +70,17 @@ def _local_address(endpoint: str) -> tuple[str, object] | None:
     return None
 
 
-class ConnectionGuard:
-    """Refuses (shuts down, counts) connections of one bound socket beyond
-    ``max_connections``; see the module docstring. Start and stop it from the
-    thread that owns the socket; stop it before closing the socket."""
+class ConnectionBound:
+    """The bookkeeping and the refusal policy, fed with a listening socket's monitor
+    events by whoever reads them (:class:`ConnectionGuard`'s thread, or a
+    transport's own monitor task): :meth:`note` each event, then
+    :meth:`refuse_excess`. Thread-safe."""
 
-    def __init__(self, sock: zmq.Socket[bytes], max_connections: int, *,
-                 silent_grace: float = 1.0, name: str = "ctlwire-connection-guard") -> None:
+    def __init__(self, max_connections: int, *, silent_grace: float = 1.0) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be >= 1")
         self.max_connections = max_connections
         self.silent_grace = silent_grace
-        self._target = sock
-        self._name = name
-        self._monitor: zmq.Socket[bytes] | None = None
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
         self._lock = threading.Lock()
         # descriptor -> (the listener's endpoint, time.monotonic() when accepted),
         # oldest first; refused ones until libzmq reports them closed are in _closing
@@ -104,6 +99,76 @@ class ConnectionGuard:
         counted)."""
         with self._lock:
             return len(self._open) - len(self._closing)
+
+    def note(self, event: int, fd: int, endpoint: str) -> None:
+        """Apply one monitor event (``ACCEPTED``, ``DISCONNECTED`` or ``CLOSED``, whose
+        value is the descriptor; others are ignored)."""
+        with self._lock:
+            if event == zmq.EVENT_ACCEPTED:
+                self.accepted += 1
+                self._closing.discard(fd)  # a number libzmq re-used
+                self._open.pop(fd, None)
+                self._open[fd] = (endpoint, time.monotonic())
+                self.peak = max(self.peak, len(self._open))
+            elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
+                self._open.pop(fd, None)
+                self._closing.discard(fd)
+
+    def refuse_excess(self) -> int:
+        """Refuse connections while more than ``max_connections`` are open (see the
+        module docstring for which); how many were refused now."""
+        with self._lock:
+            excess = len(self._open) - len(self._closing) - self.max_connections
+            if excess <= 0:
+                return 0
+            # libzmq drops monitor events when the monitor falls behind: forget
+            # descriptors that are no longer connections of this listener first
+            for fd in [fd for fd, (where, _) in self._open.items() if not _is_ours(fd, where)]:
+                del self._open[fd]
+                self._closing.discard(fd)
+            live = [fd for fd in self._open if fd not in self._closing]
+            excess = len(live) - self.max_connections
+            if excess <= 0:
+                return 0
+            old = time.monotonic() - self.silent_grace
+            silent = [fd for fd in live if self._open[fd][1] <= old and _silent(fd)]
+            chosen = silent[:excess]
+            if len(chosen) < excess:
+                taken = set(chosen)
+                chosen += [fd for fd in reversed(live) if fd not in taken][:excess - len(chosen)]
+            refused = 0
+            for fd in chosen:
+                if _shut_down(fd, self._open[fd][0]):
+                    self._closing.add(fd)
+                    refused += 1
+                else:  # not a connection of this listener any more
+                    del self._open[fd]
+            self.refused += refused
+            return refused
+
+
+class ConnectionGuard:
+    """Refuses (shuts down, counts) connections of one bound socket beyond
+    ``max_connections``: a :class:`ConnectionBound` fed by the socket's monitor
+    from a thread of its own; see the module docstring. Start and stop it from
+    the thread that owns the socket; stop it before closing the socket."""
+
+    def __init__(self, sock: zmq.Socket[bytes], max_connections: int, *,
+                 silent_grace: float = 1.0, name: str = "ctlwire-connection-guard") -> None:
+        self.bound = ConnectionBound(max_connections, silent_grace=silent_grace)
+        self._target = sock
+        self._name = name
+        self._monitor: zmq.Socket[bytes] | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @property
+    def refused(self) -> int:
+        return self.bound.refused
+
+    @property
+    def open_connections(self) -> int:
+        return self.bound.open_connections
 
     def start(self) -> None:
         """Start watching (idempotent)."""
@@ -129,6 +194,7 @@ class ConnectionGuard:
     def _run(self) -> None:
         monitor = self._monitor
         assert monitor is not None
+        bound = self.bound
         try:
             while not self._stop.is_set():
                 if not monitor.poll(50):
@@ -140,60 +206,19 @@ class ConnectionGuard:
                         msg = monitor.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    if not self._note(msg):
+                    parsed = parse_monitor_message(msg)
+                    event = int(parsed["event"])
+                    if event == zmq.EVENT_MONITOR_STOPPED:
                         return
-                self._refuse_excess()
+                    where = parsed["endpoint"]
+                    bound.note(event, int(parsed["value"]),
+                               where.decode(errors="replace") if isinstance(where, bytes)
+                               else str(where))
+                bound.refuse_excess()
         except zmq.ZMQError:
             return  # the context is going away
         finally:
             monitor.close(0)
-
-    def _note(self, msg: list[bytes]) -> bool:
-        """Apply one monitor event; False when monitoring stopped."""
-        parsed = parse_monitor_message(msg)
-        event, fd = int(parsed["event"]), int(parsed["value"])
-        endpoint = parsed["endpoint"]
-        where = endpoint.decode(errors="replace") if isinstance(endpoint, bytes) else str(endpoint)
-        with self._lock:
-            if event == zmq.EVENT_MONITOR_STOPPED:
-                return False
-            if event == zmq.EVENT_ACCEPTED:
-                self.accepted += 1
-                self._closing.discard(fd)  # a number libzmq re-used
-                self._open.pop(fd, None)
-                self._open[fd] = (where, time.monotonic())
-                self.peak = max(self.peak, len(self._open))
-            else:  # DISCONNECTED, CLOSED
-                self._open.pop(fd, None)
-                self._closing.discard(fd)
-        return True
-
-    def _refuse_excess(self) -> None:
-        with self._lock:
-            excess = len(self._open) - len(self._closing) - self.max_connections
-            if excess <= 0:
-                return
-            # libzmq drops monitor events when the monitor falls behind: forget
-            # descriptors that are no longer connections of this listener first
-            for fd in [fd for fd, (where, _) in self._open.items() if not _is_ours(fd, where)]:
-                del self._open[fd]
-                self._closing.discard(fd)
-            live = [fd for fd in self._open if fd not in self._closing]
-            excess = len(live) - self.max_connections
-            if excess <= 0:
-                return
-            old = time.monotonic() - self.silent_grace
-            silent = [fd for fd in live if self._open[fd][1] <= old and _silent(fd)]
-            chosen = silent[:excess]
-            if len(chosen) < excess:
-                taken = set(chosen)
-                chosen += [fd for fd in reversed(live) if fd not in taken][:excess - len(chosen)]
-            for fd in chosen:
-                if _shut_down(fd, self._open[fd][0]):
-                    self._closing.add(fd)
-                    self.refused += 1
-                else:  # not a connection of this listener any more
-                    del self._open[fd]
 
 
 def _silent(fd: int) -> bool:

@@ -199,3 +199,31 @@ async def test_1100_silent_connections_leave_an_engine_with_1024_descriptors_ser
     assert fds < 256 + 64
     assert metrics["connections"]["refused"] >= 1100 - 256 + 1
     assert metrics["connections"]["open"] <= 256
+
+
+@pytest.mark.anyio
+async def test_a_client_router_bounds_its_connections_and_keeps_serving_its_engine() -> None:
+    """The API server's ROUTER bounded at 4 connections: its engine holds two
+    (requests, beacon); of 10 silent tcp connections 8 are refused and counted,
+    and the engine's calls are still served."""
+    from ctlwire.transports.zmq_client import ZmqRouterClientTransport
+
+    port = free_tcp_port()
+    transport = ZmqRouterClientTransport(f"tcp://127.0.0.1:{port}", max_connections=4,
+                                         allow_insecure_tcp=True)
+    silent: list[socket.socket] = []
+    async with ControlClient(transport, ranks=1) as client:
+        with EngineFleet(1, lambda r: ["--connect", transport.address]):
+            await client.wait_ready(timeout=30)
+            assert await client.call("echo", 1, rank=0, timeout=20) == 1
+            try:
+                silent = await anyio.to_thread.run_sync(_silent, port, 10)
+                with anyio.fail_after(30):
+                    while transport.connections_refused < 8:
+                        await anyio.sleep(0.05)
+                assert await client.call("echo", 2, rank=0, timeout=20) == 2
+            finally:
+                for s in silent:
+                    s.close()
+    print(f"\nclient ROUTER: refused {transport.connections_refused}")
+    assert transport.connections_refused == 8
