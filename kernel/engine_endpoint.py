@@ -58,8 +58,10 @@ Guarantees:
   their client's pipe full wait in a queue of that client's route only,
   bounded per route (``max_unread_replies``, ``max_unread_bytes``) and in
   total (``max_outbox_bytes``); beyond, a reply is dropped and counted
-  (``replies_dropped_unread``). :meth:`poll` flushes every route's queue
-  without letting a full one hold up the rest. Under :meth:`serve` a reply
+  (``replies_dropped_unread``). :meth:`poll` flushes every route's queue, at
+  its start and after its batch, without letting a full one hold up the rest;
+  a poll loop waits at most 5 ms for input while replies wait
+  (:meth:`idle_wait`). Under :meth:`serve` a reply
   waits at most ``reply_send_timeout`` for room; a route that timed out is
   marked stalled and further replies to it are dropped at once (counted)
   until it takes one again, so the dispatcher keeps serving other clients.
