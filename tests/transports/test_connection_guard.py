@@ -227,3 +227,25 @@ async def test_a_client_router_bounds_its_connections_and_keeps_serving_its_engi
                     s.close()
     print(f"\nclient ROUTER: refused {transport.connections_refused}")
     assert transport.connections_refused == 8
+
+
+def test_an_ipc_listener_refuses_the_newest_past_its_bound(tmp_path: Path) -> None:
+    """ipc connections (no ``TCP_INFO``): the newest past the bound are refused."""
+    os.chmod(tmp_path, 0o700)
+    transport = ZmqRouterEngineTransport(f"ipc://{tmp_path}/e.sock", 0, max_connections=2)
+    transport.open()
+    conns: list[socket.socket] = []
+    try:
+        for _ in range(5):
+            c = socket.socket(socket.AF_UNIX)
+            c.connect(f"{tmp_path}/e.sock")
+            conns.append(c)
+        assert _until(lambda: transport.connections_refused >= 3)
+        ended = [_ended(c) for c in conns]
+        print(f"\nipc: refused {transport.connections_refused}, ended {ended}")
+        assert transport.connections_refused == 3
+        assert ended == [False, False, True, True, True]
+    finally:
+        for c in conns:
+            c.close()
+        transport.close()
