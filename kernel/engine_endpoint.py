@@ -125,7 +125,7 @@ class EngineEndpoint(EngineServing):
         max_unread_bytes: int = 4 << 20,
         max_outbox_bytes: int = 32 << 20,
         reply_send_timeout: float = 1.0,
-        max_queued_request_bytes: int = 16 << 20,
+        max_queued_request_bytes: int = 64 << 20,
     ) -> None:
         self.transport = transport
         self.codec = transport.codec

@@ -209,7 +209,8 @@ async def test_a_client_that_never_reads_cannot_grow_the_engine_past_its_byte_bo
     frame_mb = (PAYLOAD_BYTES + 1024) / 2**20
     # + the outbox's per-route bound (poll) or the queued requests' budget plus one
     # request (serve), + slack for the interpreter
-    held_mb = 4.0 if mode == "poll" else 16.0 + frame_mb
+    queued = metrics["queued_requests"]
+    held_mb = 4.0 if mode == "poll" else queued["limit_bytes"] / 2**20 + frame_mb
     bound_mb = messages * frame_mb + held_mb + 40
     grew = flood.peak - base
     print(f"\n{mode}: sent {flood.sent}/{count}, engine RSS {base:.1f} -> peak "
@@ -219,7 +220,64 @@ async def test_a_client_that_never_reads_cannot_grow_the_engine_past_its_byte_bo
     assert grew < bound_mb, (grew, bound_mb)
     assert metrics["replies_dropped_unread"] > count // 2
     assert metrics["outbox"]["peak_bytes"] <= 4 << 20
-    queued = metrics["queued_requests"]
     assert queued["peak_bytes"] <= queued["limit_bytes"] + PAYLOAD_BYTES + 1024
     assert metrics["outbox"]["transport_bound_bytes_per_connection"] == (
         messages * options.hard_limit(limit))
+
+
+# -- serve: requests waiting to start are bounded in bytes -----------------------------------
+
+
+@pytest.mark.anyio
+async def test_requests_waiting_to_start_stay_under_their_byte_budget(tmp_path: Any) -> None:
+    """A peer sends 100 requests of 64 KiB to a method that is held (one at a
+    time): the requests the engine has taken and not started never hold more
+    than ``max_queued_request_bytes`` plus one request (the rest wait in libzmq,
+    whose pipes are bounded in bytes); once the method runs again every request
+    is answered, none lost."""
+    from ctlwire.transports.zmq_engine import ZmqRouterEngineTransport
+
+    os.chmod(tmp_path, 0o700)
+    transport = ZmqRouterEngineTransport(f"ipc://{tmp_path}/e.sock", 0)
+    budget = 1 << 20
+    ep = EngineEndpoint(transport, max_queued_request_bytes=budget, heartbeat_interval=None)
+    gate = anyio.Event()
+
+    @ep.method()
+    async def held(value: str) -> int:
+        await gate.wait()
+        return len(value)
+
+    codec = MsgpackCodec()
+    payload = codec.encode_value("z" * 65536)
+    ctx: zmq.Context[Any] = zmq.Context()
+    sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    replies = 0
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(ep.serve)
+            sock.connect(transport.address)
+            for i in range(100):
+                sock.send(codec.encode(Request(i + 1, 0, "held", payload, client=5)))
+            with anyio.fail_after(60):
+                # until the engine has taken all it will take: the budget is full
+                while ep.queued_requests.held <= budget:
+                    await anyio.sleep(0.01)
+                await anyio.sleep(0.5)
+            peak = ep.queued_requests.peak
+            gate.set()
+            with anyio.fail_after(60):
+                while replies < 100:
+                    while sock.poll(0):
+                        sock.recv()
+                        replies += 1
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    finally:
+        sock.close(0)
+        ctx.term()
+    print(f"\nqueued peak {peak} B (budget {budget} B), replies {replies}")
+    assert peak <= budget + 65536 + 1024
+    assert replies == 100
+    assert ep.queued_requests.held == 0
