@@ -173,6 +173,9 @@ class EngineServing(EngineAdmission, ReplyOutbox):
                                 continue
                             if not dispatcher.inflight and self._dispatch_now(
                                     dispatcher, req, event.route, now):
+                                queued = self.queued_requests  # a lane may have taken it
+                                if queued.held > queued.limit:
+                                    await queued.wait_for_room()
                                 continue
                             work: _Inbound | _BadFrameReply | None = _Inbound(
                                 req, event.route, now)

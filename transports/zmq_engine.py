@@ -113,7 +113,7 @@ class ZmqRouterEngineTransport(ZmqEngineBase):
                  context: zmq.Context[zmq.Socket[bytes]] | None = None,
                  allow_insecure_tcp: bool = False, max_clients: int = 64,
                  beacon_address: str | None = None, route_idle: float = 10.0,
-                 max_connections: int | None = 256) -> None:
+                 max_connections: int | None = 64) -> None:
         super().__init__(rank, codec=codec, options=options, context=context)
         self.address = address
         self.max_connections = max_connections
@@ -197,7 +197,7 @@ class ZmqPushPullEngineTransport(ZmqEngineBase):
     def __init__(self, request_address: str, reply_address: str, rank: int, *,
                  codec: Codec | None = None, options: ZmqOptions | None = None,
                  context: zmq.Context[zmq.Socket[bytes]] | None = None,
-                 allow_insecure_tcp: bool = False, max_connections: int | None = 256) -> None:
+                 allow_insecure_tcp: bool = False, max_connections: int | None = 64) -> None:
         super().__init__(rank, codec=codec, options=options, context=context)
         self.max_connections = max_connections
         self.request_address = request_address
