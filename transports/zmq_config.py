@@ -82,12 +82,15 @@ class ZmqOptions:
     messages with the defaults):
 
     * ``RCVHWM`` on every socket (:meth:`effective_rcvhwm`): what a peer sends;
-    * ``SNDHWM`` on an engine's sockets (:meth:`effective_sndhwm`): replies, whose
-      size a peer chooses (an echo of its payload), to a peer that may never read.
+    * ``SNDHWM`` on an engine's socket that binds (:meth:`effective_sndhwm`):
+      replies, whose size a peer chooses (an echo of its payload), to any peer
+      that can connect, which may never read.
 
-    A client's own ``SNDHWM`` stays ``sndhwm`` (10,000 requests can be pending at
-    one engine that is not reading): it sends only the frames it encodes itself.
-    So one connection of an engine holds at most
+    Elsewhere ``SNDHWM`` stays ``sndhwm``: a client sends only the frames it
+    encodes itself (10,000 requests can be pending at one engine that is not
+    reading), and an engine that dials replies only to the client it chose (a
+    small ``SNDHWM`` there would make bursts of replies wait for libzmq's I/O
+    thread). So one connection of an engine that binds holds at most
     ``(effective_sndhwm + effective_rcvhwm + 2) x MAXMSGSIZE`` in libzmq (the two:
     the message each direction's stream engine is encoding or decoding); the
     engine's own reply outbox is bounded apart (``EngineEndpoint``'s
@@ -98,7 +101,7 @@ class ZmqOptions:
     sndhwm: int = 10_000
     rcvhwm: int = 1_000
     #: the most bytes libzmq may queue per connection and direction where a peer
-    #: chooses the sizes: caps RCVHWM, and SNDHWM on an engine's sockets
+    #: chooses the sizes: caps RCVHWM, and SNDHWM on an engine's socket that binds
     max_queued_bytes: int = 256 * 1024 * 1024
     linger_ms: int = 200
     hard_max_message_size: int | None = None  # default: the codec's limit + 64 KiB
@@ -131,9 +134,10 @@ class ZmqOptions:
         return self._byte_bounded(self.rcvhwm, codec_limit)
 
     def effective_sndhwm(self, codec_limit: int, *, peer_sized: bool) -> int:
-        """``SNDHWM`` as set: ``sndhwm``; where a peer chooses the size of what is
-        sent (``peer_sized``: an engine's replies), lowered so that
-        ``SNDHWM x MAXMSGSIZE`` stays within ``max_queued_bytes`` (at least 1)."""
+        """``SNDHWM`` as set: ``sndhwm``; where any peer that connects chooses the
+        size of what is sent (``peer_sized``: the replies of an engine that binds),
+        lowered so that ``SNDHWM x MAXMSGSIZE`` stays within ``max_queued_bytes``
+        (at least 1)."""
         return self._byte_bounded(self.sndhwm, codec_limit) if peer_sized else self.sndhwm
 
     def _byte_bounded(self, hwm: int, codec_limit: int) -> int:
@@ -142,7 +146,8 @@ class ZmqOptions:
     def apply(self, sock: zmq.Socket[bytes], codec_limit: int, *,
               peer_sized_sends: bool = False) -> None:
         """Set every option on ``sock``. ``peer_sized_sends``: what ``sock`` sends is
-        sized by a peer (an engine's replies), so its ``SNDHWM`` is bounded in bytes."""
+        sized by any peer that connects (the replies of an engine that binds), so its
+        ``SNDHWM`` is bounded in bytes."""
         hard = self.hard_limit(codec_limit)
         sock.setsockopt(zmq.SNDHWM, self.effective_sndhwm(codec_limit,
                                                           peer_sized=peer_sized_sends))

@@ -107,6 +107,7 @@ class ZmqRouterEngineTransport(ZmqEngineBase):
     """
 
     routed = True
+    replies_to_any_peer = True
 
     def __init__(self, address: str, rank: int, *, codec: Codec | None = None,
                  options: ZmqOptions | None = None, curve: CurveServerConfig | None = None,

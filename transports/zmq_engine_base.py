@@ -49,6 +49,10 @@ class ZmqEngineBase:
 
     recv_kind = zmq.DEALER
     routed = False  # frames carry a routing identity (ROUTER)
+    #: replies may go to any peer that can connect (a socket that binds): what libzmq
+    #: queues for them is bounded in bytes (ZmqOptions.effective_sndhwm); an engine
+    #: that dials sends only to the peer it chose
+    replies_to_any_peer = False
 
     def __init__(self, rank: int, *, codec: Codec | None,
                  options: ZmqOptions | None,
@@ -110,15 +114,15 @@ class ZmqEngineBase:
         (both directions, the messages being encoded and decoded included)."""
         limit = self.codec.max_message_size
         options = self.options
-        messages = (options.effective_sndhwm(limit, peer_sized=True)
+        messages = (options.effective_sndhwm(limit, peer_sized=self.replies_to_any_peer)
                     + options.effective_rcvhwm(limit) + 2)
         return messages * options.hard_limit(limit)
 
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self.context.socket(kind)
         self._raw.append(sock)
-        # replies are sized by the peers that ask: bound what libzmq queues in bytes
-        self.options.apply(sock, self.codec.max_message_size, peer_sized_sends=True)
+        self.options.apply(sock, self.codec.max_message_size,
+                           peer_sized_sends=self.replies_to_any_peer)
         return sock
 
     def _setup(self) -> None:

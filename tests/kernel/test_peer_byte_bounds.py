@@ -281,3 +281,29 @@ async def test_requests_waiting_to_start_stay_under_their_byte_budget(tmp_path: 
     assert peak <= budget + 65536 + 1024
     assert replies == 100
     assert ep.queued_requests.held == 0
+
+
+def test_only_an_engine_that_binds_sizes_its_send_pipe_from_the_frame_limit(
+        tmp_path: Any) -> None:
+    """An engine that binds answers whoever connects: its ``SNDHWM`` is bounded in
+    bytes. One that dials answers the client it chose: ``SNDHWM`` stays high, so
+    bursts of replies do not wait for libzmq's I/O thread."""
+    from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport, ZmqRouterEngineTransport
+
+    os.chmod(tmp_path, 0o700)
+    options, limit = ZmqOptions(), MsgpackCodec().max_message_size
+    bound = ZmqRouterEngineTransport(f"ipc://{tmp_path}/e.sock", 0)
+    dialer = ZmqDealerEngineTransport(f"ipc://{tmp_path}/c.sock", 0)
+    for t in (bound, dialer):
+        t.open()
+    try:
+        assert bound._send is not None and dialer._send is not None
+        sized = bound._send.socket.getsockopt(zmq.SNDHWM)
+        kept = dialer._send.socket.getsockopt(zmq.SNDHWM)
+    finally:
+        for t in (bound, dialer):
+            t.close()
+    print(f"\nSNDHWM: binds {sized}, dials {kept}")
+    assert sized == options.effective_sndhwm(limit, peer_sized=True) == 15
+    assert sized * options.hard_limit(limit) <= options.max_queued_bytes
+    assert kept == options.sndhwm
