@@ -154,8 +154,9 @@ class EngineEndpoint(EngineServing):
         # serve mode: routes whose last reply timed out waiting for room
         self._stalled: OrderedDict[Route, None] = OrderedDict()
         self.outbox_peak_bytes = 0
+        #: replies that could not be sent: one line per kind of failure per interval
         self.unsent_log = RateLimitedLog(log)
-        #: serve mode: bytes of requests taken and not finished, against their budget
+        #: serve mode: bytes of requests taken and not started, against their budget
         self.queued_requests = QueuedRequestBytes(max_queued_request_bytes)
         self.heartbeats_paused = False
         self.use_beacon = beacon
@@ -450,11 +451,11 @@ class EngineEndpoint(EngineServing):
             "fence_high": self.fence_high,
             "idempotency_cache": {"entries": len(cache), "bytes": cache.bytes, "hits": cache.hits,
                                   "evicted": cache.evicted},
-            # replies waiting for clients that do not read, bounded per route and in total
             # serve mode: requests taken and not started, in bytes, against their budget
             "queued_requests": {"bytes": self.queued_requests.held,
                                 "peak_bytes": self.queued_requests.peak,
                                 "limit_bytes": self.queued_requests.limit},
+            # replies waiting for clients that do not read, bounded per route and in total
             "outbox": {"replies": self.outbox_replies, "bytes": self._outbox_bytes,
                        "peak_bytes": self.outbox_peak_bytes, "routes": len(self._outbox),
                        "stalled_routes": len(self._stalled),
