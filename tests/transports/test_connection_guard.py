@@ -182,16 +182,16 @@ async def test_1100_silent_connections_leave_an_engine_with_1024_descriptors_ser
 
                 async def refused() -> int:
                     m = await before.call("metrics", rank=0, timeout=20)
-                    return int(m["connections"]["refused"])
+                    return int(m.get("connections", {}).get("refused", 0))
 
-                with anyio.fail_after(60):
+                with anyio.move_on_after(5):  # the flood settles (asserted below)
                     while await refused() < 1100 - LIMIT:
                         await anyio.sleep(0.1)
                 fds = len(os.listdir(f"/proc/{pid}/fd"))
                 assert await before.call("echo", "during", rank=0, timeout=20) == "during"
                 await anyio.sleep(1.2)  # the silent ones are past the guard's grace
                 async with ControlClient(_client_transport(address), ranks=1) as after:
-                    assert await after.call("echo", "new", rank=0, timeout=20) == "new"
+                    assert await after.call("echo", "new", rank=0, timeout=8) == "new"
                 metrics = await before.call("metrics", rank=0, timeout=20)
         finally:
             for s in silent:
