@@ -250,3 +250,27 @@ def test_an_ipc_listener_refuses_the_newest_past_its_bound(tmp_path: Path) -> No
         for c in conns:
             c.close()
         transport.close()
+
+
+def test_the_liveness_beacon_of_an_engine_that_binds_is_bounded_too() -> None:
+    """The beacon's PUB binds next to the ROUTER: connections past the bound are
+    refused there too, and counted with the ROUTER's."""
+    from ctlwire.transports.envelope import Heartbeat as Beat
+
+    port = free_tcp_port()
+    transport = ZmqRouterEngineTransport(f"tcp://127.0.0.1:{port}", 0, max_connections=3,
+                                         allow_insecure_tcp=True)
+    transport.open()
+    silent: list[socket.socket] = []
+    try:
+        assert transport.start_beacon(0.05, lambda: Beat(0, 1, 1))
+        assert transport.beacon_address == f"tcp://127.0.0.1:{port + 1}"
+        silent = _silent(port + 1, 8)
+        assert _until(lambda: transport.connections_refused >= 5)
+        print(f"\nbeacon: refused {transport.connections_refused}")
+        assert transport.connections_refused == 5
+        assert sum(_ended(s) for s in silent) == 5
+    finally:
+        for s in silent:
+            s.close()
+        transport.close()
