@@ -38,6 +38,7 @@ import zmq
 from anyio.abc import TaskGroup
 
 from ctlwire.transports.codec import Codec, check_pickle_allowed
+from ctlwire.transports.connection_guard import ConnectionBound
 from ctlwire.transports.curve import CurveAuthenticator, CurveServerConfig
 from ctlwire.transports.envelope import Envelope, Heartbeat
 from ctlwire.transports.errors import (
@@ -79,6 +80,9 @@ _PROBE_DELAYS = (0.0, 0.005, 0.02, 0.1, 0.5)
 _CACHE_LIMIT = 4096
 
 
+#: the monitor events a connection bound is kept from (their value is the descriptor)
+_BOUND_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+
 #: events a receiving task hands to ``receive_or_handle``'s handle before a checkpoint
 _INLINE_BUDGET = 64
 
@@ -101,13 +105,19 @@ class ZmqRouterClientTransport(_ZmqClientBase):
     connecting as ``rank-N`` (libzmq's ZAP request does not carry the identity a
     peer asks for, so the handshake cannot refuse it) has its frames dropped and
     counted (``impersonation``) and never receives rank N's requests.
+    ``max_connections``: at most this many connections stay open on the ROUTER
+    (each engine rank holds two: requests and beacon), newer ones refused and
+    counted (:attr:`connections_refused`, see
+    :class:`~ctlwire.transports.connection_guard.ConnectionBound`); None: no bound.
     """
 
     def __init__(self, address: str | None = None, *, codec: Codec | None = None,
                  options: ZmqOptions | None = None, curve: CurveServerConfig | None = None,
                  context: zmq.Context[zmq.Socket[bytes]] | None = None,
-                 allow_insecure_tcp: bool = False) -> None:
+                 allow_insecure_tcp: bool = False, max_connections: int | None = None) -> None:
         super().__init__(codec=codec, options=options, context=context)
+        self._connections = (ConnectionBound(max_connections)
+                             if max_connections is not None else None)
         self._private = address is None
         self.address = address or self._private_address("control")
         self.curve = curve
@@ -435,9 +445,18 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         if sock is not None and not sock.closed:
             sock.interrupt_receive()  # a receive in progress returns to pick the event up
 
+    @property
+    def connections_refused(self) -> int:
+        """Connections refused because ``max_connections`` were open."""
+        return self._connections.refused if self._connections is not None else 0
+
     async def _watch_disconnects(self) -> None:
         monitor = self._monitors[0]
-        async for event, _value, _endpoint in monitor.events():
+        bound = self._connections
+        async for event, value, endpoint in monitor.events():
+            if bound is not None and event & _BOUND_EVENTS:
+                bound.note(event, value, endpoint)
+                bound.refuse_excess()
             if event & DOWN_EVENTS and self._known:
                 self._tg_start(self._probe)
 
