@@ -214,7 +214,8 @@ async def test_a_client_router_bounds_its_connections_and_keeps_serving_its_engi
                                          allow_insecure_tcp=True)
     silent: list[socket.socket] = []
     async with ControlClient(transport, ranks=1) as client:
-        with EngineFleet(1, lambda r: ["--connect", transport.address]):
+        with EngineFleet(1, lambda r: ["--connect", transport.address,
+                                      "--allow-insecure-tcp"]):
             await client.wait_ready(timeout=30)
             assert await client.call("echo", 1, rank=0, timeout=20) == 1
             try:
