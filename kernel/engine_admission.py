@@ -321,6 +321,9 @@ class EngineAdmission(EngineLiveness):
                 if env.version >> 8 != PROTOCOL_MAJOR:  # a client this engine cannot serve
                     self.counters["protocol_version_refused"] = (
                         self.counters.get("protocol_version_refused", 0) + 1)
+                    # a dropped frame like any other: every received frame is accounted for
+                    self.counters["dropped_protocol_version"] = (
+                        self.counters.get("dropped_protocol_version", 0) + 1)
                     return None
                 self.counters["heartbeats_received"] += 1
                 self.client_last_seen = self.clock()

@@ -354,10 +354,12 @@ def test_values_nested_near_the_recursion_limit_give_payload_type_errors(name: s
 # typed answers a well-formed request may get; "Fenced": a fencing token below one the
 # engine already accepted (hypothesis draws the tokens), "FenceOutOfRange": one negative or
 # too far ahead of the engine's clock, "InProgress": an idempotency key still running,
-# "KeyTooLong" and "CacheFull": a key the idempotency cache does not take
+# "KeyTooLong" and "CacheFull": a key the idempotency cache does not take,
+# "UnsupportedProtocolVersion": a request announcing another major protocol version
 REQUEST_ERRORS = {"WrongRank", "UnknownMethod", "DeadlineExpired", "InvalidPayload",
                   "RuntimeError", "ResultNotEncodable", "_AsyncHandlerInPoll", "ReplyTooLarge",
-                  "Fenced", "FenceOutOfRange", "InProgress", "KeyTooLong", "CacheFull"}
+                  "Fenced", "FenceOutOfRange", "InProgress", "KeyTooLong", "CacheFull",
+                  "UnsupportedProtocolVersion"}
 
 
 def engine_methods(ep: EngineEndpoint) -> None:
