@@ -48,15 +48,30 @@ PROMPTS = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
 METHODS = "ctlwire.kernel.app.torch_engine:register"
 
 
-@pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[tuple[str, EngineFleet]]:
-    os.chmod(tmp_path, 0o700)
-    address = f"ipc://{tmp_path}/control.sock"
+def _fleet(folder: Path) -> tuple[str, EngineFleet]:
+    os.chmod(folder, 0o700)
+    address = f"ipc://{folder}/control.sock"
     env = dict(os.environ, CTLWIRE_TORCH_CONFIG=msgspec.json.encode(CONFIG).decode(),
                OMP_NUM_THREADS="1")
-    with EngineFleet(N, lambda r: ["--connect", address, "--methods", METHODS], env=env,
-                     ready_timeout=90) as f:
-        yield address, f
+    return address, EngineFleet(N, lambda r: ["--connect", address, "--methods", METHODS],
+                                env=env, ready_timeout=90)
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[tuple[str, EngineFleet]]:
+    """A fresh fleet, for the tests that kill ranks or assert the initial weights."""
+    address, engines = _fleet(tmp_path)
+    with engines:
+        yield address, engines
+
+
+@pytest.fixture(scope="module")
+def shared_fleet(tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[tuple[str, EngineFleet]]:
+    """One fleet for the tests that leave every rank serving (starting torch is slow)."""
+    address, engines = _fleet(tmp_path_factory.mktemp("torch"))
+    with engines:
+        yield address, engines
 
 
 def client_for(address: str) -> ControlClient:
@@ -111,7 +126,7 @@ async def test_rank_killed_mid_broadcast_ends_by_deadline_survivors_freed(
         assert (await trainer.sync(runner, update_timeout=30)).result.ok
         await c.call("arm_fault", TorchFault("crash_mid_broadcast", after=3), rank=1)
         trainer.train()
-        sync = await trainer.sync(runner, update_timeout=8)
+        sync = await trainer.sync(runner, update_timeout=6)
         result = sync.result
         assert engines.engines[1].proc.wait(timeout=10) == 9
         # ended by the step's deadline; survivors were freed by the collective's timeout
@@ -121,7 +136,7 @@ async def test_rank_killed_mid_broadcast_ends_by_deadline_survivors_freed(
         for r in (0, 2):
             assert result.ranks[r].failed_step == "update", result.ranks[r]
             assert "WeightTransferFailed" in result.ranks[r].detail, result.ranks[r].detail
-        assert sync.seconds < 8 + 10  # the step's deadline plus compensations, not 30 min
+        assert sync.seconds < 6 + 10  # the step's deadline plus compensations, not 30 min
         info = await infos(c, (0, 2))
         assert {(i["version"], i["paused"], i["group"]) for i in info.values()} == {
             (1, False, "")}  # old weights, serving, group destroyed
@@ -135,8 +150,8 @@ async def test_rank_killed_mid_broadcast_ends_by_deadline_survivors_freed(
 
 
 async def test_corrupt_or_mismatched_weight_file_is_refused_old_weights_kept(
-        fleet: tuple[str, EngineFleet], tmp_path: Path) -> None:
-    address, _ = fleet
+        shared_fleet: tuple[str, EngineFleet], tmp_path: Path) -> None:
+    address, _ = shared_fleet
     trainer = Trainer(CONFIG)
     async with client_for(address) as c:
         await c.wait_ready(timeout=30)
@@ -144,18 +159,19 @@ async def test_corrupt_or_mismatched_weight_file_is_refused_old_weights_kept(
         old = (await infos(c, (0,)))[0]
         trainer.train()
         good = str(tmp_path / "w.pt")
-        digest = save_weights(trainer.model, good, 1)
+        new = old["version"] + 1
+        digest = save_weights(trainer.model, good, new)
         corrupt = str(tmp_path / "corrupt.pt")
         data = Path(good).read_bytes()
         Path(corrupt).write_bytes(data[: len(data) // 2])
 
         def plan(path: str, declared: str) -> OperationPlan:
-            back = WeightsRef(0, old["checksum"])
+            back = WeightsRef(old["version"], old["checksum"])
             return OperationPlan("disk-update", (
                 OperationStep("pause", "pause", Pause("keep"), 10,
                               compensation=StepCall("resume")),
                 OperationStep("update", "update_weights_from_disk",
-                              UpdateFromDisk(1, path, declared), 20,
+                              UpdateFromDisk(new, path, declared), 20,
                               compensation=StepCall("rollback_weights", back)),
                 OperationStep("resume", "resume", None, 10)))
 
@@ -166,7 +182,7 @@ async def test_corrupt_or_mismatched_weight_file_is_refused_old_weights_kept(
             assert all("WeightsRefused" in result.ranks[r].detail for r in range(N))
             for r, info in (await infos(c, (0, 1, 2))).items():
                 assert (info["version"], info["checksum"], info["paused"]) == (
-                    0, old["checksum"], False), r
+                    old["version"], old["checksum"], False), r
         result = await runner.run(plan(good, digest))
         assert result.ok, result.summary()
         assert await outputs(c, (0, 1, 2)) == {r: trainer.greedy(PROMPTS, 6) for r in range(N)}
@@ -178,7 +194,7 @@ async def test_native_call_holding_the_gil_in_a_step_is_busy_not_dead(
     client whose liveness window covers the engine's longest such call keeps the rank
     alive through it, and still sees a kill -9 at once (the connection closes)."""
     address, engines = fleet
-    hold, interval = 3.0, 0.25
+    hold, interval = 2.0, 0.25
     window = int(3 * hold / interval)  # heartbeat misses allowed: 9 s of silence
     transport = ZmqRouterClientTransport(address)
     async with ControlClient(transport, ranks=N, default_timeout=20.0,
@@ -197,8 +213,8 @@ async def test_native_call_holding_the_gil_in_a_step_is_busy_not_dead(
 
 
 async def test_pause_abort_under_load_ends_sequences_with_abort_status(
-        fleet: tuple[str, EngineFleet]) -> None:
-    address, _ = fleet
+        shared_fleet: tuple[str, EngineFleet]) -> None:
+    address, _ = shared_fleet
     async with client_for(address) as c:
         await c.wait_ready(timeout=30)
         ids = await c.call("submit", Submit([[1, 2, 3]] * 16, max_new_tokens=10_000), rank=2)
