@@ -53,7 +53,7 @@ from ctlwire.kernel.app.torch_engine import (
 )
 from ctlwire.kernel.core.operation_plan import OperationPlan, OperationStep, StepCall
 from ctlwire.kernel.core.operation_result import OperationResult, ProgressEvent
-from ctlwire.kernel.operation_runner import OperationRunner
+from ctlwire.kernel.operation_runner import OperationRunner, Recovery
 from ctlwire.states import RankState
 
 __all__ = ["Trainer", "WeightSync", "weight_sync_plan"]
@@ -154,6 +154,16 @@ class Trainer:
 
     def drop_group(self) -> None:
         self.group = None
+
+    async def recover(self, runner: OperationRunner, timeout: float = 5.0) -> Recovery | None:
+        """The newest weight sync some rank applied steps of (a restarted trainer asks).
+
+        A sync a dead trainer left undecided (ranks paused, maybe holding a group
+        whose root is gone) is finished by the next :meth:`sync`: its fence is newer,
+        so the old operation is fenced out; ``pause`` is idempotent, a new group
+        replaces the dangling one, and the new weights are checked on every rank."""
+        any_plan = weight_sync_plan(0, "", [], self.served, group=None, update_timeout=1.0)
+        return await runner.recover(any_plan, timeout=timeout)
 
     async def sync(self, runner: OperationRunner, *, update_timeout: float = 20.0,
                    group_timeout: float = 10.0, pause_mode: str = "abort",

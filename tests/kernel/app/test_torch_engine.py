@@ -10,6 +10,8 @@ weight file, a native call holding the GIL inside a step, pause(abort) under loa
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,7 @@ from ctlwire.kernel.app.torch_engine import (
     WeightsRef,
     save_weights,
 )
-from ctlwire.kernel.app.torch_weight_sync import Trainer
+from ctlwire.kernel.app.torch_weight_sync import Trainer, weight_sync_plan
 from ctlwire.kernel.control_client import ControlClient
 from ctlwire.kernel.core.operation_plan import OperationPlan, OperationStep, StepCall
 from ctlwire.kernel.errors import EngineDead
@@ -233,3 +235,70 @@ async def test_pause_abort_under_load_ends_sequences_with_abort_status(
                 break
             await anyio.sleep(0.05)
         assert s["status"] == "finished" and len(s["tokens"]) == 3, s
+
+
+TRAINER_SCRIPT = """
+import sys, time, anyio, msgspec
+from ctlwire.kernel.app import torch_weight_sync as tws
+from ctlwire.kernel.app.torch_engine import DecoderConfig
+from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.operation_runner import OperationRunner
+from ctlwire.transports.zmq_client import ZmqRouterClientTransport
+
+def stuck(self, tensors, timeout):   # the trainer is killed before its broadcast ends
+    print("BROADCASTING", flush=True)
+    time.sleep(600)
+
+tws._Group.broadcast = stuck
+
+async def main():
+    config = msgspec.json.decode(sys.argv[2], type=DecoderConfig)
+    async with ControlClient(ZmqRouterClientTransport(sys.argv[1]), ranks=3) as c:
+        await c.wait_ready(timeout=30)
+        trainer = tws.Trainer(config)
+        trainer.train()
+        await trainer.sync(OperationRunner(c), update_timeout=300)
+
+anyio.run(main)
+"""
+
+
+async def test_trainer_killed_mid_broadcast_a_restarted_trainer_recovers(
+        fleet: tuple[str, EngineFleet], tmp_path: Path) -> None:
+    address, _ = fleet
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), address,
+                             msgspec.json.encode(CONFIG).decode()],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = await anyio.to_thread.run_sync(proc.stdout.readline)
+        assert line.strip() == "BROADCASTING", line
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    # a new trainer (a new client, a new process state) takes over
+    trainer = Trainer(CONFIG)
+    async with client_for(address) as c:
+        await c.wait_ready(timeout=30)
+        runner = OperationRunner(c)
+        recovery = await trainer.recover(runner)
+        assert recovery is not None and not recovery.complete
+        assert recovery.steps == {r: ("pause", "group") for r in range(N)}, recovery
+        info = await infos(c, (0, 1, 2))  # answered: nothing hangs on the dead root
+        assert {(i["version"], i["paused"]) for i in info.values()} == {(0, True)}
+        trainer.train()
+        sync = await trainer.sync(runner, update_timeout=30)
+        assert sync.result.ok, (sync.result.summary(), sync.sender_error)
+        expected = trainer.greedy(PROMPTS, 6)
+        assert await outputs(c, (0, 1, 2)) == {r: expected for r in range(N)}
+        info = await infos(c, (0, 1, 2))
+        assert {(i["version"], i["paused"]) for i in info.values()} == {(1, False)}
+        # the dead trainer's operation cannot come back: fenced out everywhere
+        stale = await runner.run(weight_sync_plan(9, "", [], WeightsRef(0, ""), group=None,
+                                                  update_timeout=5),
+                                 op_id=recovery.op_id, fence=recovery.fence)
+        assert stale.state is OperationState.SUPERSEDED, stale.summary()
+        assert {(i["version"], i["paused"]) for i in (await infos(c, (0, 1, 2))).values()} == {
+            (1, False)}
