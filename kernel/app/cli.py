@@ -34,6 +34,15 @@ def _cmd_diagrams(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    if args.torch:
+        try:
+            from ctlwire.kernel.app import torch_demo
+        except ImportError as exc:
+            print(f"ctlwire demo --torch needs the torch extra (pip install 'ctlwire[torch]'): "
+                  f"{exc}", file=sys.stderr)
+            return 2
+        return torch_demo.demo(args.engines, args.cycles, args.model_width, args.model_layers,
+                               args.backend)
     from ctlwire.kernel.app import demo
 
     return demo.main(demo.from_args(args), json_path=args.json)
@@ -109,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     from ctlwire.kernel.app.demo import add_arguments
 
     add_arguments(p)
+    p.add_argument("--torch", action="store_true",
+                   help="engines serving a real torch model, weights moved by gloo broadcast "
+                        "(the torch extra; --engines and --cycles apply)")
+    p.add_argument("--model-width", type=int, default=256,
+                   help="--torch: model width (256 with 2 layers: ~1.7M parameters)")
+    p.add_argument("--model-layers", type=int, default=2, help="--torch: transformer blocks")
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("keys", help="CURVE key pairs")

@@ -307,6 +307,8 @@ class TorchEngine:
         self.group_name = ""
         self.group_rank = -1
         self.faults: dict[str, TorchFault] = {}
+        #: the last update's engine-side time (s): receiving, checksumming, swapping
+        self.last_update: dict[str, float] = {}
         self.counters = {"updates": 0, "refused": 0, "transfer_failures": 0, "rollbacks": 0,
                          "aborted": 0, "groups_formed": 0, "groups_destroyed": 0}
 
@@ -392,7 +394,7 @@ class TorchEngine:
                 "tokens_per_s": self.tokens / self.step_seconds if self.step_seconds else 0.0,
                 "paused": self.paused, "running": len(self.running),
                 "group": self.group_name if self.group is not None else "",
-                "pid": os.getpid(), **self.counters}
+                "pid": os.getpid(), "last_update": dict(self.last_update), **self.counters}
 
     # -- weights ----------------------------------------------------------------------
     def _swap(self, version: int, digest: str, state: dict[str, torch.Tensor]) -> None:
@@ -434,6 +436,7 @@ class TorchEngine:
         crash = self.faults.pop("crash_mid_broadcast", None)
         opts = broadcast_options(req.timeout)
         staging: dict[str, torch.Tensor] = {}
+        t0 = time.perf_counter()
         try:
             for i, meta in enumerate(req.tensors):
                 if crash is not None and i == crash.after:
@@ -450,12 +453,16 @@ class TorchEngine:
                 f"{len(staging)}/{len(req.tensors)} tensors ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else ''}); old weights kept, "
                 f"group destroyed") from None
+        t1 = time.perf_counter()
         digest = checksum(staging)
         if digest != req.checksum:
             self.counters["refused"] += 1
             raise WeightsRefused(f"rank {self.rank}: checksum {digest[:12]} of version "
                                  f"{req.version} != declared {req.checksum[:12]}; old weights kept")
+        t2 = time.perf_counter()
         self._swap(req.version, digest, staging)
+        self.last_update = {"receive_s": t1 - t0, "verify_s": t2 - t1,
+                            "swap_s": time.perf_counter() - t2}
         return {"rank": self.rank, "version": self.version, "checksum": self.checksum}
 
     def update_weights_from_disk(self, req: UpdateFromDisk) -> dict[str, Any]:
