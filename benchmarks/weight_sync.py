@@ -51,7 +51,8 @@ def timing_rows(timings: Sequence[Any], params_m: float) -> list[Row]:
             100.0 * share_ms / total if total else float("inf"),
             "ctlwire's share / whole operation", Target("<=", SHARE_PCT), details, "%"),
         Row("weight_sync", f"{scenario}: ctlwire's share in ms", "ms", share_ms, total,
-            "the whole operation", share_ms, "ctlwire's share (ms)", Target("<=", SHARE_MS), {}, " ms"),
+            "the whole operation", share_ms, "ctlwire's share (ms)", Target("<=", SHARE_MS),
+            {}, " ms"),
     ]
 
 

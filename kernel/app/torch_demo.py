@@ -17,10 +17,12 @@ trainer's version and checksum -> resume. Then every rank's greedy output for
 fixed prompts must equal the trainer's own model's.
 
 Each cycle prints per-rank progress (the steps applied on each rank) and
-splits the operation's time: the data movement (the trainer's broadcasts and
-joining the group), the engines' own work (checksum and swap of the new
-weights, the slowest rank), and the rest: ctlwire's share (requests, replies,
-the ledger, pause, check, resume).
+splits the operation's time by what the engines measured inside each step's
+handler (per step, the slowest rank): the data movement (joining the group,
+receiving the broadcast), the engines' own work (checksum and swap of the new
+weights; pause, check, resume), and the rest -- the operation's time outside
+every handler: ctlwire's share (requests and replies, the ledger, the runner,
+waiting for a generation step in progress to end).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from ctlwire.kernel.operation_runner import OperationRunner
 from ctlwire.states import RankState
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
-__all__ = ["SyncTiming", "main", "run"]
+__all__ = ["SyncTiming", "main", "run", "split"]
 
 PROMPTS = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
 METHODS = "ctlwire.kernel.app.torch_engine:register"
@@ -55,14 +57,25 @@ class SyncTiming:
     """One committed sync's time split (seconds)."""
 
     total: float
-    data: float       # the trainer's broadcasts and joining the group
-    engine: float     # the slowest rank's checksum and swap
+    data: float       # joining the group and receiving the broadcast
+    engine: float     # the engines' other work: checksum, swap, pause, check, resume
     equal: bool       # every rank decodes like the trainer afterwards
 
     @property
     def control(self) -> float:
-        """ctlwire's share: everything but the data movement and the engines' work."""
-        return max(0.0, self.total - self.data - self.engine)
+        """ctlwire's share: the operation's time outside the engines' handlers."""
+        return self.total - self.data - self.engine
+
+
+def split(seconds: float, handlers: list[dict[str, float]], updates: list[dict[str, float]],
+          methods: list[str]) -> tuple[float, float]:
+    """(data movement, engine work) of one operation from each rank's handler times
+    (``handler_s``) and update times (``last_update``): per step, the slowest rank."""
+    work = sum(max(h.get(m, 0.0) for h in handlers) for m in methods)
+    checksum_swap = max(u.get("verify_s", 0.0) + u.get("swap_s", 0.0) for u in updates)
+    data = (max(h.get("update_weights_from_distributed", 0.0) for h in handlers)
+            - checksum_swap + max(h.get("init_weights_update_group", 0.0) for h in handlers))
+    return data, min(seconds, work) - data
 
 
 def _per_rank(sync: WeightSync) -> str:
@@ -102,15 +115,15 @@ async def run(engines: int, cycles: int, config: DecoderConfig, *, load: bool = 
                     say(f"cycle {cycle}: {sync.result.summary()} {sync.sender_error}")
                     return None
                 info = await client.fan_out("get_server_info", mode="concurrent")
-                engine = max(v["last_update"].get("verify_s", 0.0)
-                             + v["last_update"].get("swap_s", 0.0)
-                             for v in info.results.values())
+                ranks = list(info.results.values())
+                methods = [s.method for s in sync.plan.steps]
+                data, engine = split(sync.seconds, [v["handler_s"] for v in ranks],
+                                     [v["last_update"] for v in ranks], methods)
                 expected = trainer.greedy(PROMPTS, 8)
                 out = await client.fan_out("generate", Generate(PROMPTS, 8), mode="concurrent")
                 equal = (len(out.results) == engines
                          and all(v == expected for v in out.results.values()))
-                t = SyncTiming(sync.seconds, sync.transfer_seconds + sync.group_seconds,
-                               engine, equal)
+                t = SyncTiming(sync.seconds, data, engine, equal)
                 timings.append(t)
                 say(f"cycle {cycle}: loss {loss:.3f}, version {sync.version} committed in "
                     f"{t.total * 1e3:.0f} ms (data {t.data * 1e3:.0f} ms, engines "

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import functools
 import hashlib
 import os
 import time
@@ -59,9 +60,9 @@ from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.engine_liveness import report_progress
 from ctlwire.kernel.operation_ledger import OperationLedger
 
-__all__ = ["DecoderConfig", "GroupSpec", "Pause", "TinyDecoder", "TorchEngine", "TorchFault",
-           "UpdateFromDisk", "UpdateFromDistributed", "WeightsRef", "checksum", "greedy",
-           "register", "save_weights"]
+__all__ = ["DecoderConfig", "DrainTimedOut", "GroupSpec", "Pause", "TinyDecoder", "TorchEngine",
+           "TorchFault", "UpdateFromDisk", "UpdateFromDistributed", "WeightsRef", "checksum",
+           "greedy", "register", "save_weights"]
 
 
 # -- the model ------------------------------------------------------------------------
@@ -167,7 +168,10 @@ def save_weights(model: nn.Module, path: str, version: int) -> str:
 
 # -- payloads -------------------------------------------------------------------------
 class Pause(msgspec.Struct, frozen=True):
+    """``drain`` runs the sequences to completion for at most ``drain_timeout`` s."""
+
     mode: str = "abort"  # abort | drain | keep
+    drain_timeout: float = 30.0
 
 
 class GroupSpec(msgspec.Struct, frozen=True):
@@ -250,7 +254,10 @@ class Overloaded(Exception):
     code = 429
 
 
-_DTYPES = {str(d): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.int64)}
+class DrainTimedOut(Exception):
+    """``pause(drain)`` could not finish the sequences in time: not paused."""
+
+    code = 504
 
 
 def gloo_store(host: str, port: int, world_size: int, *, is_master: bool,
@@ -309,6 +316,8 @@ class TorchEngine:
         self.faults: dict[str, TorchFault] = {}
         #: the last update's engine-side time (s): receiving, checksumming, swapping
         self.last_update: dict[str, float] = {}
+        #: how long each weight/pause method last ran here (s), for the time split
+        self.handler_seconds: dict[str, float] = {}
         self.counters = {"updates": 0, "refused": 0, "transfer_failures": 0, "rollbacks": 0,
                          "aborted": 0, "groups_formed": 0, "groups_destroyed": 0}
 
@@ -343,9 +352,7 @@ class TorchEngine:
         """Queue sequences for greedy decoding; their ids (``sequences`` reads them)."""
         if len(self.running) + len(req.prompts) > self.max_sequences:
             raise Overloaded(f"rank {self.rank}: more than {self.max_sequences} sequences")
-        if any(not p or any(not 0 <= t < self.model.config.vocab for t in p)
-               for p in req.prompts):
-            raise ValueError("every prompt needs at least one token, each in the vocabulary")
+        self._check_prompts(req.prompts)
         ids = []
         for p in req.prompts:
             self._next_id += 1
@@ -366,8 +373,17 @@ class TorchEngine:
                 out.append({"id": sid, "status": "unknown", "tokens": []})
         return out
 
+    def _check_prompts(self, prompts: list[list[int]]) -> None:
+        vocab = self.model.config.vocab
+        if any(not p or any(not 0 <= t < vocab for t in p) for p in prompts):
+            raise ValueError("every prompt needs at least one token, each in the vocabulary")
+
     def generate(self, req: Generate) -> list[list[int]]:
-        """Greedy decoding of ``prompts`` with the live weights (in this call)."""
+        """Greedy decoding of ``prompts`` with the live weights (in this call; at most
+        ``max_sequences`` prompts and 256 new tokens)."""
+        if len(req.prompts) > self.max_sequences or not 0 <= req.new_tokens <= 256:
+            raise ValueError(f"at most {self.max_sequences} prompts and 256 new tokens")
+        self._check_prompts(req.prompts)
         return greedy(self.model, req.prompts, req.new_tokens)
 
     def pause(self, req: Pause = Pause()) -> dict[str, Any]:  # noqa: B008 - frozen struct
@@ -379,7 +395,11 @@ class TorchEngine:
                 self.counters["aborted"] += 1
         elif req.mode == "drain":
             self.paused = False
+            deadline = time.monotonic() + req.drain_timeout
             while self.running:
+                if time.monotonic() > deadline:
+                    raise DrainTimedOut(f"rank {self.rank}: {len(self.running)} sequences "
+                                        f"still running after {req.drain_timeout} s; not paused")
                 self.step()
         self.paused = True
         return {"rank": self.rank, "paused": True, "running": len(self.running)}
@@ -394,7 +414,8 @@ class TorchEngine:
                 "tokens_per_s": self.tokens / self.step_seconds if self.step_seconds else 0.0,
                 "paused": self.paused, "running": len(self.running),
                 "group": self.group_name if self.group is not None else "",
-                "pid": os.getpid(), "last_update": dict(self.last_update), **self.counters}
+                "pid": os.getpid(), "last_update": dict(self.last_update),
+                "handler_s": dict(self.handler_seconds), **self.counters}
 
     # -- weights ----------------------------------------------------------------------
     def _swap(self, version: int, digest: str, state: dict[str, torch.Tensor]) -> None:
@@ -404,8 +425,20 @@ class TorchEngine:
         self.version, self.checksum = version, digest
         self.counters["updates"] += 1
 
+    def _check_layout(self, layout: Mapping[str, tuple[tuple[int, ...], str]]) -> None:
+        """Refuse weights whose names, shapes or dtypes are not the model's (checked
+        before anything is received or swapped: a partial load is never possible)."""
+        live = {k: (tuple(v.shape), str(v.dtype)) for k, v in self.model.state_dict().items()}
+        if dict(layout) != live:
+            wrong = sorted(set(layout) ^ set(live)) or sorted(
+                k for k in live if layout[k] != live[k])
+            raise WeightsRefused(f"rank {self.rank}: tensors do not match the model "
+                                 f"({', '.join(wrong[:3])})")
+
     def init_weights_update_group(self, spec: GroupSpec) -> dict[str, Any]:
         """Join (or re-form) the gloo group with the trainer; bounded by ``spec.timeout``."""
+        if not spec.timeout > 0:
+            raise ValueError("the group's timeout must be > 0")
         if self.rank not in spec.ranks:
             raise ValueError(f"rank {self.rank} is not in the group's ranks {spec.ranks}")
         self.destroy_weights_update_group()
@@ -430,9 +463,10 @@ class TorchEngine:
         matches; on any failure the old weights stay (see the module docstring)."""
         if self.group is None:
             raise NoUpdateGroup(f"rank {self.rank} has no weight-update group")
+        if not req.timeout > 0:
+            raise ValueError("the broadcast timeout must be > 0")
+        self._check_layout({m.name: (tuple(m.shape), m.dtype) for m in req.tensors})
         live = self.model.state_dict()
-        if sorted(m.name for m in req.tensors) != sorted(live):
-            raise WeightsRefused(f"rank {self.rank}: the tensors named do not match the model")
         crash = self.faults.pop("crash_mid_broadcast", None)
         opts = broadcast_options(req.timeout)
         staging: dict[str, torch.Tensor] = {}
@@ -441,7 +475,7 @@ class TorchEngine:
             for i, meta in enumerate(req.tensors):
                 if crash is not None and i == crash.after:
                     os._exit(9)
-                t = torch.empty(meta.shape, dtype=_DTYPES[meta.dtype])
+                t = torch.empty(meta.shape, dtype=live[meta.name].dtype)
                 self.group.broadcast([t], opts).wait()
                 staging[meta.name] = t
                 report_progress((i + 1) / len(req.tensors), meta.name)
@@ -476,9 +510,11 @@ class TorchEngine:
             self.counters["refused"] += 1
             raise WeightsRefused(f"rank {self.rank}: cannot read {req.path}: "
                                  f"{type(exc).__name__}; old weights kept") from None
-        if sorted(state) != sorted(self.model.state_dict()):
+        try:
+            self._check_layout({k: (tuple(v.shape), str(v.dtype)) for k, v in state.items()})
+        except WeightsRefused:
             self.counters["refused"] += 1
-            raise WeightsRefused(f"rank {self.rank}: {req.path} does not hold this model")
+            raise
         digest = checksum(state)
         if digest != req.checksum:
             self.counters["refused"] += 1
@@ -507,6 +543,17 @@ class TorchEngine:
                                  f"({expected.checksum[:12]})")
         return {"rank": self.rank, "version": self.version, "checksum": self.checksum}
 
+    def timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn``, recording how long each call took in :attr:`handler_seconds`."""
+        @functools.wraps(fn)
+        def run(*args: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self.handler_seconds[fn.__name__] = time.perf_counter() - start
+        return run
+
     def arm_fault(self, fault: TorchFault) -> None:
         if fault.kind not in ("crash_mid_broadcast", "hold_gil"):
             raise ValueError(f"unknown fault {fault.kind!r}")
@@ -525,7 +572,7 @@ def register(ep: EngineEndpoint) -> Callable[[], bool]:
     raw = os.environ.get("CTLWIRE_TORCH_CONFIG")
     config = msgspec.json.decode(raw, type=DecoderConfig) if raw else DecoderConfig()
     engine = TorchEngine(ep.rank, config)
-    handlers = {name: getattr(engine, name) for name in STEP_METHODS}
+    handlers = {name: engine.timed(getattr(engine, name)) for name in STEP_METHODS}
     OperationLedger(handlers).install(ep)
     for name, fn in handlers.items():
         ep.register(name, fn)

@@ -86,6 +86,7 @@ class WeightSync:
     """One sync: the operation's result, the trainer side's error (if any), timings (s)."""
 
     result: OperationResult
+    plan: OperationPlan
     version: int
     checksum: str
     sender_error: str = ""
@@ -183,7 +184,7 @@ class Trainer:
                                 update_timeout=update_timeout, pause_mode=pause_mode,
                                 collective_share=collective_share)
         started = {"group": anyio.Event(), "update": anyio.Event()}
-        sync = WeightSync(result=None, version=self.version, checksum=digest)  # type: ignore[arg-type]
+        sync = WeightSync(None, plan, self.version, digest)  # type: ignore[arg-type]
         collective = update_timeout * collective_share
 
         def on_progress(ev: ProgressEvent) -> None:
