@@ -419,7 +419,7 @@ class TorchEngine:
 
     # -- weights ----------------------------------------------------------------------
     def _swap(self, version: int, digest: str, state: dict[str, torch.Tensor]) -> None:
-        live = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        live = {k: v.detach() for k, v in self.model.state_dict().items()}  # assign: not copied
         self.model.load_state_dict(state, strict=True, assign=True)
         self._previous = (self.version, self.checksum, live)
         self.version, self.checksum = version, digest

@@ -128,7 +128,7 @@ async def test_rank_killed_mid_broadcast_ends_by_deadline_survivors_freed(
         assert (await trainer.sync(runner, update_timeout=30)).result.ok
         await c.call("arm_fault", TorchFault("crash_mid_broadcast", after=3), rank=1)
         trainer.train()
-        sync = await trainer.sync(runner, update_timeout=6)
+        sync = await trainer.sync(runner, update_timeout=10)
         result = sync.result
         assert engines.engines[1].proc.wait(timeout=10) == 9
         # ended by the step's deadline; survivors were freed by the collective's timeout
@@ -138,7 +138,7 @@ async def test_rank_killed_mid_broadcast_ends_by_deadline_survivors_freed(
         for r in (0, 2):
             assert result.ranks[r].failed_step == "update", result.ranks[r]
             assert "WeightTransferFailed" in result.ranks[r].detail, result.ranks[r].detail
-        assert sync.seconds < 6 + 10  # the step's deadline plus compensations, not 30 min
+        assert sync.seconds < 10 + 10  # the step's deadline plus compensations, not 30 min
         info = await infos(c, (0, 2))
         assert {(i["version"], i["paused"], i["group"]) for i in info.values()} == {
             (1, False, "")}  # old weights, serving, group destroyed

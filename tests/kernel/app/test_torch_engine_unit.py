@@ -52,12 +52,14 @@ def test_disk_update_swaps_and_rolls_back(tmp_path: Path) -> None:
     path = str(tmp_path / "w.pt")
     digest = save_weights(trained.model, path, 1)
     prompts = [[1, 2, 3]]
-    assert e.generate(Generate(prompts, 4)) != trained.generate(Generate(prompts, 4))
+    served = e.generate(Generate(prompts, 4))
+    assert served != trained.generate(Generate(prompts, 4))
     e.update_weights_from_disk(UpdateFromDisk(1, path, digest))
     assert (e.version, e.checksum) == (1, digest)
     assert e.generate(Generate(prompts, 4)) == trained.generate(Generate(prompts, 4))
     e.rollback_weights(old)
     assert (e.version, e.checksum) == (old.version, old.checksum)
+    assert e.generate(Generate(prompts, 4)) == served  # the old weights really serve again
     with pytest.raises(WeightsRefused, match="not kept"):
         e.rollback_weights(WeightsRef(1, digest))  # one previous version only
 
