@@ -246,6 +246,7 @@ from ctlwire.kernel.operation_runner import OperationRunner
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
 def stuck(self, tensors, timeout):   # the trainer is killed before its broadcast ends
+    time.sleep(1.0)  # the engines have the update request: they wait in the broadcast
     print("BROADCASTING", flush=True)
     time.sleep(600)
 
@@ -257,7 +258,7 @@ async def main():
         await c.wait_ready(timeout=30)
         trainer = tws.Trainer(config)
         trainer.train()
-        await trainer.sync(OperationRunner(c), update_timeout=300)
+        await trainer.sync(OperationRunner(c), update_timeout=30)
 
 anyio.run(main)
 """
@@ -283,7 +284,7 @@ async def test_trainer_killed_mid_broadcast_a_restarted_trainer_recovers(
     async with client_for(address) as c:
         await c.wait_ready(timeout=30)
         runner = OperationRunner(c)
-        recovery = await trainer.recover(runner)
+        recovery = await trainer.recover(runner, timeout=30)  # past any collective's
         assert recovery is not None and not recovery.complete
         assert recovery.steps == {r: ("pause", "group") for r in range(N)}, recovery
         info = await infos(c, (0, 1, 2))  # answered: nothing hangs on the dead root
