@@ -164,7 +164,25 @@ class Trainer:
         so the old operation is fenced out; ``pause`` is idempotent, a new group
         replaces the dangling one, and the new weights are checked on every rank."""
         any_plan = weight_sync_plan(0, "", [], self.served, group=None, update_timeout=1.0)
-        return await runner.recover(any_plan, timeout=timeout)
+        recovery = await runner.recover(any_plan, timeout=timeout)
+        await self.learn_served(runner, timeout)
+        return recovery
+
+    async def learn_served(self, runner: OperationRunner, timeout: float = 5.0) -> bool:
+        """Take what the routable ranks serve as the rollback target, when they all
+        agree (a restarted trainer does not know it); its next version is newer."""
+        try:
+            res = await runner.client.fan_out("get_server_info", ranks=runner.routable_ranks(),
+                                              timeout=timeout, mode="concurrent")
+        except Exception:  # timeouts, dead ranks: keep what we had
+            return False
+        served = {(v["version"], v["checksum"]) for v in res.results.values()}
+        if len(served) != 1 or len(res.results) != len(runner.routable_ranks()):
+            return False
+        version, digest = served.pop()
+        self.served = WeightsRef(version, digest)
+        self.version = max(self.version, version)
+        return True
 
     async def sync(self, runner: OperationRunner, *, update_timeout: float = 20.0,
                    group_timeout: float = 10.0, pause_mode: str = "abort",

@@ -265,8 +265,11 @@ anyio.run(main)
 
 
 async def test_trainer_killed_mid_broadcast_a_restarted_trainer_recovers(
-        fleet: tuple[str, EngineFleet], tmp_path: Path) -> None:
-    address, _ = fleet
+        shared_fleet: tuple[str, EngineFleet], tmp_path: Path) -> None:
+    address, _ = shared_fleet
+    async with client_for(address) as c:
+        await c.wait_ready(timeout=30)
+        before = (await infos(c, (0,)))[0]
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER_SCRIPT)
     proc = subprocess.Popen([sys.executable, str(script), address,
@@ -288,18 +291,22 @@ async def test_trainer_killed_mid_broadcast_a_restarted_trainer_recovers(
         assert recovery is not None and not recovery.complete
         assert recovery.steps == {r: ("pause", "group") for r in range(N)}, recovery
         info = await infos(c, (0, 1, 2))  # answered: nothing hangs on the dead root
-        assert {(i["version"], i["paused"]) for i in info.values()} == {(0, True)}
+        assert {(i["version"], i["checksum"], i["paused"]) for i in info.values()} == {
+            (before["version"], before["checksum"], True)}  # old weights, left paused
+        assert trainer.served == WeightsRef(before["version"], before["checksum"])
         trainer.train()
         sync = await trainer.sync(runner, update_timeout=30)
         assert sync.result.ok, (sync.result.summary(), sync.sender_error)
         expected = trainer.greedy(PROMPTS, 6)
         assert await outputs(c, (0, 1, 2)) == {r: expected for r in range(N)}
         info = await infos(c, (0, 1, 2))
-        assert {(i["version"], i["paused"]) for i in info.values()} == {(1, False)}
+        now = (trainer.version, trainer.checksum(), False)
+        assert trainer.version > before["version"]
+        assert {(i["version"], i["checksum"], i["paused"]) for i in info.values()} == {now}
         # the dead trainer's operation cannot come back: fenced out everywhere
         stale = await runner.run(weight_sync_plan(9, "", [], WeightsRef(0, ""), group=None,
                                                   update_timeout=5),
                                  op_id=recovery.op_id, fence=recovery.fence)
         assert stale.state is OperationState.SUPERSEDED, stale.summary()
-        assert {(i["version"], i["paused"]) for i in (await infos(c, (0, 1, 2))).values()} == {
-            (1, False)}
+        assert {(i["version"], i["checksum"], i["paused"])
+                for i in (await infos(c, (0, 1, 2))).values()} == {now}
