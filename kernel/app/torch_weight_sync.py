@@ -151,7 +151,14 @@ class Trainer:
         return float(loss.detach())
 
     def greedy(self, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-        return greedy(self.model, prompts, new_tokens)
+        """Greedy decoding with one intra-op thread, as the engines decode (another
+        thread count may split a matrix product differently and change its last bits)."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return greedy(self.model, prompts, new_tokens)
+        finally:
+            torch.set_num_threads(threads)
 
     def drop_group(self) -> None:
         self.group = None
