@@ -24,3 +24,14 @@ def test_unknown_command_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as info:
         main(["frobnicate"])
     assert info.value.code == 2
+
+
+def test_demo_torch_without_torch_names_the_extra(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if not installed
+    for name in [m for m in sys.modules if m.startswith("ctlwire.kernel.app.torch_")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert main(["demo", "--torch"]) == 2
+    assert "pip install 'ctlwire[torch]'" in capsys.readouterr().err
