@@ -14,8 +14,11 @@ Groups (``--only`` takes any of them; default: all, in this order):
 ``scale``        fan-out cost per rank at 8, 64, 256 ranks (vs itself at 8), client RSS/rank
 ``multi_client`` 4 client processes sharing 8 engines that bind vs 1 client process
 ``detect256``    kill -9 of 1 rank among 256: time until the client reports it Lost
+``weight_sync``  one weight-sync operation of a real model over 4 torch engine ranks:
+                 ctlwire's share vs the data movement (needs the torch extra)
 
-(the last four: :mod:`ctlwire.benchmarks.scale`)
+(``fanout_burst`` to ``detect256``: :mod:`ctlwire.benchmarks.scale`; ``weight_sync``:
+:mod:`ctlwire.benchmarks.weight_sync`)
 
 Every engine process is started by a :class:`FleetPool` and stopped in
 ``finally``, whatever happens.
@@ -27,7 +30,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from . import scale, scenarios, state_table
+from . import scale, scenarios, state_table, weight_sync
 from .cpu_steal import read_cpu_times, steal_percent
 from .fleets import FleetPool
 from .report import Report, Row, Target
@@ -36,7 +39,7 @@ from .stats import median, percentile
 __all__ = ["GROUPS", "run_bench"]
 
 GROUPS = ("latency", "floor", "throughput", "fanout", "trio", "live", "memory", "state_table",
-          *scale.GROUPS)
+          *scale.GROUPS, *weight_sync.GROUPS)
 FAN_ENGINES = 8
 _BASE1 = "raw pyzmq asyncio ROUTER + dict of futures (vLLM utility-call pattern)"
 _BASE_FAN = "asyncio.Lock + Event fan-out communicator (fixed SGLang design)"
@@ -227,6 +230,8 @@ def run_bench(*, quick: bool = False, only: Sequence[str] | None = None,
             step("memory", lambda: _memory_rows(scenarios.memory(pool.address("ctl1"), p)))
         pool.stop("ctl1")
         scale.run_groups(pool, selected, p, step)
+    if "weight_sync" in selected:
+        step("weight_sync", lambda: weight_sync.rows(quick, progress))
     if "state_table" in selected:
         lives = (10, 1_000) if quick else (10, 10_000)
         step("state_table", lambda: _state_table_rows(state_table.measure(quick, lives)))

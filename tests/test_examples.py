@@ -121,3 +121,14 @@ def test_http_server_example_answers_200_concurrent_mixed_requests() -> None:
     assert server.returncode == 0, output[-2000:]
     assert f"ctlwire example API server on {base} with 2 engines" in output, output[-2000:]
     assert "lost" not in output  # a normal shutdown is not an engine loss
+
+
+def test_torch_engine_example_every_rank_decodes_like_the_trainer() -> None:
+    pytest.importorskip("torch")
+    out = subprocess.run([sys.executable, str(EXAMPLES / "torch_engine" / "train.py"),
+                          "--engines", "2", "--cycles", "2", "--backend", "trio"],
+                         capture_output=True, text=True, timeout=150)
+    print(out.stdout)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("every rank decodes like the trainer: True") == 2
+    assert out.stdout.rstrip().endswith("OK")

@@ -212,6 +212,10 @@ OPTIONAL_IMPORTS: dict[str, tuple[str, frozenset[str]]] = {
     "opentelemetry": ("the tracing extra (OpenTelemetry spans)", frozenset()),
     "pytest": ("the pytest plugin, loaded by pytest itself",
                frozenset({"ctlwire.kernel.testing.pytest_plugin"})),
+    "torch": ("the torch extra (a real engine and its trainer, imported only by name)",
+              frozenset({"ctlwire.kernel.app.torch_engine",
+                         "ctlwire.kernel.app.torch_weight_sync",
+                         "ctlwire.kernel.app.torch_demo"})),
 }
 
 

@@ -5,7 +5,11 @@
   (:mod:`~ctlwire.kernel.app.demo_engine`, :mod:`~ctlwire.kernel.app.operation_engine`);
 * :mod:`~ctlwire.kernel.app.engine_process` (``python -m ctlwire.kernel.app.engine_process``)
   and :mod:`~ctlwire.kernel.app.engine_fleet`, which starts such processes;
-* :mod:`~ctlwire.kernel.app.diagram_files`, writing the state diagrams to a folder.
+* :mod:`~ctlwire.kernel.app.diagram_files`, writing the state diagrams to a folder;
+* the torch extra: :mod:`~ctlwire.kernel.app.torch_engine` (a real engine, a torch
+  model served by a poll loop), :mod:`~ctlwire.kernel.app.torch_weight_sync` (its
+  trainer, weights moved by gloo broadcast in one operation per sync) and
+  :mod:`~ctlwire.kernel.app.torch_demo` (``ctlwire demo --torch``).
 
 Nothing here is imported by the rest of the kernel; ``EngineFleet``,
 ``EngineProcess`` and ``EngineStartError`` are re-exported from

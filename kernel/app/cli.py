@@ -58,6 +58,14 @@ def _cmd_diagrams(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     import importlib.util
 
+    if args.torch:
+        try:
+            from ctlwire.kernel.app import torch_demo
+        except ImportError as exc:
+            raise UsageError(f"--torch needs the torch extra (pip install 'ctlwire[torch]'): "
+                             f"{exc}") from None
+        return torch_demo.demo(args.engines, args.cycles, args.model_width, args.model_layers,
+                               args.backend)
     from ctlwire.kernel.app import demo
 
     if args.backend == "trio" and importlib.util.find_spec("trio") is None:
@@ -147,6 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
     from ctlwire.kernel.app.demo import add_arguments
 
     add_arguments(p)
+    p.add_argument("--torch", action="store_true",
+                   help="engines serving a real torch model, weights moved by gloo broadcast "
+                        "(the torch extra; --engines and --cycles apply)")
+    p.add_argument("--model-width", type=positive_int, default=256,
+                   help="--torch: model width (256 with 2 layers: ~1.7M parameters)")
+    p.add_argument("--model-layers", type=positive_int, default=2,
+                   help="--torch: transformer blocks")
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("keys", help="generate CURVE key pairs for tcp across hosts",
@@ -170,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     p.add_argument("--only", nargs="+", metavar="GROUP",
                    help="run only these groups: latency floor throughput fanout trio live "
-                   "memory state_table fanout_burst scale multi_client detect256")
+                   "memory state_table fanout_burst scale multi_client detect256 weight_sync")
     p.add_argument("--runs", type=positive_int, default=1, metavar="N",
                    help="N whole runs one after the other, then each row's ratios, their "
                    "median against the target and the runs it passed in")

@@ -4,6 +4,11 @@
 
     async with EngineHarness(ranks=2, setup=register_my_methods) as h:
         assert await h.client.call("get_load", rank=1) == 0
+
+    # a synchronous busy-loop engine: setup returns its step, the harness runs
+    # step(); endpoint.poll() in a loop, as the engine's own process would
+    async with EngineHarness(ranks=2, setup=register_and_return_step, mode="poll") as h:
+        ...
 """
 
 from __future__ import annotations
@@ -45,17 +50,31 @@ class EngineHarness:
     harness must then be created inside the event loop). ``client_kwargs``
     and ``engine_kwargs`` win over it.
 
+    ``mode="poll"`` runs each rank as a synchronous engine does: a loop of
+    ``step()`` (the callable ``setup`` returned, if any: the same contract as
+    ``engine_process --methods``) then :meth:`~ctlwire.kernel.engine_endpoint.EngineEndpoint.poll`,
+    yielding to the event loop between iterations (``idle_wait`` seconds when
+    ``step`` did no work). Handlers run one at a time, between steps, as in the
+    engine's process; the in-memory transport lives in the event loop, so a step
+    that blocks its thread blocks the client too (test blocking on real processes).
+
     Leaving the ``async with`` block closes the client before the engines
     stop, so a normal exit is not reported as engines lost.
     """
 
-    def __init__(self, ranks: int = 1, setup: Callable[[EngineEndpoint], None] | None = None, *,
+    def __init__(self, ranks: int = 1, setup: Callable[[EngineEndpoint], object] | None = None, *,
                  codec: Codec | None = None, client_kwargs: dict[str, Any] | None = None,
                  engine_kwargs: dict[str, Any] | None = None, buffer: int = 1024,
                  observer: TransitionRecorder | None = None,
                  wrap_client: Callable[[ClientTransport], ClientTransport] | None = None,
                  wrap_engine: Callable[[EngineTransport], EngineTransport] | None = None,
-                 heartbeat_interval: float | Literal["auto"] | None = _AUTO) -> None:
+                 heartbeat_interval: float | Literal["auto"] | None = _AUTO,
+                 mode: Literal["serve", "poll"] = "serve", idle_wait: float = 0.005) -> None:
+        if mode not in ("serve", "poll"):
+            raise ValueError(f"mode must be 'serve' or 'poll', not {mode!r}")
+        self.mode = mode
+        self.idle_wait = idle_wait
+        self.steps: dict[int, Callable[[], object] | None] = {}
         self.network = MemoryNetwork(codec, buffer=buffer)
         self.setup = setup
         self.n = ranks
@@ -103,8 +122,8 @@ class EngineHarness:
         if self.wrap_engine is not None:
             transport = self.wrap_engine(transport)
         ep = EngineEndpoint(transport, **self.engine_kwargs)
-        if self.setup is not None:
-            self.setup(ep)
+        step = self.setup(ep) if self.setup is not None else None
+        self.steps[rank] = step if callable(step) else None
         return ep
 
     async def start_engine(self, rank: int) -> EngineEndpoint:
@@ -116,10 +135,25 @@ class EngineHarness:
 
         async def run(*, task_status: anyio.abc.TaskStatus[None]) -> None:
             with scope:
-                await ep.serve(task_status=task_status)
+                if self.mode == "serve":
+                    await ep.serve(task_status=task_status)
+                else:
+                    await self._poll_loop(ep, self.steps.get(rank), task_status)
 
         await self._tg.start(run)
         return ep
+
+    async def _poll_loop(self, ep: EngineEndpoint, step: Callable[[], object] | None,
+                         task_status: anyio.abc.TaskStatus[None]) -> None:
+        ep.open()
+        try:
+            task_status.started()
+            while True:
+                worked = bool(step()) if step is not None else False
+                ep.poll()
+                await anyio.sleep(0 if worked else self.idle_wait)
+        finally:
+            ep.close()
 
     def stop_engine(self, rank: int) -> None:
         """Stop serving ``rank`` and close its transport (a crash, as the client sees it)."""

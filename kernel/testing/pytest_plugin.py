@@ -164,7 +164,7 @@ def ctlwire_harness(transition_recorder: TransitionRecorder
 
     made: list[EngineHarness] = []
 
-    def make(ranks: int = 1, setup: Callable[..., None] | None = None,
+    def make(ranks: int = 1, setup: Callable[..., object] | None = None,
              **kwargs: Any) -> EngineHarness:
         kwargs.setdefault("observer", transition_recorder)
         kwargs.setdefault("heartbeat_interval", "auto")

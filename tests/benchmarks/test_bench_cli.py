@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from ctlwire.benchmarks import scale
+from ctlwire.benchmarks import scale, weight_sync
 from ctlwire.benchmarks.runner import GROUPS
 from ctlwire.kernel.app.cli import main
 
 #: the groups of issue 5, run together below (issue 14's load and scale groups,
 #: ``scale.GROUPS``, have a test of their own, one group at a time)
-CORE_GROUPS = [g for g in GROUPS if g not in scale.GROUPS]
+CORE_GROUPS = [g for g in GROUPS if g not in scale.GROUPS and g not in weight_sync.GROUPS]
 
 #: (group, start of the scenario text) of every row the bench must report
 EXPECTED_ROWS = [
@@ -142,3 +142,28 @@ def test_quick_load_and_scale_group_reports_its_rows(tmp_path: Path, group: str)
 def test_unknown_group_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--quick", "--only", "no_such_group"]) == 2
     assert "no_such_group" in capsys.readouterr().err
+
+
+def test_weight_sync_rows_split_the_operation_and_judge_ctlwires_share() -> None:
+    """The rows from measured syncs (the run itself is the torch demo's, tested there)."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class Timing:
+        total: float
+        data: float
+        engine: float
+        equal: bool = True
+
+        @property
+        def control(self) -> float:
+            return self.total - self.data - self.engine
+
+    timings = [Timing(1.0, 0.9, 0.09), Timing(1.2, 1.1, 0.09), Timing(1.0, 0.9, 0.05)]
+    share, in_ms = weight_sync.timing_rows(timings, 57.0)
+    assert share.ctlwire == pytest.approx(10.0) and share.baseline == pytest.approx(900.0)
+    assert share.ratio == pytest.approx(1.0) and share.passed  # 10 ms of 1000 ms
+    assert share.details["all_ranks_decode_like_trainer"]
+    assert in_ms.ratio == pytest.approx(10.0) and in_ms.passed
+    slow = weight_sync.timing_rows([Timing(0.2, 0.1, 0.05)], 57.0)
+    assert not slow[0].passed and not slow[1].passed  # 50 ms: 25 % and over 20 ms

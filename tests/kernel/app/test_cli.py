@@ -141,3 +141,14 @@ def test_the_installed_command_reports_a_bad_count_without_a_traceback() -> None
     assert proc.stderr.strip() == ("ctlwire demo: error: argument --engines: must be at least "
                                    "1, got 0 (see 'ctlwire demo --help')")
     assert proc.stdout == ""
+
+
+def test_demo_torch_without_torch_names_the_extra(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if not installed
+    for name in [m for m in sys.modules if m.startswith("ctlwire.kernel.app.torch_")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert main(["demo", "--torch"]) == 2
+    assert "pip install 'ctlwire[torch]'" in capsys.readouterr().err
