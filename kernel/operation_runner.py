@@ -219,8 +219,9 @@ class OperationRunner:
         return self.client.quarantine.held
 
     def routable_ranks(self) -> tuple[int, ...]:
-        """The client's ranks minus the quarantined ones."""
-        return self.client.quarantine.routable(self.client.ranks)
+        """The client's admissible ranks: present, admitted, not quarantined, meeting
+        its admission condition (``ControlClient.routable_ranks``)."""
+        return self.client.routable_ranks()[0]
 
     def quarantine(self, rank: int, op_id: str = "", step: str = "", detail: str = "",
                    error: Exception | None = None,
