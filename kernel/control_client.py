@@ -348,14 +348,20 @@ class ControlClient:
         safe; OutcomeUnknown: handed over, it may have run) and is forgotten by
         the transport; a rank re-registered (newer incarnation) must be admitted
         again; one moved gets its new address. Stale or fenced events change
-        nothing (counted in ``membership.counters``); returns None for them."""
+        nothing (counted in ``membership.counters``); returns None for them.
+        A transport that connects to each rank needs the address of a rank
+        added: ValueError without one (and the rank is not added)."""
         change = self.membership.apply(event)
         if change is None:
             return None
         rank = change.rank
         if change.kind is ChangeKind.ADDED:
+            try:
+                self._transport_hook("add_rank", rank, event.address)
+            except BaseException:
+                self.membership.undo_add(rank)  # refused (no or bad address): not added
+                raise
             self.liveness.add_rank(rank)
-            self._transport_hook("add_rank", rank, event.address)
         elif change.kind is ChangeKind.REMOVED:
             self._fail_rank(rank, "removed from the membership")
             self.liveness.remove_rank(rank)

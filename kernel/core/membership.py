@@ -175,6 +175,13 @@ class Membership:
         self.counters["admitted"] += 1
         return True
 
+    def undo_add(self, rank: int) -> None:
+        """Take back the add of ``rank`` just applied (carrying it out failed: say,
+        the transport refused its address). Not counted as a removal."""
+        if rank in self.members:
+            self._drop(rank)
+            self.counters["added"] -= 1
+
     def apply(self, event: MembershipEvent) -> MembershipChange | None:
         """Apply one event; returns what changed, None when nothing did (stale,
         fenced, refused, or a repeat of what is known)."""

@@ -23,7 +23,9 @@ from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.quarantine import Quarantine
 from ctlwire.kernel.errors import NoAdmissibleRanks, NotDelivered, OutcomeUnknown
 from ctlwire.kernel.operation_runner import OperationRunner
-from ctlwire.transports.zmq_client import ZmqRouterClientTransport
+from ctlwire.transports.envelope import Heartbeat
+from ctlwire.transports.errors import Unroutable
+from ctlwire.transports.zmq_client import ZmqDealerClientTransport, ZmqRouterClientTransport
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
@@ -195,3 +197,42 @@ async def test_joining_rank_is_left_out_until_admitted_and_at_the_fleet_version(
         with pytest.raises(NoAdmissibleRanks) as info:
             await c.fan_out("get_server_info")
         assert set(info.value.left_out) == {0, 1, 2}
+
+
+async def test_per_rank_transport_connects_and_disconnects_ranks_at_run_time(
+        tmp_path: Path) -> None:
+    """The DEALER client (engines bind): a rank added with its address is connected,
+    one removed is closed, and a rank added without an address is refused."""
+    os.chmod(tmp_path, 0o700)
+    addresses = {r: f"ipc://{tmp_path}/engine-{r}.sock" for r in (0, 1)}
+    with EngineFleet(2, lambda r: ["--bind", addresses[r]]):
+        transport = ZmqDealerClientTransport({0: addresses[0]})
+        async with ControlClient(transport, ranks=(0,), default_timeout=30.0) as c:
+            await c.wait_ready(timeout=30)
+            with pytest.raises(ValueError, match="address"):
+                c.add_rank(1)
+            assert c.ranks == (0,) and 1 not in c.membership
+            c.add_rank(1, addresses[1], incarnation=1)
+            await c.wait_ready([1], timeout=30)
+            assert await c.call("echo", "one", rank=1) == "one"
+            async with anyio.create_task_group() as tg:
+                caught: list[Exception] = []
+
+                async def nap() -> None:
+                    try:
+                        await c.call("sleep", 1.0, rank=1)
+                    except Exception as exc:
+                        caught.append(exc)
+
+                tg.start_soon(nap)
+                await wait_until(lambda: c.registry.live_count == 1)
+                c.remove_rank(1)
+            assert [type(e) for e in caught] in ([OutcomeUnknown], [NotDelivered])
+            assert 1 not in transport.addresses
+            with pytest.raises(Unroutable):  # its socket is closed
+                transport.send_nowait(1, Heartbeat(-1, 0, 0))
+            # back at the same address: a new connection
+            c.add_rank(1, addresses[1], incarnation=2)
+            await c.wait_ready([1], timeout=30)
+            assert await c.call("echo", "again", rank=1) == "again"
+            assert (await c.fan_out("echo", 3, ranks=(0, 1))).results == {0: 3, 1: 3}
