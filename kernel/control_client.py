@@ -119,7 +119,9 @@ _POLICIES = {p.value: p for p in Policy}
 class ControlClient:
     """Sends control requests over a :class:`ClientTransport`; see the module docstring.
 
-    ``ranks`` is the number of engine ranks (``0..n-1``) or their ids.
+    ``ranks`` is the number of engine ranks (``0..n-1``) or their ids (none, for
+    a client whose ranks come from a membership backend such as
+    :class:`~ctlwire.kernel.etcd_membership.EtcdMembership`).
     ``default_timeout`` applies to methods without an entry in
     ``method_timeouts``; a call's ``timeout=`` overrides both.
     ``heartbeat_interval=None`` disables time-based liveness (disconnections
@@ -161,8 +163,6 @@ class ControlClient:
         self.codec = transport.codec
         self.ranks: tuple[int, ...] = (
             tuple(range(ranks)) if isinstance(ranks, int) else tuple(ranks))
-        if not self.ranks:
-            raise ValueError("a client needs at least one rank")
         self._rank_set = frozenset(self.ranks)
         #: the present ranks (static: ``ranks``), their registrations and admission
         self.membership = Membership(self.ranks, admit_on_join=admit_on_join)
@@ -452,6 +452,8 @@ class ControlClient:
         """
         check_method(method)
         if rank is None:
+            if not self.ranks:
+                raise ValueError("this client has no ranks (yet): name one")
             rank = self.ranks[0]
         elif rank not in self._rank_set:
             raise ValueError(f"rank {rank} is not one of this client's ranks {self.ranks}")

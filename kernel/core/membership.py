@@ -106,6 +106,8 @@ class Membership:
             "added": 0, "removed": 0, "moved": 0, "reregistered": 0, "admitted": 0,
             "stale_revision": 0, "fenced_incarnation": 0, "refused_full": 0,
         }
+        #: set by a backend that lost its source (the view is its last one), with why
+        self.stale: str | None = None
         self._unadmitted = 0
         self._ranks: tuple[int, ...] = tuple(sorted(self.members))
 
@@ -160,7 +162,7 @@ class Membership:
 
     def snapshot(self) -> dict[str, Any]:
         """JSON-able: the revision, each present rank's registration and admission."""
-        return {"revision": self.revision,
+        return {"revision": self.revision, "stale": self.stale,
                 "members": {r: {"address": m.address, "incarnation": m.incarnation,
                                 "revision": m.revision, "admitted": m.admitted}
                             for r, m in sorted(self.members.items())}}

@@ -1,0 +1,182 @@
+"""Membership on a real etcd (started on loopback in a temp dir) with real engine
+processes, both backends: registered engines become the client's ranks, lease
+expiry removes one, a lease lost while the engine lives re-registers it as a new
+incarnation, a compacted watch revision is reported, and an etcd restart keeps
+the client's last view (stale, then recovered) without spurious removals."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.etcd_membership import (
+    Compacted,
+    EtcdGateway,
+    EtcdMembership,
+    EtcdRegistration,
+)
+from ctlwire.kernel.testing._ports import free_tcp_port
+from ctlwire.transports.zmq_client import ZmqRouterClientTransport
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
+
+ETCD = shutil.which("etcd")
+if ETCD is None:
+    pytest.skip("the etcd binary is not installed (Debian: apt-get install etcd-server)",
+                allow_module_level=True)
+
+
+class EtcdServer:
+    """One etcd member on loopback ports, its data in ``data_dir``; restartable."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.client_port = free_tcp_port()
+        self.peer_port = free_tcp_port()
+        self.endpoint = f"http://127.0.0.1:{self.client_port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        self.proc = subprocess.Popen(
+            [str(ETCD), "--data-dir", str(self.data_dir / "data"),
+             "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"default={peer}"],
+            stdout=subprocess.DEVNULL, stderr=open(self.data_dir / "etcd.log", "ab"))  # noqa: SIM115
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.post(f"{self.endpoint}/v3/kv/range", json={"key": "eA=="},
+                              timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("etcd did not start within 30 s")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    server = EtcdServer(tmp_path_factory.mktemp("etcd"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("etcd-engines")
+    os.chmod(tmp, 0o700)
+    address = f"ipc://{tmp}/control.sock"
+    with EngineFleet(2, lambda r: ["--connect", address]):
+        yield address
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    with anyio.fail_after(timeout):
+        while not condition():
+            await anyio.sleep(0.02)
+
+
+async def test_registered_engines_come_and_go_with_their_leases(
+        etcd: EtcdServer, engines: str) -> None:
+    gateway = EtcdGateway(etcd.endpoint)
+    prefix = f"/ctlwire/{uuid.uuid4().hex[:8]}/"
+    regs = {r: EtcdRegistration(gateway, prefix, r, f"engine-{r}", ttl=2) for r in (0, 1)}
+    async with ControlClient(ZmqRouterClientTransport(engines), ranks=(),
+                             admit_on_join=True) as c, anyio.create_task_group() as tg:
+        watcher = EtcdMembership(c, gateway, prefix, relist_interval=5.0)
+        tg.start_soon(watcher.run)
+        scopes = {r: anyio.CancelScope() for r in regs}
+
+        async def keep(rank: int) -> None:
+            with scopes[rank]:
+                await regs[rank].run()
+
+        for r in regs:
+            tg.start_soon(keep, r)
+        await wait_until(lambda: c.ranks == (0, 1))
+        assert c.rank_status(1)["member"]["address"] == "engine-1"
+        await c.wait_ready(timeout=30)
+        assert sorted((await c.fan_out("echo", 1)).results) == [0, 1]
+
+        # rank 1 stops keeping its lease alive (its host left): expiry removes it
+        scopes[1].cancel()
+        await wait_until(lambda: c.ranks == (0,))
+        assert not c.rank_status(1)["present"]
+
+        # rank 0's lease is lost while it lives: it registers again, a newer incarnation
+        first = c.membership.get(0)
+        assert first is not None
+        await gateway.revoke(regs[0].lease)
+        await wait_until(lambda: (m := c.membership.get(0)) is not None
+                         and m.incarnation > first.incarnation)
+        assert regs[0].counters["registered"] == 2
+        assert sorted((await c.fan_out("echo", 2)).results) == [0]
+        assert watcher.counters["bad_entries"] == 0 and watcher.counters["lists"] >= 1
+        tg.cancel_scope.cancel()
+
+
+async def test_a_compacted_revision_is_reported_to_the_watcher(etcd: EtcdServer) -> None:
+    gateway = EtcdGateway(etcd.endpoint)
+    prefix = f"/ctlwire/{uuid.uuid4().hex[:8]}/"
+    first = await gateway.put(f"{prefix}0", '{"rank": 0, "address": ""}')
+    last = await gateway.put(f"{prefix}0", '{"rank": 0, "address": "x"}')
+    await gateway.compact(last)
+    with pytest.raises(Compacted) as info:
+        async for _ in gateway.watch(prefix, first):
+            pass
+    assert info.value.compact_revision == last
+
+
+async def test_etcd_restart_keeps_the_last_view_then_recovers(
+        etcd: EtcdServer, engines: str) -> None:
+    gateway = EtcdGateway(etcd.endpoint, timeout=1.0)
+    prefix = f"/ctlwire/{uuid.uuid4().hex[:8]}/"
+    regs = [EtcdRegistration(gateway, prefix, r, f"engine-{r}", ttl=5) for r in (0, 1)]
+    async with ControlClient(ZmqRouterClientTransport(engines), ranks=(),
+                             admit_on_join=True) as c, anyio.create_task_group() as tg:
+        watcher = EtcdMembership(c, gateway, prefix, relist_interval=5.0, retry_interval=0.2)
+        tg.start_soon(watcher.run)
+        for reg in regs:
+            tg.start_soon(reg.run)
+        await wait_until(lambda: c.ranks == (0, 1))
+        await c.wait_ready(timeout=30)
+        etcd.stop()
+        try:
+            await wait_until(lambda: c.membership.stale is not None)
+            # the last view is kept, and the engines keep serving
+            assert c.ranks == (0, 1)
+            assert sorted((await c.fan_out("echo", 3)).results) == [0, 1]
+        finally:
+            etcd.start()
+        await wait_until(lambda: c.membership.stale is None)
+        await anyio.sleep(0.5)  # a watch resumed, a list applied: nothing removed
+        assert c.ranks == (0, 1) and c.membership.counters["removed"] == 0
+        tg.cancel_scope.cancel()
