@@ -400,6 +400,14 @@ class ControlClient:
             return self.ranks, {}
         return self.membership.routable(self.quarantine, self.admission_condition)
 
+    def _was_removed(self, rank: int) -> bool:
+        """``rank`` was a member and was removed (a call naming it fails NotDelivered)."""
+        return rank in self.membership.removed and self.peers.is_lost(rank)
+
+    def knows_rank(self, rank: int) -> bool:
+        """``rank`` is present, or was and was removed (calls naming it fail typed)."""
+        return rank in self._rank_set or self._was_removed(rank)
+
     def _transport_hook(self, name: str, *args: Any) -> None:
         hook = getattr(self.transport, name, None)
         if hook is not None:
@@ -448,14 +456,15 @@ class ControlClient:
 
         A rank that has never been heard from (an engine still starting) is
         waited for within the call's deadline; a rank that was connected and
-        is lost fails at once with NotDelivered.
+        is lost, or was removed from the membership, fails at once with
+        NotDelivered (ValueError: a rank this client never had).
         """
         check_method(method)
         if rank is None:
             if not self.ranks:
                 raise ValueError("this client has no ranks (yet): name one")
             rank = self.ranks[0]
-        elif rank not in self._rank_set:
+        elif rank not in self._rank_set and not self._was_removed(rank):
             raise ValueError(f"rank {rank} is not one of this client's ranks {self.ranks}")
         budget = self.timeout_for(method, timeout)
         raw = self.issuer.encode_payload(payload, method)
@@ -531,7 +540,8 @@ class ControlClient:
         left_out: dict[int, str]
         if ranks is not None:
             targets, left_out = tuple(ranks), {}
-            if not targets or not self._rank_set.issuperset(targets):
+            if not targets or not (self._rank_set.issuperset(targets)
+                                   or all(map(self.knows_rank, targets))):
                 raise ValueError(f"ranks {targets} must be a non-empty subset of {self.ranks}")
         else:
             targets, left_out = self.routable_ranks()

@@ -228,7 +228,7 @@ class OperationRunner:
                    postcondition: PostCondition | None = None) -> None:
         """Take ``rank`` out of routing (operations do this themselves when needed);
         ``postcondition``: what it must meet to be released without ``force``."""
-        if rank not in self.client.ranks:
+        if not self.client.knows_rank(rank):  # a rank removed meanwhile is held too
             raise ValueError(f"rank {rank} is not one of {self.client.ranks}")
         if rank not in self.quarantined:
             self.counters["quarantines"] += 1

@@ -137,8 +137,13 @@ async def test_pending_call_to_a_removed_rank_fails_typed(
         assert len(caught) == 1 and type(caught[0]) is OutcomeUnknown
         assert "removed from the membership" in str(caught[0])
         assert not c.rank_status(1)["present"]
-        with pytest.raises(ValueError):
+        # naming the removed rank (an operation that started with it): not sent
+        with pytest.raises(NotDelivered):
             await c.call("echo", 1, rank=1)
+        res = await c.fan_out("echo", 1, ranks=(0, 1))
+        assert res.results == {0: 1} and type(res.errors[1]) is NotDelivered
+        with pytest.raises(ValueError):
+            await c.call("echo", 1, rank=5)  # never one of its ranks
         # a rank added but never heard from: the call waits for its first contact,
         # never handed over; removed meanwhile, it certainly did not run
         c.add_rank(9)
@@ -236,3 +241,55 @@ async def test_per_rank_transport_connects_and_disconnects_ranks_at_run_time(
             await c.wait_ready([1], timeout=30)
             assert await c.call("echo", "again", rank=1) == "again"
             assert (await c.fan_out("echo", 3, ranks=(0, 1))).results == {0: 3, 1: 3}
+
+
+async def test_rank_removed_in_the_middle_of_an_operation_is_reported_per_rank(
+        fleet: tuple[str, EngineFleet]) -> None:
+    """The operation keeps the ranks it started with: the removed rank's step fails
+    typed (it may have run), the others are compensated, the removed rank is
+    reported failed or quarantined, and nothing raises out of the runner."""
+    address, _ = fleet
+    async with client_for(address, (0, 1, 2)) as c:
+        await c.wait_ready(timeout=30)
+        runner = OperationRunner(c)
+        before = await c.fan_out("get_server_info", mode="concurrent")
+        old = {r: v["version"] for r, v in before.results.items()}
+        assert len(set(old.values())) == 1, old  # earlier tests left the fleet in step
+        base = old[0]
+        async with anyio.create_task_group() as tg:
+            results: list[Any] = []
+
+            async def run() -> None:
+                results.append(await runner.run(
+                    weight_update_plan(base + 1, base, load_seconds=2.0)))
+
+            tg.start_soon(run)
+            # rank 2 is loading the new weights (its update step reports progress)
+            await wait_until(lambda: c.rank_status(2)["progress"] > 0)
+            c.remove_rank(2)
+        result = results[0]
+        assert not result.ok, result.summary()
+        report = result.ranks[2]
+        assert report.failed_step == "update", result.summary()
+        assert isinstance(report.error, OutcomeUnknown | NotDelivered), report
+        assert result.ranks[0].state is not result.ranks[2].state, result.summary()
+        after = await c.fan_out("get_server_info", ranks=(0, 1), mode="concurrent")
+        # the others are back on the old weights and serving
+        assert {r: (v["version"], v["paused"]) for r, v in after.results.items()} == {
+            0: (base, False), 1: (base, False)}, result.summary()
+        # rank 2 comes back and is brought to the fleet's version before it is admitted
+        c.add_rank(2)
+        await c.wait_ready([2], timeout=30)
+        await wait_until(lambda: c.rank_status(2)["method"] == "")  # its update finished
+        # still held by the quarantine the operation put it in, and not admitted
+        assert c.rank_status(2)["excluded"] == "not admitted"
+        if 2 in c.quarantine:
+            await runner.release(2, force=True)
+        # the next operation names it, and brings the whole fleet to one version
+        fixed = await runner.run(weight_update_plan(base + 2, base), ranks=(0, 1, 2))
+        assert fixed.ok, fixed.summary()
+        assert c.rank_status(2)["excluded"] == "not admitted"
+        c.admit(2)
+        final = await c.fan_out("get_server_info", mode="concurrent")
+        assert {r: v["version"] for r, v in final.results.items()} == {
+            0: base + 2, 1: base + 2, 2: base + 2}
