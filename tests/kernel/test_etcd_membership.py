@@ -180,3 +180,27 @@ async def test_etcd_restart_keeps_the_last_view_then_recovers(
         await anyio.sleep(0.5)  # a watch resumed, a list applied: nothing removed
         assert c.ranks == (0, 1) and c.membership.counters["removed"] == 0
         tg.cancel_scope.cancel()
+
+
+async def test_sixty_four_engines_registering_at_once_all_join(etcd: EtcdServer) -> None:
+    """64 registrations at once (in this process: the client's side is what is under
+    test): every rank joins, each once; their leases revoked, every rank leaves."""
+    gateway = EtcdGateway(etcd.endpoint)
+    prefix = f"/ctlwire/{uuid.uuid4().hex[:8]}/"
+    regs = [EtcdRegistration(gateway, prefix, r, "", ttl=5) for r in range(64)]
+    async with ControlClient(ZmqRouterClientTransport(), ranks=(), heartbeat_interval=None,
+                             admit_on_join=True) as c, anyio.create_task_group() as tg:
+        watcher = EtcdMembership(c, gateway, prefix, relist_interval=5.0)
+        tg.start_soon(watcher.run)
+        async with anyio.create_task_group() as joining:
+            for reg in regs:
+                joining.start_soon(reg.register)
+        await wait_until(lambda: c.ranks == tuple(range(64)))
+        assert c.membership.counters["added"] == 64
+        assert c.routable_ranks() == (tuple(range(64)), {})
+        async with anyio.create_task_group() as leaving:
+            for reg in regs:
+                leaving.start_soon(reg.withdraw)
+        await wait_until(lambda: c.ranks == ())
+        assert c.membership.counters["removed"] == 64
+        tg.cancel_scope.cancel()
