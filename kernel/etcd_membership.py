@@ -61,7 +61,16 @@ log = logging.getLogger("ctlwire.membership")
 
 
 class EtcdError(Exception):
-    """etcd could not be reached, or answered with an error."""
+    """etcd could not be reached, or answered with an error (``code``: its gRPC
+    status code, None when it could not be reached)."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+#: etcd's gRPC status code for a lease (or key) that does not exist
+_NOT_FOUND = 5
 
 
 class Compacted(EtcdError):
@@ -113,7 +122,8 @@ class EtcdGateway:
         except (self._httpx.HTTPError, ValueError) as exc:
             raise EtcdError(f"{path}: {exc!r}") from exc
         if not isinstance(answer, dict) or "error" in answer or resp.status_code != 200:
-            raise EtcdError(f"{path}: {answer!r}"[:300])
+            code = answer.get("code") if isinstance(answer, dict) else None
+            raise EtcdError(f"{path}: {answer!r}"[:300], code if type(code) is int else None)
         return answer
 
     async def grant(self, ttl: float) -> int:
@@ -126,7 +136,12 @@ class EtcdGateway:
         return int(answer.get("result", {}).get("TTL", 0))
 
     async def revoke(self, lease: int) -> None:
-        await self.call("lease/revoke", {"ID": str(lease)})
+        """Revoke ``lease`` (its keys go with it); one already gone is not an error."""
+        try:
+            await self.call("lease/revoke", {"ID": str(lease)})
+        except EtcdError as exc:
+            if exc.code != _NOT_FOUND:
+                raise
 
     async def put(self, key: str, value: str, lease: int = 0) -> int:
         body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}

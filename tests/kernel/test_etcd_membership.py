@@ -187,7 +187,7 @@ async def test_sixty_four_engines_registering_at_once_all_join(etcd: EtcdServer)
     test): every rank joins, each once; their leases revoked, every rank leaves."""
     gateway = EtcdGateway(etcd.endpoint)
     prefix = f"/ctlwire/{uuid.uuid4().hex[:8]}/"
-    regs = [EtcdRegistration(gateway, prefix, r, "", ttl=5) for r in range(64)]
+    regs = [EtcdRegistration(gateway, prefix, r, "", ttl=60) for r in range(64)]
     async with ControlClient(ZmqRouterClientTransport(), ranks=(), heartbeat_interval=None,
                              admit_on_join=True) as c, anyio.create_task_group() as tg:
         watcher = EtcdMembership(c, gateway, prefix, relist_interval=5.0)
@@ -204,3 +204,39 @@ async def test_sixty_four_engines_registering_at_once_all_join(etcd: EtcdServer)
         await wait_until(lambda: c.ranks == ())
         assert c.membership.counters["removed"] == 64
         tg.cancel_scope.cancel()
+
+
+async def test_engine_processes_register_themselves_and_a_killed_one_expires(
+        etcd: EtcdServer, tmp_path: Path, anyio_backend: str) -> None:
+    """``engine_process --etcd``: each engine registers its rank under a lease; one
+    killed (no clean leave) is removed when its lease expires, one stopped cleanly
+    leaves too; started again, a rank is a newer incarnation."""
+    os.chmod(tmp_path, 0o700)
+    address = f"ipc://{tmp_path}/control.sock"
+    prefix = f"/ctlwire/{uuid.uuid4().hex[:8]}/"
+
+    def args(rank: int) -> list[str]:
+        return ["--connect", address, "--etcd", etcd.endpoint, "--etcd-prefix", prefix,
+                "--etcd-ttl", "2", "--etcd-address", f"engine-{rank}",
+                "--backend", anyio_backend]
+
+    gateway = EtcdGateway(etcd.endpoint)
+    with EngineFleet(3, args) as fleet:
+        async with ControlClient(ZmqRouterClientTransport(address), ranks=(),
+                                 admit_on_join=True) as c, anyio.create_task_group() as tg:
+            tg.start_soon(EtcdMembership(c, gateway, prefix, relist_interval=5.0).run)
+            await wait_until(lambda: c.ranks == (0, 1, 2))
+            await c.wait_ready(timeout=30)
+            assert sorted((await c.fan_out("echo", 1)).results) == [0, 1, 2]
+            first = c.membership.get(1)
+            assert first is not None and first.address == "engine-1"
+            fleet.kill(1)  # SIGKILL: the lease is not revoked; it expires
+            fleet.kill(2, signal.SIGTERM)  # a clean stop: it revokes its lease
+            await wait_until(lambda: c.ranks == (0,))
+            fleet.restart(1)
+            await wait_until(lambda: c.ranks == (0, 1))
+            again = c.membership.get(1)
+            assert again is not None and again.incarnation > first.incarnation
+            await c.wait_ready([1], timeout=30)
+            assert sorted((await c.fan_out("echo", 2)).results) == [0, 1]
+            tg.cancel_scope.cancel()
