@@ -110,8 +110,11 @@ class EtcdGateway:
         self.timeout = timeout
         self._httpx = httpx
 
-    def _client(self) -> httpx.AsyncClient:
-        return self._httpx.AsyncClient(base_url=self.endpoint, timeout=self.timeout)
+    def _client(self, timeout: Any = None) -> httpx.AsyncClient:
+        # plain http needs no TLS context (loading the CA bundle costs more than the call)
+        return self._httpx.AsyncClient(base_url=self.endpoint,
+                                       timeout=self.timeout if timeout is None else timeout,
+                                       verify=self.endpoint.startswith("https:"))
 
     async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST ``body`` to ``/v3/<path>``; the answer, or EtcdError."""
@@ -167,8 +170,8 @@ class EtcdGateway:
                                    "start_revision": str(start_revision)}}
         timeout = self._httpx.Timeout(self.timeout, read=None)
         try:
-            async with (self._httpx.AsyncClient(base_url=self.endpoint, timeout=timeout)
-                        as http, http.stream("POST", "/v3/watch", json=body) as resp):
+            async with (self._client(timeout) as http,
+                        http.stream("POST", "/v3/watch", json=body) as resp):
                 if resp.status_code != 200:
                     raise EtcdError(f"watch: HTTP {resp.status_code}")
                 async for line in resp.aiter_lines():

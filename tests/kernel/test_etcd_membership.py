@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -81,12 +82,17 @@ class EtcdServer:
 
 @pytest.fixture(scope="module")
 def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
-    server = EtcdServer(tmp_path_factory.mktemp("etcd"))
+    # its data in memory where there is a tmpfs: etcd syncs every write to disk
+    shm = "/dev/shm"
+    data = (Path(tempfile.mkdtemp(prefix="ctlwire-etcd-", dir=shm))
+            if os.path.isdir(shm) and os.access(shm, os.W_OK) else tmp_path_factory.mktemp("etcd"))
+    server = EtcdServer(data)
     server.start()
     try:
         yield server
     finally:
         server.stop()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
