@@ -366,7 +366,8 @@ class ControlClient:
             self._fail_rank(rank, "removed from the membership")
             self.liveness.remove_rank(rank)
             self._transport_hook("remove_rank", rank)
-        elif change.kind is ChangeKind.MOVED:
+        elif (change.old is not None and change.member is not None
+              and change.member.address != change.old.address):  # moved (or re-registered)
             self._transport_hook("move_rank", rank, event.address)
         self.ranks = self.membership.ranks
         self._rank_set = frozenset(self.ranks)

@@ -57,7 +57,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Compacted", "EtcdError", "EtcdGateway", "EtcdMembership", "EtcdRegistration"]
 
-log = logging.getLogger("ctlwire.membership")
+log = logging.getLogger("ctlwire.client")  # the client's view of the membership
+engine_log = logging.getLogger("ctlwire.engine")  # an engine's registration
 
 
 class EtcdError(Exception):
@@ -226,12 +227,13 @@ class EtcdRegistration:
                 elif await self.gateway.keep_alive(self.lease) > 0:
                     self.counters["keep_alives"] += 1
                 else:
-                    log.warning("ctlwire: etcd lease of %s lost; registering again", self.key)
+                    engine_log.warning("ctlwire: etcd lease of %s lost; registering again",
+                                       self.key)
                     self.lease = 0
                     continue
             except EtcdError as exc:
                 self.counters["errors"] += 1
-                log.debug("ctlwire: etcd registration of %s: %s", self.key, exc)
+                engine_log.debug("ctlwire: etcd registration of %s: %s", self.key, exc)
             await anyio.sleep(self.ttl / 2)
 
     async def withdraw(self) -> None:

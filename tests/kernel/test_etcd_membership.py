@@ -161,11 +161,11 @@ async def test_a_compacted_revision_is_reported_to_the_watcher(etcd: EtcdServer)
     assert info.value.compact_revision == last
 
 
-async def test_etcd_restart_keeps_the_last_view_then_recovers(
+async def test_etcd_down_longer_than_the_ttl_keeps_the_last_view_then_recovers(
         etcd: EtcdServer, engines: str) -> None:
     gateway = EtcdGateway(etcd.endpoint, timeout=1.0)
     prefix = f"/ctlwire/{uuid.uuid4().hex[:8]}/"
-    regs = [EtcdRegistration(gateway, prefix, r, f"engine-{r}", ttl=5) for r in (0, 1)]
+    regs = [EtcdRegistration(gateway, prefix, r, f"engine-{r}", ttl=2) for r in (0, 1)]
     async with ControlClient(ZmqRouterClientTransport(engines), ranks=(),
                              admit_on_join=True) as c, anyio.create_task_group() as tg:
         watcher = EtcdMembership(c, gateway, prefix, relist_interval=5.0, retry_interval=0.2)
@@ -177,8 +177,11 @@ async def test_etcd_restart_keeps_the_last_view_then_recovers(
         etcd.stop()
         try:
             await wait_until(lambda: c.membership.stale is not None)
-            # the last view is kept, and the engines keep serving
-            assert c.ranks == (0, 1)
+            # down for longer than the leases' TTL: the last view is kept, and the
+            # engines keep serving
+            await anyio.sleep(3.0)
+            assert c.ranks == (0, 1) and c.membership.stale is not None
+            assert c.metrics()["membership"]["stale"] == c.membership.stale
             assert sorted((await c.fan_out("echo", 3)).results) == [0, 1]
         finally:
             etcd.start()
