@@ -20,6 +20,7 @@ from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.app.operation_engine import weight_update_plan
 from ctlwire.kernel.control_client import ControlClient
 from ctlwire.kernel.core.fan_out_result import FanOutResult
+from ctlwire.kernel.core.membership import ChangeKind
 from ctlwire.kernel.core.quarantine import Quarantine
 from ctlwire.kernel.errors import NoAdmissibleRanks, NotDelivered, OutcomeUnknown
 from ctlwire.kernel.operation_runner import OperationRunner
@@ -210,7 +211,7 @@ async def test_per_rank_transport_connects_and_disconnects_ranks_at_run_time(
     one removed is closed, and a rank added without an address is refused."""
     os.chmod(tmp_path, 0o700)
     addresses = {r: f"ipc://{tmp_path}/engine-{r}.sock" for r in (0, 1)}
-    with EngineFleet(2, lambda r: ["--bind", addresses[r]]):
+    with EngineFleet(2, lambda r: ["--bind", addresses[r]]) as fleet:
         transport = ZmqDealerClientTransport({0: addresses[0]})
         async with ControlClient(transport, ranks=(0,), default_timeout=30.0) as c:
             await c.wait_ready(timeout=30)
@@ -241,6 +242,18 @@ async def test_per_rank_transport_connects_and_disconnects_ranks_at_run_time(
             await c.wait_ready([1], timeout=30)
             assert await c.call("echo", "again", rank=1) == "again"
             assert (await c.fan_out("echo", 3, ranks=(0, 1))).results == {0: 3, 1: 3}
+            # the engine comes back elsewhere and registers again: the client follows
+            addresses[1] = f"ipc://{tmp_path}/engine-1-moved.sock"
+            fleet.restart(1)
+            change = c.add_rank(1, addresses[1], incarnation=3)
+            assert change is not None and change.kind is ChangeKind.REREGISTERED
+            assert transport.addresses[1] == addresses[1]
+            # once the new process is heard from (a request sent before that is one
+            # its first heartbeat, a restart, fails as the old incarnation's)
+            await wait_until(lambda: c.rank_status(1)["incarnation"]
+                             == fleet.engines[1].incarnation)
+            assert await c.call("echo", "moved", rank=1) == "moved"
+            assert c.rank_status(1)["excluded"] == "not admitted"
 
 
 async def test_rank_removed_in_the_middle_of_an_operation_is_reported_per_rank(
