@@ -190,6 +190,8 @@ class Membership:
         rank = event.rank
         if type(rank) is not int:
             raise TypeError(f"a rank is an int, got {type(rank).__name__}")
+        if rank < 0:
+            raise ValueError(f"a rank is >= 0, got {rank}")
         if event.kind not in ("add", "update", "remove"):
             raise ValueError(f"unknown membership event kind {event.kind!r}")
         current = self.members.get(rank)

@@ -249,3 +249,22 @@ async def test_engine_processes_register_themselves_and_a_killed_one_expires(
             await c.wait_ready([1], timeout=30)
             assert sorted((await c.fan_out("echo", 2)).results) == [0, 1]
             tg.cancel_scope.cancel()
+
+
+async def test_bad_entries_under_the_prefix_are_counted_not_applied(etcd: EtcdServer) -> None:
+    gateway = EtcdGateway(etcd.endpoint)
+    prefix = f"/ctlwire/{uuid.uuid4().hex[:8]}/"
+    await gateway.put(f"{prefix}not-a-rank", '{"rank": 1, "address": ""}')
+    await gateway.put(f"{prefix}2", "not json")
+    await gateway.put(f"{prefix}3", '{"rank": 4, "address": ""}')  # names another rank
+    await gateway.put(f"{prefix}-5", '{"rank": -5, "address": ""}')
+    async with ControlClient(ZmqRouterClientTransport(), ranks=(), heartbeat_interval=None,
+                             admit_on_join=True) as c, anyio.create_task_group() as tg:
+        watcher = EtcdMembership(c, gateway, prefix, relist_interval=5.0)
+        tg.start_soon(watcher.run)
+        await wait_until(lambda: watcher.counters["lists"] >= 1)
+        assert c.ranks == () and watcher.counters["bad_entries"] == 4
+        await gateway.put(f"{prefix}7", '{"rank": 7, "address": ""}')  # seen by the watch
+        await gateway.put(f"{prefix}8", '{"rank": 8, "address": 8}')
+        await wait_until(lambda: c.ranks == (7,) and watcher.counters["bad_entries"] == 5)
+        tg.cancel_scope.cancel()

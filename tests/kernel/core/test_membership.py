@@ -82,6 +82,8 @@ def test_membership_is_bounded_and_refuses_bad_events() -> None:
         view.apply(MembershipEvent("add", "3"))  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         view.apply(MembershipEvent("join", 3))  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        view.apply(MembershipEvent("add", -1))
 
 
 def test_peer_table_forgets_a_removed_rank_but_keeps_it_fenced() -> None:
