@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import anyio
@@ -267,4 +267,27 @@ async def test_bad_entries_under_the_prefix_are_counted_not_applied(etcd: EtcdSe
         await gateway.put(f"{prefix}7", '{"rank": 7, "address": ""}')  # seen by the watch
         await gateway.put(f"{prefix}8", '{"rank": 8, "address": 8}')
         await wait_until(lambda: c.ranks == (7,) and watcher.counters["bad_entries"] == 5)
+        tg.cancel_scope.cancel()
+
+
+async def test_a_watch_gone_quiet_is_caught_up_by_the_periodic_list(
+        etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A watch that silently stops delivering (no error) hides a change for at most
+    ``relist_interval``: the next list applies it."""
+    gateway = EtcdGateway(etcd.endpoint)
+    prefix = f"/ctlwire/{uuid.uuid4().hex[:8]}/"
+
+    async def quiet_watch(prefix: str, start_revision: int) -> AsyncIterator[list[object]]:
+        await anyio.sleep_forever()
+        yield []  # pragma: no cover - never reached
+
+    monkeypatch.setattr(gateway, "watch", quiet_watch)
+    async with ControlClient(ZmqRouterClientTransport(), ranks=(), heartbeat_interval=None,
+                             admit_on_join=True) as c, anyio.create_task_group() as tg:
+        watcher = EtcdMembership(c, gateway, prefix, relist_interval=0.3)
+        tg.start_soon(watcher.run)
+        await wait_until(lambda: watcher.counters["lists"] >= 1)
+        await gateway.put(f"{prefix}3", '{"rank": 3, "address": ""}')
+        await wait_until(lambda: c.ranks == (3,))
+        assert watcher.counters["watch_events"] == 0 and watcher.counters["lists"] >= 2
         tg.cancel_scope.cancel()
