@@ -87,6 +87,7 @@ if TYPE_CHECKING:
         RequestTimedOut,
         RequestTooLarge,
         ResultTypeError,
+        UnsupportedProtocolVersion,
     )
     from ctlwire.kernel.metrics import (
         EnginePrometheusExporter,
@@ -142,6 +143,7 @@ _EXPORTS: dict[str, str] = {
     "RequestTimedOut": "ctlwire.kernel.errors",
     "RequestTooLarge": "ctlwire.kernel.errors",
     "ResultTypeError": "ctlwire.kernel.errors",
+    "UnsupportedProtocolVersion": "ctlwire.kernel.errors",
     "FanOutResult": "ctlwire.kernel.core.fan_out_result",
     "Policy": "ctlwire.kernel.core.fan_out_policy",
     "EngineFleet": "ctlwire.kernel.app.engine_fleet",
@@ -235,6 +237,7 @@ __all__ = [
     "TraceProvider",
     "TransitionLog",
     "TransitionRecorder",
+    "UnsupportedProtocolVersion",
     "new_fence",
     "new_operation_id",
     "report_progress",

@@ -65,6 +65,7 @@ from ctlwire.kernel.errors import (
     NotDelivered,
     OutcomeUnknown,
     RequestTooLarge,
+    UnsupportedProtocolVersion,
 )
 from ctlwire.kernel.liveness_monitor import LivenessMonitor
 from ctlwire.kernel.loop_native import (
@@ -80,6 +81,7 @@ from ctlwire.transports.codec import PayloadTypeError
 from ctlwire.transports.envelope import NO_DEADLINE, Request
 from ctlwire.transports.errors import AuthenticationFailed as TransportAuthFailed
 from ctlwire.transports.errors import (
+    ProtocolVersionRefused,
     TransportClosed,
     TransportError,
     Unroutable,
@@ -319,6 +321,8 @@ class CallIssuer(CallOutcomes):
             pass
         elif isinstance(exc, TransportAuthFailed):
             error = AuthenticationFailed(rank, exc.detail)
+        elif isinstance(exc, ProtocolVersionRefused):
+            error = UnsupportedProtocolVersion(rank, exc.detail)
         elif isinstance(exc, Unroutable):
             # never heard from (an engine still starting), or heard from by its
             # beacon while its request connection is (re)connecting: wait for it
@@ -410,7 +414,7 @@ class CallIssuer(CallOutcomes):
                     await self._send_blocking(entry, rank, env)
                 except Unroutable as exc:
                     if (self.peers.state(rank) is PeerState.LOST
-                            or isinstance(exc, TransportAuthFailed)):
+                            or isinstance(exc, (TransportAuthFailed, ProtocolVersionRefused))):
                         raise
                     if (not await self._send_after_first_contact(entry, rank, env)
                             and self.peers.state(rank) is not PeerState.LOST):
@@ -420,6 +424,8 @@ class CallIssuer(CallOutcomes):
                             else "request connection not up within the deadline"))
             except TransportAuthFailed as exc:
                 error = AuthenticationFailed(rank, exc.detail)
+            except ProtocolVersionRefused as exc:
+                error = UnsupportedProtocolVersion(rank, exc.detail)
             except Unroutable as exc:
                 error = NotDelivered(rank, exc.detail or "unroutable")
             except TransportClosed as exc:
@@ -472,7 +478,7 @@ class CallIssuer(CallOutcomes):
                         return True
                     except Unroutable as exc:
                         if (self.peers.state(rank) is PeerState.LOST
-                                or isinstance(exc, TransportAuthFailed)):
+                                or isinstance(exc, (TransportAuthFailed, ProtocolVersionRefused))):
                             raise
                     with anyio.move_on_after(retry):
                         await changed.wait()

@@ -21,6 +21,11 @@ from ctlwire.kernel.tracing import current_trace
 from ctlwire.states import INBOUND_REQUEST_TABLE, InboundEvent, InboundState
 from ctlwire.transports.codec import PayloadTypeError
 from ctlwire.transports.envelope import Heartbeat, Reply, Request
+from ctlwire.transports.protocol_version import (
+    PROTOCOL_MAJOR,
+    PROTOCOL_VERSION,
+    version_text,
+)
 from ctlwire.transports.transport import Dropped, Received, Route
 
 __all__ = ["EngineAdmission"]
@@ -94,6 +99,14 @@ class EngineAdmission(EngineLiveness):
         fence, or records its key, only once it is fully validated (method,
         deadline, payload) and only for a state-changing method."""
         req = item.request
+        if req.version >> 8 != PROTOCOL_MAJOR:
+            self.counters["protocol_version_refused"] = (
+                self.counters.get("protocol_version_refused", 0) + 1)
+            self.counters["rejected"] += 1
+            return self._finish(item, InboundEvent.REJECT, self._error_reply(
+                req.id, "UnsupportedProtocolVersion",
+                f"this engine speaks protocol {version_text(PROTOCOL_VERSION)}, the request "
+                f"{version_text(req.version)}", ErrorCode.UNSUPPORTED_PROTOCOL_VERSION))
         if req.rank != self.rank:
             self.counters["rejected"] += 1
             return self._finish(item, InboundEvent.REJECT, self._error_reply(
@@ -199,7 +212,7 @@ class EngineAdmission(EngineLiveness):
         limit, for the transport's ``send_encoded_nowait``) when the endpoint has
         that hot path and the handler succeeded; else as a :class:`Reply`."""
         fast = self._fast.get(req.method)
-        if fast is None or req.rank != self.rank or req.key:
+        if fast is None or req.rank != self.rank or req.key or req.version >> 8 != PROTOCOL_MAJOR:
             return None
         spec, encode, decode = fast
         if req.deadline and now > req.deadline:
@@ -305,6 +318,10 @@ class EngineAdmission(EngineLiveness):
                 return None if now is None else _Inbound(env, event.route, now)
             self.counters["received"] += 1
             if type(env) is Heartbeat:
+                if env.version >> 8 != PROTOCOL_MAJOR:  # a client this engine cannot serve
+                    self.counters["protocol_version_refused"] = (
+                        self.counters.get("protocol_version_refused", 0) + 1)
+                    return None
                 self.counters["heartbeats_received"] += 1
                 self.client_last_seen = self.clock()
                 return None

@@ -83,11 +83,18 @@ Guarantees:
   their client's pipe full wait in a queue of that client's route only,
   bounded per route (``max_unread_replies``, ``max_unread_bytes``) and in
   total (``max_outbox_bytes``); beyond, a reply is dropped and counted
-  (``replies_dropped_unread``). :meth:`poll` flushes every route's queue
-  without letting a full one hold up the rest. Under :meth:`serve` a reply
+  (``replies_dropped_unread``). :meth:`poll` flushes every route's queue, at
+  its start and after its batch, without letting a full one hold up the rest;
+  a poll loop waits at most 5 ms for input while replies wait
+  (:meth:`idle_wait`). Under :meth:`serve` a reply
   waits at most ``reply_send_timeout`` for room; a route that timed out is
   marked stalled and further replies to it are dropped at once (counted)
   until it takes one again, so the dispatcher keeps serving other clients.
+* **What peers send is bounded in bytes.** Under :meth:`serve`, requests taken
+  and not yet started hold at most ``max_queued_request_bytes`` (plus one
+  request): beyond, the engine takes no more until some start, and libzmq's
+  byte-sized high-water marks hold the rest (see
+  :class:`~ctlwire.transports.zmq_config.ZmqOptions`).
 """
 
 from __future__ import annotations
@@ -106,17 +113,21 @@ from ctlwire.kernel.engine_admission import _BadFrameReply, _Inbound
 from ctlwire.kernel.engine_base import log
 from ctlwire.kernel.engine_liveness import STEP_METHOD, new_incarnation, report_progress
 from ctlwire.kernel.engine_registry import _NONE, ErrorCode, MethodSpec
-from ctlwire.kernel.engine_serve import EngineServing
+from ctlwire.kernel.engine_serve import EngineServing, QueuedRequestBytes
 from ctlwire.kernel.tracing import current_trace
 from ctlwire.states import InboundState
 from ctlwire.transports.envelope import Reply, Request
 from ctlwire.transports.errors import TransportClosed, TransportError, Unroutable, WouldBlock
+from ctlwire.transports.rate_limited_log import RateLimitedLog
 from ctlwire.transports.transport import EngineTransport, Received, Route
 
 # EngineEndpoint is composed of parts, one module each (see engine_base); the
 # names below are re-exported from there (this module is their documented home).
 __all__ = ["STEP_METHOD", "EngineEndpoint", "ErrorCode", "MethodSpec", "new_incarnation",
            "report_progress"]
+
+#: the longest a poll loop waits for input while replies wait for room
+_OUTBOX_RETRY = 0.005
 
 _ENGINE_DROPS = ("duplicates", "dropped_malformed", "dropped_oversized", "dropped_framing",
                  "dropped_wrong_type", "reply_send_failures", "replies_too_large")
@@ -144,6 +155,7 @@ class EngineEndpoint(EngineServing):
         max_unread_bytes: int = 4 << 20,
         max_outbox_bytes: int = 32 << 20,
         reply_send_timeout: float = 1.0,
+        max_queued_request_bytes: int = 64 << 20,
     ) -> None:
         self.transport = transport
         self.codec = transport.codec
@@ -162,7 +174,7 @@ class EngineEndpoint(EngineServing):
         self._hb_seq = 0
         self._next_heartbeat = 0.0
         # replies waiting for room, per route (poll mode): route -> queue of (reply, size)
-        self._outbox: OrderedDict[Route, deque[tuple[Reply, int]]] = OrderedDict()
+        self._outbox: OrderedDict[Route, deque[tuple[Reply | bytes, int]]] = OrderedDict()
         self._outbox_route_bytes: dict[Route, int] = {}
         self._outbox_bytes = 0
         self.max_unread_replies = max_unread_replies
@@ -172,6 +184,10 @@ class EngineEndpoint(EngineServing):
         # serve mode: routes whose last reply timed out waiting for room
         self._stalled: OrderedDict[Route, None] = OrderedDict()
         self.outbox_peak_bytes = 0
+        #: replies that could not be sent: one line per kind of failure per interval
+        self.unsent_log = RateLimitedLog(log)
+        #: serve mode: bytes of requests taken and not started, against their budget
+        self.queued_requests = QueuedRequestBytes(max_queued_request_bytes)
         self.heartbeats_paused = False
         self.use_beacon = beacon
         self.beacon_active = False
@@ -309,7 +325,15 @@ class EngineEndpoint(EngineServing):
                 return handled
             for event in events:
                 handled += self._handle_event(event)
+        if self._outbox:  # a burst's replies that found the pipe full: room now, likely
+            self._flush_outbox()
         return handled
+
+    def idle_wait(self, timeout: float) -> float:
+        """How long a poll loop may block waiting for input: ``timeout``, or at most
+        5 ms while replies wait in the outbox for room (they go out on the next
+        :meth:`poll`)."""
+        return min(timeout, _OUTBOX_RETRY) if self._outbox else timeout
 
     def _handle_event(self, event: Any) -> int:
         """Handle one event received by :meth:`poll`; 1 when it was a request handled."""
@@ -358,7 +382,7 @@ class EngineEndpoint(EngineServing):
                 self.poll()
                 if step is None:
                     # returns at once if more input is queued (level-triggered)
-                    self.transport.wait_readable(wait)
+                    self.transport.wait_readable(self.idle_wait(wait))
         finally:
             self.close()
 
@@ -382,10 +406,10 @@ class EngineEndpoint(EngineServing):
             try:
                 self._send_encoded(route, out)
             except WouldBlock:
-                self._enqueue(route, self._reply_of(out))
+                self._enqueue_data(route, out)
             except (Unroutable, TransportError) as exc:
                 counters["reply_send_failures"] += 1
-                log.warning("engine %d: reply %d not sent: %r", self.rank, req.id, exc)
+                self._log_unsent(exc)
             else:
                 counters["replied"] += 1
         else:
@@ -449,6 +473,7 @@ class EngineEndpoint(EngineServing):
         counters = dict(self.counters)
         running = list(self.running.items())
         cache = self.results
+        transport = self.transport
         return {
             "role": "engine",
             "rank": self.rank,
@@ -470,10 +495,22 @@ class EngineEndpoint(EngineServing):
                                   "max_bytes": cache.max_bytes, "hits": cache.hits,
                                   "evicted": cache.evicted, "refused_full": cache.refused_full,
                                   "results_not_kept": cache.results_not_kept},
+            # serve mode: requests taken and not started, in bytes, against their budget
+            "queued_requests": {"bytes": self.queued_requests.held,
+                                "peak_bytes": self.queued_requests.peak,
+                                "limit_bytes": self.queued_requests.limit},
             # replies waiting for clients that do not read, bounded per route and in total
             "outbox": {"replies": self.outbox_replies, "bytes": self._outbox_bytes,
                        "peak_bytes": self.outbox_peak_bytes, "routes": len(self._outbox),
-                       "stalled_routes": len(self._stalled)},
+                       "stalled_routes": len(self._stalled),
+                       # what libzmq itself may hold per connection (both directions)
+                       "transport_bound_bytes_per_connection": int(
+                           bound() if (bound := getattr(transport, "queued_bytes_bound",
+                                                        None)) is not None else 0)},
+            # connections open on the transport's listening sockets, and those refused
+            # because max_connections were open (engines that bind)
+            "connections": {"open": int(getattr(transport, "open_connections", 0)),
+                            "refused": int(getattr(transport, "connections_refused", 0))},
             # client routes refused because the route table was full of live ones
             "routes_refused": int(getattr(self.transport, "routes_refused", 0)),
             "counters": counters,

@@ -14,7 +14,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from ctlwire.kernel.engine_base import EngineBase, log
+from ctlwire.kernel.engine_base import EngineBase
 from ctlwire.kernel.engine_registry import ErrorCode
 from ctlwire.transports.codec import Codec
 from ctlwire.transports.envelope import Envelope, Reply
@@ -24,6 +24,7 @@ from ctlwire.transports.errors import (
     Unroutable,
     WouldBlock,
 )
+from ctlwire.transports.rate_limited_log import RateLimitedLog
 from ctlwire.transports.transport import Route
 
 __all__ = ["ReplyOutbox", "ok_reply_encoder"]
@@ -32,7 +33,8 @@ __all__ = ["ReplyOutbox", "ok_reply_encoder"]
 class ReplyOutbox(EngineBase):
     """The reply-sending part of an endpoint (see the module docstring)."""
 
-    _outbox: OrderedDict[Route, deque[tuple[Reply, int]]]
+    # replies waiting for room, per route: encoded where the transport takes bytes
+    _outbox: OrderedDict[Route, deque[tuple[Reply | bytes, int]]]
     _outbox_route_bytes: dict[Route, int]
     _outbox_bytes: int
     max_unread_replies: int
@@ -41,11 +43,20 @@ class ReplyOutbox(EngineBase):
     reply_send_timeout: float
     _stalled: OrderedDict[Route, None]
     outbox_peak_bytes: int
+    unsent_log: RateLimitedLog
     # the reply hot path, when the transport takes encoded envelopes and the codec
     # has a shortcut encoder (else _encode_envelope is None and _send_encoded is
     # never called): see EngineEndpoint.__init__
     _encode_envelope: Callable[[Envelope], bytes] | None
     _send_encoded: Callable[[Route, bytes], None]
+
+    def _log_unsent(self, exc: Exception) -> None:
+        """A reply could not be sent (its client is gone, or the transport failed):
+        counted by the caller; logged at most once per kind of failure per
+        interval, with how many were left out (a departed client's replies would
+        otherwise log one line each)."""
+        self.unsent_log.warning(type(exc).__name__, "engine %d: reply not sent: %r",
+                                self.rank, exc)
 
     def _fit(self, reply: Reply) -> Reply:
         """A reply the codec would refuse as oversized (a huge result, or an error
@@ -81,34 +92,28 @@ class ReplyOutbox(EngineBase):
     def _send_data_sync(self, route: Route, data: bytes) -> None:
         """Poll mode: :meth:`_send_sync` of a reply the fast path encoded (within the
         size limit, so nothing to fit)."""
-        if not self._outbox:
-            try:
-                self._send_encoded(route, data)
-            except WouldBlock:
-                self._enqueue(route, self._reply_of(data))
-            except (Unroutable, TransportError) as exc:
-                self.counters["reply_send_failures"] += 1
-                log.warning("engine %d: reply not sent: %r", self.rank, exc)
-            else:
-                self.counters["replied"] += 1
+        if self._outbox and route in self._outbox:
+            self._enqueue_data(route, data)  # behind the replies already waiting for it
+            self._flush_route(route)
             return
-        self._send_sync(route, self._reply_of(data))
+        try:
+            self._send_encoded(route, data)
+        except WouldBlock:
+            self._enqueue_data(route, data)
+        except (Unroutable, TransportError) as exc:
+            self.counters["reply_send_failures"] += 1
+            self._log_unsent(exc)
+        else:
+            self.counters["replied"] += 1
 
     def _send_sync(self, route: Route, reply: Reply) -> None:
         encode = self._encode_envelope
-        if encode is not None and not self._outbox:
+        if encode is not None:
             # the hot path: encode once, check the exact size (what _fit then the
             # transport's encode would check), send the bytes; else the path below
             data = encode(reply)
             if len(data) <= self.codec.max_message_size:
-                try:
-                    self._send_encoded(route, data)
-                    self.counters["replied"] += 1
-                except WouldBlock:
-                    self._enqueue(route, reply)
-                except (Unroutable, TransportError) as exc:
-                    self.counters["reply_send_failures"] += 1
-                    log.warning("engine %d: reply %d not sent: %r", self.rank, reply.id, exc)
+                self._send_data_sync(route, data)
                 return
         reply = self._fit(reply)
         if route in self._outbox:
@@ -122,7 +127,7 @@ class ReplyOutbox(EngineBase):
             self._enqueue(route, reply)
         except (Unroutable, TransportError) as exc:
             self.counters["reply_send_failures"] += 1
-            log.warning("engine %d: reply %d not sent: %r", self.rank, reply.id, exc)
+            self._log_unsent(exc)
 
     @staticmethod
     def _reply_size(reply: Reply) -> int:
@@ -130,9 +135,24 @@ class ReplyOutbox(EngineBase):
         return 64 + len(reply.result) + (len(err.type) + len(err.message) if err else 0)
 
     def _enqueue(self, route: Route, reply: Reply) -> None:
-        """Queue ``reply`` for ``route``, whose pipe is full; drop and count it
-        when the route's queue or the whole outbox is at its bound."""
-        size = self._reply_size(reply)
+        """Queue ``reply`` (fitted) for ``route``, whose pipe is full; kept encoded
+        where the transport takes encoded replies."""
+        encode = self._encode_envelope
+        if encode is not None:
+            data = encode(reply)
+            if len(data) <= self.codec.max_message_size:
+                self._enqueue_item(route, data, len(data))
+                return
+        self._enqueue_item(route, reply, self._reply_size(reply))
+
+    def _enqueue_data(self, route: Route, data: bytes) -> None:
+        """Queue an encoded reply for ``route``, whose pipe is full."""
+        self._enqueue_item(route, data, len(data))
+
+    def _enqueue_item(self, route: Route, item: Reply | bytes, size: int) -> None:
+        """Queue ``item`` of ``size`` bytes for ``route``; drop and count it when the
+        route's queue (``max_unread_replies``, ``max_unread_bytes``) or the whole
+        outbox (``max_outbox_bytes``) would pass its bound."""
         queue = self._outbox.get(route)
         held = self._outbox_route_bytes.get(route, 0)
         if ((queue is not None and len(queue) >= self.max_unread_replies)
@@ -142,7 +162,7 @@ class ReplyOutbox(EngineBase):
             return
         if queue is None:
             queue = self._outbox[route] = deque()
-        queue.append((reply, size))
+        queue.append((item, size))
         self._outbox_route_bytes[route] = held + size
         self._outbox_bytes += size
         self.outbox_peak_bytes = max(self.outbox_peak_bytes, self._outbox_bytes)
@@ -151,15 +171,19 @@ class ReplyOutbox(EngineBase):
         """Send ``route``'s waiting replies until its pipe is full again."""
         queue = self._outbox.get(route)
         while queue:
-            reply, size = queue[0]
+            item, size = queue[0]
             try:
-                self.transport.send_nowait(route, reply)
+                if type(item) is bytes:
+                    self._send_encoded(route, item)
+                else:
+                    assert isinstance(item, Reply)
+                    self.transport.send_nowait(route, item)
                 self.counters["replied"] += 1
             except WouldBlock:
                 return
             except (Unroutable, TransportError) as exc:
                 self.counters["reply_send_failures"] += 1
-                log.warning("engine %d: reply %d not sent: %r", self.rank, reply.id, exc)
+                self._log_unsent(exc)
             queue.popleft()
             self._outbox_bytes -= size
             self._outbox_route_bytes[route] -= size
@@ -200,8 +224,7 @@ class ReplyOutbox(EngineBase):
             return False
         except (Unroutable, TransportError) as exc:
             self.counters["reply_send_failures"] += 1
-            log.warning("engine %d: reply %d not sent: %r", self.rank,
-                        reply.id if reply is not None else -1, exc)
+            self._log_unsent(exc)
             return True
         if self._stalled:
             self._stalled.pop(route, None)
@@ -235,7 +258,7 @@ class ReplyOutbox(EngineBase):
                 stalled.popitem(last=False)
         except (Unroutable, TransportError) as exc:
             self.counters["reply_send_failures"] += 1
-            log.warning("engine %d: reply %d not sent: %r", self.rank, reply.id, exc)
+            self._log_unsent(exc)
 
 
 def ok_reply_encoder(codec: Codec, rank: int, incarnation: int

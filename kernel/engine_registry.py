@@ -12,6 +12,7 @@ from typing import Any, get_type_hints
 
 from ctlwire.kernel.errors import FENCED_CODE
 from ctlwire.transports.codec import Codec
+from ctlwire.transports.protocol_version import UNSUPPORTED_VERSION_CODE
 
 __all__ = ["NO_PAYLOAD", "ErrorCode", "FastMethod", "MethodRegistry", "MethodSpec"]
 
@@ -36,6 +37,7 @@ class ErrorCode:
     FENCE_OUT_OF_RANGE = 416
     KEY_TOO_LONG = 414
     CACHE_FULL = 507
+    UNSUPPORTED_PROTOCOL_VERSION = UNSUPPORTED_VERSION_CODE
 
 
 @dataclass(frozen=True)

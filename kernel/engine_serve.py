@@ -20,7 +20,48 @@ from ctlwire.transports.envelope import Reply, Request
 from ctlwire.transports.errors import TransportClosed
 from ctlwire.transports.transport import Received, Route
 
-__all__ = ["EngineServing"]
+__all__ = ["EngineServing", "QueuedRequestBytes"]
+
+
+def request_bytes(req: Request) -> int:
+    """What a received request holds in memory, for :class:`QueuedRequestBytes`."""
+    return 64 + len(req.payload) + len(req.method) + len(req.key)
+
+
+class QueuedRequestBytes:
+    """Bytes of requests a serving engine has taken from its transport and not yet
+    started (queued at the dispatcher or at a method's lane), against a budget.
+
+    The receive loop takes no further request while more than ``limit`` bytes are
+    held (:meth:`wait_for_room`), so what waits in libzmq stays bounded by its
+    high-water marks instead: requests a peer sends faster than they are handled
+    hold at most ``limit`` plus one request of the engine's memory here, whatever
+    their size (the mailboxes alone bound only their count)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.peak = 0
+        self._room: anyio.Event | None = None
+
+    def add(self, req: Request) -> None:
+        self.held += request_bytes(req)
+        if self.held > self.peak:
+            self.peak = self.held
+
+    def release(self, req: Request) -> None:
+        self.held -= request_bytes(req)
+        room = self._room
+        if room is not None and self.held <= self.limit:
+            self._room = None
+            room.set()
+
+    async def wait_for_room(self) -> None:
+        """Return once at most ``limit`` bytes are held."""
+        while self.held > self.limit:
+            if self._room is None:
+                self._room = anyio.Event()
+            await self._room.wait()
 
 
 class _Dispatcher(Actor["_Inbound | _BadFrameReply", None]):
@@ -93,6 +134,8 @@ class _Dispatcher(Actor["_Inbound | _BadFrameReply", None]):
 class EngineServing(EngineAdmission, ReplyOutbox):
     """The async embedding of an endpoint (see the module docstring)."""
 
+    queued_requests: QueuedRequestBytes
+
     # -- asynchronous embedding ------------------------------------------------
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                     ) -> None:
@@ -133,6 +176,9 @@ class EngineServing(EngineAdmission, ReplyOutbox):
                                 continue
                             if not dispatcher.inflight and self._dispatch_now(
                                     dispatcher, req, event.route, now):
+                                queued = self.queued_requests  # a lane may have taken it
+                                if queued.held > queued.limit:
+                                    await queued.wait_for_room()
                                 continue
                             work: _Inbound | _BadFrameReply | None = _Inbound(
                                 req, event.route, now)
@@ -147,7 +193,15 @@ class EngineServing(EngineAdmission, ReplyOutbox):
                     if isinstance(work, _BadFrameReply):
                         await self._send_async(work.route, work.reply)
                         continue
-                    await dispatcher.told(work)
+                    queued = self.queued_requests
+                    queued.add(work.request)  # released when _run_async takes it
+                    try:
+                        await dispatcher.told(work)
+                    except BaseException:
+                        queued.release(work.request)
+                        raise
+                    if queued.held > queued.limit:
+                        await queued.wait_for_room()
             finally:
                 tg.cancel_scope.cancel()
                 lanes.cancel_scope.cancel()
@@ -179,9 +233,11 @@ class EngineServing(EngineAdmission, ReplyOutbox):
         lane = dispatcher.lanes.get(spec.name)
         if lane is None:
             return False
+        self.queued_requests.add(req)  # released when _run_async takes it
         try:
             lane.send_nowait(_Inbound(req, route, now))
         except anyio.WouldBlock:
+            self.queued_requests.release(req)
             return False
         return True
 
@@ -206,6 +262,9 @@ class EngineServing(EngineAdmission, ReplyOutbox):
             self.send_progress_heartbeats()
 
     async def _run_async(self, item: _Inbound) -> None:
+        # it leaves the queue: :attr:`queued_requests` counts waiting requests (those
+        # running are bounded by each method's concurrency)
+        self.queued_requests.release(item.request)
         admitted = self._admit(item)
         if isinstance(admitted, Reply):
             await self._send_async(item.route, admitted)

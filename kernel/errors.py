@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctlwire.states import IllegalTransition
 from ctlwire.transports.envelope import ErrorInfo
+from ctlwire.transports.protocol_version import UNSUPPORTED_VERSION_CODE
 
 if TYPE_CHECKING:
     from ctlwire.kernel.core.fan_out_result import FanOutResult
@@ -34,6 +35,7 @@ __all__ = [
     "RequestTimedOut",
     "RequestTooLarge",
     "ResultTypeError",
+    "UnsupportedProtocolVersion",
     "error_info",
     "remote_error",
 ]
@@ -129,6 +131,17 @@ class AuthenticationFailed(NotDelivered):
     engine that binds, ``EngineEndpoint.metrics()["auth_rejections"]``."""
 
 
+class UnsupportedProtocolVersion(NotDelivered):
+    """This client and the engine for ``rank`` speak different protocol major
+    versions (``docs/protocol.md``, Versioning): either the engine's heartbeats
+    announced one this client does not speak (nothing was sent), or the engine
+    refused the request's version (code 505; it did not run). Nothing will be
+    delivered until one side is upgraded. Refused heartbeats are counted in
+    ``ControlClient.metrics()`` as ``dropped_protocol_version``."""
+
+    code = UNSUPPORTED_VERSION_CODE
+
+
 class OutcomeUnknown(EngineDead):
     """The request was handed to the transport, then the rank was lost or
     restarted before it answered: the engine may have run it, may be running
@@ -193,7 +206,11 @@ class AskTimeout(CtlwireError):
 FENCED_CODE = 409
 
 
-def remote_error(info: ErrorInfo, *, rank: int | None = None, method: str = "") -> RemoteError:
+def remote_error(info: ErrorInfo, *, rank: int | None = None,
+                 method: str = "") -> RemoteError | UnsupportedProtocolVersion:
+    """The typed error of an engine's error reply."""
+    if info.code == UnsupportedProtocolVersion.code and info.type == "UnsupportedProtocolVersion":
+        return UnsupportedProtocolVersion(rank if rank is not None else -1, info.message)
     cls = Fenced if info.code == FENCED_CODE and info.type == "Fenced" else RemoteError
     return cls(info.type, info.message, info.code, rank=rank, method=method)
 

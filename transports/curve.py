@@ -38,6 +38,8 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+from ctlwire.transports.rate_limited_log import RateLimitedLog
+
 __all__ = [
     "CurveAuthenticator",
     "CurveClientConfig",
@@ -213,13 +215,15 @@ class _AllowList:
     def __init__(self, keys: frozenset[bytes]) -> None:
         self.keys = {k.decode() if isinstance(k, bytes) else k for k in keys}
         self.rejected = 0
+        # a peer chooses how often it is refused: one line per interval, with a count
+        self.refusals = RateLimitedLog(log)
 
     def callback(self, domain: str, key: bytes | str) -> bool:
         z85 = key.decode() if isinstance(key, bytes) else key
         if z85 in self.keys:
             return True
         self.rejected += 1
-        log.warning("ctlwire: rejected CURVE client key %s", z85)
+        self.refusals.warning("refused-key", "ctlwire: rejected CURVE client key %s", z85)
         return False
 
 

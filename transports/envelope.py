@@ -27,11 +27,17 @@ or step has run without the engine's loop coming round, measured on the
 engine's own clock), ``loops`` (loop iterations so far), and the running
 handler's own ``progress`` (0..1, negative when unreported) and ``note``.
 Fields added later have defaults, so older frames still decode.
+
+``Request.version`` and ``Heartbeat.version`` announce the sender's protocol
+version (:mod:`ctlwire.transports.protocol_version`); absent, it is 1.0. The
+byte-level schema, field by field, is ``docs/protocol.md``.
 """
 
 from __future__ import annotations
 
 import msgspec
+
+from ctlwire.transports.protocol_version import PROTOCOL_VERSION
 
 __all__ = ["NO_DEADLINE", "Envelope", "ErrorInfo", "Heartbeat", "Reply", "Request"]
 
@@ -57,6 +63,7 @@ class Request(msgspec.Struct, frozen=True, array_like=True, tag="q"):
     trace: dict[str, str] | None = None
     key: str = ""
     fence: int = 0
+    version: int = PROTOCOL_VERSION
 
 
 class Reply(msgspec.Struct, frozen=True, array_like=True, tag="r"):
@@ -78,6 +85,7 @@ class Heartbeat(msgspec.Struct, frozen=True, array_like=True, tag="h"):
     loops: int = 0
     progress: float = -1.0
     note: str = ""
+    version: int = PROTOCOL_VERSION
 
 
 Envelope = Request | Reply | Heartbeat

@@ -9,6 +9,7 @@ __all__ = [
     "MalformedFrame",
     "OversizedFrame",
     "PickleRefused",
+    "ProtocolVersionRefused",
     "SocketClosed",
     "TransportClosed",
     "TransportError",
@@ -42,6 +43,16 @@ class AuthenticationFailed(Unroutable):
     """The peer refused this side's CURVE key during the handshake (its
     authenticator's allow-list does not hold it): nothing can be delivered
     until the key is allowed."""
+
+
+class ProtocolVersionRefused(Unroutable):
+    """The engine for this rank announced a protocol major version this side does
+    not speak (``docs/protocol.md``, Versioning): nothing is sent to it until it
+    announces a supported one. ``version`` is the wire integer it announced."""
+
+    def __init__(self, rank: int, version: int, detail: str = "") -> None:
+        self.version = version
+        super().__init__(rank, detail)
 
 
 class WouldBlock(TransportError):

@@ -2,13 +2,20 @@
 
 An ipc socket's only protection is the file system. Guarantees:
 
-* **Unsafe directories are refused** (:class:`IpcPathUnsafe`): the directory that
+* **Unsafe paths are refused** (:class:`IpcPathUnsafe`): the directory that
   holds the socket file must be owned by this user (or root) and writable by no
   one else. In a group- or world-writable directory (``/tmp`` itself) another
-  user can create the name first, or replace our socket with theirs. When the
-  directory does not exist yet (a dialer that starts before the binder), its
-  nearest existing ancestor must satisfy the same rule, so no other user can
-  create it in between.
+  user can create the name first, or replace our socket with theirs. **Every
+  directory above it** must be owned by this user or root and not writable by
+  others unless sticky (like ssh's ``StrictModes``): in a directory another user
+  can write, they could rename our private directory away and put theirs in its
+  place, and libzmq's reconnect would reach their socket without any check of
+  ours. With the whole path safe, no other user can change where it leads, so
+  the check made before the first bind or connect holds for every reconnect.
+  Links on the way must be ours or root's, and the resolved path is checked
+  too. When the directory does not exist yet (a dialer that starts before the
+  binder), its nearest existing ancestor must be writable by no one else, so
+  no other user can create it in between.
 * **Nothing but a stale socket is removed.** libzmq unlinks whatever is at the
   path before it binds; :func:`prepare_ipc_bind` refuses a path that holds
   anything but a socket file of ours, so a regular file, a directory or a
@@ -64,9 +71,14 @@ def _trusted_owner(uid: int) -> bool:
 def directory_problem(path: str, *, owner_only: bool = False) -> str | None:
     """Why the directory holding ``path`` is not safe for a socket file, or None.
 
-    Safe: owned by this user or root, and writable by no one else (``owner_only``:
-    no group or other permission at all). A missing directory is judged by its
-    nearest existing ancestor, which no other user may be able to write to.
+    Safe: the directory is owned by this user or root and writable by no one else
+    (``owner_only``: no group or other permission at all); and so is every
+    directory above it, except that an ancestor another user can write is
+    accepted when it is sticky (``/tmp``): there, others cannot rename or remove
+    what they do not own. Checked on the path as given (a symbolic link on the
+    way must belong to this user or root) and on the path it resolves to. A
+    missing directory is judged by its nearest existing ancestor, which no other
+    user may be able to write to (sticky or not: they could create it first).
     """
     directory = os.path.dirname(os.path.abspath(path))
     probe = directory
@@ -79,6 +91,8 @@ def directory_problem(path: str, *, owner_only: bool = False) -> str | None:
             if parent == probe:
                 return f"no existing ancestor of {directory}"
             probe = parent
+        except OSError as exc:
+            return f"{probe} cannot be checked ({exc.strerror})"
     if not stat.S_ISDIR(st.st_mode):
         return f"{probe} is not a directory"
     if not _trusted_owner(st.st_uid):
@@ -90,10 +104,44 @@ def directory_problem(path: str, *, owner_only: bool = False) -> str | None:
                     "other users, who could create it first")
         if owner_only:
             return f"{directory} does not exist yet: its permissions cannot be checked"
-        return None
-    if mode & (_OTHERS_ANY if owner_only else _OTHERS_WRITE):
+    elif mode & (_OTHERS_ANY if owner_only else _OTHERS_WRITE):
         need = "0700" if owner_only else "not group- or world-writable"
         return f"{directory} has mode {mode:o}: it must be {need}"
+    return _ancestors_problem(probe)
+
+
+def _ancestors_problem(directory: str) -> str | None:
+    """Why a directory above ``directory`` (an existing one, checked itself) lets
+    another user replace what lies below it, or None: on the path as given and on
+    the path it resolves to."""
+    seen: set[str] = set()
+    for start in (directory, os.path.realpath(directory)):
+        child = start
+        while True:
+            parent = os.path.dirname(child)
+            if parent == child:
+                break
+            # the entry ``child``: a link in it is followed on every connect
+            try:
+                lst = os.lstat(child)
+            except OSError as exc:
+                return f"{child} cannot be checked ({exc.strerror})"
+            if stat.S_ISLNK(lst.st_mode) and not _trusted_owner(lst.st_uid):
+                return f"{child} is a symbolic link of uid {lst.st_uid}"
+            if parent not in seen:
+                seen.add(parent)
+                try:
+                    st = os.stat(parent)
+                except OSError as exc:
+                    return f"{parent} cannot be checked ({exc.strerror})"
+                if not _trusted_owner(st.st_uid):
+                    return (f"{parent} belongs to uid {st.st_uid}, who could replace "
+                            f"{child} in it")
+                mode = stat.S_IMODE(st.st_mode)
+                if mode & _OTHERS_WRITE and not mode & stat.S_ISVTX:
+                    return (f"{parent} (mode {mode:o}) is writable by other users and not "
+                            f"sticky: they could replace {child} in it")
+            child = parent
     return None
 
 

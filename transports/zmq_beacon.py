@@ -42,6 +42,7 @@ from collections.abc import Callable
 import zmq
 
 from ctlwire.transports.codec import Codec
+from ctlwire.transports.connection_guard import ConnectionGuard
 from ctlwire.transports.envelope import Heartbeat
 
 __all__ = ["BeaconStatus", "LivenessBeacon", "configure_beacon_socket"]
@@ -74,10 +75,14 @@ class LivenessBeacon:
     """
 
     def __init__(self, make_socket: Callable[[], zmq.Socket[bytes]], codec: Codec,
-                 interval: float, status: BeaconStatus, *, name: str = "ctlwire-beacon") -> None:
+                 interval: float, status: BeaconStatus, *, name: str = "ctlwire-beacon",
+                 max_connections: int | None = None) -> None:
         if interval <= 0:
             raise ValueError("beacon interval must be > 0")
         self.interval = interval
+        #: a socket that binds: at most this many connections stay open (None: no bound)
+        self.max_connections = max_connections
+        self._guard: ConnectionGuard | None = None
         self.sent = 0
         self.dropped = 0
         self._make_socket = make_socket
@@ -127,6 +132,10 @@ class LivenessBeacon:
             return
         try:
             try:
+                if self.max_connections is not None:
+                    self._guard = ConnectionGuard(sock, self.max_connections,
+                                                  name=f"{self._thread.name}-guard")
+                    self._guard.start()
                 self._beat(sock)
             finally:
                 self._ready.set()
@@ -135,4 +144,11 @@ class LivenessBeacon:
         except zmq.ZMQError:
             pass  # the context is terminating: the transport is closing
         finally:
+            if self._guard is not None:
+                self._guard.stop()
             sock.close(0)
+
+    @property
+    def connections_refused(self) -> int:
+        """Connections refused because ``max_connections`` were open (sockets that bind)."""
+        return self._guard.refused if self._guard is not None else 0

@@ -38,6 +38,7 @@ import zmq
 from anyio.abc import TaskGroup
 
 from ctlwire.transports.codec import Codec, check_pickle_allowed
+from ctlwire.transports.connection_guard import ConnectionBound
 from ctlwire.transports.curve import CurveAuthenticator, CurveServerConfig
 from ctlwire.transports.envelope import Envelope, Heartbeat
 from ctlwire.transports.errors import (
@@ -79,6 +80,9 @@ _PROBE_DELAYS = (0.0, 0.005, 0.02, 0.1, 0.5)
 _CACHE_LIMIT = 4096
 
 
+#: the monitor events a connection bound is kept from (their value is the descriptor)
+_BOUND_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+
 #: events a receiving task hands to ``receive_or_handle``'s handle before a checkpoint
 _INLINE_BUDGET = 64
 
@@ -101,13 +105,19 @@ class ZmqRouterClientTransport(_ZmqClientBase):
     connecting as ``rank-N`` (libzmq's ZAP request does not carry the identity a
     peer asks for, so the handshake cannot refuse it) has its frames dropped and
     counted (``impersonation``) and never receives rank N's requests.
+    ``max_connections``: at most this many connections stay open on the ROUTER
+    (each engine rank holds two: requests and beacon), newer ones refused and
+    counted (:attr:`connections_refused`, see
+    :class:`~ctlwire.transports.connection_guard.ConnectionBound`); None: no bound.
     """
 
     def __init__(self, address: str | None = None, *, codec: Codec | None = None,
                  options: ZmqOptions | None = None, curve: CurveServerConfig | None = None,
                  context: zmq.Context[zmq.Socket[bytes]] | None = None,
-                 allow_insecure_tcp: bool = False) -> None:
+                 allow_insecure_tcp: bool = False, max_connections: int | None = None) -> None:
         super().__init__(codec=codec, options=options, context=context)
+        self._connections = (ConnectionBound(max_connections)
+                             if max_connections is not None else None)
         self._private = address is None
         self.address = address or self._private_address("control")
         self.curve = curve
@@ -167,6 +177,8 @@ class ZmqRouterClientTransport(_ZmqClientBase):
     def _default_route(self, rank: int) -> bytes:
         """The identity of ``rank`` before any was learned: ``rank-N``; none when ranks
         are bound to keys (a route is only ever one authenticated for the rank)."""
+        if self._refused_versions:
+            self._check_version(rank)
         if self._learned_routes_only:
             raise Unroutable(rank, "no connection authenticated with this rank's key yet")
         identity = rank_identity(rank)
@@ -390,10 +402,14 @@ class ZmqRouterClientTransport(_ZmqClientBase):
             fast = self._fast_decode
             if fast is not None and len(data) <= self.codec.max_message_size:
                 try:
-                    return Received(fast(data), named, identity, len(data))
+                    env = fast(data)
                 except Exception:
                     pass  # not an envelope: decode_event gives the verdict
-            return decode_event(self.codec, data, named, identity)
+                else:
+                    if type(env) is Heartbeat:
+                        return self._versioned(Received(env, named, identity, len(data)))
+                    return Received(env, named, identity, len(data))
+            return self._versioned(decode_event(self.codec, data, named, identity))
         named = rank_from_identity(identity)
         if named is not None and len(self._rank_of) < _CACHE_LIMIT:
             self._rank_of[identity] = named
@@ -420,13 +436,20 @@ class ZmqRouterClientTransport(_ZmqClientBase):
                 # a beacon carries heartbeats only
                 self.counters["unknown_peer"] += 1
                 return Dropped("wrong_type", "a beacon sent something else", len(data), rank)
+            event = self._versioned(event)
             if curve is not None and type(event) is Received:
                 self._learn_route(rank, request_route_of_beacon(identity))
             return event
         self._known.add(rank)
-        event = decode_event(self.codec, data, rank, identity)
+        event = self._versioned(decode_event(self.codec, data, rank, identity))
         if curve is not None and type(event) is Received:
             self._learn_route(rank, identity)
+        return event
+
+    def _versioned(self, event: TransportEvent) -> TransportEvent:
+        event = super()._versioned(event)
+        if type(event) is Dropped and event.reason == "protocol_version" and event.peer is not None:
+            self._identity_of.pop(event.peer, None)  # no route to it while refused
         return event
 
     def _push(self, event: TransportEvent) -> None:
@@ -435,9 +458,18 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         if sock is not None and not sock.closed:
             sock.interrupt_receive()  # a receive in progress returns to pick the event up
 
+    @property
+    def connections_refused(self) -> int:
+        """Connections refused because ``max_connections`` were open."""
+        return self._connections.refused if self._connections is not None else 0
+
     async def _watch_disconnects(self) -> None:
         monitor = self._monitors[0]
-        async for event, _value, _endpoint in monitor.events():
+        bound = self._connections
+        async for event, value, endpoint in monitor.events():
+            if bound is not None and event & _BOUND_EVENTS:
+                bound.note(event, value, endpoint)
+                bound.refuse_excess()
             if event & DOWN_EVENTS and self._known:
                 self._tg_start(self._probe)
 

@@ -23,8 +23,14 @@ from anyio.abc import TaskGroup
 
 from ctlwire.transports.codec import Codec, MsgpackCodec
 from ctlwire.transports.curve import CurveAuthenticator
-from ctlwire.transports.envelope import Envelope
-from ctlwire.transports.errors import TransportClosed
+from ctlwire.transports.envelope import Envelope, Heartbeat
+from ctlwire.transports.errors import ProtocolVersionRefused, TransportClosed
+from ctlwire.transports.protocol_version import (
+    PROTOCOL_VERSION,
+    supported_version,
+    version_text,
+)
+from ctlwire.transports.transport import Dropped, Received, TransportEvent
 from ctlwire.transports.zmq_config import (
     ZmqOptions,
     bind_socket,
@@ -35,6 +41,9 @@ from ctlwire.transports.zmq_monitor import SocketMonitor
 from ctlwire.transports.zmq_socket import AsyncZmqSocket
 
 __all__ = ["_ZmqClientBase", "_fast_checkpoint"]
+
+#: the most ranks remembered as refused for their protocol version (peers choose ranks)
+_REFUSED_LIMIT = 4096
 
 
 def _fast_checkpoint() -> Callable[[], Awaitable[None]]:
@@ -83,6 +92,8 @@ class _ZmqClientBase:
         self._opened = False
         self._bound_ipc: list[tuple[str, bool]] = []  # (address, in a private dir we made)
         self.counters: dict[str, int] = {"sent": 0, "received": 0, "unknown_peer": 0}
+        #: rank -> the unsupported protocol version its engine announced (see _versioned)
+        self._refused_versions: dict[int, int] = {}
         self._checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint
         #: how many times a receiver yields before it waits for the socket (see
         #: ZmqRouterClientTransport.receive): once on asyncio, twice on trio
@@ -172,6 +183,36 @@ class _ZmqClientBase:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def _versioned(self, event: TransportEvent) -> TransportEvent:
+        """``event``, unless it is a heartbeat announcing a protocol major version this
+        side does not speak: then Dropped (``protocol_version``, counted by the
+        receiver) and its rank refused (sends raise ProtocolVersionRefused) until a
+        heartbeat of the rank announces a supported version."""
+        if type(event) is not Received:
+            return event
+        env = event.envelope
+        if type(env) is not Heartbeat:
+            return event
+        rank = env.rank if event.peer is None else event.peer
+        if supported_version(env.version):
+            if self._refused_versions:
+                self._refused_versions.pop(rank, None)
+            return event
+        if rank in self._refused_versions or len(self._refused_versions) < _REFUSED_LIMIT:
+            self._refused_versions[rank] = env.version
+        return Dropped("protocol_version",
+                       f"rank {rank} speaks protocol {version_text(env.version)}, this side "
+                       f"{version_text(PROTOCOL_VERSION)}", event.size, rank)
+
+    def _check_version(self, rank: int) -> None:
+        """Raise ProtocolVersionRefused when ``rank``'s engine announced a protocol
+        major version this side does not speak."""
+        refused = self._refused_versions.get(rank)
+        if refused is not None:
+            raise ProtocolVersionRefused(rank, refused, (
+                f"its engine speaks protocol {version_text(refused)}, this side "
+                f"{version_text(PROTOCOL_VERSION)}"))
 
     def _encode(self, envelope: Envelope) -> bytes:
         if self._closed:

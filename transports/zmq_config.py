@@ -86,21 +86,34 @@ class ZmqOptions:
     """Socket options applied by every ZeroMQ transport.
 
     Bytes libzmq buffers for one peer are bounded. libzmq counts messages, not
-    bytes, so the bound is ``RCVHWM x MAXMSGSIZE`` per connection: ``MAXMSGSIZE``
-    is the codec's limit plus 64 KiB (a frame a little over the codec's limit is
-    still answered with a typed error; a larger one makes libzmq drop the
-    connection), and the receive high-water mark actually set is ``rcvhwm``
-    lowered until that product fits in ``max_queued_bytes``
-    (:meth:`effective_rcvhwm`; 256 MiB / (16 MiB + 64 KiB) = 15 messages with the
-    defaults). What this process sends is bounded by ``sndhwm`` times the frames it
-    encodes itself (its own traffic, each at most the codec's limit); ``sndhwm``
-    stays 10,000 so that 10,000 requests can be pending at one engine that is not
-    reading. Before, 10,000 x 128 MiB allowed about 1.25 TiB per peer inbound.
+    bytes, so the bound is ``HWM x MAXMSGSIZE`` per connection and direction:
+    ``MAXMSGSIZE`` is the codec's limit plus 64 KiB (a frame a little over the
+    codec's limit is still answered with a typed error; a larger one makes libzmq
+    drop the connection), and a high-water mark a peer can fill is lowered until
+    that product fits in ``max_queued_bytes`` (256 MiB / (16 MiB + 64 KiB) = 15
+    messages with the defaults):
+
+    * ``RCVHWM`` on every socket (:meth:`effective_rcvhwm`): what a peer sends;
+    * ``SNDHWM`` on an engine's socket that binds (:meth:`effective_sndhwm`):
+      replies, whose size a peer chooses (an echo of its payload), to any peer
+      that can connect, which may never read.
+
+    Elsewhere ``SNDHWM`` stays ``sndhwm``: a client sends only the frames it
+    encodes itself (10,000 requests can be pending at one engine that is not
+    reading), and an engine that dials replies only to the client it chose (a
+    small ``SNDHWM`` there would make bursts of replies wait for libzmq's I/O
+    thread). So one connection of an engine that binds holds at most
+    ``(effective_sndhwm + effective_rcvhwm + 2) x MAXMSGSIZE`` in libzmq (the two:
+    the message each direction's stream engine is encoding or decoding); the
+    engine's own reply outbox is bounded apart (``EngineEndpoint``'s
+    ``max_outbox_bytes``), and a bound socket's connection count by its
+    transport's ``max_connections``.
     """
 
     sndhwm: int = 10_000
     rcvhwm: int = 1_000
-    #: the most bytes libzmq may queue from one peer (per connection): caps RCVHWM
+    #: the most bytes libzmq may queue per connection and direction where a peer
+    #: chooses the sizes: caps RCVHWM, and SNDHWM on an engine's socket that binds
     max_queued_bytes: int = 256 * 1024 * 1024
     linger_ms: int = 200
     hard_max_message_size: int | None = None  # default: the codec's limit + 64 KiB
@@ -118,6 +131,10 @@ class ZmqOptions:
     tcp_max_retransmit_ms: int = 5_000
     reconnect_ivl_ms: int = 100
     reconnect_ivl_max_ms: int = 1_000
+    #: a connection that has not completed the ZMTP handshake after this long is
+    #: dropped (libzmq's ``HANDSHAKE_IVL``, 30 s by default): how long a peer that
+    #: opens connections and says nothing holds a descriptor
+    handshake_ivl_ms: int = 10_000
 
     def hard_limit(self, codec_limit: int) -> int:
         """``MAXMSGSIZE``: a larger frame makes libzmq drop the peer's connection."""
@@ -126,11 +143,26 @@ class ZmqOptions:
     def effective_rcvhwm(self, codec_limit: int) -> int:
         """``RCVHWM`` as set: ``rcvhwm``, lowered so that ``RCVHWM x MAXMSGSIZE`` stays
         within ``max_queued_bytes`` (at least 1)."""
-        return max(1, min(self.rcvhwm, self.max_queued_bytes // self.hard_limit(codec_limit)))
+        return self._byte_bounded(self.rcvhwm, codec_limit)
 
-    def apply(self, sock: zmq.Socket[bytes], codec_limit: int) -> None:
+    def effective_sndhwm(self, codec_limit: int, *, peer_sized: bool) -> int:
+        """``SNDHWM`` as set: ``sndhwm``; where any peer that connects chooses the
+        size of what is sent (``peer_sized``: the replies of an engine that binds),
+        lowered so that ``SNDHWM x MAXMSGSIZE`` stays within ``max_queued_bytes``
+        (at least 1)."""
+        return self._byte_bounded(self.sndhwm, codec_limit) if peer_sized else self.sndhwm
+
+    def _byte_bounded(self, hwm: int, codec_limit: int) -> int:
+        return max(1, min(hwm, self.max_queued_bytes // self.hard_limit(codec_limit)))
+
+    def apply(self, sock: zmq.Socket[bytes], codec_limit: int, *,
+              peer_sized_sends: bool = False) -> None:
+        """Set every option on ``sock``. ``peer_sized_sends``: what ``sock`` sends is
+        sized by any peer that connects (the replies of an engine that binds), so its
+        ``SNDHWM`` is bounded in bytes."""
         hard = self.hard_limit(codec_limit)
-        sock.setsockopt(zmq.SNDHWM, self.sndhwm)
+        sock.setsockopt(zmq.SNDHWM, self.effective_sndhwm(codec_limit,
+                                                          peer_sized=peer_sized_sends))
         sock.setsockopt(zmq.RCVHWM, self.effective_rcvhwm(codec_limit))
         sock.setsockopt(zmq.LINGER, self.linger_ms)
         sock.setsockopt(zmq.MAXMSGSIZE, hard)
@@ -146,6 +178,7 @@ class ZmqOptions:
             sock.setsockopt(zmq.TCP_MAXRT, self.tcp_max_retransmit_ms)
         sock.setsockopt(zmq.RECONNECT_IVL, self.reconnect_ivl_ms)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, self.reconnect_ivl_max_ms)
+        sock.setsockopt(zmq.HANDSHAKE_IVL, self.handshake_ivl_ms)
         if sock.type == zmq.ROUTER:
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             sock.setsockopt(zmq.ROUTER_HANDOVER, 1)

@@ -113,19 +113,26 @@ class ZmqRouterEngineTransport(ZmqEngineBase):
     if that one has been silent for ``route_idle`` s; otherwise the new route
     is refused and counted (:attr:`routes_refused`): junk identities cannot
     push a live client out.
+    At most ``max_connections`` connections stay open on the ROUTER (and on the
+    beacon's PUB); newer ones are refused and counted
+    (:attr:`connections_refused`, see
+    :class:`~ctlwire.transports.connection_guard.ConnectionGuard`); None: no bound.
     ``curve`` is a :class:`CurveServerConfig` allow-listing the clients' keys;
     tcp without it needs ``allow_insecure_tcp=True``.
     """
 
     routed = True
+    replies_to_any_peer = True
 
     def __init__(self, address: str, rank: int, *, codec: Codec | None = None,
                  options: ZmqOptions | None = None, curve: CurveServerConfig | None = None,
                  context: zmq.Context[zmq.Socket[bytes]] | None = None,
                  allow_insecure_tcp: bool = False, max_clients: int = 64,
-                 beacon_address: str | None = None, route_idle: float = 10.0) -> None:
+                 beacon_address: str | None = None, route_idle: float = 10.0,
+                 max_connections: int | None = 64) -> None:
         super().__init__(rank, codec=codec, options=options, context=context)
         self.address = address
+        self.max_connections = max_connections
         self.beacon_address = beacon_address or beacon_address_for(address)
         if self.beacon_address is not None:
             check_bind_address(self.beacon_address, curve=curve is not None,
@@ -147,6 +154,7 @@ class ZmqRouterEngineTransport(ZmqEngineBase):
             self._auth.start()
             self.curve.apply(raw)
         self.address = self._bind(raw, self.address)
+        self._guard(raw, self.max_connections)
         self._recv = self._send = AsyncZmqSocket(raw)
 
     def _beacon_socket(self) -> Callable[[], zmq.Socket[bytes]] | None:
@@ -166,6 +174,9 @@ class ZmqRouterEngineTransport(ZmqEngineBase):
             return raw
 
         return make
+
+    def _beacon_max_connections(self) -> int | None:
+        return self.max_connections
 
     def _note_route(self, route: bytes, event: TransportEvent) -> None:
         if type(event) is not Received or type(event.envelope) not in (Request, Heartbeat):
@@ -195,13 +206,16 @@ class ZmqRouterEngineTransport(ZmqEngineBase):
 
 
 class ZmqPushPullEngineTransport(ZmqEngineBase):
-    """A PULL bound at ``request_address``, a PUSH connected to ``reply_address``."""
+    """A PULL bound at ``request_address``, a PUSH connected to ``reply_address``.
+    At most ``max_connections`` connections stay open on the PULL (see
+    :class:`ZmqRouterEngineTransport`)."""
 
     def __init__(self, request_address: str, reply_address: str, rank: int, *,
                  codec: Codec | None = None, options: ZmqOptions | None = None,
                  context: zmq.Context[zmq.Socket[bytes]] | None = None,
-                 allow_insecure_tcp: bool = False) -> None:
+                 allow_insecure_tcp: bool = False, max_connections: int | None = 64) -> None:
         super().__init__(rank, codec=codec, options=options, context=context)
+        self.max_connections = max_connections
         self.request_address = request_address
         self.reply_address = reply_address
         check_bind_address(request_address, curve=False, allow_insecure_tcp=allow_insecure_tcp)
@@ -212,6 +226,7 @@ class ZmqPushPullEngineTransport(ZmqEngineBase):
     def _setup(self) -> None:
         pull = self._socket(zmq.PULL)
         self.request_address = self._bind(pull, self.request_address)
+        self._guard(pull, self.max_connections)
         self._recv = AsyncZmqSocket(pull)
         push = self._socket(zmq.PUSH)
         connect_socket(push, self.reply_address)

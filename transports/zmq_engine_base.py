@@ -21,6 +21,7 @@ import zmq
 import zmq.backend
 
 from ctlwire.transports.codec import Codec, MsgpackCodec
+from ctlwire.transports.connection_guard import ConnectionGuard
 from ctlwire.transports.curve import CurveAuthenticator
 from ctlwire.transports.envelope import Envelope
 from ctlwire.transports.errors import SocketClosed, TransportClosed, Unroutable, WouldBlock
@@ -48,6 +49,10 @@ class ZmqEngineBase:
 
     recv_kind = zmq.DEALER
     routed = False  # frames carry a routing identity (ROUTER)
+    #: replies may go to any peer that can connect (a socket that binds): what libzmq
+    #: queues for them is bounded in bytes (ZmqOptions.effective_sndhwm); an engine
+    #: that dials sends only to the peer it chose
+    replies_to_any_peer = False
 
     def __init__(self, rank: int, *, codec: Codec | None,
                  options: ZmqOptions | None,
@@ -65,6 +70,7 @@ class ZmqEngineBase:
         self._bound_ipc: list[str] = []
         self._beacon: LivenessBeacon | None = None
         self._raw: list[zmq.Socket[bytes]] = []  # every socket made, closed by close()
+        self._guards: list[ConnectionGuard] = []  # one per listening socket, stopped first
         # hot path: the codec's envelope decoder and encoder, for frames within the limit
         self._fast_decode = self.codec.fast_envelope_decoder()
         self._max_size = self.codec.max_message_size
@@ -82,10 +88,41 @@ class ZmqEngineBase:
             self._bound_ipc.append(address)
         return address
 
+    def _guard(self, raw: zmq.Socket[bytes], max_connections: int | None) -> None:
+        """Bound the connections of the listening socket ``raw`` (None: no bound)."""
+        if max_connections is not None:
+            guard = ConnectionGuard(raw, max_connections,
+                                    name=f"ctlwire-connection-guard-{self.rank}")
+            self._guards.append(guard)
+            guard.start()
+
+    @property
+    def connections_refused(self) -> int:
+        """Connections refused because a listening socket had ``max_connections``
+        open (:class:`~ctlwire.transports.connection_guard.ConnectionGuard`)."""
+        beacon = self._beacon.connections_refused if self._beacon is not None else 0
+        return beacon + sum(g.refused for g in self._guards)
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open now on this transport's listening sockets (as their
+        monitors last reported; 0 for a transport that only connects)."""
+        return sum(g.open_connections for g in self._guards)
+
+    def queued_bytes_bound(self) -> int:
+        """The most bytes libzmq may hold for one connection of this transport
+        (both directions, the messages being encoded and decoded included)."""
+        limit = self.codec.max_message_size
+        options = self.options
+        messages = (options.effective_sndhwm(limit, peer_sized=self.replies_to_any_peer)
+                    + options.effective_rcvhwm(limit) + 2)
+        return messages * options.hard_limit(limit)
+
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self.context.socket(kind)
         self._raw.append(sock)
-        self.options.apply(sock, self.codec.max_message_size)
+        self.options.apply(sock, self.codec.max_message_size,
+                           peer_sized_sends=self.replies_to_any_peer)
         return sock
 
     def _setup(self) -> None:
@@ -131,10 +168,15 @@ class ZmqEngineBase:
         if make is None:
             return False
         beacon = LivenessBeacon(make, self.codec, interval, status,
-                                name=f"ctlwire-beacon-{self.rank}")
+                                name=f"ctlwire-beacon-{self.rank}",
+                                max_connections=self._beacon_max_connections())
         beacon.start()
         self._beacon = beacon
         return True
+
+    def _beacon_max_connections(self) -> int | None:
+        """The bound on the beacon socket's connections where it binds (None: none)."""
+        return None
 
     @property
     def beacon(self) -> LivenessBeacon | None:
@@ -166,6 +208,8 @@ class ZmqEngineBase:
         self._closed = True
         if self._beacon is not None:
             self._beacon.stop()
+        for guard in self._guards:  # before the sockets they watch
+            guard.stop()
         for sock in {id(s): s for s in (self._recv, self._send) if s is not None}.values():
             sock.close(self.options.linger_ms)
         for raw in self._raw:  # one a failed bind/connect left unwrapped
@@ -358,7 +402,27 @@ class ZmqEngineBase:
     def send_encoded_nowait(self, route: Route, data: bytes) -> None:
         """:meth:`send_nowait` of an envelope the caller already encoded with this
         transport's codec, within its ``max_message_size`` (an engine's reply hot
-        path encodes with :meth:`Codec.fast_envelope_encoder`). Same errors."""
+        path encodes with :meth:`Codec.fast_envelope_encoder`). Same errors.
+
+        A send that finds the pipe full is tried once more after reading the
+        socket's ``EVENTS``: libzmq learns that its I/O thread has drained the
+        pipe from notices a send processes at most about once a millisecond,
+        which a burst of replies outruns when ``SNDHWM`` is small
+        (:meth:`ZmqOptions.effective_sndhwm`); reading ``EVENTS`` processes them
+        now. :class:`WouldBlock` then means the peer really is not reading."""
+        try:
+            self._send_encoded_once(route, data)
+        except WouldBlock:
+            sock = self._send
+            if sock is None or self._closed:
+                raise
+            try:
+                sock.socket.getsockopt(zmq.EVENTS)
+            except zmq.ZMQError:
+                raise TransportClosed("engine transport is closed") from None
+            self._send_encoded_once(route, data)
+
+    def _send_encoded_once(self, route: Route, data: bytes) -> None:
         if self._direct and not self._closed and threading.get_ident() == self._owner:
             send = self._raw_send
             assert send is not None

@@ -170,6 +170,7 @@ class _PerRankClient(_ZmqClientBase):
                 event = decode_event(self.codec, msg[0], rank, rank)
                 if rank is None:
                     event = self._check_claimed_rank(event)
+                event = self._versioned(event)
             try:
                 await self._events_in.send(event)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -216,6 +217,8 @@ class _PerRankClient(_ZmqClientBase):
         sock = self._by_rank.get(rank)
         if sock is None:
             raise Unroutable(rank, "no address configured for this rank")
+        if self._refused_versions:
+            self._check_version(rank)
         return sock
 
     def send_nowait(self, rank: int, envelope: Envelope) -> None:

@@ -293,7 +293,8 @@ def _run(args: argparse.Namespace, endpoint: EngineEndpoint, transport: EngineTr
                 if not worked:
                     # zmq_poll is level-triggered: it returns at once if more input
                     # is already queued, so no second (empty) poll() is needed
-                    transport.wait_readable(0.01 if step is not None else 0.05)
+                    transport.wait_readable(
+                        endpoint.idle_wait(0.01 if step is not None else 0.05))
         finally:
             endpoint.close()
         return 0

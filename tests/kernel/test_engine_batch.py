@@ -433,5 +433,5 @@ def test_encoded_fast_reply_to_a_full_or_gone_route_is_queued_or_counted(fast: b
     assert ep.poll() == 10
     assert transport.sent == [(b"legit", i) for i in (1, 4, 7, 10)]
     assert ep.outbox_replies == 3  # 3, 6, 9 wait for room (bound 4)
-    assert [r.id for r, _ in ep._outbox[b"hostile"]] == [3, 6, 9]
+    assert [codec.decode(r).id for r, _ in ep._outbox[b"hostile"]] == [3, 6, 9]
     assert ep.counters["reply_send_failures"] == 3 and ep.counters["replied"] == 4

@@ -1,0 +1,133 @@
+"""The Python side under the conformance harness (:mod:`ctlwire.transports.conformance`):
+an engine serving the spec's conformance methods, and a client running the spec's
+conformance script (``docs/protocol.md``, Conformance)::
+
+    python -m ctlwire.kernel.app.conformance_peers engine --connect ADDR --rank N
+    python -m ctlwire.kernel.app.conformance_peers client --bind ADDR
+
+Both use NULL security (ipc addresses, or tcp with ``--allow-insecure-tcp``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from typing import Any
+
+import anyio
+
+from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.transports.zmq_client import ZmqRouterClientTransport
+from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
+
+__all__ = ["ConformanceError", "conformance_engine", "main", "run_client_script"]
+
+
+class ConformanceError(Exception):
+    """What the conformance method ``fail`` raises."""
+
+    code = 599
+
+
+def conformance_engine(address: str, rank: int, *, allow_insecure_tcp: bool = False
+                       ) -> EngineEndpoint:
+    """An engine of ``rank`` connecting to ``address``, serving ``echo``, ``count``,
+    ``sleep`` and ``fail``."""
+    endpoint = EngineEndpoint(ZmqDealerEngineTransport(address, rank,
+                                                       allow_insecure_tcp=allow_insecure_tcp),
+                              rank=rank)
+    counted = [0]
+
+    @endpoint.method()
+    def echo(value: Any = None) -> Any:
+        return value
+
+    @endpoint.method()
+    def count() -> int:
+        counted[0] += 1
+        return counted[0]
+
+    @endpoint.method()
+    async def sleep(seconds: float) -> float:
+        await anyio.sleep(seconds)
+        return seconds
+
+    @endpoint.method()
+    def fail(message: str) -> None:
+        raise ConformanceError(message)
+
+    return endpoint
+
+
+def _outcome(step: str, value: Any = None, exc: BaseException | None = None
+             ) -> dict[str, Any]:
+    if exc is None:
+        return {"step": step, "ok": True, "value": value}
+    return {"step": step, "ok": False, "class": type(exc).__name__,
+            "type": getattr(exc, "type_name", ""), "code": getattr(exc, "code", 0),
+            "message": str(exc)}
+
+
+async def run_client_script(address: str, *, allow_insecure_tcp: bool = False) -> None:
+    """The conformance script, one JSON line per step on stdout."""
+    def out(obj: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
+        sys.stdout.flush()
+
+    transport = ZmqRouterClientTransport(address, allow_insecure_tcp=allow_insecure_tcp)
+    async with ControlClient(transport, ranks=[0, 1, 2], default_timeout=20.0) as client:
+        out(_outcome("bound", transport.address))
+
+        async def step(name: str, method: str, payload: Any = None, **kw: Any) -> Any:
+            try:
+                value = await client.call(method, payload, **kw)
+            except Exception as exc:
+                out(_outcome(name, exc=exc))
+                return None
+            out(_outcome(name, value))
+            return value
+
+        await step("echo", "echo", {"x": [1, "ü"]}, rank=0)
+        await step("unknown-method", "重みを更新", rank=0)
+        await step("fail", "fail", "boom", rank=0)
+        await step("timeout", "sleep", 2.0, rank=1, timeout=0.5)
+        fan = await client.fan_out("echo", "all", ranks=[0, 1], timeout=20.0)
+        out({"step": "fan-out", "ok": not fan.errors,
+             "value": {str(r): v for r, v in fan.results.items()}})
+        await step("version", "echo", rank=2)
+        values = []
+        for _ in range(2):
+            try:
+                values.append(await client.call("count", rank=0, idempotency_key="k1"))
+            except Exception as exc:
+                values.append(repr(exc))
+        out({"step": "key", "ok": all(isinstance(v, int) for v in values), "value": values})
+        out(_outcome("done", client.metrics()["counters"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ctlwire.kernel.app.conformance_peers")
+    sub = parser.add_subparsers(dest="role", required=True)
+    eng = sub.add_parser("engine")
+    eng.add_argument("--connect", required=True)
+    eng.add_argument("--rank", type=int, default=0)
+    eng.add_argument("--allow-insecure-tcp", action="store_true")
+    cli = sub.add_parser("client")
+    cli.add_argument("--bind", required=True)
+    cli.add_argument("--allow-insecure-tcp", action="store_true")
+    args = parser.parse_args(argv)
+    if args.role == "engine":
+        endpoint = conformance_engine(args.connect, args.rank,
+                                      allow_insecure_tcp=args.allow_insecure_tcp)
+        with contextlib.suppress(KeyboardInterrupt):
+            anyio.run(endpoint.serve)
+        return 0
+    anyio.run(lambda: run_client_script(args.bind, allow_insecure_tcp=args.allow_insecure_tcp))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
