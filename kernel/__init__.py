@@ -35,6 +35,10 @@ if TYPE_CHECKING:
     from ctlwire.kernel.core.fan_out_result import (
         FanOutResult,
     )
+    from ctlwire.kernel.core.membership import (
+        Membership,
+        MembershipEvent,
+    )
     from ctlwire.kernel.core.operation_plan import (
         InvalidPlan,
         OperationPlan,
@@ -76,6 +80,7 @@ if TYPE_CHECKING:
         Fenced,
         IllegalTransition,
         MailboxFull,
+        NoAdmissibleRanks,
         NotDelivered,
         OutcomeUnknown,
         RemoteError,
@@ -130,6 +135,9 @@ _EXPORTS: dict[str, str] = {
     "IllegalTransition": "ctlwire.kernel.errors",
     "MailboxFull": "ctlwire.kernel.errors",
     "NotDelivered": "ctlwire.kernel.errors",
+    "NoAdmissibleRanks": "ctlwire.kernel.errors",
+    "Membership": "ctlwire.kernel.core.membership",
+    "MembershipEvent": "ctlwire.kernel.core.membership",
     "OutcomeUnknown": "ctlwire.kernel.errors",
     "RemoteError": "ctlwire.kernel.errors",
     "RequestTimedOut": "ctlwire.kernel.errors",
@@ -197,7 +205,10 @@ __all__ = [
     "InvalidPlan",
     "LastOperation",
     "MailboxFull",
+    "Membership",
+    "MembershipEvent",
     "MethodSpec",
+    "NoAdmissibleRanks",
     "NotDelivered",
     "OperationLedger",
     "OperationPlan",

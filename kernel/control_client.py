@@ -34,6 +34,17 @@ Guarantees:
   :class:`~ctlwire.kernel.errors.OutcomeUnknown` (handed over, then the rank was
   lost: it may have run). ``retry=`` retries the first kind always, the second
   only with an idempotency key or for a method declared idempotent.
+* **Ranks come and go.** :meth:`add_rank`, :meth:`remove_rank` and
+  :meth:`apply_membership` change the ranks at run time. A rank is *present*
+  (in :attr:`membership`), *alive* (heard from: :attr:`peers`) and
+  *admissible* (admitted, not in :attr:`quarantine`, meeting
+  ``admission_condition``); a fan-out without ``ranks`` goes to the admissible
+  ranks and its result's ``left_out`` says which present ranks were not, and
+  why. A rank that joins is not admitted until :meth:`admit`. Removing a rank
+  fails its pending calls (NotDelivered when nothing was handed over,
+  OutcomeUnknown when it was); a fan-out already started or queued keeps the
+  ranks it started with (a removed one fails NotDelivered, unsent), and the
+  mailboxes' FIFO order is unchanged.
 * **Fan-out admission.** ``mode="queueing"`` admits concurrent callers of one
   method strictly first come, first served, one in flight
   (:class:`~ctlwire.kernel.fan_out_mailbox.FanOutMailbox`); ``mode="watching"``
@@ -63,6 +74,12 @@ from ctlwire.kernel.call_issuer import CallIssuer
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.fencing import new_fence
+from ctlwire.kernel.core.membership import (
+    ChangeKind,
+    Membership,
+    MembershipChange,
+    MembershipEvent,
+)
 from ctlwire.kernel.core.quarantine import FleetQuarantine
 from ctlwire.kernel.core.request_registry import (
     PendingRequest,
@@ -74,7 +91,9 @@ from ctlwire.kernel.errors import (
     ClientClosed,
     EngineDead,
     FanOutFailed,
+    NoAdmissibleRanks,
     RemoteError,
+    RequestTimedOut,
     ResultTypeError,
 )
 from ctlwire.kernel.fan_out_mailbox import FanOutMailbox
@@ -100,7 +119,9 @@ _POLICIES = {p.value: p for p in Policy}
 class ControlClient:
     """Sends control requests over a :class:`ClientTransport`; see the module docstring.
 
-    ``ranks`` is the number of engine ranks (``0..n-1``) or their ids.
+    ``ranks`` is the number of engine ranks (``0..n-1``) or their ids (none, for
+    a client whose ranks come from a membership backend such as
+    :class:`~ctlwire.kernel.etcd_membership.EtcdMembership`).
     ``default_timeout`` applies to methods without an entry in
     ``method_timeouts``; a call's ``timeout=`` overrides both.
     ``heartbeat_interval=None`` disables time-based liveness (disconnections
@@ -112,6 +133,10 @@ class ControlClient:
     this many seconds ahead of this host's clock is refused (counted in
     ``implausible_incarnation``); it bounds how long a forged incarnation can
     fence a rank, and how far ahead an engine host's clock may run.
+    ``admission_condition(rank) -> bool``: a fleet condition an admitted rank must
+    also meet to be routed to by default (for example that its last reported
+    weight version is the current one); ``admit_on_join=True`` admits ranks that
+    join (:meth:`add_rank`) at once instead of waiting for :meth:`admit`.
     """
 
     def __init__(
@@ -131,14 +156,18 @@ class ControlClient:
         idempotent_methods: Collection[str] = (),
         fence: int | bool = False,
         incarnation_window: float = 60.0,
+        admission_condition: Callable[[int], bool] | None = None,
+        admit_on_join: bool = False,
     ) -> None:
         self.transport = transport
         self.codec = transport.codec
         self.ranks: tuple[int, ...] = (
             tuple(range(ranks)) if isinstance(ranks, int) else tuple(ranks))
-        if not self.ranks:
-            raise ValueError("a client needs at least one rank")
         self._rank_set = frozenset(self.ranks)
+        #: the present ranks (static: ``ranks``), their registrations and admission
+        self.membership = Membership(self.ranks, admit_on_join=admit_on_join)
+        #: a fleet condition an admitted rank must meet to be routed to by default
+        self.admission_condition = admission_condition
         self.default_timeout = checked_timeout(default_timeout, "default_timeout")
         self.method_timeouts = {m: checked_timeout(t, f"method_timeouts[{m!r}]")
                                 for m, t in (method_timeouts or {}).items()}
@@ -284,12 +313,106 @@ class ControlClient:
         """What this client knows of ``rank``: its PeerLink state (CONNECTED,
         BUSY, STALLED, SUSPECT, LOST, UNKNOWN), incarnation, and the request or
         step it was last reported running, for how long, with its progress;
-        ``quarantined``: why it is out of routing (None when it is not)."""
-        status = self.liveness.rank_status(rank)
+        ``quarantined``: why it is out of routing (None when it is not).
+        The three predicates: ``present`` (in :attr:`membership`), ``alive``
+        (heard from and not lost), ``admissible`` (routed to by default), and
+        ``excluded``: why it is not admissible (None when it is). A rank removed
+        earlier is reported not present; ValueError for a rank never known."""
+        member = self.membership.get(rank)
+        if member is None:
+            if rank not in self.membership.removed:
+                raise ValueError(
+                    f"rank {rank} is not one of this client's ranks {self.ranks}")
+            status: dict[str, Any] = {"state": "UNKNOWN", "incarnation": 0}
+        else:
+            status = self.liveness.rank_status(rank)
         held = self.quarantine.get(rank)
         status["quarantined"] = None if held is None else {
             "op": held.op_id, "step": held.step, "detail": held.detail}
+        why = self.membership.exclusion(rank, self.quarantine, self.admission_condition)
+        status["present"] = member is not None
+        status["alive"] = self.peers.is_live(rank)
+        status["admissible"] = why is None
+        status["excluded"] = why
+        status["member"] = None if member is None else {
+            "address": member.address, "incarnation": member.incarnation,
+            "revision": member.revision, "admitted": member.admitted}
         return status
+
+    # -- membership --------------------------------------------------------------
+    def apply_membership(self, event: MembershipEvent) -> MembershipChange | None:
+        """Apply one membership event (from a backend or the caller) and carry its
+        change out: a rank added is tracked (heartbeats, transport route or
+        connection) but not routed to by default until admitted; a rank removed
+        has its pending calls failed (NotDelivered: not handed over, a retry is
+        safe; OutcomeUnknown: handed over, it may have run) and is forgotten by
+        the transport; a rank re-registered (newer incarnation) must be admitted
+        again; one moved gets its new address. Stale or fenced events change
+        nothing (counted in ``membership.counters``); returns None for them.
+        A transport that connects to each rank needs the address of a rank
+        added: ValueError without one (and the rank is not added)."""
+        change = self.membership.apply(event)
+        if change is None:
+            return None
+        rank = change.rank
+        if change.kind is ChangeKind.ADDED:
+            try:
+                self._transport_hook("add_rank", rank, event.address)
+            except BaseException:
+                self.membership.undo_add(rank)  # refused (no or bad address): not added
+                raise
+            self.liveness.add_rank(rank)
+        elif change.kind is ChangeKind.REMOVED:
+            self._fail_rank(rank, "removed from the membership")
+            self.liveness.remove_rank(rank)
+            self._transport_hook("remove_rank", rank)
+        elif (change.old is not None and change.member is not None
+              and change.member.address != change.old.address):  # moved (or re-registered)
+            self._transport_hook("move_rank", rank, event.address)
+        self.ranks = self.membership.ranks
+        self._rank_set = frozenset(self.ranks)
+        return change
+
+    def add_rank(self, rank: int, address: str = "", *, incarnation: int = 0,
+                 revision: int = 0) -> MembershipChange | None:
+        """Add (or update) ``rank`` at run time; see :meth:`apply_membership`."""
+        return self.apply_membership(
+            MembershipEvent("add", rank, address, incarnation, revision))
+
+    def remove_rank(self, rank: int, *, revision: int = 0) -> MembershipChange | None:
+        """Remove ``rank`` at run time; see :meth:`apply_membership`."""
+        return self.apply_membership(MembershipEvent("remove", rank, revision=revision))
+
+    def admit(self, rank: int) -> bool:
+        """Route to present ``rank`` by default from now on (say, once an operation
+        brought it to the fleet's weight version). It still must not be
+        quarantined and must meet ``admission_condition``. True when it was not
+        admitted; ValueError when it is not present."""
+        if rank not in self.membership:
+            raise ValueError(f"rank {rank} is not one of this client's ranks {self.ranks}")
+        return self.membership.admit(rank)
+
+    def routable_ranks(self) -> tuple[tuple[int, ...], dict[int, str]]:
+        """The ranks a fan-out without ``ranks`` goes to, and the present ranks it
+        leaves out with why (``not admitted``, ``quarantined``, ``admission
+        condition not met``)."""
+        if (not self.quarantine.held and self.admission_condition is None
+                and self.membership.all_admitted):
+            return self.ranks, {}
+        return self.membership.routable(self.quarantine, self.admission_condition)
+
+    def _was_removed(self, rank: int) -> bool:
+        """``rank`` was a member and was removed (a call naming it fails NotDelivered)."""
+        return rank in self.membership.removed and self.peers.is_lost(rank)
+
+    def knows_rank(self, rank: int) -> bool:
+        """``rank`` is present, or was and was removed (calls naming it fail typed)."""
+        return rank in self._rank_set or self._was_removed(rank)
+
+    def _transport_hook(self, name: str, *args: Any) -> None:
+        hook = getattr(self.transport, name, None)
+        if hook is not None:
+            hook(*args)
 
     # -- public calls ----------------------------------------------------------
     def timeout_for(self, method: str, timeout: float | None = None) -> float:
@@ -334,12 +457,15 @@ class ControlClient:
 
         A rank that has never been heard from (an engine still starting) is
         waited for within the call's deadline; a rank that was connected and
-        is lost fails at once with NotDelivered.
+        is lost, or was removed from the membership, fails at once with
+        NotDelivered (ValueError: a rank this client never had).
         """
         check_method(method)
         if rank is None:
+            if not self.ranks:
+                raise ValueError("this client has no ranks (yet): name one")
             rank = self.ranks[0]
-        elif rank not in self._rank_set:
+        elif rank not in self._rank_set and not self._was_removed(rank):
             raise ValueError(f"rank {rank} is not one of this client's ranks {self.ranks}")
         budget = self.timeout_for(method, timeout)
         raw = self.issuer.encode_payload(payload, method)
@@ -412,11 +538,16 @@ class ControlClient:
         pol = _POLICIES.get(policy) if type(policy) is str else None
         if pol is None:
             pol = policy if isinstance(policy, Policy) else Policy(policy)
-        targets = (tuple(ranks) if ranks is not None
-                   else self.quarantine.routable(self.ranks) if self.quarantine.held
-                   else self.ranks)
-        if not targets or not self._rank_set.issuperset(targets):
-            raise ValueError(f"ranks {targets} must be a non-empty subset of {self.ranks}")
+        left_out: dict[int, str]
+        if ranks is not None:
+            targets, left_out = tuple(ranks), {}
+            if not targets or not (self._rank_set.issuperset(targets)
+                                   or all(map(self.knows_rank, targets))):
+                raise ValueError(f"ranks {targets} must be a non-empty subset of {self.ranks}")
+        else:
+            targets, left_out = self.routable_ranks()
+            if not targets:
+                raise NoAdmissibleRanks(method, left_out)
         budget = self.timeout_for(method, timeout)
         raw = self.issuer.encode_payload(payload, method)
         key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
@@ -443,9 +574,15 @@ class ControlClient:
                 except FanOutFailed as exc:
                     more = exc.result
                 failed = merge_retried(result, again, more, method, pol)
+            if left_out:
+                result.left_out = left_out
             if failed is not None:
                 raise failed
             return result
+        except RequestTimedOut as exc:
+            if left_out and exc.partial is not None:
+                exc.partial.left_out = left_out
+            raise
         finally:
             if on_progress is not None:
                 self.progress_callbacks.remove_method(method, on_progress)

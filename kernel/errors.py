@@ -28,6 +28,7 @@ __all__ = [
     "Fenced",
     "IllegalTransition",
     "MailboxFull",
+    "NoAdmissibleRanks",
     "NotDelivered",
     "OutcomeUnknown",
     "RemoteError",
@@ -159,6 +160,18 @@ class FanOutFailed(CtlwireError):
         self.result = result
         errs = ", ".join(f"{r}: {type(e).__name__}" for r, e in sorted(result.errors.items()))
         super().__init__(f"{method!r} fan-out could not meet policy {policy!r} ({errs})")
+
+
+class NoAdmissibleRanks(CtlwireError):
+    """A fan-out without explicit ranks found no admissible rank; nothing was
+    registered or sent. ``left_out`` maps each present rank to why it is not
+    admissible."""
+
+    def __init__(self, method: str, left_out: dict[int, str]) -> None:
+        self.method = method
+        self.left_out = dict(left_out)
+        super().__init__(f"{method!r}: no admissible rank to send to (left out: "
+                         f"{self.left_out})")
 
 
 class Fenced(RemoteError):

@@ -109,6 +109,18 @@ class LivenessMonitor:
         self.closed = True
         self.notify_peer_change()
 
+    def add_rank(self, rank: int) -> None:
+        """Track ``rank`` from now on (heartbeats go to it; Unknown until heard from)."""
+        if self.peers.add(rank):
+            self.ranks = tuple(sorted((*self.ranks, rank)))
+
+    def remove_rank(self, rank: int) -> None:
+        """Stop tracking ``rank`` (no heartbeats to it; its frames are foreign).
+        What that means for its calls is the client's."""
+        if self.peers.remove(rank):
+            self.ranks = tuple(r for r in self.ranks if r != rank)
+            self.notify_peer_change()  # a send waiting for its first contact gives up
+
     def rank_status(self, rank: int) -> dict[str, Any]:
         """What is known of ``rank``: its PeerLink state, incarnation, and what it runs."""
         peer = self.peers.peers.get(rank)

@@ -195,6 +195,18 @@ _CLIENT_DROPS = ("dropped_malformed", "dropped_oversized", "dropped_framing",
                  "dropped_wrong_type")
 
 
+def _membership(client: Any) -> dict[str, Any]:
+    membership = getattr(client, "membership", None)
+    if membership is None:
+        return {}
+    view: dict[str, Any] = membership.snapshot()
+    view["counters"] = dict(membership.counters)
+    status = client.rank_status
+    view["ranks"] = {r: {k: s[k] for k in ("present", "alive", "admissible", "excluded")}
+                     for r in membership.ranks if (s := status(r))}
+    return view
+
+
 def client_metrics(client: _ClientView) -> dict[str, Any]:
     """``client.metrics()``: the client side of the one metrics shape (see the
     README's metrics table). Plain and JSON-able (msgpack-able too)."""
@@ -227,6 +239,9 @@ def client_metrics(client: _ClientView) -> dict[str, Any]:
         "quarantined": (quarantine.snapshot()
                         if (quarantine := getattr(client, "quarantine", None)) is not None
                         else {}),
+        # present ranks (revision, registrations, admission), the three predicates of
+        # each, and the membership counters (stale revisions, fenced incarnations)
+        "membership": _membership(client),
         "counters": counters,
         "transport_counters": dict(getattr(client.transport, "counters", {}) or {}),
         # CURVE handshakes lost because an engine refused our key

@@ -219,15 +219,16 @@ class OperationRunner:
         return self.client.quarantine.held
 
     def routable_ranks(self) -> tuple[int, ...]:
-        """The client's ranks minus the quarantined ones."""
-        return self.client.quarantine.routable(self.client.ranks)
+        """The client's admissible ranks: present, admitted, not quarantined, meeting
+        its admission condition (``ControlClient.routable_ranks``)."""
+        return self.client.routable_ranks()[0]
 
     def quarantine(self, rank: int, op_id: str = "", step: str = "", detail: str = "",
                    error: Exception | None = None,
                    postcondition: PostCondition | None = None) -> None:
         """Take ``rank`` out of routing (operations do this themselves when needed);
         ``postcondition``: what it must meet to be released without ``force``."""
-        if rank not in self.client.ranks:
+        if not self.client.knows_rank(rank):  # a rank removed meanwhile is held too
             raise ValueError(f"rank {rank} is not one of {self.client.ranks}")
         if rank not in self.quarantined:
             self.counters["quarantines"] += 1

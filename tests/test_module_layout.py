@@ -210,6 +210,7 @@ OPTIONAL_IMPORTS: dict[str, tuple[str, frozenset[str]]] = {
     "graphviz": ("the diagrams extra (a state diagram rendered to an image)", frozenset()),
     "prometheus_client": ("the prometheus extra (the metrics exporter)", frozenset()),
     "opentelemetry": ("the tracing extra (OpenTelemetry spans)", frozenset()),
+    "httpx": ("the etcd extra (membership through etcd's JSON gateway)", frozenset()),
     "pytest": ("the pytest plugin, loaded by pytest itself",
                frozenset({"ctlwire.kernel.testing.pytest_plugin"})),
     "torch": ("the torch extra (a real engine and its trainer, imported only by name)",

@@ -193,6 +193,19 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         if known != route and (known is not None or len(self._identity_of) < _CACHE_LIMIT):
             self._identity_of[rank] = route
 
+    def add_rank(self, rank: int, address: str = "") -> None:
+        """A rank joined the client's membership: nothing to connect (engines
+        connect to this ROUTER; ``address`` is not used), its route is learned
+        from its frames as for any rank."""
+
+    def remove_rank(self, rank: int) -> None:
+        """A rank left the client's membership: forget its route (a rank added
+        again learns it afresh from its frames)."""
+        self._identity_of.pop(rank, None)
+        self._known.discard(rank)
+        for identity in [i for i, r in self._rank_of.items() if r == rank]:
+            del self._rank_of[identity]
+
     @contextlib.contextmanager
     def batched_sends(self) -> Iterator[None]:
         """Sends inside the block (a fan-out's :meth:`send_nowait` to many ranks)

@@ -10,7 +10,10 @@
 
 A reader task per socket feeds one event stream that :meth:`receive` reads;
 the guarantees are those of :mod:`ctlwire.transports.zmq_client` (which
-re-exports these classes).
+re-exports these classes). Ranks come and go at run time: ``add_rank(rank,
+address)`` opens and connects (or binds) the rank's socket and starts its
+reader and monitor; ``remove_rank(rank)`` stops them and closes its socket
+(no disconnection is reported for it); ``move_rank`` does both.
 """
 
 from __future__ import annotations
@@ -67,11 +70,11 @@ class _PerRankClient(_ZmqClientBase):
         self.addresses: dict[int, str] = (dict(addresses) if isinstance(addresses, Mapping)
                                           else dict(enumerate(addresses)))
         self.curve = curve
+        self._allow_insecure_tcp = allow_insecure_tcp
         for addr in self.addresses.values():
-            check_tcp_address(addr, curve=curve is not None,
-                              allow_insecure_tcp=allow_insecure_tcp, bind=self.bind_per_rank)
-            check_pickle_allowed(self.codec, addr, curve is not None)
+            self._check_address(addr)
         self._by_rank: dict[int, AsyncZmqSocket] = {}
+        self._monitor_of: dict[int, SocketMonitor] = {}
         self._up: dict[int, bool] = {}
         self._auth_failed: set[int] = set()  # ranks whose CURVE server refused our key
         send, recv = anyio.create_memory_object_stream[TransportEvent](
@@ -80,27 +83,78 @@ class _PerRankClient(_ZmqClientBase):
         self._events_out: MemoryObjectReceiveStream[TransportEvent] = recv
         self._hello = b""
 
+    def _check_address(self, addr: str) -> None:
+        check_tcp_address(addr, curve=self.curve is not None,
+                          allow_insecure_tcp=self._allow_insecure_tcp, bind=self.bind_per_rank)
+        check_pickle_allowed(self.codec, addr, self.curve is not None)
+
     def _open(self) -> None:
         self._hello = self.codec.encode(Heartbeat(-1, 0, 0))
         for rank, addr in self.addresses.items():
-            raw = self._socket(self.send_kind)
-            if self.send_kind == zmq.DEALER:
-                raw.setsockopt(zmq.IMMEDIATE, 1)
-            if self.curve is not None:
-                self.curve.apply(raw, rank)
-            self._monitors.append(SocketMonitor(raw))
-            if self.bind_per_rank:
-                self._bind(raw, addr)
-            else:
-                connect_socket(raw, addr)
-            self._by_rank[rank] = self._wrap(raw)
-            self._up[rank] = self.bind_per_rank and addr.startswith("inproc://")
+            self._open_rank(rank, addr)
+
+    def _open_rank(self, rank: int, addr: str) -> None:
+        raw = self._socket(self.send_kind)
+        if self.send_kind == zmq.DEALER:
+            raw.setsockopt(zmq.IMMEDIATE, 1)
+        if self.curve is not None:
+            self.curve.apply(raw, rank)
+        monitor = self._monitor_of[rank] = SocketMonitor(raw)
+        self._monitors.append(monitor)
+        if self.bind_per_rank:
+            self._bind(raw, addr)
+        else:
+            connect_socket(raw, addr)
+        self._by_rank[rank] = self._wrap(raw)
+        self._up[rank] = self.bind_per_rank and addr.startswith("inproc://")
 
     def _start_tasks(self, tg: TaskGroup) -> None:
-        for (rank, sock), monitor in zip(self._by_rank.items(), self._monitors, strict=False):
-            tg.start_soon(self._watch, rank, monitor)
-            if self.send_kind != zmq.PUSH:
-                tg.start_soon(self._read, rank, sock)
+        for rank in self._by_rank:
+            self._start_rank(tg, rank)
+
+    def _start_rank(self, tg: TaskGroup, rank: int) -> None:
+        tg.start_soon(self._watch, rank, self._monitor_of[rank])
+        if self.send_kind != zmq.PUSH:
+            tg.start_soon(self._read, rank, self._by_rank[rank])
+
+    def add_rank(self, rank: int, address: str = "") -> None:
+        """Connect (or bind) ``rank``'s socket at ``address`` and start reading it.
+        A rank already present at another address is moved. ValueError without an
+        address (or for one the security checks refuse); TransportClosed once closed."""
+        if self._closed:
+            raise TransportClosed("transport is closed")
+        known = self.addresses.get(rank)
+        if known is not None and (not address or address == known):
+            return
+        if not address:
+            raise ValueError(f"rank {rank}: this transport connects to each rank, and "
+                             "needs its address")
+        self._check_address(address)
+        if known is not None:
+            self.remove_rank(rank)
+        self.addresses[rank] = address
+        if self._tg is not None:  # open: now; not yet opened: when it opens
+            self._open_rank(rank, address)
+            self._start_rank(self._tg, rank)
+
+    def move_rank(self, rank: int, address: str) -> None:
+        """``rank`` is now at ``address``: close its socket and connect a new one."""
+        self.add_rank(rank, address)
+
+    def remove_rank(self, rank: int) -> None:
+        """Stop reading ``rank`` and close its socket (and its monitor first)."""
+        self.addresses.pop(rank, None)
+        self._up.pop(rank, None)  # no disconnection is reported for a removed rank
+        self._auth_failed.discard(rank)
+        monitor = self._monitor_of.pop(rank, None)
+        if monitor is not None:
+            monitor.close()
+            self._monitors.remove(monitor)
+        sock = self._by_rank.pop(rank, None)
+        if sock is not None:
+            sock.close(self.options.linger_ms)
+            self._sockets.remove(sock)
+            self._raw = [raw for raw in self._raw if not raw.closed]
 
     async def _read(self, rank: int | None, sock: AsyncZmqSocket) -> None:
         while True:
@@ -241,25 +295,53 @@ class ZmqDealerClientTransport(_PerRankClient):
                 self.beacon_addresses[rank] = beacon
         self._beacons: dict[int, AsyncZmqSocket] = {}
 
-    def _open(self) -> None:
-        super()._open()
-        for rank, address in self.beacon_addresses.items():
-            raw = self.context.socket(zmq.SUB)
-            raw.setsockopt(zmq.RCVHWM, 16)
-            raw.setsockopt(zmq.LINGER, 0)
-            raw.setsockopt(zmq.MAXMSGSIZE, 4096)
-            raw.setsockopt(zmq.RECONNECT_IVL, self.options.reconnect_ivl_ms)
-            raw.setsockopt(zmq.RECONNECT_IVL_MAX, self.options.reconnect_ivl_max_ms)
-            raw.setsockopt(zmq.SUBSCRIBE, b"")
-            if self.curve is not None:
-                self.curve.apply(raw, rank)
-            raw.connect(address)
-            self._beacons[rank] = self._wrap(raw)
+    def _open_rank(self, rank: int, addr: str) -> None:
+        super()._open_rank(rank, addr)
+        address = self.beacon_addresses.get(rank)
+        if address is None:
+            return
+        raw = self.context.socket(zmq.SUB)
+        raw.setsockopt(zmq.RCVHWM, 16)
+        raw.setsockopt(zmq.LINGER, 0)
+        raw.setsockopt(zmq.MAXMSGSIZE, 4096)
+        raw.setsockopt(zmq.RECONNECT_IVL, self.options.reconnect_ivl_ms)
+        raw.setsockopt(zmq.RECONNECT_IVL_MAX, self.options.reconnect_ivl_max_ms)
+        raw.setsockopt(zmq.SUBSCRIBE, b"")
+        if self.curve is not None:
+            self.curve.apply(raw, rank)
+        raw.connect(address)
+        self._beacons[rank] = self._wrap(raw)
 
-    def _start_tasks(self, tg: TaskGroup) -> None:
-        super()._start_tasks(tg)
-        for rank, sock in self._beacons.items():
+    def _start_rank(self, tg: TaskGroup, rank: int) -> None:
+        super()._start_rank(tg, rank)
+        sock = self._beacons.get(rank)
+        if sock is not None:
             tg.start_soon(self._read_beacon, rank, sock)
+
+    def add_rank(self, rank: int, address: str = "") -> None:
+        """As for every per-rank client, and the rank's beacon (at
+        :func:`~ctlwire.transports.zmq_config.beacon_address_for` its address)."""
+        if address and address != self.addresses.get(rank) and not self._closed:
+            self._check_address(address)
+            if self.curve is not None:
+                self.curve.require_rank_binding([*self.addresses, rank])
+            beacon = beacon_address_for(address)
+            if beacon is not None:
+                check_tcp_address(beacon, curve=self.curve is not None,
+                                  allow_insecure_tcp=self._allow_insecure_tcp)
+            if rank in self.addresses:
+                self.remove_rank(rank)  # moved: a new connection and beacon
+            if beacon is not None:
+                self.beacon_addresses[rank] = beacon
+        super().add_rank(rank, address)
+
+    def remove_rank(self, rank: int) -> None:
+        sock = self._beacons.pop(rank, None)
+        self.beacon_addresses.pop(rank, None)
+        if sock is not None:
+            sock.close(0)
+            self._sockets.remove(sock)
+        super().remove_rank(rank)
 
     async def _read_beacon(self, rank: int, sock: AsyncZmqSocket) -> None:
         """Heartbeats of ``rank``'s beacon; anything else is dropped and counted."""

@@ -23,6 +23,7 @@ cleanly on SIGTERM/SIGINT.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
@@ -210,7 +211,40 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--curve-secret")
     p.add_argument("--curve-server-key")
     p.add_argument("--curve-allow", nargs="*", default=[])
+    p.add_argument("--etcd", metavar="URL",
+                   help="register this rank in etcd (its JSON gateway at URL) under a lease "
+                        "kept alive at TTL/2, and revoke it on a clean stop")
+    p.add_argument("--etcd-prefix", default="/ctlwire/engines/")
+    p.add_argument("--etcd-ttl", type=float, default=10.0)
+    p.add_argument("--etcd-address", default=None,
+                   help="the address clients reach this rank at (default: --bind, else none)")
     return p
+
+
+def _register_in_etcd(args: argparse.Namespace, stop: threading.Event) -> threading.Thread:
+    """Keep this rank registered in etcd from a thread of its own (its own event
+    loop) until ``stop``; then withdraw the registration (bounded)."""
+    import anyio
+
+    from ctlwire.kernel.etcd_membership import EtcdError, EtcdGateway, EtcdRegistration
+
+    address = args.etcd_address if args.etcd_address is not None else (args.bind or "")
+    registration = EtcdRegistration(EtcdGateway(args.etcd), args.etcd_prefix, args.rank,
+                                    address, ttl=args.etcd_ttl)
+
+    async def run() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(registration.run)
+            while not stop.is_set():
+                await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+        with anyio.move_on_after(2.0), contextlib.suppress(EtcdError):
+            await registration.withdraw()
+
+    thread = threading.Thread(target=anyio.run, args=(run,), kwargs={"backend": args.backend},
+                              name="ctlwire.engine.etcd", daemon=True)
+    thread.start()
+    return thread
 
 
 def _watch_parent(pid: int, stop: threading.Event, interval: float = 0.25) -> None:
@@ -238,6 +272,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     if args.exit_with_parent is not None:
         _watch_parent(args.exit_with_parent, stop)
+    registered = _register_in_etcd(args, stop) if args.etcd else None
+    try:
+        return _run(args, endpoint, transport, step, stop)
+    finally:
+        if registered is not None:
+            stop.set()
+            registered.join(timeout=3.0)
+
+
+def _run(args: argparse.Namespace, endpoint: EngineEndpoint, transport: EngineTransport,
+         step: Callable[[], bool] | None, stop: threading.Event) -> int:
     if args.mode == "poll":
         endpoint.open()
         print(f"READY {args.rank} {endpoint.incarnation}", flush=True)

@@ -10,6 +10,8 @@ no sockets and no clock of their own (time is passed in).
   and what it returns.
 * :mod:`.peer_table` -- each rank's ``PeerLink`` machine: connected, busy,
   stalled, suspect, lost; incarnations and fencing.
+* :mod:`.membership` -- which ranks are present (add/remove/update events with
+  revisions and incarnations) and admitted; why a present rank is not routable.
 * :mod:`.result_cache` -- the engine's idempotency cache (bounded in entries and
   bytes, keys scoped by peer and method, outcomes kept for their retry window).
 * :mod:`.fence_guard` -- the engine's fence: the range of a token and when it moves.

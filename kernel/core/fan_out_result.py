@@ -17,7 +17,10 @@ class FanOutResult:
     ``results`` maps each rank that answered ok to its (freshly decoded) value;
     ``errors`` maps each rank that answered with an error or failed locally to
     a typed :class:`~ctlwire.kernel.errors.CtlwireError`; ``pending`` lists
-    ranks with no outcome yet (the policy was met without them, or time ran out).
+    ranks with no outcome yet (the policy was met without them, or time ran out);
+    ``left_out`` maps each present rank a fan-out without explicit ranks did not
+    address to why (``not admitted``, ``quarantined``, ``admission condition
+    not met``).
     """
 
     method: str
@@ -27,6 +30,7 @@ class FanOutResult:
     results: dict[int, Any] = field(default_factory=dict)
     errors: dict[int, Exception] = field(default_factory=dict)
     pending: tuple[int, ...] = ()
+    left_out: dict[int, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

@@ -33,8 +33,12 @@ reading) and returns the ranks whose pending requests must now fail.
   incarnation can therefore fence a rank's real process for at most that window
   (a process started after it is newer); which peer may announce one at all is
   the transport's authentication (a CURVE key bound to the rank, or ipc).
-* **Bounded.** Only the ranks given at construction have entries; anything
-  else is counted in :attr:`PeerTable.foreign` and ignored.
+* **Bounded.** Only the ranks given at construction or :meth:`PeerTable.add`-ed
+  have entries; anything else is counted in :attr:`PeerTable.foreign` and ignored.
+* **Ranks come and go.** :meth:`PeerTable.remove` forgets a rank's link but
+  keeps its admitted incarnation (bounded, oldest forgotten first): while
+  removed, :meth:`PeerTable.is_lost` is True for it (nothing is sent there),
+  and when it is added again its older incarnations stay fenced.
 """
 
 from __future__ import annotations
@@ -115,6 +119,9 @@ class PeerTable:
         self.stall_limit = stall_limit
         self.stall_limits = dict(stall_limits or {})
         self.peers: dict[int, Peer] = {r: Peer(r) for r in ranks}
+        #: removed ranks -> their last admitted incarnation (bounded)
+        self.retired: dict[int, int] = {}
+        self.max_retired = 65_536
         self.fenced = 0  # frames of an incarnation older than the admitted one
         self.foreign = 0  # frames naming a rank this table does not have
         self._apply = PEER_LINK_TABLE.apply
@@ -135,13 +142,36 @@ class PeerTable:
         if incarnation:
             peer.incarnation = incarnation
 
+    def add(self, rank: int) -> bool:
+        """Track ``rank`` (Unknown until heard from; a rank removed before keeps
+        its incarnation floor). False when it is already tracked."""
+        if rank in self.peers:
+            return False
+        self.peers[rank] = Peer(rank, incarnation=self.retired.pop(rank, 0))
+        return True
+
+    def remove(self, rank: int) -> bool:
+        """Stop tracking ``rank`` (see the module docstring). False when it was not."""
+        p = self.peers.pop(rank, None)
+        if p is None:
+            return False
+        retired = self.retired
+        retired.pop(rank, None)
+        while len(retired) >= self.max_retired:
+            del retired[next(iter(retired))]
+        retired[rank] = p.incarnation
+        return True
+
     def state(self, rank: int) -> PeerState:
         p = self.peers.get(rank)
         return PeerState.UNKNOWN if p is None else p.state
 
     def is_lost(self, rank: int) -> bool:
+        """Lost, or removed: a request to ``rank`` must not be sent."""
         p = self.peers.get(rank)
-        return p is not None and p.state is PeerState.LOST
+        if p is None:
+            return rank in self.retired
+        return p.state is PeerState.LOST
 
     def is_live(self, rank: int) -> bool:
         p = self.peers.get(rank)
@@ -151,7 +181,9 @@ class PeerTable:
         """A frame from ``incarnation`` is not from the rank's admitted process."""
         p = self.peers.get(rank)
         return (p is not None and p.incarnation != 0 and incarnation != 0
-                and incarnation != p.incarnation)
+                and incarnation != p.incarnation
+                # re-added after removal, not yet heard from: only older ones are stale
+                and (p.state is not PeerState.UNKNOWN or incarnation < p.incarnation))
 
     def plausible(self, incarnation: int, wall: float) -> bool:
         """Whether ``incarnation`` may have been minted by now (``wall``: this client's
@@ -200,7 +232,10 @@ class PeerTable:
             if p.state in _LIVE:
                 self._lose(p, now)
                 lost.append(rank)
-            self._rejoin(p, incarnation)
+            if p.state is PeerState.UNKNOWN:  # re-added after removal: first contact
+                p.incarnation = incarnation
+            else:
+                self._rejoin(p, incarnation)
         elif p.state is PeerState.LOST:
             self._rejoin(p, incarnation)
         elif incarnation and authoritative and not p.incarnation:
