@@ -55,9 +55,39 @@ def _cmd_diagrams(args: argparse.Namespace) -> int:
     return 0
 
 
+def _membership_demo(args: argparse.Namespace) -> int:
+    """``demo --membership etcd``: needs the etcd binary and httpx; its own scenario."""
+    import importlib.util
+    import shutil
+
+    given = [flag for flag, on in (("--torch", args.torch), ("--connect", args.connect),
+                                   ("--transport tcp", args.transport == "tcp"),
+                                   ("--kill-one", args.kill_one), ("--fault", args.fault),
+                                   ("--json", args.json)) if on]
+    if given:
+        raise UsageError(f"--membership etcd runs its own scenario; {', '.join(given)} "
+                         "does not apply to it")
+    if args.cycles < 3 or args.engines < 2:
+        raise UsageError("--membership etcd needs --cycles 3 or more and --engines 2 or "
+                         "more (a rank joins, then one leaves)")
+    if shutil.which("etcd") is None:
+        raise UsageError("--membership etcd needs the etcd binary on PATH "
+                         "(Debian: apt-get install etcd-server)")
+    if importlib.util.find_spec("httpx") is None:
+        raise UsageError("--membership etcd needs httpx: pip install 'ctlwire[etcd]'")
+    if args.backend == "trio" and importlib.util.find_spec("trio") is None:
+        raise UsageError("--backend trio needs trio installed: pip install trio")
+    from ctlwire.kernel.app import membership_demo
+
+    return membership_demo.main(membership_demo.MembershipDemoConfig(
+        engines=args.engines, cycles=args.cycles, backend=args.backend))
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     import importlib.util
 
+    if args.membership == "etcd":
+        return _membership_demo(args)
     if args.torch:
         try:
             from ctlwire.kernel.app import torch_demo
@@ -162,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--torch: model width (256 with 2 layers: ~1.7M parameters)")
     p.add_argument("--model-layers", type=positive_int, default=2,
                    help="--torch: transformer blocks")
+    p.add_argument("--membership", choices=["static", "etcd"], default="static",
+                   help="static (default): a fixed set of ranks; etcd: start a local etcd, "
+                        "engines register in it, and a rank joins and one leaves while the "
+                        "cycles run (needs the etcd binary and httpx: the etcd extra)")
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("keys", help="generate CURVE key pairs for tcp across hosts",

@@ -9,15 +9,11 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
-import tempfile
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import anyio
-import httpx
 import pytest
 
 from ctlwire.kernel.app.engine_fleet import EngineFleet
@@ -28,67 +24,22 @@ from ctlwire.kernel.etcd_membership import (
     EtcdMembership,
     EtcdRegistration,
 )
-from ctlwire.kernel.testing._ports import free_tcp_port
+from ctlwire.kernel.testing.etcd_server import EtcdServer, etcd_binary, memory_dir
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
-ETCD = shutil.which("etcd")
-if ETCD is None:
+if etcd_binary() is None:
     pytest.skip("the etcd binary is not installed (Debian: apt-get install etcd-server)",
                 allow_module_level=True)
 
 
-class EtcdServer:
-    """One etcd member on loopback ports, its data in ``data_dir``; restartable."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.client_port = free_tcp_port()
-        self.peer_port = free_tcp_port()
-        self.endpoint = f"http://127.0.0.1:{self.client_port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        self.proc = subprocess.Popen(
-            [str(ETCD), "--data-dir", str(self.data_dir / "data"),
-             "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
-             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"default={peer}"],
-            stdout=subprocess.DEVNULL, stderr=open(self.data_dir / "etcd.log", "ab"))  # noqa: SIM115
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.post(f"{self.endpoint}/v3/kv/range", json={"key": "eA=="},
-                              timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError("etcd did not start within 30 s")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
-
-
 @pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
-    # its data in memory where there is a tmpfs: etcd syncs every write to disk
-    shm = "/dev/shm"
-    data = (Path(tempfile.mkdtemp(prefix="ctlwire-etcd-", dir=shm))
-            if os.path.isdir(shm) and os.access(shm, os.W_OK) else tmp_path_factory.mktemp("etcd"))
+def etcd() -> Iterator[EtcdServer]:
+    data = memory_dir()
     server = EtcdServer(data)
-    server.start()
     try:
+        server.start()
         yield server
     finally:
         server.stop()
@@ -143,7 +94,8 @@ async def test_registered_engines_come_and_go_with_their_leases(
         await gateway.revoke(regs[0].lease)
         await wait_until(lambda: (m := c.membership.get(0)) is not None
                          and m.incarnation > first.incarnation)
-        assert regs[0].counters["registered"] == 2
+        # the watch can report the new key before the put's answer reaches the registration
+        await wait_until(lambda: regs[0].counters["registered"] == 2)
         assert sorted((await c.fan_out("echo", 2)).results) == [0]
         assert watcher.counters["bad_entries"] == 0 and watcher.counters["lists"] >= 1
         tg.cancel_scope.cancel()

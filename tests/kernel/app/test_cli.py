@@ -152,3 +152,18 @@ def test_demo_torch_without_torch_names_the_extra(monkeypatch: pytest.MonkeyPatc
         monkeypatch.delitem(sys.modules, name)
     assert main(["demo", "--torch"]) == 2
     assert "pip install 'ctlwire[torch]'" in capsys.readouterr().err
+
+
+def test_demo_membership_etcd_refuses_what_does_not_apply(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--membership", "etcd", "--kill-one"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--kill-one does not apply" in err
+
+
+def test_demo_membership_etcd_without_the_etcd_binary_names_it(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert main(["demo", "--membership", "etcd"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs the etcd binary" in err
