@@ -2,7 +2,7 @@
 
 These tests never assert speed: targets are reported (PASS/MISS), not enforced,
 because the machines that run them are shared and noisy. They check that the
-command works, that every row issue 5 asks for is there with a numeric ratio
+command works, that every row the bench promises is there with a numeric ratio
 and a target, and that nothing is left behind (the session fixtures check for
 child processes and ipc directories).
 """
@@ -20,7 +20,7 @@ from ctlwire.benchmarks import scale, weight_sync
 from ctlwire.benchmarks.runner import GROUPS
 from ctlwire.kernel.app.cli import main
 
-#: the groups of issue 5, run together below (issue 14's load and scale groups,
+#: the core groups, run together below (the load and scale groups,
 #: ``scale.GROUPS``, have a test of their own, one group at a time)
 CORE_GROUPS = [g for g in GROUPS if g not in scale.GROUPS and g not in weight_sync.GROUPS]
 
@@ -100,7 +100,7 @@ def test_quick_bench_writes_every_row_with_ratio_and_target(
         assert row["target"]["text"] in table
 
 
-#: issue 14: (group, start of the scenario text) of every row each load/scale group reports
+#: (group, start of the scenario text) of every row each load/scale group reports
 SCALE_ROWS = {
     "fanout_burst": ["400 fan-outs at once, one task each, 8 engines"],
     "scale": ["fan-out cost per rank, 8 ranks", "fan-out cost per rank, 64 ranks",

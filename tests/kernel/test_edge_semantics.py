@@ -1,4 +1,4 @@
-"""Exact semantics at the edges (issue 12): cancellation, close, timeouts,
+"""Exact semantics at the edges: cancellation, close, timeouts,
 validation, first contact, blocked sends, and the tests a mutation audit found
 missing. Virtual time on asyncio and trio; every test asserts behaviour and
 counts, never wall-clock durations."""

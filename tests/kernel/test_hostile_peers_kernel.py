@@ -1,4 +1,4 @@
-"""Issue 11, kernel side: hostile peers cannot grow kernel structures without
+"""Hostile peers, kernel side: they cannot grow kernel structures without
 bound, stall replies to other clients, evict legitimate routes, or impersonate
 a rank under CURVE. Counts and sizes are asserted, never durations."""
 

@@ -1,5 +1,5 @@
 """One metrics shape for client and engine; the engine's metrics read from the
-client through the built-in ``ctlwire.metrics`` method; Prometheus (issue 13 item 2)."""
+client through the built-in ``ctlwire.metrics`` method; Prometheus."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The public API: one obvious import, deep paths unchanged, every caller-visible
-error in ctlwire.kernel.errors, no import cycles (issue 13 item 1)."""
+error in ctlwire.kernel.errors, no import cycles."""
 
 from __future__ import annotations
 

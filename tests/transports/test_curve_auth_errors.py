@@ -1,5 +1,5 @@
 """A client whose CURVE key an engine refuses gets a typed error, and both
-sides count it (issue 12, item 12). Real ZeroMQ over tcp loopback, real time."""
+sides count it. Real ZeroMQ over tcp loopback, real time."""
 
 from __future__ import annotations
 

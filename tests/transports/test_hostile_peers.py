@@ -1,4 +1,4 @@
-"""Hostile peers (issue 11), transport level: whatever a process that can reach a socket
+"""Hostile peers, transport level: whatever a process that can reach a socket
 sends, it must not abort a ctlwire process, make it run code, hang it, or grow its memory
 without bound.
 

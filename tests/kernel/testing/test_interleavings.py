@@ -1,4 +1,4 @@
-"""Exhaustive interleaving checks of the registry and the fan-out mailbox (issue 7).
+"""Exhaustive interleaving checks of the registry and the fan-out mailbox.
 
 * Every interleaving of every scenario of :func:`standard_scenarios` (up to 3
   callers, every event kind) keeps every invariant; the counts are printed.
