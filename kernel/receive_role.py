@@ -197,6 +197,8 @@ class ReceiveRole:
                 self.handed += 1
             elif entry.is_open:
                 self.candidates[waiter] = entry
+                if self._loop_receiving and self._wanted():
+                    self.transport.interrupt_receive()  # the loop's receive asks again
                 await waiter.wait()  # decided, or handed the role
             if self.holder is waiter:
                 await self._receive_for(entry, waiter)
