@@ -8,7 +8,7 @@ partitions ranks. The controller may crash at any event (between steps, or
 while a step is in flight); engines may crash before or after a step's body
 and come back with a fresh process. A successor controller then takes every
 ledger over with a newer fence and reads it, computes what remains
-(:func:`~ctlwire.kernel.operation_runner.recovery_of`) and finishes it, as
+(:func:`~ctlwire.kernel.operation_recovery.recovery_of`) and finishes it, as
 :meth:`OperationRunner.finish` does. The first controller may instead only
 stall and come back after its successor took over: it is fenced out.
 
@@ -58,7 +58,7 @@ from ctlwire.kernel.operation_ledger import (
     StepRequest,
     TakeOver,
 )
-from ctlwire.kernel.operation_runner import Recovery, recovery_of
+from ctlwire.kernel.operation_recovery import Recovery, recovery_of
 from ctlwire.states import OperationState, RankState
 from ctlwire.transports.codec import MsgpackCodec
 
