@@ -85,4 +85,5 @@ if TYPE_CHECKING:
     from ctlwire.kernel.testing import virtual_backend as virtual_backend
     from ctlwire.kernel.tracing import TraceProvider as TraceProvider
 
-__getattr__, __dir__ = lazy_exports(globals())
+if not TYPE_CHECKING:  # type checkers see the names above, and no catch-all __getattr__
+    __getattr__, __dir__ = lazy_exports(globals())

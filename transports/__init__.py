@@ -71,4 +71,5 @@ if TYPE_CHECKING:
     )
     from ctlwire.transports.zmq_engine import ZmqRouterEngineTransport as ZmqRouterEngineTransport
 
-__getattr__, __dir__ = lazy_exports(globals())
+if not TYPE_CHECKING:  # type checkers see the names above, and no catch-all __getattr__
+    __getattr__, __dir__ = lazy_exports(globals())

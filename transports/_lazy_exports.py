@@ -7,10 +7,12 @@ explicit re-export that type checkers and IDEs read::
     if TYPE_CHECKING:
         from ctlwire.kernel.control_client import ControlClient as ControlClient
 
-    __getattr__, __dir__ = lazy_exports(globals())
+    if not TYPE_CHECKING:
+        __getattr__, __dir__ = lazy_exports(globals())
 
 :func:`lazy_exports` reads that block from the facade's source and derives the
-facade's ``__all__`` and its name -> module map (``_EXPORTS``) from it.
+facade's ``__all__`` and its name -> module map (``_EXPORTS``) from it. Type
+checkers see no module ``__getattr__``, so a misspelled name is an error there.
 
 It lives in ``transports`` because that is the lowest layer every facade may
 import (the kernel imports transports, never the reverse; importing ``states``

@@ -49,4 +49,5 @@ if TYPE_CHECKING:
     from ctlwire.kernel.testing._virtual_clock import on_virtual_clock as on_virtual_clock
     from ctlwire.kernel.testing._virtual_clock import virtual_backend as virtual_backend
 
-__getattr__, __dir__ = lazy_exports(globals())
+if not TYPE_CHECKING:  # type checkers see the names above, and no catch-all __getattr__
+    __getattr__, __dir__ = lazy_exports(globals())

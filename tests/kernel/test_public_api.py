@@ -42,6 +42,11 @@ def test_each_exported_name_is_listed_once(package: object) -> None:
                 for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
                 if isinstance(t, ast.Name)}
     assert not assigned & {"__all__", "_EXPORTS"}, assigned
+    # __getattr__ is bound only when not type checking: a checker sees no catch-all,
+    # so a misspelled name is an error there
+    top = {n.id for node in tree.body if isinstance(node, ast.Assign)
+           for n in ast.walk(node.targets[0]) if isinstance(n, ast.Name)}
+    assert "__getattr__" not in top
     imported = [alias.asname or alias.name for node in ast.walk(tree)
                 if isinstance(node, ast.ImportFrom) for alias in node.names]
     for name in package.__all__:  # type: ignore[attr-defined]
