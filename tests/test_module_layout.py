@@ -284,8 +284,6 @@ KNOWN_LONG_MODULES: frozenset[str] = frozenset({
     "ctlwire.kernel.control_client",
     "ctlwire.kernel.engine_endpoint",
     "ctlwire.kernel.operation_ledger",
-    "ctlwire.transports.zmq_client",
-    "ctlwire.transports.zmq_socket",
 })
 
 

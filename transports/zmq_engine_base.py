@@ -327,8 +327,8 @@ class ZmqEngineBase:
         recv, more = self._raw_recv, self._raw_more
         assert recv is not None and more is not None
         try:
-            # a copy, not a zmq.Frame: a Frame per message cost the sequential round
-            # trip ~20 µs of the engine's (measured), far more than its CPU
+            # a copy, not a zmq.Frame: a Frame per message costs the engine more than
+            # copying a small message
             try:
                 data = recv(_NOBLOCK)
             except zmq.Again:
