@@ -3,7 +3,7 @@ transports of :mod:`ctlwire.transports` on anyio (asyncio or trio).
 
 The public API is importable from here (``from ctlwire.kernel import ControlClient,
 EngineEndpoint, RequestTimedOut``); every name also stays at its deep path
-(``ctlwire.kernel.control_client.ControlClient`` is the same object). Names are
+(``ctlwire.kernel.client.control_client.ControlClient`` is the same object). Names are
 imported on first use. Every error a caller can see is defined in
 :mod:`ctlwire.kernel.errors`.
 """
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
         EngineProcess,
         EngineStartError,
     )
-    from ctlwire.kernel.control_client import (
+    from ctlwire.kernel.client.control_client import (
         ControlClient,
     )
     from ctlwire.kernel.core.fan_out_policy import (
@@ -119,7 +119,7 @@ if TYPE_CHECKING:
 # deep module, or running `python -m ctlwire.kernel.app.engine_process`, does not
 # import the whole package)
 _EXPORTS: dict[str, str] = {
-    "ControlClient": "ctlwire.kernel.control_client",
+    "ControlClient": "ctlwire.kernel.client.control_client",
     "EngineEndpoint": "ctlwire.kernel.engine_endpoint",
     "ErrorCode": "ctlwire.kernel.engine_endpoint",
     "MethodSpec": "ctlwire.kernel.engine_endpoint",

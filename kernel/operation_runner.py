@@ -58,7 +58,7 @@ from typing import Any, Literal
 
 import anyio
 
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.operation_core import Dispatch, OperationCore, StepOutcome
 from ctlwire.kernel.core.operation_plan import (

@@ -44,7 +44,7 @@ import anyio
 from ctlwire.kernel.app.arguments import non_negative_float, positive_int
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.app.operation_engine import Fault, weight_update_plan
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_result import ProgressEvent
 from ctlwire.kernel.errors import CtlwireError
 from ctlwire.kernel.operation_runner import OperationRunner

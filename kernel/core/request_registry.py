@@ -3,8 +3,8 @@
 :class:`RequestRegistry` is a synchronous, sans-IO core: it takes events
 (registered, sent, awaited, reply, timeout, failure, cancel, release) and
 returns what happened; it never awaits, sleeps or touches a socket. The anyio
-shells (:class:`~ctlwire.kernel.control_client.ControlClient`,
-:class:`~ctlwire.kernel.fan_out_mailbox.FanOutMailbox`) turn awaits into
+shells (:class:`~ctlwire.kernel.client.control_client.ControlClient`,
+:class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox`) turn awaits into
 these events, and the interleaving explorer drives the very same object.
 
 Guarantees:

@@ -1,4 +1,4 @@
-"""The client's per-call and per-reply shortcuts keep the general path's behaviour.
+"""The client's batched sends and reply path keep the general path's behaviour.
 
 Each test fails if its mechanism breaks: ranks released in one batch
 (``CallCore.release_all``), the fan-out's sends inside the transport's
@@ -12,11 +12,10 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-import anyio
 import msgspec
 import pytest
 
-from ctlwire.kernel.call_issuer import CallIssuer
+from ctlwire.kernel.client.call_outcome import CallOutcomes
 from ctlwire.kernel.core import call_core as call_core_module
 from ctlwire.kernel.core import request_registry as registry_module
 from ctlwire.kernel.core.call_core import CallCore
@@ -227,9 +226,7 @@ class Point(msgspec.Struct):
 @pytest.mark.parametrize("codec", [MsgpackCodec(), JsonCodec()], ids=["msgpack", "json"])
 def test_decode_result_equals_decode_value_and_caches_the_decoder(
         codec: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    issuer = CallIssuer.__new__(CallIssuer)
-    issuer.codec = codec
-    issuer._decoders = {}
+    issuer = CallOutcomes(codec, lambda: False)
     cases: list[tuple[Any, Any]] = [
         ({"a": [1, 2]}, Any), (Point(1, 2), Point), ([1, 2], list[int]), (None, Any),
         (3, int), ("x", int), ({"x": "no"}, Point),
@@ -261,32 +258,3 @@ def test_decode_result_equals_decode_value_and_caches_the_decoder(
     assert issuer.decode_result(codec.encode_value(Point(3)), Point) == Point(3)
     assert slow == 0
     assert Point in issuer._decoders
-
-
-@pytest.mark.anyio
-async def test_the_event_loop_clock_reads_what_the_backend_reads(anyio_backend: str) -> None:
-    """``event_loop_clock()`` (the issuer's ``now``) is the running loop's own clock:
-    on trio the run's clock's ``current_time`` (fewer layers than
-    ``trio.current_time``), a mock clock included; on asyncio ``loop.time``."""
-    from ctlwire.kernel.loop_native import event_loop_clock
-
-    now = event_loop_clock()
-    before = anyio.current_time()
-    read = now()
-    after = anyio.current_time()
-    assert before <= read <= after
-    if anyio_backend == "trio":
-        import trio
-        import trio.testing
-
-        assert now == trio.lowlevel.current_clock().current_time
-        clock = trio.testing.MockClock()
-
-        async def in_mock_run() -> tuple[float, float]:
-            await trio.sleep(5)  # virtual: the mock clock jumps
-            return event_loop_clock()(), trio.current_time()
-
-        # a nested run in a thread: the mock clock's time, read through the fast path
-        mine, theirs = await anyio.to_thread.run_sync(
-            lambda: trio.run(in_mock_run, clock=clock.__class__(autojump_threshold=0)))
-        assert mine == theirs and mine >= 5
