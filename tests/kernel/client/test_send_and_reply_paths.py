@@ -2,8 +2,8 @@
 
 Each test fails if its mechanism breaks: ranks released in one batch
 (``CallCore.release_all``), the fan-out's sends inside the transport's
-``batched_sends()``, the one-lookup reply path of the peer table, the
-``all``-policy decision without ``decide()``, and the cached result decoder.
+``batched_sends()``, the one-lookup reply path of the peer table and the
+cached result decoder.
 """
 
 from __future__ import annotations
@@ -17,17 +17,16 @@ import pytest
 
 from ctlwire.kernel.client.call_outcome import CallOutcomes
 from ctlwire.kernel.core import call_core as call_core_module
-from ctlwire.kernel.core import request_registry as registry_module
 from ctlwire.kernel.core.call_core import CallCore
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.peer_table import PeerTable, Progress
-from ctlwire.kernel.core.request_registry import ReplyDisposition, RequestRegistry
+from ctlwire.kernel.core.request_registry import RequestRegistry
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.errors import NotDelivered, OutcomeUnknown
 from ctlwire.kernel.testing import EngineHarness, TransitionRecorder
 from ctlwire.states import PeerState, RequestEvent, RequestState
 from ctlwire.transports.codec import JsonCodec, MsgpackCodec, PayloadTypeError
-from ctlwire.transports.envelope import Envelope, Reply
+from ctlwire.transports.envelope import Envelope
 from ctlwire.transports.transport import ClientTransport
 
 
@@ -189,32 +188,6 @@ async def test_replies_refresh_liveness_through_the_one_lookup_path(
             assert await h.client.call("echo", i, rank=i % 2) == i
         assert calls["reply_seen"] == 5 and calls["is_stale"] == 0
         assert h.client.peers.peers[0].misses == 0
-
-
-def test_all_policy_decides_without_decide(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``all`` is decided inline on a reply (settled = answers + failed ranks), with
-    the outcome decide() gives: Done once every rank settled and one answered."""
-    def no_decide(*_: Any) -> Any:
-        raise AssertionError("decide() called on a reply for policy all")
-
-    codec = MsgpackCodec()
-    reg = RequestRegistry()
-    entry = reg.register("m", (0, 1, 2))
-    reg.mark_sent_all(entry, [0, 1, 2])
-    assert not reg.rank_failed(entry, 2, NotDelivered(2, "x"))  # uses decide(): pending
-    monkeypatch.setattr(registry_module, "decide", no_decide)
-    ok = Reply(entry.id, 0, 0, True, codec.encode_value(1))
-    assert reg.on_reply(ok)[0] is ReplyDisposition.ACCEPTED
-    err = Reply(entry.id, 1, 0, False, codec.encode_value(None))
-    assert reg.on_reply(err)[0] is ReplyDisposition.COMPLETED
-    assert entry.state is RequestState.DONE and (entry.ok, entry.answered) == (1, 2)
-    e2 = reg.register("m", (0, 1))
-    reg.mark_sent_all(e2, [0, 1])
-    for rank, disposition in ((0, ReplyDisposition.ACCEPTED), (1, ReplyDisposition.COMPLETED)):
-        assert reg.on_reply(Reply(e2.id, rank, 0, False, codec.encode_value(None)))[0] \
-            is disposition
-    assert e2.state is RequestState.DONE  # answered, with errors only: Done, as decide() says
-    reg.check_invariants()
 
 
 # -- result decoding ----------------------------------------------------------------------
