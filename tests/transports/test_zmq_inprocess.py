@@ -10,7 +10,7 @@ import anyio
 import pytest
 import zmq
 
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.errors import EngineDead
 from ctlwire.transports.transport import ClientTransport, EngineTransport
