@@ -319,19 +319,20 @@ class ZmqRouterClientTransport(_ZmqClientBase):
             return self._pending.popleft()
         try:
             msg = sock.recv_multipart_nowait()
-            if msg is None:
+            while msg is None:
                 if self._woken:  # woken before it could wait
                     self._woken = False
-                    return None
+                    return self._pending.popleft() if self._pending else None
                 self._streak = 0
                 with anyio.CancelScope() as scope:
                     self._receive_scope = scope
                     try:
-                        msg = await sock.recv_multipart()
+                        await sock.wait_readable()
                     finally:
                         self._receive_scope = None
-                if msg is None:  # woken (cancelled: nothing was taken)
+                if scope.cancelled_caught:  # woken: nothing was taken
                     return self._pending.popleft() if self._pending else None
+                msg = sock.recv_multipart_nowait()
         except SocketClosed:
             raise TransportClosed("transport is closed") from None
         return self._event(msg)

@@ -307,26 +307,50 @@ class AsyncZmqSocket:
         else:
             self._waiting[flag] += 1
             try:
-                await self._park(flag)
+                # the fd also fires for commands that change nothing for ``flag``
+                # (a send's own traffic): ask EVENTS and watch again, without a retry
+                while await self._park(flag) and not self._closed and not (
+                        self._recheck() & flag):
+                    pass
             finally:
                 self._waiting[flag] -= 1
         if self._closed:
             raise SocketClosed(f"{self._type_name} socket was closed")
         return ready
 
-    async def _park(self, flag: int) -> None:
-        """Wait as the fd watcher if there is none, else on ``flag``'s event."""
+    async def wait_readable(self) -> None:
+        """Suspend until a message may be received (:meth:`recv_multipart_nowait` then
+        most likely returns one; a wake-up may be spurious).
+
+        :raises ForeignThreadError: if called from a thread other than the owner.
+        :raises SocketClosed: if the socket is or gets closed.
+        :raises anyio.BusyResourceError: if another task is receiving.
+        """
+        self._check_usable()
+        if self._receiving:
+            raise anyio.BusyResourceError("receiving from")
+        self._receiving = True
+        try:
+            await self._wait(_POLLIN)
+        finally:
+            self._receiving = False
+
+    async def _park(self, flag: int) -> bool:
+        """Wait as the fd watcher if there is none, else on ``flag``'s event. True when
+        this task watched the fd and it fired."""
         if self._watch is not None:
             event = self._events[flag]
             if event is None:
                 event = self._events[flag] = anyio.Event()
             await event.wait()
-            return
+            return False
         scope = self._watch = anyio.CancelScope()
         self._watch_flag = flag
+        fired = False
         try:
             with scope:
                 await anyio.wait_readable(self._fd)
+                fired = True
         except anyio.ClosedResourceError:
             if not self._closed:  # pragma: no cover - only close() notifies
                 raise
@@ -335,6 +359,7 @@ class AsyncZmqSocket:
             # hand the watch over: the others re-check, one of them watches next
             self._wake(_POLLIN)
             self._wake(_POLLOUT)
+        return fired
 
     def _recheck(self) -> int:
         """Read ``EVENTS`` (re-arming the fd's edge) and wake each waiting direction it

@@ -610,3 +610,35 @@ async def test_cancelled_waiter_hands_the_fd_over(socks: Sockets, cancelled: str
         await router.send_multipart([ident, b"reply"])
         with anyio.fail_after(GUARD):
             assert await dealer.recv_multipart() == [b"reply"]
+
+
+@pytest.mark.anyio
+async def test_wait_readable_returns_once_a_message_can_be_taken(socks: Sockets,
+                                                                endpoint: str) -> None:
+    """``wait_readable`` suspends while nothing is queued, across sends made on the
+    same socket meanwhile, and returns once a message can be taken; a second
+    receiving task is refused meanwhile."""
+    peer, raw_dealer = router_dealer(socks, endpoint)
+    dealer = socks.wrap(raw_dealer)
+    dealer.send_multipart_nowait([b"hello"])
+    assert peer.poll(GUARD * 1000)
+    ident, _ = peer.recv_multipart()
+    returned = anyio.Event()
+
+    async def wait() -> None:
+        await dealer.wait_readable()
+        returned.set()
+
+    with anyio.fail_after(GUARD):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.wait_all_tasks_blocked()
+            for i in range(3):  # traffic on the socket that brings nothing to read
+                await dealer.send_multipart([b"%d" % i])
+                await anyio.wait_all_tasks_blocked()
+            assert not returned.is_set()
+            with pytest.raises(anyio.BusyResourceError):
+                dealer.recv_multipart_nowait()
+            peer.send_multipart([ident, b"reply"])
+            await returned.wait()
+    assert dealer.recv_multipart_nowait() == [b"reply"]
