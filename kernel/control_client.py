@@ -71,7 +71,7 @@ from anyio.abc import TaskGroup
 
 from ctlwire.kernel.call_arguments import check_method, checked_timeout
 from ctlwire.kernel.call_issuer import CallIssuer
-from ctlwire.kernel.core.fan_out_policy import Policy
+from ctlwire.kernel.core.fan_out_policy import FanOutMode, MethodKinds, Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.fencing import new_fence
 from ctlwire.kernel.core.membership import (
@@ -178,6 +178,8 @@ class ControlClient:
         #: the ``on_progress`` callbacks of the calls in flight
         self.progress_callbacks = ProgressCallbacks()
         self._mailboxes: dict[str, FanOutMailbox] = {}
+        #: read-only methods: a fan-out's default mode follows the kind (fan_out_policy)
+        self.method_kinds = MethodKinds()
         self._tg: TaskGroup | None = None
         self._closed = False
         self._now: Callable[[], float] = anyio.current_time  # the loop's own clock once entered
@@ -510,7 +512,7 @@ class ControlClient:
         *,
         ranks: Sequence[int] | None = None,
         timeout: float | None = None,
-        mode: Literal["queueing", "watching", "concurrent"] = "queueing",
+        mode: FanOutMode | None = None,
         policy: Literal["all", "quorum", "first"] | Policy = "all",
         result_type: Any = Any,
         idempotency_key: str | None = None,
@@ -525,7 +527,9 @@ class ControlClient:
         once ``policy`` is met. Raises FanOutFailed when it cannot be met,
         RequestTimedOut (with ``partial``) at the deadline, ClientClosed.
         ``mode``: ``queueing`` (FIFO, one in flight per method), ``watching``
-        (share an identical in-flight request) or ``concurrent`` (no admission).
+        (share an identical in-flight request) or ``concurrent`` (no admission);
+        by default ``watching`` for a read-only method, else ``queueing``
+        (:attr:`method_kinds`).
         ``idempotency_key``, ``fence``, ``on_progress`` as for :meth:`call`;
         ``retry`` re-sends to the ranks whose failure is safe to retry (and
         only to them), within the one ``timeout``, and merges their outcomes.
@@ -535,6 +539,7 @@ class ControlClient:
         FanOutFailed means ranks could not answer at all (lost, unreachable).
         """
         check_method(method)
+        mode = mode or self.method_kinds.default_mode(method)
         pol = _POLICIES.get(policy) if type(policy) is str else None
         if pol is None:
             pol = policy if isinstance(policy, Policy) else Policy(policy)
