@@ -69,6 +69,7 @@ import msgspec
 import sniffio
 from anyio.abc import TaskGroup
 
+from ctlwire.kernel.builtin_methods import BUILTIN_METHODS
 from ctlwire.kernel.call_arguments import check_method, checked_timeout
 from ctlwire.kernel.call_issuer import CallIssuer
 from ctlwire.kernel.core.fan_out_policy import FanOutMode, MethodKinds, Policy
@@ -179,7 +180,7 @@ class ControlClient:
         self.progress_callbacks = ProgressCallbacks()
         self._mailboxes: dict[str, FanOutMailbox] = {}
         #: read-only methods: a fan-out's default mode follows the kind (fan_out_policy)
-        self.method_kinds = MethodKinds()
+        self.method_kinds = MethodKinds(BUILTIN_METHODS)
         self._tg: TaskGroup | None = None
         self._closed = False
         self._now: Callable[[], float] = anyio.current_time  # the loop's own clock once entered

@@ -216,6 +216,8 @@ OPTIONAL_IMPORTS: dict[str, tuple[str, frozenset[str]]] = {
     "torch": ("the torch extra (a real engine and its trainer, imported only by name)",
               frozenset({"ctlwire.kernel.app.torch_engine",
                          "ctlwire.kernel.app.torch_weight_sync",
+                         "ctlwire.kernel.app.torch_model",
+                         "ctlwire.kernel.app.torch_messages",
                          "ctlwire.kernel.app.torch_demo"})),
 }
 

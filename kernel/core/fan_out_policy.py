@@ -21,8 +21,6 @@ from collections.abc import Iterable
 from enum import Enum
 from typing import Literal
 
-from ctlwire.kernel.builtin_methods import ENGINE_METRICS_METHOD
-
 __all__ = ["Decision", "FanOutMode", "MethodKinds", "Policy", "decide"]
 
 FanOutMode = Literal["queueing", "watching", "concurrent"]
@@ -37,11 +35,11 @@ class MethodKinds:
     defaults to ``watching``: concurrent callers with the same request share one
     in-flight request, so fifty status pollers cost one request per rank instead
     of a queue of fifty behind each other. Every other method defaults to
-    ``queueing`` (first come, first served, one in flight). The built-in
-    ``ctlwire.metrics`` is read-only. A caller's explicit ``mode`` always wins."""
+    ``queueing`` (first come, first served, one in flight). A caller's explicit
+    ``mode`` always wins."""
 
     def __init__(self, read_only: Iterable[str] = ()) -> None:
-        self.read_only: set[str] = {ENGINE_METRICS_METHOD, *read_only}
+        self.read_only: set[str] = set(read_only)
 
     def declare_read_only(self, *methods: str) -> None:
         """Treat ``methods`` as read-only from now on."""

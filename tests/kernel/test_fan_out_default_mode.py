@@ -55,7 +55,7 @@ async def callers(h: EngineHarness, method: str, **kwargs: Any) -> list[int]:
 
 
 def test_kinds_choose_the_default_mode() -> None:
-    kinds = MethodKinds()
+    kinds = MethodKinds(["ctlwire.metrics"])
     assert kinds.default_mode("ctlwire.metrics") == "watching"
     assert kinds.default_mode("get_server_info") == "queueing"
     kinds.declare_read_only("get_server_info")
