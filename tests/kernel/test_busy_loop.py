@@ -92,6 +92,32 @@ async def test_read_only_answered_while_a_step_holds_the_loop(
         assert await client.call("where", rank=0) == "MainThread"
 
 
+async def test_progress_reported_on_the_loops_thread_reaches_the_caller(
+        engine: tuple[str, Path]) -> None:
+    address, release = engine
+    heard = anyio.Event()
+
+    def on_progress(rank: int, progress: Any) -> None:
+        if progress.note == "half of p1":
+            heard.set()
+
+    async with client_for(address) as client:
+        await client.wait_ready(timeout=30)
+        done: list[bool] = []
+
+        async def update() -> None:
+            done.append(await client.call("progress_update", "p1", rank=0, timeout=60,
+                                          on_progress=on_progress))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(update)
+            with anyio.fail_after(60):
+                await heard.wait()  # heard while the handler still holds the loop
+            assert not done
+            (release / "p1").touch()
+        assert done == [True]
+
+
 async def test_keys_and_fences_hold_for_methods_run_by_the_loop(
         engine: tuple[str, Path]) -> None:
     address, release = engine

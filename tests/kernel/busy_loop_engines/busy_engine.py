@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine_endpoint import EngineEndpoint, report_progress
 
 
 def register(ep: EngineEndpoint) -> Any:
@@ -37,6 +37,12 @@ def register(ep: EngineEndpoint) -> Any:
         hold(name)
         publish(phase="idle", updates=status["updates"] + 1)
         return int(status["updates"])
+
+    @ep.method()
+    def progress_update(name: str) -> bool:
+        reported = report_progress(0.5, f"half of {name}")
+        hold(name)
+        return reported
 
     @ep.method()
     def block_step(name: str) -> None:
