@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 
 from ctlwire.kernel.app.engine_fleet import EngineFleet
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_plan import OperationPlan, OperationStep, StepCall
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.operation_ledger import OperationLedger
