@@ -49,7 +49,7 @@ def _work(seconds: float) -> None:
     """Array work for ``seconds``: numpy matrix products, else a pure-Python loop."""
     end = time.perf_counter() + seconds
     try:
-        import numpy as np
+        import numpy as np  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
         while time.perf_counter() < end:
             sum(i * i for i in range(2_000))
