@@ -28,9 +28,11 @@ Guarantees:
   than half an interval late (this loop was blocked: a blocking call, a GC
   pause), engines are not judged for that tick; their silence of that time is
   excused (``client_stalls``), so heartbeats still unread are read first.
-* **Every rank hears from us.** Each interval a heartbeat goes to every rank,
-  live or not, so an engine that binds learns the client's route and a lost
-  engine that comes back is heard from at once.
+* **Every rank hears from us.** Each interval a heartbeat goes to every rank
+  that is not live, so an engine that binds learns the client's route and a
+  lost engine that comes back is heard from at once; a live rank gets one every
+  ``LIVE_HEARTBEAT_EVERY`` intervals (it only needs to know the client is there,
+  and a client watching hundreds of ranks should not spend its CPU saying so).
 * **Waiters learn of changes.** :attr:`peer_changed` is set (and replaced)
   whenever a rank becomes live or is lost, and on :meth:`close`.
 * **Only plausible incarnations.** A heartbeat or reply whose incarnation claims
@@ -63,10 +65,14 @@ from ctlwire.transports.envelope import Heartbeat
 from ctlwire.transports.errors import TransportError, Unroutable, WouldBlock
 from ctlwire.transports.transport import ClientTransport
 
-__all__ = ["LivenessMonitor"]
+__all__ = ["LIVE_HEARTBEAT_EVERY", "LivenessMonitor"]
 
 log = logging.getLogger("ctlwire.client")
 _LIVE = LIVE_PEER_STATES
+
+LIVE_HEARTBEAT_EVERY = 4
+"""A live rank gets this client's heartbeat every this many intervals (one a second
+at the default interval); a rank not live, every interval."""
 
 
 class LivenessMonitor:
@@ -244,9 +250,13 @@ class LivenessMonitor:
             hb_seq += 1
             live = set(peers.live_ranks())
             heartbeat = Heartbeat(-1, incarnation, hb_seq)
-            # every rank, not only live ones: an engine that binds learns our route
-            # from it, and a lost engine that comes back hears from us at once
+            # a rank not live yet (or any more) every interval: an engine that binds
+            # learns our route from it, and a lost engine that comes back hears from us
+            # at once. A live rank needs only to know we are there: less often.
+            to_live = hb_seq % LIVE_HEARTBEAT_EVERY == 0
             for rank in self.ranks:
+                if not to_live and rank in live:
+                    continue
                 try:
                     self.transport.send_nowait(rank, heartbeat)
                     self.counters["heartbeats_sent"] += 1

@@ -28,6 +28,13 @@ Why that is sound as a liveness signal:
 Progress travels in the same heartbeats, so a caller sees a long
 ``update_weights`` move while its handler blocks.
 
+**Beacons beat in phase.** Every beacon sends when the monotonic clock
+(system-wide) crosses a multiple of its interval, not one interval after it
+happened to start. The beacons of one machine therefore arrive together, and
+a client watching many ranks reads a burst of them for one wake-up of its
+loop instead of waking once per heartbeat; the interval, and so the
+detection time, is unchanged.
+
 The beacon's socket is small and never blocks: a high-water mark of a few
 frames, ``IMMEDIATE`` (nothing queued for a peer that is not connected),
 ``LINGER`` 0, and heartbeats dropped (counted) when the peer does not read.
@@ -37,6 +44,7 @@ libzmq's ZMTP heartbeats are not needed for any of this.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import zmq
@@ -65,7 +73,8 @@ def configure_beacon_socket(sock: zmq.Socket[bytes]) -> None:
 
 
 class LivenessBeacon:
-    """Sends ``status()`` every ``interval`` seconds from a thread of its own.
+    """Sends ``status()`` every ``interval`` seconds from a thread of its own, at the
+    multiples of ``interval`` on the monotonic clock.
 
     ``make_socket`` creates, configures and binds or connects the beacon's
     socket; it is called in the beacon's thread, which is the socket's only
@@ -139,7 +148,8 @@ class LivenessBeacon:
                 self._beat(sock)
             finally:
                 self._ready.set()
-            while not self._stop.wait(self.interval):
+            interval = self.interval
+            while not self._stop.wait(interval - time.monotonic() % interval):
                 self._beat(sock)
         except zmq.ZMQError:
             pass  # the context is terminating: the transport is closing
