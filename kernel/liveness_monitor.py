@@ -155,7 +155,10 @@ class LivenessMonitor:
         (for the client's progress callbacks), None when idle or not current."""
         self.counters["heartbeats_received"] += 1
         if not hb.method:
-            self.seen(rank, hb.incarnation, authoritative=True)
+            # idle from the admitted incarnation of a Connected rank (nearly every
+            # heartbeat): a refresh; that incarnation was judged when it was admitted
+            if not self.peers.reply_seen(rank, hb.incarnation, self.now()):
+                self.seen(rank, hb.incarnation, authoritative=True)
             return None
         busy_for = hb.busy_for if math.isfinite(hb.busy_for) else 0.0
         progress = Progress(hb.busy, hb.method[:200], busy_for, hb.loops,
