@@ -2,13 +2,14 @@
 
 An idle client (no calls: heartbeats only) connected to 8, 64 and 256 engine
 ranks, hosted 64 a process by :mod:`ctlwire.benchmarks.multi_rank_engine`
-(the last rank alone in one more process, the victim). A fresh client process
+(the last two ranks alone in a process each). A fresh client process
 of its own per size (``python -m ctlwire.benchmarks.idle_cpu client ...``)
 waits until every rank is heard from, settles, then reports its process CPU
 time (every thread: the event loop's and libzmq's) over ``seconds`` of wall
-time, and the heartbeats it received meanwhile. Then it freezes the victim
-(``SIGSTOP``), times until the victim is Lost, thaws it (``SIGCONT``), waits
-until it is live again, kills it (``SIGKILL``) and times until it is Lost.
+time, and the heartbeats it received meanwhile. Then it kills the last rank
+(``SIGKILL``) and times until it is Lost, freezes the rank before it
+(``SIGSTOP``: its connections stay up, only its heartbeats stop), times until
+it is Lost, and thaws it (``SIGCONT``).
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ async def _wait_state(client: ControlClient, rank: int, lost: bool, limit: float
     return None
 
 
-async def _client(address: str, ranks: int, seconds: float, victim_pid: int) -> dict[str, Any]:
+async def _client(address: str, ranks: int, seconds: float, killed_pid: int,
+                  frozen_pid: int) -> dict[str, Any]:
     async with ControlClient(ZmqRouterClientTransport(address), ranks=ranks,
                              default_timeout=30.0) as ctl:
         await ctl.wait_ready(timeout=60)
@@ -71,16 +73,14 @@ async def _client(address: str, ranks: int, seconds: float, victim_pid: int) -> 
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         received = ctl.counters.get("heartbeats_received", 0) - received0
         lost0 = ctl.counters.get("engine_lost", 0)
-        victim = ranks - 1
-        os.kill(victim_pid, signal.SIGSTOP)
-        frozen = await _wait_state(ctl, victim, True, 10.0)
-        os.kill(victim_pid, signal.SIGCONT)
-        thawed = await _wait_state(ctl, victim, False, 15.0)
-        killed = None
-        if thawed is not None:
-            await anyio.sleep(0.5)
-            os.kill(victim_pid, signal.SIGKILL)
-            killed = await _wait_state(ctl, victim, True, 10.0)
+        os.kill(killed_pid, signal.SIGKILL)
+        killed = await _wait_state(ctl, ranks - 1, True, 10.0)
+        os.kill(frozen_pid, signal.SIGSTOP)
+        try:
+            frozen = await _wait_state(ctl, ranks - 2, True, 10.0)
+        finally:
+            os.kill(frozen_pid, signal.SIGCONT)
+        await _wait_state(ctl, ranks - 2, False, 15.0)
         await anyio.sleep(0.3)
         lost = ctl.counters.get("engine_lost", 0) - lost0
         return {"cpu_pct": 100.0 * cpu / wall, "heartbeats_per_s": received / wall,
@@ -89,11 +89,12 @@ async def _client(address: str, ranks: int, seconds: float, victim_pid: int) -> 
 
 
 def layout(ranks: int) -> list[tuple[int, int]]:
-    """``(first rank, count)`` per process: 64 ranks a process, the last rank alone."""
-    hosted = ranks - 1
+    """``(first rank, count)`` per process: 64 ranks a process, the last two ranks
+    alone (the one to freeze, then the one to kill)."""
+    hosted = ranks - 2
     out = [(first, min(RANKS_PER_PROCESS, hosted - first))
            for first in range(0, hosted, RANKS_PER_PROCESS)]
-    return [*out, (ranks - 1, 1)]
+    return [*out, (ranks - 2, 1), (ranks - 1, 1)]
 
 
 def fleet(address: str, ranks: int) -> EngineFleet:
@@ -105,11 +106,12 @@ def fleet(address: str, ranks: int) -> EngineFleet:
         ready_timeout=90.0)
 
 
-def measure(address: str, ranks: int, victim_pid: int, seconds: float,
+def measure(address: str, ranks: int, killed_pid: int, frozen_pid: int, seconds: float,
             python: str = sys.executable) -> dict[str, Any]:
     """One client process's measurement (see the module docstring)."""
     argv = [python, "-m", "ctlwire.benchmarks.idle_cpu", "client", "--connect", address,
-            "--ranks", str(ranks), "--seconds", str(seconds), "--victim-pid", str(victim_pid)]
+            "--ranks", str(ranks), "--seconds", str(seconds), "--killed-pid", str(killed_pid),
+            "--frozen-pid", str(frozen_pid)]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 120)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("RESULT "):
@@ -148,8 +150,8 @@ def run_group(pool: Any, p: Any) -> list[Any]:
         name = f"idle{ranks}"
         f = pool.custom(name, lambda address, n=ranks: fleet(address, n))
         pool.start(name)
-        victim_pid = f.engines[f.ranks[-1]].pid
-        data = measure(pool.address(name), ranks, victim_pid, seconds)
+        data = measure(pool.address(name), ranks, f.engines[f.ranks[-1]].pid,
+                       f.engines[f.ranks[-2]].pid, seconds)
         points.append(IdlePoint(ranks, len(f.ranks), data["cpu_pct"], data["heartbeats_per_s"],
                                 data["frozen_s"], data["killed_s"], data["others_lost"]))
         pool.stop(name)
@@ -163,9 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--connect", required=True)
     c.add_argument("--ranks", type=int, required=True)
     c.add_argument("--seconds", type=float, default=10.0)
-    c.add_argument("--victim-pid", type=int, required=True)
+    c.add_argument("--killed-pid", type=int, required=True, help="the last rank's process")
+    c.add_argument("--frozen-pid", type=int, required=True, help="the one before it's")
     args = p.parse_args(argv)
-    data = anyio.run(_client, args.connect, args.ranks, args.seconds, args.victim_pid)
+    data = anyio.run(_client, args.connect, args.ranks, args.seconds, args.killed_pid,
+                     args.frozen_pid)
     print("RESULT " + json.dumps(data), flush=True)
     return 0
 
