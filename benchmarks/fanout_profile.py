@@ -3,7 +3,7 @@
 Counts (:mod:`ctlwire.benchmarks.call_counter`), not times: Python calls, C
 calls and task steps per rank per fan-out, for ctlwire and for the fan-out
 baseline (the anyio Lock + Event communicator over bare pyzmq engines), with
-100 and 1,000 fan-outs queued at once on one mailbox (``--quick``: 100), on
+100, 1,000 and 4,000 fan-outs queued at once on one mailbox (``--quick``: 100), on
 asyncio and on trio:
 
 * client side -- the client's event-loop thread, counted in this process;
@@ -159,7 +159,7 @@ def run_group(pool: FleetPool, p: Params) -> tuple[list[Row], list[str]]:
     out: list[Row] = []
     notes: list[str] = []
     for backend in BACKENDS:
-        for callers in (100,) if p.quick else (100, 1_000):
+        for callers in (100,) if p.quick else (100, 1_000, 4_000):
             sides = measure(pool.address("profile_ctl"), pool.address("profile_base"), ctl,
                             base, paths, backend, callers=callers,
                             bursts=max(1, 400 // callers))

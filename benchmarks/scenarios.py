@@ -158,9 +158,10 @@ async def alternate(sides: dict[str, Callable[[], Awaitable[T]]], rounds: int
     return out
 
 
-def _ctl_client(address: str, ranks: int, **kwargs: Any) -> ControlClient:
-    return ControlClient(ZmqRouterClientTransport(address), ranks=ranks, default_timeout=30.0,
-                         **kwargs)
+def _ctl_client(address: str, ranks: int, timeout: float = 30.0, **kwargs: Any
+                ) -> ControlClient:
+    return ControlClient(ZmqRouterClientTransport(address), ranks=ranks,
+                         default_timeout=timeout, **kwargs)
 
 
 def _check(value: Any, expected: Any, what: str) -> None:
@@ -283,7 +284,9 @@ async def fan_out_calls(ctl_address: str, base_address: str, engines: int
                         ) -> AsyncIterator[tuple[ControlClient, CallFn, CallFn]]:
     """Both sides' queueing fan-out to ``engines`` ranks, ready and checked: ctlwire's
     FIFO mailbox and the anyio Lock + Event communicator over bare pyzmq engines."""
-    async with (_ctl_client(ctl_address, engines) as ctl,
+    # the last of 4,000 queued callers waits for the 3,999 before it: a timeout that
+    # bounds the whole queue, not one fan-out
+    async with (_ctl_client(ctl_address, engines, timeout=600.0) as ctl,
                 PyzmqUtilityClient(base_address) as base):
         await ctl.wait_ready(timeout=20)
         await base.wait_ready(range(engines), timeout=20)
