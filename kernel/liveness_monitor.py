@@ -29,10 +29,8 @@ Guarantees:
   pause), engines are not judged for that tick; their silence of that time is
   excused (``client_stalls``), so heartbeats still unread are read first.
 * **Every rank hears from us.** Each interval a heartbeat goes to every rank
-  that is not live, so an engine that binds learns the client's route and a
-  lost engine that comes back is heard from at once; a live rank gets one every
-  ``LIVE_HEARTBEAT_EVERY`` intervals (it only needs to know the client is there,
-  and a client watching hundreds of ranks should not spend its CPU saying so).
+  not live (an engine that binds learns our route, a lost one that comes back
+  hears from us at once); a live rank, every ``LIVE_HEARTBEAT_EVERY`` intervals.
 * **Waiters learn of changes.** :attr:`peer_changed` is set (and replaced)
   whenever a rank becomes live or is lost, and on :meth:`close`.
 * **Only plausible incarnations.** A heartbeat or reply whose incarnation claims
@@ -253,9 +251,7 @@ class LivenessMonitor:
             hb_seq += 1
             live = set(peers.live_ranks())
             heartbeat = Heartbeat(-1, incarnation, hb_seq)
-            # a rank not live yet (or any more) every interval: an engine that binds
-            # learns our route from it, and a lost engine that comes back hears from us
-            # at once. A live rank needs only to know we are there: less often.
+            # a live rank needs only to know we are there: less often
             to_live = hb_seq % LIVE_HEARTBEAT_EVERY == 0
             for rank in self.ranks:
                 if not to_live and rank in live:

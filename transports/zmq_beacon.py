@@ -28,12 +28,9 @@ Why that is sound as a liveness signal:
 Progress travels in the same heartbeats, so a caller sees a long
 ``update_weights`` move while its handler blocks.
 
-**Beacons beat in phase.** Every beacon sends when the monotonic clock
-(system-wide) crosses a multiple of its interval, not one interval after it
-happened to start. The beacons of one machine therefore arrive together, and
-a client watching many ranks reads a burst of them for one wake-up of its
-loop instead of waking once per heartbeat; the interval, and so the
-detection time, is unchanged.
+**Beacons beat in phase**, at the multiples of the interval on the (system-wide)
+monotonic clock: a client watching many ranks of a machine reads their
+heartbeats in one wake-up, not one wake-up each; detection time is unchanged.
 
 The beacon's socket is small and never blocks: a high-water mark of a few
 frames, ``IMMEDIATE`` (nothing queued for a peer that is not connected),
@@ -73,8 +70,7 @@ def configure_beacon_socket(sock: zmq.Socket[bytes]) -> None:
 
 
 class LivenessBeacon:
-    """Sends ``status()`` every ``interval`` seconds from a thread of its own, at the
-    multiples of ``interval`` on the monotonic clock.
+    """Sends ``status()`` every ``interval`` seconds from a thread of its own.
 
     ``make_socket`` creates, configures and binds or connects the beacon's
     socket; it is called in the beacon's thread, which is the socket's only
