@@ -3,7 +3,7 @@ transports of :mod:`ctlwire.transports` on anyio (asyncio or trio).
 
 The public API is importable from here (``from ctlwire.kernel import ControlClient,
 EngineEndpoint, RequestTimedOut``); every name also stays at its deep path
-(``ctlwire.kernel.control_client.ControlClient`` is the same object). Names are
+(``ctlwire.kernel.client.control_client.ControlClient`` is the same object). Names are
 imported on first use. Every error a caller can see is defined in
 :mod:`ctlwire.kernel.errors`.
 """
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ctlwire.kernel.app.engine_fleet import EngineFleet as EngineFleet
     from ctlwire.kernel.app.engine_fleet import EngineProcess as EngineProcess
     from ctlwire.kernel.app.engine_fleet import EngineStartError as EngineStartError
-    from ctlwire.kernel.control_client import ControlClient as ControlClient
+    from ctlwire.kernel.client.control_client import ControlClient as ControlClient
     from ctlwire.kernel.core.fan_out_policy import Policy as Policy
     from ctlwire.kernel.core.fan_out_result import FanOutResult as FanOutResult
     from ctlwire.kernel.core.membership import Membership as Membership

@@ -54,7 +54,7 @@ from typing import Any
 
 import anyio
 
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_core import Dispatch, OperationCore, StepOutcome
 from ctlwire.kernel.core.operation_plan import (
     InvalidPlan,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.operation_core import StepOutcome
 from ctlwire.kernel.errors import (

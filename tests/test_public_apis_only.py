@@ -21,8 +21,6 @@ FORBIDDEN = ("zmq.backend", "trio.lowlevel.notify_closing")
 # (file, name) of uses being removed. Each entry must still be found (a stale one
 # fails below, so remove it with the use); none may be added for new code.
 KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset({
-    ("kernel/loop_native.py", "anyio._core._eventloop"),
-    ("kernel/loop_native.py", "anyio._core._eventloop.get_async_backend"),
     ("transports/zmq_engine_base.py", "zmq.backend"),
     ("transports/zmq_engine_base.py", "zmq.backend.Socket.get"),
     ("transports/zmq_engine_base.py", "zmq.backend.Socket.send"),

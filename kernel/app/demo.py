@@ -42,7 +42,7 @@ from ctlwire.kernel.app.arguments import non_negative_float, positive_int
 from ctlwire.kernel.app.demo_report import DemoConfig, DemoReport, format_report, report_data
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.app.operation_engine import Fault, weight_update_plan
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_result import ProgressEvent
 from ctlwire.kernel.errors import CtlwireError
 from ctlwire.kernel.operation_runner import OperationRunner

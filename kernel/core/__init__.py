@@ -20,7 +20,7 @@ no sockets and no clock of their own (time is passed in).
   coordinated multi-step operations with compensation.
 * :mod:`.fencing` -- fencing tokens.
 
-The anyio shells that drive them (client, mailbox, endpoint, runner) live one
-level up in :mod:`ctlwire.kernel`; the interleaving explorer
+The anyio shells that drive them live in :mod:`ctlwire.kernel.client` (client,
+mailbox) and :mod:`ctlwire.kernel` (endpoint, runner); the interleaving explorer
 (:mod:`ctlwire.kernel.testing.interleaving`) drives these same cores directly.
 """

@@ -99,7 +99,7 @@ def test_the_main_names_import_from_the_facades() -> None:
 
 def test_result_type_error_lives_with_the_other_errors_and_keeps_its_old_path() -> None:
     from ctlwire.kernel.actor import MailboxFull
-    from ctlwire.kernel.control_client import ResultTypeError
+    from ctlwire.kernel.client.control_client import ResultTypeError
 
     assert ResultTypeError is ctlwire.kernel.errors.ResultTypeError
     assert ResultTypeError.__module__ == "ctlwire.kernel.errors"
@@ -135,7 +135,7 @@ def _run(code: str) -> str:
 def test_states_stay_pure_and_the_packages_import_lazily() -> None:
     out = _run("import sys, ctlwire.states, ctlwire.kernel, ctlwire.transports\n"
                "print(sorted(m for m in sys.modules if m.startswith(('ctlwire.', 'zmq'))))")
-    assert "ctlwire.kernel.control_client" not in out  # nothing imported before use
+    assert "ctlwire.kernel.client.control_client" not in out  # nothing imported before use
     assert "'zmq'" not in out
     out = _run("import sys, ctlwire.states\n"
                "print([m for m in sys.modules if m.startswith(('ctlwire.kernel', "
