@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 
 from ctlwire.kernel.app.engine_fleet import EngineFleet
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
 __all__ = ["GROUPS", "IdlePoint", "main", "run_group"]

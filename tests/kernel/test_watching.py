@@ -20,7 +20,7 @@ import zmq
 
 from ctlwire.benchmarks.fleets import ModuleFleet
 from ctlwire.kernel.app.engine_fleet import EngineFleet
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.liveness_monitor import LIVE_HEARTBEAT_EVERY
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.envelope import Heartbeat
