@@ -251,8 +251,8 @@ class LivenessMonitor:
             hb_seq += 1
             live = set(peers.live_ranks())
             heartbeat = Heartbeat(-1, incarnation, hb_seq)
-            # a live rank needs only to know we are there: less often
-            to_live = hb_seq % LIVE_HEARTBEAT_EVERY == 0
+            # a live rank needs only to know we are there: at the first tick, then less often
+            to_live = (hb_seq - 1) % LIVE_HEARTBEAT_EVERY == 0
             for rank in self.ranks:
                 if not to_live and rank in live:
                     continue
