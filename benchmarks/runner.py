@@ -36,7 +36,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from . import fanout_profile, idle_cpu, scale, scenarios, state_table, weight_sync
+from . import fanout_profile, idle_cpu, poll_status, scale, scenarios, state_table, weight_sync
 from .cpu_steal import read_cpu_times, steal_percent
 from .fleets import FleetPool
 from .report import Report, Row, Target
@@ -45,7 +45,8 @@ from .stats import median, percentile
 __all__ = ["GROUPS", "run_bench"]
 
 GROUPS = ("latency", "floor", "throughput", "fanout", *fanout_profile.GROUPS, "trio", "live",
-          "memory", "state_table", *scale.GROUPS, *idle_cpu.GROUPS, *weight_sync.GROUPS)
+          "memory", "state_table", *scale.GROUPS, *idle_cpu.GROUPS, *weight_sync.GROUPS,
+          *poll_status.GROUPS)
 FAN_ENGINES = 8
 _BASE1 = ("raw pyzmq ROUTER read with the FD technique on anyio, dict of reply slots "
           "(vLLM utility-call pattern)")
@@ -249,6 +250,8 @@ def run_bench(*, quick: bool = False, only: Sequence[str] | None = None,
             step("idle_cpu", lambda: idle_cpu.run_group(pool, p))
     if "weight_sync" in selected:
         step("weight_sync", lambda: weight_sync.rows(quick, progress))
+    if "poll_status" in selected:
+        step("poll_status", lambda: poll_status.rows(quick, progress))
     if "state_table" in selected:
         lives = (10, 1_000) if quick else (10, 10_000)
         step("state_table", lambda: _state_table_rows(state_table.measure(quick, lives)))
