@@ -6,9 +6,9 @@ What an engine written without ctlwire does for a utility call, in the style
 of vLLM's ``EngineCore``: receive a msgspec-msgpack frame ``[call_id, method,
 args]``, decode it, look the method up in a dict, call it, encode ``[call_id,
 ok, result]`` and send it back. No deadlines, no duplicate detection, no
-state machine, no heartbeats. The socket loop is the same shape as ctlwire's
-poll-mode engine (drain what is ready, then block in ``poll`` until input),
-so the two engines differ only in the work ctlwire adds per request.
+state machine, no heartbeats. The socket loop is the plainest there is: a
+blocking ``recv`` (with a receive timeout, to look at the stop flag), then the
+reply's ``send``.
 
 Prints ``READY <rank> 0`` once connected (the line :class:`EngineFleet`
 waits for) and exits cleanly on SIGTERM/SIGINT.
@@ -25,6 +25,8 @@ from typing import Any
 
 import msgspec
 import zmq
+
+from .call_counter import serve_counting_signals
 
 __all__ = ["HELLO_ID", "main"]
 
@@ -50,29 +52,28 @@ def serve(address: str, rank: int, stop: Callable[[], bool]) -> None:
     sock.setsockopt(zmq.LINGER, 200)
     sock.setsockopt(zmq.SNDHWM, 10_000)
     sock.setsockopt(zmq.RCVHWM, 10_000)
+    sock.setsockopt(zmq.RCVTIMEO, 100)
     sock.connect(address)
     encode = msgspec.msgpack.Encoder().encode
     decode = msgspec.msgpack.Decoder().decode
     methods = _methods()
     sock.send(encode((HELLO_ID, True, rank)))
     print(f"READY {rank} 0", flush=True)
+    recv, send = sock.recv, sock.send
     try:
         while not stop():
-            if not sock.poll(50, zmq.POLLIN):
+            try:
+                data = recv()
+            except zmq.Again:  # RCVTIMEO: look at the stop flag
                 continue
-            while True:
-                try:
-                    data = sock.recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                call_id, method, args = decode(data)
-                try:
-                    result = methods[method](*args)
-                except Exception as exc:  # a failed call answers with the error's text
-                    reply = encode((call_id, False, f"{type(exc).__name__}: {exc}"))
-                else:
-                    reply = encode((call_id, True, result))
-                sock.send(reply)
+            call_id, method, args = decode(data)
+            try:
+                result = methods[method](*args)
+            except Exception as exc:  # a failed call answers with the error's text
+                reply = encode((call_id, False, f"{type(exc).__name__}: {exc}"))
+            else:
+                reply = encode((call_id, True, result))
+            send(reply)
     finally:
         sock.close()
         ctx.term()
@@ -82,7 +83,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ctlwire.benchmarks.baseline_engine")
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--connect", required=True)
+    p.add_argument("--count-calls", metavar="PATH",
+                   help="count this process's calls between SIGUSR1 and SIGUSR2, into PATH")
     args = p.parse_args(argv)
+    if args.count_calls:
+        serve_counting_signals(args.count_calls)
     stopped: list[int] = []
 
     def on_signal(signum: int, frame: Any) -> None:

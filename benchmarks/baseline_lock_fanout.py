@@ -1,24 +1,26 @@
-"""Baseline 2: the fixed SGLang fan-out communicator (asyncio.Lock + Event).
+"""The fan-out baseline: the fixed SGLang fan-out communicator, on anyio (Lock + Event).
 
-SGLang's ``FanOutCommunicator.queueing_call`` after its FIFO fix: callers of
-one method take an ``asyncio.Lock``; the holder sends the request to every
-rank, creates an ``asyncio.Event``, and waits until the receive loop has
-collected one reply per rank (``handle_recv`` sets the event at the last
+SGLang's ``FanOutCommunicator.queueing_call`` after its FIFO fix, written on
+anyio so that it runs on the same backend as the ctlwire side: callers of one
+method take an ``anyio.Lock`` (first come, first served); the holder sends the
+request to every rank, creates an ``anyio.Event``, and waits until the replies
+have been collected, one per rank (``handle_recv`` sets the event at the last
 one); it then reads the values and releases the lock. Replies are matched to
 the communicator, not to a call (SGLang dispatches by reply type), which is
 correct only because one call is in flight per communicator.
 
 It runs over :class:`~ctlwire.benchmarks.baseline_pyzmq.PyzmqUtilityClient`'s
-ROUTER (the same ipc socket setup as ctlwire's) and the same baseline engine
-processes. What it does not do (and ctlwire does): a timeout, failing the
+ROUTER (the same ipc socket setup as ctlwire's, read with the FD technique)
+and bare sync pyzmq engine processes. What it does not do (and ctlwire does): a timeout, failing the
 waiters when an engine dies, per-rank typed errors, a fan-out policy.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
+
+import anyio
 
 from .baseline_pyzmq import PyzmqUtilityClient, RemoteCallError
 
@@ -32,8 +34,8 @@ class LockFanOutCommunicator:
         self.client = client
         self.method = method
         self.ranks = tuple(ranks)
-        self._lock = asyncio.Lock()
-        self._event: asyncio.Event | None = None
+        self._lock = anyio.Lock()
+        self._event: anyio.Event | None = None
         self._values: dict[int, Any] = {}
         self._errors: dict[int, str] = {}
         self._key = client.add_fan_in(self)
@@ -43,9 +45,11 @@ class LockFanOutCommunicator:
             frame = self.client.encode((self._key, self.method, args))
             self._values = {}
             self._errors = {}
-            event = self._event = asyncio.Event()
+            event = self._event = anyio.Event()
+            send = self.client.send_nowait
             for rank in self.ranks:
-                self.client.send_nowait(rank, frame)
+                send(rank, frame)
+            self.client.after_send()
             await event.wait()
             values, errors = self._values, self._errors
             self._event = None

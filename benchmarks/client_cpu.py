@@ -5,16 +5,17 @@ thread, not the engines) spends per call, which a loaded machine disturbs far
 less than latency:
 
 * ``seq`` — sequential ``ControlClient.call`` to one engine, against the raw
-  pyzmq dict-of-futures client (:class:`PyzmqUtilityClient`) to a bare engine;
+  pyzmq client read with the FD technique (:class:`PyzmqUtilityClient`) to a
+  bare engine, on the same backend;
 * ``conc`` — 64 concurrent callers, same pair;
 * ``fanout`` — ``fan_out`` (queueing) to 8 engines: CPU per fan-out and per rank;
 * ``burst`` — 400 queueing fan-outs to 8 engines submitted at once, one task each
-  (the shape of ``ctlwire bench --only fanout_burst``): CPU per fan-out; ``--burst N``
+  (the shape of ``ctlwire bench --only fanout``): CPU per fan-out; ``--burst N``
   submits N at once instead (beyond ~1,000 queued callers the admission bookkeeping's
   scaling shows).
 
 ``--backend asyncio trio`` runs each kind on both backends, one after the other
-(the raw client is asyncio only). ``--profile
+(the raw client runs on the same backend). ``--profile
 seq|conc|fanout|burst`` prints a cProfile (thread CPU time) of the ctlwire
 client instead.
 """
@@ -149,12 +150,9 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             ours = anyio.run(_ctlwire, pool.address("one"), 1, kind, args.n, None,
                              backend=backend)
-            if backend != "asyncio":
-                print(f"{kind:6s}: ctlwire {ours:6.1f} µs client CPU/call ({backend})")
-                continue
-            raw = anyio.run(_raw, pool.address("raw"), kind, args.n, backend="asyncio")
+            raw = anyio.run(_raw, pool.address("raw"), kind, args.n, backend=backend)
             print(f"{kind:6s}: ctlwire {ours:6.1f} µs client CPU/call, raw pyzmq {raw:6.1f}"
-                  f"  ({ours / raw:.2f}x)")
+                  f"  ({ours / raw:.2f}x, {backend})")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,8 @@ from ctlwire.kernel.app.engine_process import diagnostic_methods
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
 
+from .call_counter import serve_counting_signals
+
 __all__ = ["main", "serve_ranks"]
 
 
@@ -84,7 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--count", type=int, required=True, help="how many ranks to host")
     p.add_argument("--connect", required=True, help="the client's ROUTER address")
     p.add_argument("--heartbeat", type=float, default=0.25)
+    p.add_argument("--count-calls", metavar="PATH",
+                   help="count this process's calls between SIGUSR1 and SIGUSR2, into PATH")
     args = p.parse_args(argv)
+    if args.count_calls:
+        serve_counting_signals(args.count_calls)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:

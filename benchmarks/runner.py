@@ -5,19 +5,25 @@ Groups (``--only`` takes any of them; default: all, in this order):
 ``latency``      sequential ``call`` p50/p99 to 1 engine vs raw pyzmq + dict of futures
 ``floor``        the same p50 against libzmq's own sync ping-pong floor
 ``throughput``   64 concurrent callers to 1 engine vs the same baseline
-``fanout``       queueing fan-out to 8 engines vs the asyncio.Lock + Event communicator
-``trio``         ctlwire on trio vs ctlwire on asyncio (the three scenarios above)
+``fanout``       queueing fan-out to 8 engines, 100 to 4,000 callers queued at once, vs the
+                 anyio Lock + Event communicator over bare pyzmq engines, on asyncio and
+                 on trio (each against the baseline on the same backend)
+``fanout_profile`` Python calls, C calls and task steps per rank per fan-out, client and
+                 engine, ctlwire vs the same baseline, on both backends (counts, not times)
+``trio``         ctlwire on trio vs ctlwire on asyncio (sequential and 64 concurrent calls)
 ``live``         cost of a call as live requests grow 10 -> 10,000 (vs itself at 10)
 ``memory``       registry, tombstones and RSS after 100,000 calls with 10 % timeouts
 ``state_table``  one request lifecycle: derived table vs a transitions model
-``fanout_burst`` 400 fan-outs at once, one task each, 8 engines vs the same communicator
 ``scale``        fan-out cost per rank at 8, 64, 256 ranks (vs itself at 8), client RSS/rank
 ``multi_client`` 4 client processes sharing 8 engines that bind vs 1 client process
 ``detect256``    kill -9 of 1 rank among 256: time until the client reports it Lost
+``idle_cpu``     what watching costs: an idle client's process CPU connected to 8, 64 and
+                 256 ranks (64 a process), and the time to detect a killed and a frozen rank
 ``weight_sync``  one weight-sync operation of a real model over 4 torch engine ranks:
                  ctlwire's share vs the data movement (needs the torch extra)
 
-(``fanout_burst`` to ``detect256``: :mod:`ctlwire.benchmarks.scale`; ``weight_sync``:
+(``scale`` to ``detect256``: :mod:`ctlwire.benchmarks.scale`; ``fanout_profile``,
+``idle_cpu``: their own modules; ``weight_sync``:
 :mod:`ctlwire.benchmarks.weight_sync`)
 
 Every engine process is started by a :class:`FleetPool` and stopped in
@@ -30,7 +36,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from . import poll_status, scale, scenarios, state_table, weight_sync
+from . import fanout_profile, idle_cpu, poll_status, scale, scenarios, state_table, weight_sync
 from .cpu_steal import read_cpu_times, steal_percent
 from .fleets import FleetPool
 from .report import Report, Row, Target
@@ -38,11 +44,15 @@ from .stats import median, percentile
 
 __all__ = ["GROUPS", "run_bench"]
 
-GROUPS = ("latency", "floor", "throughput", "fanout", "trio", "live", "memory", "state_table",
-          *scale.GROUPS, *weight_sync.GROUPS, *poll_status.GROUPS)
+GROUPS = ("latency", "floor", "throughput", "fanout", *fanout_profile.GROUPS, "trio", "live",
+          "memory", "state_table", *scale.GROUPS, *idle_cpu.GROUPS, *weight_sync.GROUPS,
+          *poll_status.GROUPS)
 FAN_ENGINES = 8
-_BASE1 = "raw pyzmq asyncio ROUTER + dict of futures (vLLM utility-call pattern)"
-_BASE_FAN = "asyncio.Lock + Event fan-out communicator (fixed SGLang design)"
+_BASE1 = ("raw pyzmq ROUTER read with the FD technique on anyio, dict of reply slots "
+          "(vLLM utility-call pattern)")
+_BASE_FAN = ("anyio Lock + Event fan-out communicator (fixed SGLang design), FD-technique "
+             "receive over bare sync pyzmq engines")
+_BACKENDS = ("asyncio", "trio")
 _MB = 1024 * 1024
 
 
@@ -88,11 +98,16 @@ def _single_engine_rows(r: scenarios.SingleEngineResult, groups: set[str]) -> li
 
 
 def _fan_out_rows(r: scenarios.FanOutResult) -> list[Row]:
-    ctl, base = median(r.ctl_rate), median(r.base_rate)
-    return [Row("fanout", f"queueing fan-out, {r.engines} engines, {r.callers} callers",
-                "fan-outs/s", ctl, base, _BASE_FAN, ctl / base,
-                "ctlwire / baseline (higher is better)", Target(">=", 1.0, ">= 1.0x"),
-                {"ctlwire_blocks": r.ctl_rate, "baseline_blocks": r.base_rate})]
+    rows = []
+    for callers, ctl_blocks in r.ctl_rate.items():
+        base_blocks = r.base_rate[callers]
+        ctl, base = median(ctl_blocks), median(base_blocks)
+        rows.append(Row("fanout", f"queueing fan-out, {r.engines} engines, {callers:,} callers "
+                        f"at once, {r.backend}", "fan-outs/s", ctl, base,
+                        f"{_BASE_FAN}, on {r.backend}", ctl / base,
+                        "ctlwire / baseline (higher is better)", Target(">=", 1.0, ">= 1.0x"),
+                        {"ctlwire_blocks": ctl_blocks, "baseline_blocks": base_blocks}))
+    return rows
 
 
 def _trio_rows(r: scenarios.BackendResult) -> list[Row]:
@@ -106,12 +121,6 @@ def _trio_rows(r: scenarios.BackendResult) -> list[Row]:
     rows.append(Row("trio", "64 concurrent callers, 1 engine", "calls/s", t, a,
                     "ctlwire on asyncio", t / a, "trio / asyncio (higher is better)",
                     Target(">=", 0.95, ">= 0.95x"), {"blocks": r.rate}))
-    if r.fan_rate["trio"]:
-        a, t = median(r.fan_rate["asyncio"]), median(r.fan_rate["trio"])
-        rows.append(Row("trio", f"queueing fan-out, {FAN_ENGINES} engines, 8 callers",
-                        "fan-outs/s", t, a, "ctlwire on asyncio", t / a,
-                        "trio / asyncio (higher is better)", Target(">=", 0.95, ">= 0.95x"),
-                        {"blocks": r.fan_rate}))
     return rows
 
 
@@ -207,19 +216,26 @@ def run_bench(*, quick: bool = False, only: Sequence[str] | None = None,
             step("latency/floor/throughput", single)
             pool.stop("base1")
             pool.stop("floor")
-        if {"fanout", "trio"} & selected:
-            pool.ctlwire("ctl8", FAN_ENGINES)
         if "fanout" in selected:
+            pool.ctlwire("ctl8", FAN_ENGINES)
             pool.baseline("base8", FAN_ENGINES)
             pool.start("ctl8", "base8")
-            step("fanout", lambda: _fan_out_rows(scenarios.fan_out(
-                pool.address("ctl8"), pool.address("base8"), FAN_ENGINES, p)))
+            step("fanout", lambda: [row for backend in _BACKENDS for row in _fan_out_rows(
+                scenarios.fan_out(pool.address("ctl8"), pool.address("base8"), FAN_ENGINES,
+                                  p, backend))])
             pool.stop("base8")
+            pool.stop("ctl8")
+        if "fanout_profile" in selected:
+            def profile() -> list[Row]:
+                rows, notes = fanout_profile.run_group(pool, p)
+                report.notes.extend(notes)
+                return rows
+
+            step("fanout_profile", profile)
         if "trio" in selected:
-            pool.start("ctl1", "ctl8")
+            pool.start("ctl1")
             step("trio", lambda: _trio_rows(scenarios.trio_vs_asyncio(
-                pool.address("ctl1"), pool.address("ctl8"), FAN_ENGINES, p)))
-        pool.stop("ctl8")
+                pool.address("ctl1"), None, FAN_ENGINES, p)))
         if "live" in selected:
             pool.ctlwire("live", 2, serve_ranks=(1,))
             pool.start("live")
@@ -230,6 +246,8 @@ def run_bench(*, quick: bool = False, only: Sequence[str] | None = None,
             step("memory", lambda: _memory_rows(scenarios.memory(pool.address("ctl1"), p)))
         pool.stop("ctl1")
         scale.run_groups(pool, selected, p, step)
+        if "idle_cpu" in selected:
+            step("idle_cpu", lambda: idle_cpu.run_group(pool, p))
     if "weight_sync" in selected:
         step("weight_sync", lambda: weight_sync.rows(quick, progress))
     if "poll_status" in selected:

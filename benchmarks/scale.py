@@ -1,9 +1,5 @@
-"""Issue 14 (item 1): load and scale groups of ``ctlwire bench``.
+"""Load and scale groups of ``ctlwire bench``.
 
-``fanout_burst``  one task per request: 400 queueing fan-outs to 8 engines submitted at
-                  once and gathered (a task group for ctlwire, ``asyncio.gather`` over the
-                  asyncio.Lock + Event communicator and bare pyzmq engines for the
-                  baseline); completed fan-outs/s, ctlwire / baseline
 ``scale``         fan-out to 8, 64 and 256 ranks over 4 engine processes (plus one
                   hosting the last rank alone), K endpoints each
                   (:mod:`ctlwire.benchmarks.multi_rank_engine`); cost per rank (fan-out
@@ -20,7 +16,6 @@ targets are reported, not enforced.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import json
@@ -38,11 +33,9 @@ import anyio
 
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 
-from .baseline_lock_fanout import LockFanOutCommunicator
-from .baseline_pyzmq import PyzmqUtilityClient
 from .fleets import BENCH_METHODS, FleetPool, ModuleFleet
 from .report import Row, Target
-from .scenarios import PAYLOAD, Params, _check, _ctl_client, alternate
+from .scenarios import Params, _ctl_client
 from .stats import median, percentile
 from .traffic import wait_live, wait_lost
 
@@ -51,16 +44,13 @@ __all__ = [
     "run_groups",
 ]
 
-GROUPS = ("fanout_burst", "scale", "multi_client", "detect256")
-BURST = 400
-BURST_ENGINES = 8
+GROUPS = ("scale", "multi_client", "detect256")
 HOST_PROCESSES = 4
 SCALE_RANKS = (8, 64, 256)
 MC_ENGINES = 8
 MC_CLIENTS = 4
 DETECT_RANKS = 256
 _MB = 1024 * 1024
-_BASE_FAN = "asyncio.Lock + Event communicator over bare pyzmq engines, asyncio.gather"
 
 
 def layout(ranks: int, *, processes: int = HOST_PROCESSES, isolate_last: bool = True
@@ -106,70 +96,6 @@ def _parse_result(out: str, what: str) -> dict[str, Any]:
             data: dict[str, Any] = json.loads(line[len("RESULT "):])
             return data
     raise RuntimeError(f"{what}: no RESULT line in {out[-500:]!r}")
-
-
-# -- fanout_burst --------------------------------------------------------------------------
-@dataclass
-class BurstResult:
-    ctl_rate: list[float] = field(default_factory=list)
-    base_rate: list[float] = field(default_factory=list)
-    burst: int = BURST
-    engines: int = BURST_ENGINES
-
-
-def fanout_burst(ctl_address: str, base_address: str, p: Params) -> BurstResult:
-    """``burst`` fan-outs, one task each, submitted at once in queueing mode."""
-    result = BurstResult()
-    engines, burst = result.engines, result.burst
-    rounds = 2 if p.quick else 6
-
-    async def run() -> None:
-        async with (_ctl_client(ctl_address, engines) as ctl,
-                    PyzmqUtilityClient(base_address) as base):
-            await ctl.wait_ready(timeout=20)
-            await base.wait_ready(range(engines), timeout=20)
-            comm = LockFanOutCommunicator(base, "echo", range(engines))
-            expected = dict.fromkeys(range(engines), PAYLOAD)
-
-            async def ctl_burst() -> float:
-                # one asyncio task per fan-out, gathered, like the baseline's (the
-                # issue's load shape: an HTTP server's task per request); an anyio
-                # task group here would add its own ~12-20 µs per task to one side
-                async def one() -> Any:
-                    return (await ctl.fan_out("echo", PAYLOAD, mode="queueing")).results
-
-                t0 = time.perf_counter()
-                results = await asyncio.gather(*(one() for _ in range(burst)))
-                rate = burst / (time.perf_counter() - t0)
-                for r in results:
-                    _check(r, expected, "ctlwire burst fan-out")
-                return rate
-
-            async def base_burst() -> float:
-                t0 = time.perf_counter()
-                results = await asyncio.gather(*(comm(PAYLOAD) for _ in range(burst)))
-                rate = burst / (time.perf_counter() - t0)
-                for r in results:
-                    _check(r, expected, "baseline burst fan-out")
-                return rate
-
-            await ctl_burst()  # warm-up
-            await base_burst()
-            rates = await alternate({"base": base_burst, "ctl": ctl_burst}, rounds)
-            result.ctl_rate, result.base_rate = rates["ctl"], rates["base"]
-            assert ctl.registry.live_count == 0
-
-    anyio.run(run, backend="asyncio")
-    return result
-
-
-def burst_rows(r: BurstResult) -> list[Row]:
-    ctl, base = median(r.ctl_rate), median(r.base_rate)
-    return [Row("fanout_burst",
-                f"{r.burst} fan-outs at once, one task each, {r.engines} engines",
-                "fan-outs/s", ctl, base, _BASE_FAN, ctl / base,
-                "ctlwire / baseline (higher is better)", Target(">=", 1.0, ">= 1.0x"),
-                {"ctlwire_blocks": r.ctl_rate, "baseline_blocks": r.base_rate})]
 
 
 # -- scale: 8, 64, 256 ranks ----------------------------------------------------------------
@@ -455,14 +381,6 @@ def detect_rows(r: DetectResult) -> list[Row]:
 def run_groups(pool: FleetPool, selected: set[str], p: Params,
                step: Callable[[str, Callable[[], list[Row]]], None]) -> None:
     """Run the selected groups of this module with engine fleets from ``pool``."""
-    if "fanout_burst" in selected:
-        pool.ctlwire("ctl8", BURST_ENGINES)
-        pool.baseline("base8", BURST_ENGINES)
-        pool.start("ctl8", "base8")
-        step("fanout_burst", lambda: burst_rows(fanout_burst(
-            pool.address("ctl8"), pool.address("base8"), p)))
-        pool.stop("base8")
-        pool.stop("ctl8")
     if "scale" in selected:
         def scale_all() -> list[Row]:
             points: list[ScalePoint] = []

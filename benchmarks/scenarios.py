@@ -11,6 +11,7 @@ decode, dispatch and encode it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -39,7 +40,9 @@ __all__ = [
     "Params",
     "SingleEngineResult",
     "backend_round",
+    "burst_rate",
     "fan_out",
+    "fan_out_calls",
     "live_requests",
     "memory",
     "single_engine",
@@ -78,11 +81,16 @@ class Params:
 
     @property
     def fan_rounds(self) -> int:
-        return 4 if self.quick else 8
+        return 2 if self.quick else 4
 
     @property
     def fan_block(self) -> int:
         return 64 if self.quick else 400
+
+    @property
+    def fan_callers(self) -> tuple[int, ...]:
+        """Callers queued at once on one fan-out mailbox."""
+        return (100, 500) if self.quick else (100, 1_000, 4_000)
 
     @property
     def trio_rounds(self) -> int:
@@ -150,9 +158,10 @@ async def alternate(sides: dict[str, Callable[[], Awaitable[T]]], rounds: int
     return out
 
 
-def _ctl_client(address: str, ranks: int, **kwargs: Any) -> ControlClient:
-    return ControlClient(ZmqRouterClientTransport(address), ranks=ranks, default_timeout=30.0,
-                         **kwargs)
+def _ctl_client(address: str, ranks: int, timeout: float = 30.0, **kwargs: Any
+                ) -> ControlClient:
+    return ControlClient(ZmqRouterClientTransport(address), ranks=ranks,
+                         default_timeout=timeout, **kwargs)
 
 
 def _check(value: Any, expected: Any, what: str) -> None:
@@ -247,47 +256,75 @@ def single_engine(ctl_address: str, base_address: str, floor_address: str | None
     return result
 
 
-# -- fan-out to 8 engines ---------------------------------------------------------------
+# -- fan-out to 8 engines, many callers queued at once, on each backend -------------------
 @dataclass
 class FanOutResult:
-    ctl_rate: list[float] = field(default_factory=list)
-    base_rate: list[float] = field(default_factory=list)
-    engines: int = 8
-    callers: int = 8
+    """Fan-outs per second by callers queued at once, on one backend, per side."""
+
+    backend: str
+    engines: int
+    ctl_rate: dict[int, list[float]] = field(default_factory=dict)
+    base_rate: dict[int, list[float]] = field(default_factory=dict)
 
 
-def fan_out(ctl_address: str, base_address: str, engines: int, p: Params) -> FanOutResult:
-    """Queueing fan-outs by ``callers`` concurrent tasks: ctlwire's FIFO mailbox
-    vs the asyncio.Lock + Event communicator, each to its own ``engines`` processes."""
-    result = FanOutResult(engines=engines)
+async def burst_rate(one: CallFn, callers: int) -> float:
+    """``callers`` tasks started at once, one call each; completed calls per second."""
+    async def run_one() -> None:
+        await one()
+
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(callers):
+            tg.start_soon(run_one)
+    return callers / (time.perf_counter() - t0)
+
+
+@contextlib.asynccontextmanager
+async def fan_out_calls(ctl_address: str, base_address: str, engines: int
+                        ) -> AsyncIterator[tuple[ControlClient, CallFn, CallFn]]:
+    """Both sides' queueing fan-out to ``engines`` ranks, ready and checked: ctlwire's
+    FIFO mailbox and the anyio Lock + Event communicator over bare pyzmq engines."""
+    # the last of 4,000 queued callers waits for the 3,999 before it: a timeout that
+    # bounds the whole queue, not one fan-out
+    async with (_ctl_client(ctl_address, engines, timeout=600.0) as ctl,
+                PyzmqUtilityClient(base_address) as base):
+        await ctl.wait_ready(timeout=20)
+        await base.wait_ready(range(engines), timeout=20)
+        comm = LockFanOutCommunicator(base, "echo", range(engines))
+        expected = dict.fromkeys(range(engines), PAYLOAD)
+
+        async def ctl_call() -> Any:
+            return await ctl.fan_out("echo", PAYLOAD, mode="queueing")
+
+        async def base_call() -> Any:
+            return await comm(PAYLOAD)
+
+        _check((await ctl_call()).results, expected, "ctlwire fan-out")
+        _check(await base_call(), expected, "baseline fan-out")
+        yield ctl, ctl_call, base_call
+
+
+def fan_out(ctl_address: str, base_address: str, engines: int, p: Params,
+            backend: str) -> FanOutResult:
+    """Queueing fan-outs by callers queued at once (one task each, for each size in
+    ``p.fan_callers``), ctlwire vs the anyio Lock + Event communicator, both on
+    ``backend``, each to its own ``engines`` processes, in ABBA order."""
+    result = FanOutResult(backend, engines)
 
     async def run() -> None:
-        async with (_ctl_client(ctl_address, engines) as ctl,
-                    PyzmqUtilityClient(base_address) as base):
-            await ctl.wait_ready(timeout=20)
-            await base.wait_ready(range(engines), timeout=20)
-            comm = LockFanOutCommunicator(base, "echo", range(engines))
-            expected = {r: PAYLOAD for r in range(engines)}
-
-            async def ctl_call() -> Any:
-                return await ctl.fan_out("echo", PAYLOAD, mode="queueing")
-
-            async def base_call() -> Any:
-                return await comm(PAYLOAD)
-
-            _check((await ctl_call()).results, expected, "ctlwire fan-out")
-            _check(await base_call(), expected, "baseline fan-out")
-            total, callers = p.fan_block, result.callers
-            await concurrent_rate(ctl_call, total // 2, callers)
-            await concurrent_rate(base_call, total // 2, callers)
-            rates = await alternate({
-                "base": lambda: concurrent_rate(base_call, total, callers),
-                "ctl": lambda: concurrent_rate(ctl_call, total, callers),
-            }, p.fan_rounds)
-            result.ctl_rate, result.base_rate = rates["ctl"], rates["base"]
+        async with fan_out_calls(ctl_address, base_address, engines) as (ctl, ctl_call,
+                                                                         base_call):
+            for callers in p.fan_callers:
+                await burst_rate(ctl_call, callers)  # warm-up
+                await burst_rate(base_call, callers)
+                rates = await alternate({
+                    "base": functools.partial(burst_rate, base_call, callers),
+                    "ctl": functools.partial(burst_rate, ctl_call, callers),
+                }, p.fan_rounds)
+                result.ctl_rate[callers], result.base_rate[callers] = rates["ctl"], rates["base"]
             assert ctl.registry.live_count == 0
 
-    anyio.run(run, backend="asyncio")
+    anyio.run(run, backend=backend)
     return result
 
 

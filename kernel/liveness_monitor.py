@@ -28,9 +28,9 @@ Guarantees:
   than half an interval late (this loop was blocked: a blocking call, a GC
   pause), engines are not judged for that tick; their silence of that time is
   excused (``client_stalls``), so heartbeats still unread are read first.
-* **Every rank hears from us.** Each interval a heartbeat goes to every rank,
-  live or not, so an engine that binds learns the client's route and a lost
-  engine that comes back is heard from at once.
+* **Every rank hears from us.** Each interval a heartbeat goes to every rank
+  not live (an engine that binds learns our route, a lost one that comes back
+  hears from us at once); a live rank, every ``LIVE_HEARTBEAT_EVERY`` intervals.
 * **Waiters learn of changes.** :attr:`peer_changed` is set (and replaced)
   whenever a rank becomes live or is lost, and on :meth:`close`.
 * **Only plausible incarnations.** A heartbeat or reply whose incarnation claims
@@ -63,10 +63,14 @@ from ctlwire.transports.envelope import Heartbeat
 from ctlwire.transports.errors import TransportError, Unroutable, WouldBlock
 from ctlwire.transports.transport import ClientTransport
 
-__all__ = ["LivenessMonitor"]
+__all__ = ["LIVE_HEARTBEAT_EVERY", "LivenessMonitor"]
 
 log = logging.getLogger("ctlwire.client")
 _LIVE = LIVE_PEER_STATES
+
+LIVE_HEARTBEAT_EVERY = 4
+"""A live rank gets this client's heartbeat every this many intervals (one a second
+at the default interval); a rank not live, every interval."""
 
 
 class LivenessMonitor:
@@ -149,7 +153,10 @@ class LivenessMonitor:
         (for the client's progress callbacks), None when idle or not current."""
         self.counters["heartbeats_received"] += 1
         if not hb.method:
-            self.seen(rank, hb.incarnation, authoritative=True)
+            # idle from the admitted incarnation of a Connected rank (nearly every
+            # heartbeat): a refresh; that incarnation was judged when it was admitted
+            if not self.peers.reply_seen(rank, hb.incarnation, self.now()):
+                self.seen(rank, hb.incarnation, authoritative=True)
             return None
         busy_for = hb.busy_for if math.isfinite(hb.busy_for) else 0.0
         progress = Progress(hb.busy, hb.method[:200], busy_for, hb.loops,
@@ -244,9 +251,11 @@ class LivenessMonitor:
             hb_seq += 1
             live = set(peers.live_ranks())
             heartbeat = Heartbeat(-1, incarnation, hb_seq)
-            # every rank, not only live ones: an engine that binds learns our route
-            # from it, and a lost engine that comes back hears from us at once
+            # a live rank needs only to know we are there: at the first tick, then less often
+            to_live = (hb_seq - 1) % LIVE_HEARTBEAT_EVERY == 0
             for rank in self.ranks:
+                if not to_live and rank in live:
+                    continue
                 try:
                     self.transport.send_nowait(rank, heartbeat)
                     self.counters["heartbeats_sent"] += 1

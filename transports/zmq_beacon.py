@@ -28,6 +28,10 @@ Why that is sound as a liveness signal:
 Progress travels in the same heartbeats, so a caller sees a long
 ``update_weights`` move while its handler blocks.
 
+**Beacons beat in phase**, at the multiples of the interval on the (system-wide)
+monotonic clock: a client watching many ranks of a machine reads their
+heartbeats in one wake-up, not one wake-up each; detection time is unchanged.
+
 The beacon's socket is small and never blocks: a high-water mark of a few
 frames, ``IMMEDIATE`` (nothing queued for a peer that is not connected),
 ``LINGER`` 0, and heartbeats dropped (counted) when the peer does not read.
@@ -37,6 +41,7 @@ libzmq's ZMTP heartbeats are not needed for any of this.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import zmq
@@ -139,7 +144,8 @@ class LivenessBeacon:
                 self._beat(sock)
             finally:
                 self._ready.set()
-            while not self._stop.wait(self.interval):
+            interval = self.interval
+            while not self._stop.wait(interval - time.monotonic() % interval):
                 self._beat(sock)
         except zmq.ZMQError:
             pass  # the context is terminating: the transport is closing

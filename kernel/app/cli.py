@@ -219,7 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     p.add_argument("--only", nargs="+", metavar="GROUP",
                    help="run only these groups: latency floor throughput fanout trio live "
-                   "memory state_table fanout_burst scale multi_client detect256 weight_sync")
+                   "fanout_profile memory state_table scale multi_client detect256 idle_cpu "
+                   "weight_sync")
     p.add_argument("--runs", type=positive_int, default=1, metavar="N",
                    help="N whole runs one after the other, then each row's ratios, their "
                    "median against the target and the runs it passed in")

@@ -254,11 +254,12 @@ class PeerTable:
         return lost
 
     def reply_seen(self, rank: int, incarnation: int, now: float) -> bool:
-        """A reply came from ``rank`` under ``incarnation``: in the common case (the
-        rank Connected, the reply from its admitted incarnation) refresh its
-        liveness with one lookup and return True. False when anything else holds:
-        the caller then takes the general path (:meth:`is_stale`, :meth:`seen`
-        with ``authoritative=False``, :meth:`finished`), which this equals here."""
+        """A reply (or an idle heartbeat) came from ``rank`` under ``incarnation``: in
+        the common case (the rank Connected, the frame from its admitted
+        incarnation) refresh its liveness with one lookup and return True. False
+        when anything else holds: the caller then takes the general path
+        (:meth:`seen`, and for a reply :meth:`is_stale` and :meth:`finished`),
+        which this equals here."""
         p = self.peers.get(rank)
         if (p is not None and p.state is PeerState.CONNECTED
                 and (incarnation == p.incarnation or not incarnation)):

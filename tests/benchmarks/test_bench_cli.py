@@ -16,13 +16,14 @@ from typing import Any
 
 import pytest
 
-from ctlwire.benchmarks import scale, weight_sync
+from ctlwire.benchmarks import fanout_profile, idle_cpu, scale, weight_sync
 from ctlwire.benchmarks.runner import GROUPS
 from ctlwire.kernel.app.cli import main
 
-#: the core groups, run together below (the load and scale groups,
-#: ``scale.GROUPS``, have a test of their own, one group at a time)
-CORE_GROUPS = [g for g in GROUPS if g not in scale.GROUPS and g not in weight_sync.GROUPS]
+#: groups run one at a time, each by a test of its own
+ALONE = (*scale.GROUPS, *fanout_profile.GROUPS, *idle_cpu.GROUPS)
+#: the core groups, run together below
+CORE_GROUPS = [g for g in GROUPS if g not in ALONE and g not in weight_sync.GROUPS]
 
 #: (group, start of the scenario text) of every row the bench must report
 EXPECTED_ROWS = [
@@ -30,10 +31,12 @@ EXPECTED_ROWS = [
     ("latency", "sequential call p99"),
     ("floor", "call p50 over libzmq floor"),
     ("throughput", "64 concurrent callers"),
-    ("fanout", "queueing fan-out, 8 engines"),
+    ("fanout", "queueing fan-out, 8 engines, 100 callers at once, asyncio"),
+    ("fanout", "queueing fan-out, 8 engines, 500 callers at once, asyncio"),
+    ("fanout", "queueing fan-out, 8 engines, 100 callers at once, trio"),
+    ("fanout", "queueing fan-out, 8 engines, 500 callers at once, trio"),
     ("trio", "sequential call p50"),
     ("trio", "64 concurrent callers"),
-    ("trio", "queueing fan-out, 8 engines"),
     ("live", "call p50 with 10,000 live requests"),
     ("memory", "live registry entries"),
     ("memory", "tombstones vs their bound"),
@@ -102,7 +105,6 @@ def test_quick_bench_writes_every_row_with_ratio_and_target(
 
 #: (group, start of the scenario text) of every row each load/scale group reports
 SCALE_ROWS = {
-    "fanout_burst": ["400 fan-outs at once, one task each, 8 engines"],
     "scale": ["fan-out cost per rank, 8 ranks", "fan-out cost per rank, 64 ranks",
               "fan-out cost per rank, 256 ranks", "cost per rank at 256 vs 8 ranks",
               "fan-out cost per added rank, 64 -> 256 vs 8 -> 64",
@@ -167,3 +169,49 @@ def test_weight_sync_rows_split_the_operation_and_judge_ctlwires_share() -> None
     assert in_ms.ratio == pytest.approx(10.0) and in_ms.passed
     slow = weight_sync.timing_rows([Timing(0.2, 0.1, 0.05)], 57.0)
     assert not slow[0].passed and not slow[1].passed  # 50 ms: 25 % and over 20 ms
+
+
+def _run_alone(tmp_path: Path, group: str) -> dict[str, Any]:
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--quick", "--only", group, "--json", str(out)]) == 0
+    report: dict[str, Any] = json.loads(out.read_text())
+    assert report["groups"] == [group]
+    assert {r["group"] for r in report["rows"]} == {group}
+    for row in report["rows"]:
+        _check_row(row)
+    return report
+
+
+@pytest.mark.timeout(180)
+def test_fanout_profile_counts_both_sides_on_both_backends(tmp_path: Path) -> None:
+    """Per rank per fan-out counts for client and engine, ctlwire and the baseline,
+    on each backend; the notes name where each side's calls go."""
+    report = _run_alone(tmp_path, "fanout_profile")
+    rows = {r["scenario"]: r for r in report["rows"]}
+    for backend in ("asyncio", "trio"):
+        for what in ("client Python calls", "client C calls", "client task steps",
+                     "engine Python calls", "engine C calls"):
+            row = rows[f"{what} per rank per fan-out, 100 callers, {backend}"]
+            assert row["ctlwire"] > 0 and row["baseline"] > 0, row["scenario"]
+        calls = rows[f"client Python calls per rank per fan-out, 100 callers, {backend}"]
+        assert calls["details"]["ctlwire_top_per_rank"]
+        assert calls["details"]["baseline_top_per_rank"]
+        for side in ("ctlwire", "baseline"):
+            for where in ("client", "engine"):
+                assert any(n.startswith(f"fanout_profile {backend} 100 callers {side} {where} ")
+                           for n in report["notes"]), (backend, side, where)
+
+
+@pytest.mark.timeout(400)
+def test_idle_cpu_reports_cpu_and_detection_at_each_size(tmp_path: Path) -> None:
+    """An idle client's CPU at 8, 64 and 256 ranks, each with its heartbeat rate, and
+    a frozen and a killed rank detected at each size (times are not judged)."""
+    report = _run_alone(tmp_path, "idle_cpu")
+    rows = {r["scenario"]: r for r in report["rows"]}
+    for ranks, processes in ((8, 3), (64, 3), (256, 6)):
+        cpu = rows[f"idle client CPU, {ranks} ranks ({processes} processes)"]
+        assert 0 < cpu["ctlwire"] < 100
+        assert cpu["details"]["heartbeats_received_per_s"] > 0
+        for what in ("kill -9", "SIGSTOP"):
+            row = rows[f"{what} of 1 rank among {ranks}: time to Lost"]
+            assert row["details"]["other_ranks_lost"] == 0
