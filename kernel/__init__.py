@@ -63,11 +63,16 @@ if TYPE_CHECKING:
     from ctlwire.kernel.core.result_cache import (
         ResultCache,
     )
-    from ctlwire.kernel.engine_endpoint import (
+    from ctlwire.kernel.engine.endpoint import (
         EngineEndpoint,
         ErrorCode,
         MethodSpec,
         report_progress,
+    )
+    from ctlwire.kernel.engine.operation_ledger import (
+        LastOperation,
+        OperationLedger,
+        StepRequest,
     )
     from ctlwire.kernel.errors import (
         ActorStopped,
@@ -96,11 +101,6 @@ if TYPE_CHECKING:
         TransitionLog,
         snapshot,
     )
-    from ctlwire.kernel.operation_ledger import (
-        LastOperation,
-        OperationLedger,
-        StepRequest,
-    )
     from ctlwire.kernel.operation_runner import (
         OperationRunner,
         Recovery,
@@ -120,10 +120,10 @@ if TYPE_CHECKING:
 # import the whole package)
 _EXPORTS: dict[str, str] = {
     "ControlClient": "ctlwire.kernel.control_client",
-    "EngineEndpoint": "ctlwire.kernel.engine_endpoint",
-    "ErrorCode": "ctlwire.kernel.engine_endpoint",
-    "MethodSpec": "ctlwire.kernel.engine_endpoint",
-    "report_progress": "ctlwire.kernel.engine_endpoint",
+    "EngineEndpoint": "ctlwire.kernel.engine.endpoint",
+    "ErrorCode": "ctlwire.kernel.engine.endpoint",
+    "MethodSpec": "ctlwire.kernel.engine.endpoint",
+    "report_progress": "ctlwire.kernel.engine.endpoint",
     "ActorStopped": "ctlwire.kernel.errors",
     "AskTimeout": "ctlwire.kernel.errors",
     "AuthenticationFailed": "ctlwire.kernel.errors",
@@ -154,9 +154,9 @@ _EXPORTS: dict[str, str] = {
     "RequestMetrics": "ctlwire.kernel.metrics",
     "snapshot": "ctlwire.kernel.metrics",
     "TransitionLog": "ctlwire.kernel.metrics",
-    "LastOperation": "ctlwire.kernel.operation_ledger",
-    "OperationLedger": "ctlwire.kernel.operation_ledger",
-    "StepRequest": "ctlwire.kernel.operation_ledger",
+    "LastOperation": "ctlwire.kernel.engine.operation_ledger",
+    "OperationLedger": "ctlwire.kernel.engine.operation_ledger",
+    "StepRequest": "ctlwire.kernel.engine.operation_ledger",
     "new_fence": "ctlwire.kernel.core.operation_plan",
     "new_operation_id": "ctlwire.kernel.core.operation_plan",
     "OperationPlan": "ctlwire.kernel.core.operation_plan",

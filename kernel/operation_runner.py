@@ -18,7 +18,7 @@
 the whole plan is checked first (:meth:`check`: payloads, sizes, each rank's
 declared step methods; :class:`~ctlwire.kernel.core.operation_plan.InvalidPlan`
 before anything is sent); then each dispatch is one ``concurrent`` fan-out of
-``ctlwire.step`` (see :mod:`~ctlwire.kernel.operation_ledger`) with the step's
+``ctlwire.step`` (see :mod:`~ctlwire.kernel.engine.operation_ledger`) with the step's
 own timeout, and each rank's typed outcome is fed back -- a result is OK,
 ``Fenced`` is FENCED, ``NotDelivered`` or a request the client refused is
 NOT_DELIVERED (did not run), any other ``EngineDead``, a timeout or a missing
@@ -72,6 +72,15 @@ from ctlwire.kernel.core.operation_plan import (
 )
 from ctlwire.kernel.core.operation_result import OperationResult, ProgressEvent
 from ctlwire.kernel.core.quarantine import Quarantine
+from ctlwire.kernel.engine.operation_ledger import (
+    LAST_OPERATION_METHOD,
+    STEP_METHOD,
+    STEP_METHODS_METHOD,
+    TAKE_OVER_METHOD,
+    LastOperation,
+    StepRequest,
+    TakeOver,
+)
 from ctlwire.kernel.errors import (
     FanOutFailed,
     Fenced,
@@ -80,15 +89,6 @@ from ctlwire.kernel.errors import (
     RemoteError,
     RequestTimedOut,
     RequestTooLarge,
-)
-from ctlwire.kernel.operation_ledger import (
-    LAST_OPERATION_METHOD,
-    STEP_METHOD,
-    STEP_METHODS_METHOD,
-    TAKE_OVER_METHOD,
-    LastOperation,
-    StepRequest,
-    TakeOver,
 )
 from ctlwire.transports.codec import PayloadTypeError
 

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.transports.codec import codec_by_name
 from ctlwire.transports.curve import (
     CurveClientConfig,
@@ -110,7 +110,7 @@ def diagnostic_methods(ep: EngineEndpoint) -> None:
     @ep.method()
     def slow_update(seconds: float) -> int:
         """A blocking, weight-load-like handler that reports its progress."""
-        from ctlwire.kernel.engine_endpoint import report_progress
+        from ctlwire.kernel.engine.endpoint import report_progress
 
         steps = 20
         for i in range(steps):
@@ -124,7 +124,7 @@ def diagnostic_methods(ep: EngineEndpoint) -> None:
         """An async handler that reports its progress (serve mode)."""
         import anyio
 
-        from ctlwire.kernel.engine_endpoint import report_progress
+        from ctlwire.kernel.engine.endpoint import report_progress
 
         steps = 10
         for i in range(steps):

@@ -9,7 +9,7 @@ Needs the ``torch`` extra (``pip install 'ctlwire[torch]'``); nothing else in
 ctlwire imports this module. :func:`register` builds a :class:`TorchEngine`
 (:class:`TinyDecoder`, random weights from a seed, nothing downloaded) and
 returns its step: one batched greedy forward over every running sequence, called
-by the engine's loop between :meth:`~ctlwire.kernel.engine_endpoint.EngineEndpoint.poll`
+by the engine's loop between :meth:`~ctlwire.kernel.engine.endpoint.EngineEndpoint.poll`
 calls.
 
 Methods: ``get_server_info``, ``pause`` (``abort`` / ``drain`` / ``keep`` the
@@ -19,7 +19,7 @@ sequences in flight), ``resume``, ``submit`` / ``sequences`` (serving),
 ``update_weights_from_disk``, ``rollback_weights``, ``check_weights``,
 ``destroy_weights_update_group`` and ``arm_fault`` (tests). The weight methods
 also run as operation steps through an
-:class:`~ctlwire.kernel.operation_ledger.OperationLedger`.
+:class:`~ctlwire.kernel.engine.operation_ledger.OperationLedger`.
 
 Guarantees:
 
@@ -56,9 +56,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
-from ctlwire.kernel.engine_liveness import report_progress
-from ctlwire.kernel.operation_ledger import OperationLedger
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
+from ctlwire.kernel.engine.liveness import report_progress
+from ctlwire.kernel.engine.operation_ledger import OperationLedger
 
 __all__ = ["DecoderConfig", "DrainTimedOut", "GroupSpec", "Pause", "TinyDecoder", "TorchEngine",
            "TorchFault", "UpdateFromDisk", "UpdateFromDistributed", "WeightsRef", "checksum",

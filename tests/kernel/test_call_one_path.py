@@ -14,7 +14,7 @@ import pytest
 
 from ctlwire.kernel.call_issuer import CallIssuer
 from ctlwire.kernel.control_client import ControlClient
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import RemoteError
 from ctlwire.transports.envelope import Envelope, Request
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport

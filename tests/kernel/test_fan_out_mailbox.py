@@ -10,7 +10,7 @@ import pytest
 
 from ctlwire.kernel.core.admission_queue import AdmissionQueue, Ticket
 from ctlwire.kernel.core.call_core import HandOffWaiter
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import FanOutFailed, RequestTimedOut
 from ctlwire.kernel.loop_native import event_loop_waiter, single_waiter_factory
 from ctlwire.kernel.testing import EngineHarness, virtual_backend

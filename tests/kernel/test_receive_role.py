@@ -16,7 +16,7 @@ import sniffio
 
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.control_client import ControlClient
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import ClientClosed, EngineDead, RequestTimedOut
 from ctlwire.states import PeerState
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport

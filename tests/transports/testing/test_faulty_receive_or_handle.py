@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from ctlwire.kernel.control_client import ControlClient
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.transports.envelope import Reply
 from ctlwire.transports.memory import MemoryNetwork
 from ctlwire.transports.testing import Fault, FaultPlan, FaultyClientTransport

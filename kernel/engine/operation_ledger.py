@@ -40,7 +40,7 @@ The ledger guarantees, per engine:
 * **Recorded after success only.** A step is recorded once its handler
   returned; a step that raised is not recorded and its retry runs it.
   ``async def`` handlers are awaited (the ledger's step is then served by
-  :meth:`~ctlwire.kernel.engine_endpoint.EngineEndpoint.serve`); with
+  :meth:`~ctlwire.kernel.engine.endpoint.EngineEndpoint.serve`); with
   ``threaded=True`` sync handlers run in a worker thread, so the engine
   answers other methods while a long step runs.
 * **Bounded.** The newest ``max_operations`` operations are remembered.
@@ -69,8 +69,8 @@ import anyio.to_thread
 import msgspec
 
 from ctlwire.kernel.core.operation_plan import step_key
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
-from ctlwire.kernel.engine_liveness import current_request_id
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
+from ctlwire.kernel.engine.liveness import current_request_id
 from ctlwire.kernel.errors import FENCED_CODE
 from ctlwire.transports.codec import Codec, PayloadTypeError
 
