@@ -153,9 +153,6 @@ class InvalidStep(Exception):
     code = 422
 
 
-InvalidStepPayload = InvalidStep
-
-
 class OperationOwned(Exception):
     """A step of an operation bound to another controller (same token, another peer)."""
 
@@ -239,12 +236,11 @@ class OperationLedger:
     def __init__(self, handlers: Mapping[str, Callable[..., Any]], *,
                  max_operations: int = 64, threaded: bool = False,
                  max_fence_lead: float = 300.0,
-                 clock: Callable[[], float] = time.time,
-                 cache_size: int | None = None) -> None:
+                 clock: Callable[[], float] = time.time) -> None:
         self._handlers = {name: _Handler(fn, *_payload_type(fn),
                                          inspect.iscoroutinefunction(fn))
                           for name, fn in handlers.items()}
-        self.max_operations = cache_size if cache_size is not None else max_operations
+        self.max_operations = max_operations
         if self.max_operations < 1:
             raise ValueError("max_operations must be >= 1")
         self.threaded = threaded
@@ -492,10 +488,6 @@ class OperationLedger:
     def step_methods(self) -> list[str]:
         """The methods this ledger runs as operation steps."""
         return sorted(self._handlers)
-
-    @property
-    def last(self) -> LastOperation:
-        return self.last_operation()
 
     def metrics(self) -> dict[str, Any]:
         last = self._last

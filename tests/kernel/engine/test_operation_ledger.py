@@ -71,7 +71,7 @@ def ledger() -> tuple[OperationLedger, list[int]]:
     def boom() -> None:
         raise RuntimeError("boom")
 
-    led = OperationLedger({"bump": bump, "boom": boom}, cache_size=2)
+    led = OperationLedger({"bump": bump, "boom": boom}, max_operations=2)
     led.install(FakeEndpoint())  # type: ignore[arg-type]
     return led, calls
 
