@@ -327,14 +327,11 @@ class InboundCore:
         """Running → Replied with the handler's ``value`` (``ResultNotEncodable``
         when the codec refuses it); recorded under the request's key."""
         req = item.request
-        spec = item.spec
-        encode = spec.encode if spec is not None else None
-        raw: Any = None
-        if encode is not None:
-            try:
-                raw = msgspec.Raw(encode(value))
-            except Exception:
-                raw = None  # the codec's encode_value says why
+        encode = item.spec.encode if item.spec is not None else None
+        try:
+            raw = msgspec.Raw(encode(value)) if encode is not None else None
+        except Exception:
+            raw = None  # the codec's encode_value says why
         if raw is None:
             try:
                 raw = self.codec.encode_value(value)
@@ -343,7 +340,11 @@ class InboundCore:
                 return self._done(item, self.error_reply(
                     req.id, "ResultNotEncodable", f"{req.method!r}: {exc}",
                     ErrorCode.RESULT_NOT_ENCODABLE))
-        return self._done(item, Reply(req.id, self.rank, self.incarnation, True, raw))
+        reply = Reply(req.id, self.rank, self.incarnation, True, raw)
+        if req.key:
+            return self._done(item, reply)
+        self.states[item.go(InboundEvent.REPLY)] += 1
+        return reply
 
     def error(self, item: InboundRequest, exc: BaseException, *, record: bool = True) -> Reply:
         """Running → Replied with the error ``exc`` raised; recorded under the

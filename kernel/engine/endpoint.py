@@ -126,9 +126,9 @@ from ctlwire.kernel.engine.method_table import NO_PAYLOAD, MethodTable
 from ctlwire.kernel.engine.outbox import ReplyOutbox
 from ctlwire.kernel.engine.serve import EngineServer, QueuedRequestBytes
 from ctlwire.states import InboundState
-from ctlwire.transports.envelope import Heartbeat
+from ctlwire.transports.envelope import Heartbeat, Request
 from ctlwire.transports.errors import TransportClosed
-from ctlwire.transports.transport import EngineTransport
+from ctlwire.transports.transport import EngineTransport, Received
 
 __all__ = ["STEP_METHOD", "EngineEndpoint", "ErrorCode", "MethodSpec", "new_incarnation",
            "report_progress"]
@@ -301,7 +301,11 @@ class EngineEndpoint:
         its handler on this thread, ``outbox.send`` sends the reply."""
         core = self.core
         try:
-            work = core.receive(event)
+            if type(event) is Received and type(event.envelope) is Request:
+                work: InboundRequest | BadFrame | None = core.accept(event.envelope,
+                                                                     event.route)
+            else:
+                work = core.receive(event)
             if work is None:
                 return 0
             if type(work) is BadFrame:

@@ -67,6 +67,7 @@ class ReplyOutbox:
         self._encode: Callable[[Reply], bytes] | None = (
             encoder if send_encoded is not None else None)
         self._send_encoded: Callable[[Route, bytes], None] = send_encoded or _no_encoded_send
+        self._max_size = self.codec.max_message_size
 
     @property
     def pending(self) -> bool:
@@ -91,7 +92,10 @@ class ReplyOutbox:
             self._flush_route(route)
             return
         try:
-            self._transmit(route, item)
+            if type(item) is bytes:
+                self._send_encoded(route, item)
+            else:
+                self.transport.send_nowait(route, item)  # type: ignore[arg-type]
         except WouldBlock:
             self._enqueue(route, item)
         except (Unroutable, TransportError) as exc:
@@ -141,8 +145,12 @@ class ReplyOutbox:
     def send_now(self, route: Route, reply: Reply) -> bool:
         """Send if the client's pipe has room, drop (counted) if it is stalled, or
         count a failure; False when it has to wait for room (:meth:`send_async`)."""
+        item = self._prepare(reply)
         try:
-            self._transmit(route, self._prepare(reply))
+            if type(item) is bytes:
+                self._send_encoded(route, item)
+            else:
+                self.transport.send_nowait(route, item)  # type: ignore[arg-type]
         except WouldBlock:
             if route in self.stalled:  # this client stopped reading: nobody waits for it
                 self.counters["replies_dropped_unread"] += 1
@@ -177,12 +185,10 @@ class ReplyOutbox:
     def _prepare(self, reply: Reply) -> Reply | bytes:
         """``reply`` fitted, encoded where the transport takes bytes."""
         encode = self._encode
-        if encode is not None:
-            data = encode(reply)
-            if len(data) <= self.codec.max_message_size:
-                return data
-            return encode(self._fit(reply))
-        return self._fit(reply)
+        if encode is None:
+            return self._fit(reply)
+        data = encode(reply)
+        return data if len(data) <= self._max_size else encode(self._fit(reply))
 
     def _fit(self, reply: Reply) -> Reply:
         """A reply the codec would refuse as oversized becomes a small
