@@ -34,7 +34,7 @@ from typing import Any
 
 import anyio
 
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.errors import CtlwireError
 from ctlwire.transports.zmq_client import ZmqDealerClientTransport, ZmqRouterClientTransport
 

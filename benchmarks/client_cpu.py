@@ -30,7 +30,7 @@ from typing import Any
 
 import anyio
 
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
 from .baseline_pyzmq import PyzmqUtilityClient

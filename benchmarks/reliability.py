@@ -69,7 +69,7 @@ from ctlwire.benchmarks.traffic import (
     wait_lost,
 )
 from ctlwire.kernel.app.engine_fleet import EngineFleet
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.envelope import Heartbeat, Reply
 from ctlwire.transports.testing import Fault, FaultPlan, FaultyClientTransport

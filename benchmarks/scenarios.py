@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.errors import CtlwireError, RemoteError, RequestTimedOut
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 

@@ -51,7 +51,7 @@ from ctlwire.benchmarks.traffic import (
     wait_lost,
 )
 from ctlwire.kernel.app.engine_fleet import EngineFleet
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.transports.testing import Fault, FaultPlan, FaultyClientTransport
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 

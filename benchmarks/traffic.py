@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.errors import (
     CtlwireError,
     EngineDead,

@@ -1,6 +1,6 @@
 """The typed outcomes a caller can see.
 
-Every failure of :class:`~ctlwire.kernel.control_client.ControlClient` is a
+Every failure of :class:`~ctlwire.kernel.client.control_client.ControlClient` is a
 :class:`CtlwireError` (or :class:`~ctlwire.states.IllegalTransition`, which
 only a kernel bug can raise). Remote failures keep the remote exception's class
 name, message and code.
@@ -183,7 +183,7 @@ class Fenced(RemoteError):
 class ResultTypeError(CtlwireError):
     """A result did not match the ``result_type`` the caller asked for (the
     engine answered; its answer had another shape). Also importable as
-    ``ctlwire.kernel.control_client.ResultTypeError`` (the same class)."""
+    ``ctlwire.kernel.client.control_client.ResultTypeError`` (the same class)."""
 
 
 class ClientClosed(CtlwireError):

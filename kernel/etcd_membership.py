@@ -53,7 +53,7 @@ from ctlwire.kernel.core.membership import MembershipEvent
 if TYPE_CHECKING:
     import httpx
 
-    from ctlwire.kernel.control_client import ControlClient
+    from ctlwire.kernel.client.control_client import ControlClient
 
 __all__ = ["Compacted", "EtcdError", "EtcdGateway", "EtcdMembership", "EtcdRegistration"]
 

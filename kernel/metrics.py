@@ -63,6 +63,11 @@ class _Depth(Protocol):
     def depth(self) -> int: ...
 
 
+class _Mailboxes(Protocol):
+    @property
+    def by_method(self) -> Mapping[str, _Depth]: ...
+
+
 class _ClientView(Protocol):
     """What :func:`client_metrics` and :func:`snapshot` read of a ControlClient."""
 
@@ -75,7 +80,7 @@ class _ClientView(Protocol):
     @property
     def transport(self) -> object: ...
     @property
-    def _mailboxes(self) -> Mapping[str, _Depth]: ...
+    def mailboxes(self) -> _Mailboxes: ...
 
 
 class _OperationsView(Protocol):
@@ -219,7 +224,7 @@ def client_metrics(client: _ClientView) -> dict[str, Any]:
     dropped = {"late": stats.late, "duplicate": stats.duplicate, "unknown": stats.unknown,
                "stray": stats.stray,
                "stale_incarnation": counters.get("stale_incarnation", 0)}
-    mailbox_depth = {m: b.depth for m, b in client._mailboxes.items()}
+    mailbox_depth = {m: b.depth for m, b in client.mailboxes.by_method.items()}
     return {
         "role": "client",
         "live_requests": reg.live_count,

@@ -19,12 +19,8 @@ the whole plan is checked first (:meth:`check`: payloads, sizes, each rank's
 declared step methods; :class:`~ctlwire.kernel.core.operation_plan.InvalidPlan`
 before anything is sent); then each dispatch is one ``concurrent`` fan-out of
 ``ctlwire.step`` (see :mod:`~ctlwire.kernel.engine.operation_ledger`) with the step's
-own timeout, and each rank's typed outcome is fed back -- a result is OK,
-``Fenced`` is FENCED, ``NotDelivered`` or a request the client refused is
-NOT_DELIVERED (did not run), any other ``EngineDead``, a timeout or a missing
-outcome is UNKNOWN (may have run), ``StepNotApplied`` for a compensation is
-NOT_APPLIED (nothing to undo there), any other remote error is ERROR (did not
-apply). The plan's post-condition, if any, is read on every rank before
+own timeout, and each rank's typed outcome (:mod:`~ctlwire.kernel.step_outcomes`)
+is fed back. The plan's post-condition, if any, is read on every rank before
 commit. Reports and progress events carry each failure's error object.
 
 Guarantees, on top of the core's:
@@ -52,14 +48,13 @@ from __future__ import annotations
 
 import inspect
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
 
 import anyio
 
-from ctlwire.kernel.control_client import ControlClient
-from ctlwire.kernel.core.fan_out_result import FanOutResult
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_core import Dispatch, OperationCore, StepOutcome
 from ctlwire.kernel.core.operation_plan import (
     InvalidPlan,
@@ -81,15 +76,9 @@ from ctlwire.kernel.engine.operation_ledger import (
     StepRequest,
     TakeOver,
 )
-from ctlwire.kernel.errors import (
-    FanOutFailed,
-    Fenced,
-    NotDelivered,
-    OutcomeUnknown,
-    RemoteError,
-    RequestTimedOut,
-    RequestTooLarge,
-)
+from ctlwire.kernel.errors import RemoteError, RequestTimedOut, RequestTooLarge
+from ctlwire.kernel.operation_recovery import Recovery, recovery_of
+from ctlwire.kernel.step_outcomes import Outcome, answers, classify, outcomes, refused
 from ctlwire.transports.codec import PayloadTypeError
 
 __all__ = ["OperationRunner", "Quarantine", "Recovery", "ReleaseRefused", "classify",
@@ -104,89 +93,6 @@ class ReleaseRefused(Exception):
         self.rank, self.reason, self.observed = rank, reason, observed
         super().__init__(f"rank {rank} stays quarantined: {reason} (release(force=True) "
                          "to override)")
-
-
-RecoveryAction = Literal["compensate", "roll_forward", "done"]
-
-
-@dataclass(frozen=True)
-class Recovery:
-    """The newest operation of a plan the ranks report having applied steps of, and
-    what remains of it on each rank (from the ranks' own ledgers).
-
-    ``action``: ``"compensate"`` once some rank ran a compensation (the
-    operation can only be undone; ``remaining`` lists, per rank, the steps
-    whose compensation is still to run, newest first), ``"roll_forward"`` when
-    none did and the plan's last step is missing somewhere (``remaining``: the
-    steps still to apply there), ``"done"`` when every rank applied every step.
-    ``ranks``: the operation's ranks; ``missing``: those that did not answer.
-    :meth:`OperationRunner.finish` does what remains, in one call."""
-
-    op_id: str
-    fence: int
-    steps: dict[int, tuple[str, ...]]  # per rank: the steps applied there, plan order
-    complete: bool = False      # every rank applied the plan's last step
-    compensated: bool = False   # some rank ran a compensation: it cannot be replayed forward
-    undone: dict[int, tuple[str, ...]] = field(default_factory=dict)
-    ranks: tuple[int, ...] = ()
-    missing: tuple[int, ...] = ()
-    action: RecoveryAction = "done"
-    remaining: dict[int, tuple[str, ...]] = field(default_factory=dict)
-    taken_over: int = 0  # the fence the ranks were taken over with (0: only read)
-
-
-def classify(error: Exception | None) -> tuple[StepOutcome, str]:
-    """A rank's outcome of a dispatch from its fan-out error (None: it answered ok)."""
-    if error is None:
-        return StepOutcome.OK, ""
-    # a remote error reads as the engine's exception: "InjectedFault: ... (code 500 ...)"
-    detail = str(error) if isinstance(error, RemoteError) else f"{type(error).__name__}: {error}"
-    if isinstance(error, Fenced):
-        return StepOutcome.FENCED, detail
-    if isinstance(error, NotDelivered):
-        return StepOutcome.NOT_DELIVERED, detail
-    if isinstance(error, RemoteError):
-        if error.type_name == "StepNotApplied":  # a compensation with nothing to undo there
-            return StepOutcome.NOT_APPLIED, detail
-        return StepOutcome.ERROR, detail
-    return StepOutcome.UNKNOWN, detail  # EngineDead, timeouts, anything else: may have run
-
-
-def recovery_of(plan: OperationPlan, answers: Mapping[int, LastOperation | Exception]
-                ) -> Recovery | None:
-    """The :class:`Recovery` of ``plan`` from each rank's ledger answer (an
-    exception: the rank did not answer); None when no rank applied a step of it."""
-    prefix = f"{plan.name}@"
-    lasts = [v for v in answers.values()
-             if isinstance(v, LastOperation) and v.op.startswith(prefix)]
-    if not lasts:
-        return None
-    newest = max(lasts, key=lambda v: v.fence)
-    mine = {v.rank: v for v in lasts if v.op == newest.op}
-    op_ranks = tuple(sorted(set(newest.ranks) | set(mine)))
-    missing = tuple(r for r in op_ranks if not isinstance(answers.get(r), LastOperation))
-    known = [r for r in op_ranks if r not in missing]
-    # a rank that answered with another operation applied nothing of this one
-    steps = {r: tuple(mine[r].steps) if r in mine else () for r in known}
-    undone = {r: tuple(mine[r].undone) if r in mine else () for r in known}
-    names = [s.name for s in plan.steps]
-    compensated = any(undone.values())
-    complete = all(len(s) == len(names) for s in steps.values())
-    action: RecoveryAction
-    if compensated:
-        action = "compensate"
-        remaining = {r: tuple(n for n in reversed(steps[r]) if n not in undone[r]
-                              and plan.steps[plan.index(n)].compensation is not None)
-                     for r in known}
-    elif complete and not missing:
-        action, remaining = "done", {r: () for r in known}
-    else:
-        action = "roll_forward"
-        remaining = {r: tuple(names[len(steps[r]):]) for r in known}
-    return Recovery(newest.op, max(v.fence for v in mine.values()), steps,
-                    complete=complete and not missing, compensated=compensated,
-                    undone=undone, ranks=op_ranks, missing=missing, action=action,
-                    remaining=remaining)
 
 
 class OperationRunner:
@@ -284,16 +190,22 @@ class OperationRunner:
         unknown = set(targets) - set(self.client.ranks)
         if unknown:
             raise InvalidPlan([f"ranks {sorted(unknown)} are not one of {self.client.ranks}"])
+        fence = fence if fence is not None else new_fence()
+        core = await self._start(plan, targets, op_id or new_operation_id(plan.name, fence),
+                                 fence, on_progress)
+        return await self._drive(core)
+
+    async def _start(self, plan: OperationPlan, targets: tuple[int, ...], op_id: str,
+                     fence: int, on_progress: Callable[[ProgressEvent], None] | None
+                     ) -> OperationCore:
+        """The core of a new run of ``plan`` on ``targets``, the plan checked first."""
         held = sorted(set(targets) & set(self.quarantined))
         if held:
             raise InvalidPlan([f"ranks {held} are quarantined; release() them first"])
-        fence = fence if fence is not None else new_fence()
-        op_id = op_id or new_operation_id(plan.name, fence)
         if op_id in self.active:
             raise ValueError(f"operation {op_id!r} is already running")
         await self.check(plan, targets, op_id=op_id, fence=fence)
-        core = OperationCore(plan, targets, op_id=op_id, fence=fence, observer=on_progress)
-        return await self._drive(core)
+        return OperationCore(plan, targets, op_id=op_id, fence=fence, observer=on_progress)
 
     async def _drive(self, core: OperationCore) -> OperationResult:
         """Send ``core``'s dispatches until it is decided; its result, quarantines applied."""
@@ -388,89 +300,50 @@ class OperationRunner:
                            ) -> dict[int, tuple[str, ...]]:
         """The methods each rank's ledger runs as steps, for the ranks that answer."""
         targets = tuple(ranks) if ranks is not None else self.client.ranks
-        try:
-            res: FanOutResult | None = await self.client.fan_out(
-                STEP_METHODS_METHOD, ranks=targets, timeout=timeout, mode="concurrent",
-                result_type=list[str])
-        except FanOutFailed as exc:
-            res = exc.result
-        except RequestTimedOut as exc:
-            res = exc.partial
+        res = await answers(self.client, STEP_METHODS_METHOD, ranks=targets, timeout=timeout,
+                            result_type=list[str])
         if res is None:
             return {}
         return {r: tuple(v) for r, v in res.results.items()}
 
-    async def _dispatch(self, d: Dispatch
-                        ) -> dict[int, tuple[StepOutcome, str, Exception | None]]:
+    async def _dispatch(self, d: Dispatch) -> dict[int, Outcome]:
         """Send ``d``; each rank's outcome, its detail and the typed error behind it."""
+        if d.check:
+            return await self._check_postcondition(d)
         client = self.client
         core = self.active.get(d.op_id)
         ranks = core.ranks if core is not None else d.ranks
         extra: dict[str, Any] = (
             {"idempotency_key": d.key, "fence": d.fence} if self._envelope_fields else {})
-        if d.check:
-            return await self._check_postcondition(d)
-        res: FanOutResult | None
         try:
             payload = StepRequest(d.op_id, d.step, d.phase, d.fence, d.key, d.method,
                                   client.codec.encode_value(d.payload), d.index, list(ranks))
-            res = await client.fan_out(STEP_METHOD, payload, ranks=d.ranks, timeout=d.timeout,
-                                       mode="concurrent", **extra)
-        except FanOutFailed as exc:
-            res = exc.result
-        except RequestTimedOut as exc:
-            res = exc.partial
+            res = await answers(client, STEP_METHOD, payload, ranks=d.ranks,
+                                timeout=d.timeout, **extra)
         except (PayloadTypeError, TypeError, ValueError) as exc:
-            # refused by the client before any frame went out (encoding, size, timeout):
-            # a failure of this step on every rank, which ends in compensation
-            detail = f"{type(exc).__name__}: {exc}"
-            return {r: (StepOutcome.NOT_DELIVERED, detail, exc) for r in d.ranks}
-        outcomes: dict[int, tuple[StepOutcome, str, Exception | None]] = {}
-        for rank in d.ranks:
-            if res is not None and rank in res.results:
-                outcomes[rank] = (StepOutcome.OK, "", None)
-            elif res is not None and rank in res.errors:
-                error = res.errors[rank]
-                outcomes[rank] = (*classify(error), error)
-            else:
-                detail = f"no outcome of {d.key!r} in time"
-                outcomes[rank] = (StepOutcome.UNKNOWN, detail, OutcomeUnknown(rank, detail))
-        return outcomes
+            return refused(d.ranks, exc)
+        return outcomes(res, d.ranks, f"no outcome of {d.key!r} in time")
 
-    async def _check_postcondition(self, d: Dispatch
-                                   ) -> dict[int, tuple[StepOutcome, str, Exception | None]]:
+    async def _check_postcondition(self, d: Dispatch) -> dict[int, Outcome]:
         """Read the plan's post-condition on ``d.ranks``: a mismatch fails that rank."""
-        core = self.active[d.op_id]
-        pc = core.plan.postcondition
+        pc = self.active[d.op_id].plan.postcondition
         assert pc is not None
-        res: FanOutResult | None
         try:
-            res = await self.client.fan_out(d.method, d.payload, ranks=d.ranks,
-                                            timeout=d.timeout, mode="concurrent")
-        except FanOutFailed as exc:
-            res = exc.result
-        except RequestTimedOut as exc:
-            res = exc.partial
+            res = await answers(self.client, d.method, d.payload, ranks=d.ranks,
+                                timeout=d.timeout)
         except (PayloadTypeError, TypeError, ValueError) as exc:
-            return {r: (StepOutcome.NOT_DELIVERED, f"{type(exc).__name__}: {exc}", exc)
-                    for r in d.ranks}
+            return refused(d.ranks, exc)
         observed = self._observed.setdefault(d.op_id, {})
-        outcomes: dict[int, tuple[StepOutcome, str, Exception | None]] = {}
-        for rank in d.ranks:
-            if res is not None and rank in res.results:
-                answer = observed[rank] = res.results[rank]
-                if pc.holds(answer):
-                    outcomes[rank] = (StepOutcome.OK, "", None)
-                else:
-                    err = PostConditionFailed(rank, pc.method, pc.expect, answer)
-                    outcomes[rank] = (StepOutcome.ERROR, f"PostConditionFailed: {err}", err)
-            elif res is not None and rank in res.errors:
-                error = res.errors[rank]
-                outcomes[rank] = (*classify(error), error)
-            else:
-                detail = f"no answer to the post-condition {pc.method!r} in time"
-                outcomes[rank] = (StepOutcome.UNKNOWN, detail, OutcomeUnknown(rank, detail))
-        return outcomes
+
+        def judge(rank: int, answer: Any) -> Outcome:
+            observed[rank] = answer
+            if pc.holds(answer):
+                return StepOutcome.OK, "", None
+            err = PostConditionFailed(rank, pc.method, pc.expect, answer)
+            return StepOutcome.ERROR, f"PostConditionFailed: {err}", err
+
+        return outcomes(res, d.ranks, f"no answer to the post-condition {pc.method!r} in time",
+                        judge)
 
     # -- restart recovery ----------------------------------------------------------
     async def last_operations(self, ranks: Sequence[int] | None = None, timeout: float = 5.0,
@@ -489,16 +362,10 @@ class OperationRunner:
         ask = targets
         with anyio.move_on_after(timeout):
             while ask:
-                try:
-                    res = await self.client.fan_out(method, payload, ranks=ask,
-                                                    timeout=timeout, mode="concurrent",
-                                                    result_type=LastOperation)
-                except FanOutFailed as exc:
-                    res = exc.result
-                except RequestTimedOut as exc:
-                    if exc.partial is None:
-                        break
-                    res = exc.partial
+                res = await answers(self.client, method, payload, ranks=ask, timeout=timeout,
+                                    result_type=LastOperation)
+                if res is None:
+                    break
                 busy = []
                 for rank in ask:
                     if rank in res.results:
@@ -583,15 +450,8 @@ class OperationRunner:
                 self.client.quarantine.remove(rank)
         if not targets:
             raise InvalidPlan([f"no rank of {recovery.op_id!r} answered its recovery"])
-        still_held = sorted(set(targets) & set(self.quarantined))
-        if still_held:
-            raise InvalidPlan([f"ranks {still_held} are quarantined; release() them first"])
-        if recovery.op_id in self.active:
-            raise ValueError(f"operation {recovery.op_id!r} is already running")
-        fence = recovery.taken_over
-        await self.check(plan, targets, op_id=recovery.op_id, fence=fence)
-        core = OperationCore(plan, targets, op_id=recovery.op_id, fence=fence,
-                             observer=on_progress)
+        core = await self._start(plan, targets, recovery.op_id, recovery.taken_over,
+                                 on_progress)
         applied = {r: recovery.steps.get(r, ()) for r in targets}
         if recovery.action == "compensate":
             core.finish_compensation(applied, {r: recovery.undone.get(r, ()) for r in targets})

@@ -32,7 +32,7 @@ from ctlwire.kernel.tracing import current_trace
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
-    from ctlwire.kernel.control_client import ControlClient
+    from ctlwire.kernel.client.control_client import ControlClient
     from ctlwire.kernel.core.operation_result import ProgressEvent
     from ctlwire.kernel.core.request_registry import PendingRequest
     from ctlwire.states import RequestEvent, RequestState

@@ -8,96 +8,44 @@ what the kernel drives. Nothing in this package does IO, reads a clock, or
 imports anyio, zmq, the kernel or the transports.
 """
 
-from __future__ import annotations
+import types
 
-from typing import Any
+from ctlwire.states.control_request import CONTROL_REQUEST as CONTROL_REQUEST
+from ctlwire.states.control_request import CONTROL_REQUEST_TABLE as CONTROL_REQUEST_TABLE
+from ctlwire.states.control_request import RequestEvent as RequestEvent
+from ctlwire.states.control_request import RequestState as RequestState
+from ctlwire.states.errors import IllegalTransition as IllegalTransition
+from ctlwire.states.inbound_request import INBOUND_REQUEST as INBOUND_REQUEST
+from ctlwire.states.inbound_request import INBOUND_REQUEST_TABLE as INBOUND_REQUEST_TABLE
+from ctlwire.states.inbound_request import InboundEvent as InboundEvent
+from ctlwire.states.inbound_request import InboundState as InboundState
+from ctlwire.states.mailbox_ticket import MAILBOX_TICKET as MAILBOX_TICKET
+from ctlwire.states.mailbox_ticket import MAILBOX_TICKET_TABLE as MAILBOX_TICKET_TABLE
+from ctlwire.states.mailbox_ticket import TicketEvent as TicketEvent
+from ctlwire.states.mailbox_ticket import TicketState as TicketState
+from ctlwire.states.operation import OPERATION as OPERATION
+from ctlwire.states.operation import OPERATION_RANK as OPERATION_RANK
+from ctlwire.states.operation import OPERATION_RANK_TABLE as OPERATION_RANK_TABLE
+from ctlwire.states.operation import OPERATION_TABLE as OPERATION_TABLE
+from ctlwire.states.operation import OperationEvent as OperationEvent
+from ctlwire.states.operation import OperationState as OperationState
+from ctlwire.states.operation import RankEvent as RankEvent
+from ctlwire.states.operation import RankState as RankState
+from ctlwire.states.peer_link import LIVE_PEER_STATES as LIVE_PEER_STATES
+from ctlwire.states.peer_link import PEER_LINK as PEER_LINK
+from ctlwire.states.peer_link import PEER_LINK_TABLE as PEER_LINK_TABLE
+from ctlwire.states.peer_link import PeerEvent as PeerEvent
+from ctlwire.states.peer_link import PeerState as PeerState
+from ctlwire.states.transition_table import MachineSpec as MachineSpec
+from ctlwire.states.transition_table import StateTable as StateTable
+from ctlwire.states.transition_table import build_machine as build_machine
+from ctlwire.states.transition_table import derive_table as derive_table
 
-from ctlwire.states.control_request import (
-    CONTROL_REQUEST,
-    CONTROL_REQUEST_TABLE,
-    RequestEvent,
-    RequestState,
-)
-from ctlwire.states.errors import IllegalTransition
-from ctlwire.states.inbound_request import (
-    INBOUND_REQUEST,
-    INBOUND_REQUEST_TABLE,
-    InboundEvent,
-    InboundState,
-)
-from ctlwire.states.mailbox_ticket import (
-    MAILBOX_TICKET,
-    MAILBOX_TICKET_TABLE,
-    TicketEvent,
-    TicketState,
-)
-from ctlwire.states.operation import (
-    OPERATION,
-    OPERATION_RANK,
-    OPERATION_RANK_TABLE,
-    OPERATION_TABLE,
-    OperationEvent,
-    OperationState,
-    RankEvent,
-    RankState,
-)
-from ctlwire.states.peer_link import (
-    LIVE_PEER_STATES,
-    PEER_LINK,
-    PEER_LINK_TABLE,
-    PeerEvent,
-    PeerState,
-)
-from ctlwire.states.transition_table import MachineSpec, StateTable, build_machine, derive_table
+MACHINES = (CONTROL_REQUEST, MAILBOX_TICKET, PEER_LINK, INBOUND_REQUEST, OPERATION,
+            OPERATION_RANK)
+TABLES = (CONTROL_REQUEST_TABLE, MAILBOX_TICKET_TABLE, PEER_LINK_TABLE, INBOUND_REQUEST_TABLE,
+          OPERATION_TABLE, OPERATION_RANK_TABLE)
 
-MACHINES: tuple[MachineSpec[Any, Any], ...] = (
-    CONTROL_REQUEST,
-    MAILBOX_TICKET,
-    PEER_LINK,
-    INBOUND_REQUEST,
-    OPERATION,
-    OPERATION_RANK,
-)
-TABLES: tuple[StateTable[Any, Any], ...] = (
-    CONTROL_REQUEST_TABLE,
-    MAILBOX_TICKET_TABLE,
-    PEER_LINK_TABLE,
-    INBOUND_REQUEST_TABLE,
-    OPERATION_TABLE,
-    OPERATION_RANK_TABLE,
-)
-
-__all__ = [
-    "CONTROL_REQUEST",
-    "CONTROL_REQUEST_TABLE",
-    "INBOUND_REQUEST",
-    "INBOUND_REQUEST_TABLE",
-    "LIVE_PEER_STATES",
-    "MACHINES",
-    "MAILBOX_TICKET",
-    "MAILBOX_TICKET_TABLE",
-    "OPERATION",
-    "OPERATION_RANK",
-    "OPERATION_RANK_TABLE",
-    "OPERATION_TABLE",
-    "PEER_LINK",
-    "PEER_LINK_TABLE",
-    "TABLES",
-    "IllegalTransition",
-    "InboundEvent",
-    "InboundState",
-    "MachineSpec",
-    "OperationEvent",
-    "OperationState",
-    "PeerEvent",
-    "PeerState",
-    "RankEvent",
-    "RankState",
-    "RequestEvent",
-    "RequestState",
-    "StateTable",
-    "TicketEvent",
-    "TicketState",
-    "build_machine",
-    "derive_table",
-]
+# every public name bound above is exported: the imports are the one list
+__all__ = sorted(name for name, value in globals().items()
+                 if not name.startswith("_") and not isinstance(value, types.ModuleType))

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 
 
 @pytest.fixture(params=["asyncio", "trio"])

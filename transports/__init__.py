@@ -19,167 +19,57 @@ from ctlwire.transports._lazy_exports import lazy_exports
 # nothing is printed unless the application configures logging (see ctlwire.kernel)
 logging.getLogger("ctlwire").addHandler(logging.NullHandler())
 
+# The one list of exported names (see ctlwire.transports._lazy_exports): __all__
+# and the lazy imports are derived from it; type checkers read it as re-exports.
 if TYPE_CHECKING:
-    from ctlwire.transports.codec import (
-        Codec,
-        JsonCodec,
-        MsgpackCodec,
-        PayloadTypeError,
-        PickleCodec,
-        codec_by_name,
-    )
-    from ctlwire.transports.curve import (
-        CurveAuthenticator,
-        CurveClientConfig,
-        CurveServerConfig,
-        KeyPair,
-        generate_keypair,
-        load_keypair,
-        load_public_key,
-        write_keypair,
-    )
-    from ctlwire.transports.envelope import (
-        ErrorInfo,
-        Heartbeat,
-        Reply,
-        Request,
-    )
-    from ctlwire.transports.errors import (
-        ForeignThreadError,
-        MalformedFrame,
-        OversizedFrame,
-        PickleRefused,
-        SocketClosed,
-        TransportClosed,
-        TransportError,
-        Unroutable,
-        WouldBlock,
-    )
-    from ctlwire.transports.memory import (
-        MemoryClientTransport,
-        MemoryEngineTransport,
-        MemoryNetwork,
-    )
-    from ctlwire.transports.testing import (
-        FaultPlan,
-        FaultyClientTransport,
-        FaultyEngineTransport,
-    )
-    from ctlwire.transports.transport import (
-        ClientTransport,
-        EngineTransport,
-    )
+    from ctlwire.transports.codec import Codec as Codec
+    from ctlwire.transports.codec import JsonCodec as JsonCodec
+    from ctlwire.transports.codec import MsgpackCodec as MsgpackCodec
+    from ctlwire.transports.codec import PayloadTypeError as PayloadTypeError
+    from ctlwire.transports.codec import PickleCodec as PickleCodec
+    from ctlwire.transports.codec import codec_by_name as codec_by_name
+    from ctlwire.transports.curve import CurveAuthenticator as CurveAuthenticator
+    from ctlwire.transports.curve import CurveClientConfig as CurveClientConfig
+    from ctlwire.transports.curve import CurveServerConfig as CurveServerConfig
+    from ctlwire.transports.curve import KeyPair as KeyPair
+    from ctlwire.transports.curve import generate_keypair as generate_keypair
+    from ctlwire.transports.curve import load_keypair as load_keypair
+    from ctlwire.transports.curve import load_public_key as load_public_key
+    from ctlwire.transports.curve import write_keypair as write_keypair
+    from ctlwire.transports.envelope import ErrorInfo as ErrorInfo
+    from ctlwire.transports.envelope import Heartbeat as Heartbeat
+    from ctlwire.transports.envelope import Reply as Reply
+    from ctlwire.transports.envelope import Request as Request
+    from ctlwire.transports.errors import ForeignThreadError as ForeignThreadError
+    from ctlwire.transports.errors import MalformedFrame as MalformedFrame
+    from ctlwire.transports.errors import OversizedFrame as OversizedFrame
+    from ctlwire.transports.errors import PickleRefused as PickleRefused
+    from ctlwire.transports.errors import SocketClosed as SocketClosed
+    from ctlwire.transports.errors import TransportClosed as TransportClosed
+    from ctlwire.transports.errors import TransportError as TransportError
+    from ctlwire.transports.errors import Unroutable as Unroutable
+    from ctlwire.transports.errors import WouldBlock as WouldBlock
+    from ctlwire.transports.memory import MemoryClientTransport as MemoryClientTransport
+    from ctlwire.transports.memory import MemoryEngineTransport as MemoryEngineTransport
+    from ctlwire.transports.memory import MemoryNetwork as MemoryNetwork
+    from ctlwire.transports.testing import FaultPlan as FaultPlan
+    from ctlwire.transports.testing import FaultyClientTransport as FaultyClientTransport
+    from ctlwire.transports.testing import FaultyEngineTransport as FaultyEngineTransport
+    from ctlwire.transports.transport import ClientTransport as ClientTransport
+    from ctlwire.transports.transport import EngineTransport as EngineTransport
+    from ctlwire.transports.zmq_client import ZmqDealerClientTransport as ZmqDealerClientTransport
+    from ctlwire.transports.zmq_client import ZmqPairClientTransport as ZmqPairClientTransport
     from ctlwire.transports.zmq_client import (
-        ZmqDealerClientTransport,
-        ZmqPairClientTransport,
-        ZmqPushPullClientTransport,
-        ZmqRouterClientTransport,
+        ZmqPushPullClientTransport as ZmqPushPullClientTransport,
     )
-    from ctlwire.transports.zmq_config import (
-        ZmqOptions,
-    )
+    from ctlwire.transports.zmq_client import ZmqRouterClientTransport as ZmqRouterClientTransport
+    from ctlwire.transports.zmq_config import ZmqOptions as ZmqOptions
+    from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport as ZmqDealerEngineTransport
+    from ctlwire.transports.zmq_engine import ZmqPairEngineTransport as ZmqPairEngineTransport
     from ctlwire.transports.zmq_engine import (
-        ZmqDealerEngineTransport,
-        ZmqPairEngineTransport,
-        ZmqPushPullEngineTransport,
-        ZmqRouterEngineTransport,
+        ZmqPushPullEngineTransport as ZmqPushPullEngineTransport,
     )
+    from ctlwire.transports.zmq_engine import ZmqRouterEngineTransport as ZmqRouterEngineTransport
 
-# name -> the module that defines it (imported on first use, so importing one
-# deep module, or running `python -m ctlwire.kernel.app.engine_process`, does not
-# import the whole package)
-_EXPORTS: dict[str, str] = {
-    "Codec": "ctlwire.transports.codec",
-    "codec_by_name": "ctlwire.transports.codec",
-    "JsonCodec": "ctlwire.transports.codec",
-    "MsgpackCodec": "ctlwire.transports.codec",
-    "PayloadTypeError": "ctlwire.transports.codec",
-    "PickleCodec": "ctlwire.transports.codec",
-    "CurveAuthenticator": "ctlwire.transports.curve",
-    "CurveClientConfig": "ctlwire.transports.curve",
-    "CurveServerConfig": "ctlwire.transports.curve",
-    "generate_keypair": "ctlwire.transports.curve",
-    "KeyPair": "ctlwire.transports.curve",
-    "load_keypair": "ctlwire.transports.curve",
-    "load_public_key": "ctlwire.transports.curve",
-    "write_keypair": "ctlwire.transports.curve",
-    "ErrorInfo": "ctlwire.transports.envelope",
-    "Heartbeat": "ctlwire.transports.envelope",
-    "Reply": "ctlwire.transports.envelope",
-    "Request": "ctlwire.transports.envelope",
-    "ForeignThreadError": "ctlwire.transports.errors",
-    "MalformedFrame": "ctlwire.transports.errors",
-    "OversizedFrame": "ctlwire.transports.errors",
-    "PickleRefused": "ctlwire.transports.errors",
-    "SocketClosed": "ctlwire.transports.errors",
-    "TransportClosed": "ctlwire.transports.errors",
-    "TransportError": "ctlwire.transports.errors",
-    "Unroutable": "ctlwire.transports.errors",
-    "WouldBlock": "ctlwire.transports.errors",
-    "FaultPlan": "ctlwire.transports.testing",
-    "FaultyClientTransport": "ctlwire.transports.testing",
-    "FaultyEngineTransport": "ctlwire.transports.testing",
-    "MemoryClientTransport": "ctlwire.transports.memory",
-    "MemoryEngineTransport": "ctlwire.transports.memory",
-    "MemoryNetwork": "ctlwire.transports.memory",
-    "ClientTransport": "ctlwire.transports.transport",
-    "EngineTransport": "ctlwire.transports.transport",
-    "ZmqDealerClientTransport": "ctlwire.transports.zmq_client",
-    "ZmqPairClientTransport": "ctlwire.transports.zmq_client",
-    "ZmqPushPullClientTransport": "ctlwire.transports.zmq_client",
-    "ZmqRouterClientTransport": "ctlwire.transports.zmq_client",
-    "ZmqOptions": "ctlwire.transports.zmq_config",
-    "ZmqDealerEngineTransport": "ctlwire.transports.zmq_engine",
-    "ZmqPairEngineTransport": "ctlwire.transports.zmq_engine",
-    "ZmqPushPullEngineTransport": "ctlwire.transports.zmq_engine",
-    "ZmqRouterEngineTransport": "ctlwire.transports.zmq_engine",
-}
-
-__all__ = [
-    "ClientTransport",
-    "Codec",
-    "CurveAuthenticator",
-    "CurveClientConfig",
-    "CurveServerConfig",
-    "EngineTransport",
-    "ErrorInfo",
-    "FaultPlan",
-    "FaultyClientTransport",
-    "FaultyEngineTransport",
-    "ForeignThreadError",
-    "Heartbeat",
-    "JsonCodec",
-    "KeyPair",
-    "MalformedFrame",
-    "MemoryClientTransport",
-    "MemoryEngineTransport",
-    "MemoryNetwork",
-    "MsgpackCodec",
-    "OversizedFrame",
-    "PayloadTypeError",
-    "PickleCodec",
-    "PickleRefused",
-    "Reply",
-    "Request",
-    "SocketClosed",
-    "TransportClosed",
-    "TransportError",
-    "Unroutable",
-    "WouldBlock",
-    "ZmqDealerClientTransport",
-    "ZmqDealerEngineTransport",
-    "ZmqOptions",
-    "ZmqPairClientTransport",
-    "ZmqPairEngineTransport",
-    "ZmqPushPullClientTransport",
-    "ZmqPushPullEngineTransport",
-    "ZmqRouterClientTransport",
-    "ZmqRouterEngineTransport",
-    "codec_by_name",
-    "generate_keypair",
-    "load_keypair",
-    "load_public_key",
-    "write_keypair",
-]
-
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+if not TYPE_CHECKING:  # type checkers see the names above, and no catch-all __getattr__
+    __getattr__, __dir__ = lazy_exports(globals())

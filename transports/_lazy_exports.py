@@ -1,28 +1,61 @@
 """Lazy re-exports for the package facades (``ctlwire.kernel``, ``ctlwire.transports``,
 ``ctlwire.kernel.testing``): a name is imported from its module on first use.
 
+A facade lists each exported name once, in its ``if TYPE_CHECKING:`` block, as an
+explicit re-export that type checkers and IDEs read::
+
+    if TYPE_CHECKING:
+        from ctlwire.kernel.client.control_client import ControlClient as ControlClient
+
+    if not TYPE_CHECKING:
+        __getattr__, __dir__ = lazy_exports(globals())
+
+:func:`lazy_exports` reads that block from the facade's source and derives the
+facade's ``__all__`` and its name -> module map (``_EXPORTS``) from it. Type
+checkers see no module ``__getattr__``, so a misspelled name is an error there.
+
 It lives in ``transports`` because that is the lowest layer every facade may
 import (the kernel imports transports, never the reverse; importing ``states``
-would load ``transitions`` and every state table). A facade keeps a static
-``__all__`` and ``TYPE_CHECKING`` imports for type checkers, plus::
-
-    __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+would load ``transitions`` and every state table).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["lazy_exports"]
+__all__ = ["exports_of", "lazy_exports"]
 
 
-def lazy_exports(namespace: dict[str, Any], exports: Mapping[str, str]
+def exports_of(source: str) -> dict[str, str]:
+    """Exported name -> defining module, read from the absolute ``from … import``
+    statements of the module-level ``if TYPE_CHECKING:`` block of ``source``."""
+    exports: dict[str, str] = {}
+    for node in ast.parse(source).body:
+        if not (isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+                and node.test.id == "TYPE_CHECKING"):
+            continue
+        for statement in node.body:
+            if isinstance(statement, ast.ImportFrom) and statement.module and not statement.level:
+                for alias in statement.names:
+                    exports[alias.asname or alias.name] = statement.module
+    return exports
+
+
+def lazy_exports(namespace: dict[str, Any]
                  ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """The module ``__getattr__`` and ``__dir__`` of a facade whose ``globals()``
-    is ``namespace``; ``exports`` maps each exported name to its module."""
+    """The module ``__getattr__`` and ``__dir__`` of a facade whose ``globals()`` is
+    ``namespace``; sets the facade's ``__all__`` and ``_EXPORTS`` from its
+    ``TYPE_CHECKING`` block."""
     package = namespace["__name__"]
+    source = namespace["__loader__"].get_source(package)
+    if source is None:
+        raise ImportError(f"{package}: its source is needed to read its exports", name=package)
+    exports = exports_of(source)
+    namespace["_EXPORTS"] = exports
+    namespace["__all__"] = sorted(exports)
 
     def __getattr__(name: str) -> Any:
         module = exports.get(name)
@@ -33,6 +66,6 @@ def lazy_exports(namespace: dict[str, Any], exports: Mapping[str, str]
         return value
 
     def __dir__() -> list[str]:
-        return sorted({*namespace, *namespace["__all__"]})
+        return sorted({*namespace, *exports})
 
     return __getattr__, __dir__

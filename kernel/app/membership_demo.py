@@ -34,7 +34,7 @@ import anyio
 
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.app.operation_engine import weight_update_plan
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.errors import CtlwireError
 from ctlwire.kernel.etcd_membership import EtcdError, EtcdGateway, EtcdMembership
 from ctlwire.kernel.operation_runner import OperationRunner

@@ -41,7 +41,7 @@ import msgspec
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.app.torch_engine import DecoderConfig, Generate, Submit
 from ctlwire.kernel.app.torch_weight_sync import Trainer, WeightSync
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.operation_runner import OperationRunner
 from ctlwire.states import RankState
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport

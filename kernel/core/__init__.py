@@ -22,8 +22,8 @@ no sockets and no clock of their own (time is passed in).
   coordinated multi-step operations with compensation.
 * :mod:`.fencing` -- fencing tokens.
 
-The anyio shells that drive them live one level up: the client, mailbox and
-runner in :mod:`ctlwire.kernel`, the endpoint in :mod:`ctlwire.kernel.engine`;
-the interleaving explorer (:mod:`ctlwire.kernel.testing.interleaving`) drives
-these same cores directly.
+The anyio shells that drive them live in :mod:`ctlwire.kernel.client` (client,
+mailbox), :mod:`ctlwire.kernel.engine` (endpoint) and :mod:`ctlwire.kernel`
+(runner); the interleaving explorer (:mod:`ctlwire.kernel.testing.interleaving`)
+drives these same cores directly.
 """

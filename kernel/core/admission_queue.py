@@ -1,7 +1,7 @@
 """First-come-first-served admission to a queueing fan-out mailbox (sans-IO).
 
 :class:`AdmissionQueue` is the synchronous core of
-:class:`~ctlwire.kernel.fan_out_mailbox.FanOutMailbox` in queueing mode. It
+:class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox` in queueing mode. It
 hands out :class:`Ticket` objects that move through the ``MailboxTicket``
 table: Queued → Admitted → Released, or Queued → Abandoned.
 

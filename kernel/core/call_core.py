@@ -216,7 +216,7 @@ class HandOffWaiter:
     and the entry to this waiter, so holding the core would make a cycle.
     """
 
-    __slots__ = ("handed", "inner", "queue", "ticket")
+    __slots__ = ("inner", "queue", "ticket")
 
     def __init__(self, core: CallCore, inner: Any) -> None:
         if core.queue is None or core.ticket is None:
@@ -224,23 +224,12 @@ class HandOffWaiter:
         self.queue = core.queue
         self.ticket = core.ticket
         self.inner = inner
-        #: the ticket this request's decision admitted (None: nobody was queued)
-        self.handed: Ticket | None = None
 
     def set(self) -> None:
         admitted = self.queue.leave(self.ticket)
         if admitted is not None:
-            self.handed = admitted
             admitted.waiter.set()
         self.inner.set()
-
-    @property
-    def next_not_running(self) -> bool:
-        """The caller this decision admitted has not run since: a scheduler that runs
-        the tasks woken together in either order (trio's) ran the holder first."""
-        handed = self.handed
-        return (handed is not None and not handed.resumed
-                and handed.state is TicketState.ADMITTED)
 
     def wait(self) -> Any:
         """The inner waiter's ``wait()`` (an awaitable)."""

@@ -1,7 +1,7 @@
 """The fleet's quarantine: ranks out of routing, and why (sans-IO).
 
 One :class:`FleetQuarantine` belongs to a
-:class:`~ctlwire.kernel.control_client.ControlClient` (``client.quarantine``)
+:class:`~ctlwire.kernel.client.control_client.ControlClient` (``client.quarantine``)
 and every :class:`~ctlwire.kernel.operation_runner.OperationRunner` over that
 client shares it. A fan-out without explicit ``ranks`` leaves quarantined
 ranks out; a caller reaches one only by naming it. The set is shown by

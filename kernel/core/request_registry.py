@@ -3,8 +3,8 @@
 :class:`RequestRegistry` is a synchronous, sans-IO core: it takes events
 (registered, sent, awaited, reply, timeout, failure, cancel, release) and
 returns what happened; it never awaits, sleeps or touches a socket. The anyio
-shells (:class:`~ctlwire.kernel.control_client.ControlClient`,
-:class:`~ctlwire.kernel.fan_out_mailbox.FanOutMailbox`) turn awaits into
+shells (:class:`~ctlwire.kernel.client.control_client.ControlClient`,
+:class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox`) turn awaits into
 these events, and the interleaving explorer drives the very same object.
 
 Guarantees:
@@ -52,7 +52,6 @@ _S = RequestState
 _E = RequestEvent
 _OPEN = frozenset({_S.REGISTERED, _S.SENT, _S.AWAITING})
 _TERMINAL = CONTROL_REQUEST_TABLE.terminal
-_ALL = Policy.ALL
 
 
 class _Step:
@@ -382,16 +381,9 @@ class RequestRegistry:
             stats.late += 1
             return ReplyDisposition.LATE, entry
         entry.replies[rank] = reply
-        answered = entry.answered = entry.answered + 1
+        entry.answered += 1
         if reply.ok:
             entry.ok += 1
-        if entry.policy is _ALL:
-            # decide() for ``all``, inline: settled = answered + failed ranks, and a
-            # request with an answer is Done once every rank settled
-            if answered + len(entry.errors) < len(entry.ranks):
-                return ReplyDisposition.ACCEPTED, entry
-            self._go(entry, _E.COMPLETE)
-            return ReplyDisposition.COMPLETED, entry
         if self._decide(entry):
             return ReplyDisposition.COMPLETED, entry
         return ReplyDisposition.ACCEPTED, entry

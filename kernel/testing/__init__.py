@@ -35,37 +35,19 @@ from typing import TYPE_CHECKING
 
 from ctlwire.transports._lazy_exports import lazy_exports
 
+# The one list of exported names (see ctlwire.transports._lazy_exports): __all__
+# and the lazy imports are derived from it; type checkers read it as re-exports.
 if TYPE_CHECKING:
-    from ctlwire.kernel.testing._harness import EngineHarness
-    from ctlwire.kernel.testing._ports import free_tcp_address, free_tcp_port
-    from ctlwire.kernel.testing._recorder import TransitionRecorder
+    from ctlwire.kernel.testing._harness import EngineHarness as EngineHarness
+    from ctlwire.kernel.testing._ports import free_tcp_address as free_tcp_address
+    from ctlwire.kernel.testing._ports import free_tcp_port as free_tcp_port
+    from ctlwire.kernel.testing._recorder import TransitionRecorder as TransitionRecorder
     from ctlwire.kernel.testing._virtual_clock import (
-        VIRTUAL_HEARTBEAT_INTERVAL,
-        VirtualTimeEventLoop,
-        on_virtual_clock,
-        virtual_backend,
+        VIRTUAL_HEARTBEAT_INTERVAL as VIRTUAL_HEARTBEAT_INTERVAL,
     )
+    from ctlwire.kernel.testing._virtual_clock import VirtualTimeEventLoop as VirtualTimeEventLoop
+    from ctlwire.kernel.testing._virtual_clock import on_virtual_clock as on_virtual_clock
+    from ctlwire.kernel.testing._virtual_clock import virtual_backend as virtual_backend
 
-_EXPORTS: dict[str, str] = {
-    "VIRTUAL_HEARTBEAT_INTERVAL": "ctlwire.kernel.testing._virtual_clock",
-    "EngineHarness": "ctlwire.kernel.testing._harness",
-    "TransitionRecorder": "ctlwire.kernel.testing._recorder",
-    "VirtualTimeEventLoop": "ctlwire.kernel.testing._virtual_clock",
-    "free_tcp_address": "ctlwire.kernel.testing._ports",
-    "free_tcp_port": "ctlwire.kernel.testing._ports",
-    "on_virtual_clock": "ctlwire.kernel.testing._virtual_clock",
-    "virtual_backend": "ctlwire.kernel.testing._virtual_clock",
-}
-
-__all__ = [
-    "VIRTUAL_HEARTBEAT_INTERVAL",
-    "EngineHarness",
-    "TransitionRecorder",
-    "VirtualTimeEventLoop",
-    "free_tcp_address",
-    "free_tcp_port",
-    "on_virtual_clock",
-    "virtual_backend",
-]
-
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+if not TYPE_CHECKING:  # type checkers see the names above, and no catch-all __getattr__
+    __getattr__, __dir__ = lazy_exports(globals())

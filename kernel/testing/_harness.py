@@ -20,7 +20,7 @@ from typing import Any, Literal
 import anyio
 from anyio.abc import TaskGroup
 
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.testing._recorder import TransitionRecorder
 from ctlwire.kernel.testing._virtual_clock import VIRTUAL_HEARTBEAT_INTERVAL, on_virtual_clock

@@ -8,7 +8,7 @@ partitions ranks. The controller may crash at any event (between steps, or
 while a step is in flight); engines may crash before or after a step's body
 and come back with a fresh process. A successor controller then takes every
 ledger over with a newer fence and reads it, computes what remains
-(:func:`~ctlwire.kernel.operation_runner.recovery_of`) and finishes it, as
+(:func:`~ctlwire.kernel.operation_recovery.recovery_of`) and finishes it, as
 :meth:`OperationRunner.finish` does. The first controller may instead only
 stall and come back after its successor took over: it is fenced out.
 
@@ -38,11 +38,9 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
-import msgspec
-
-from ctlwire.kernel.core.operation_core import Dispatch, OperationCore, StepOutcome
+from ctlwire.kernel.core.operation_core import OperationCore
 from ctlwire.kernel.core.operation_plan import (
     OperationPlan,
     OperationStep,
@@ -51,16 +49,20 @@ from ctlwire.kernel.core.operation_plan import (
     new_operation_id,
 )
 from ctlwire.kernel.core.operation_result import OperationResult
-from ctlwire.kernel.engine.liveness import _current_request
 from ctlwire.kernel.engine.operation_ledger import (
     LastOperation,
     OperationLedger,
-    StepRequest,
-    TakeOver,
 )
-from ctlwire.kernel.operation_runner import Recovery, recovery_of
+from ctlwire.kernel.operation_recovery import Recovery, recovery_of
+from ctlwire.kernel.testing.simulated_fleet import (
+    NEW,
+    OLD,
+    SimController,
+    SimEngine,
+    SimulationViolation,
+    Version,
+)
 from ctlwire.states import OperationState, RankState
-from ctlwire.transports.codec import MsgpackCodec
 
 __all__ = [
     "SimConfig",
@@ -70,13 +72,6 @@ __all__ = [
     "simulate",
     "simulate_many",
 ]
-
-OLD, NEW = 0, 1
-CODEC = MsgpackCodec()
-
-
-class Version(msgspec.Struct, frozen=True):
-    version: int
 
 
 def sim_plan() -> OperationPlan:
@@ -88,15 +83,6 @@ def sim_plan() -> OperationPlan:
                       compensation=StepCall("restore_weights", Version(OLD))),
         OperationStep("resume", "resume", None, 1.0, compensation=StepCall("pause")),
     ), PostCondition("get_server_info", {"version": NEW, "paused": False}, timeout=1.0))
-
-
-class SimulationViolation(AssertionError):
-    """An invariant failed in the run of ``seed`` (replay it with that seed)."""
-
-    def __init__(self, seed: int, message: str, trace: list[str]) -> None:
-        self.seed = seed
-        self.trace = trace
-        super().__init__(f"seed {seed}: {message}")
 
 
 @dataclass(frozen=True)
@@ -112,206 +98,6 @@ class SimConfig:
     stalled_controller: float = 0.3  # of those: stalled and coming back, not dead
     engine_crash: float = 0.15   # per engine
     horizon: float = 60.0
-
-
-class _Endpoint:
-    """What OperationLedger.install uses of an endpoint."""
-
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-        self.codec = CODEC
-        self.methods: dict[str, Callable[..., Any]] = {}
-        self.running: dict[int, tuple[str, float]] = {}
-
-    def register(self, name: str, fn: Callable[..., Any], *, read_only: bool = False) -> None:
-        self.methods[name] = fn
-
-
-class SimEngine:
-    """One engine process: weights, paused flag, a ledger; lost when it crashes."""
-
-    def __init__(self, sim: Simulation, rank: int) -> None:
-        self.sim = sim
-        self.rank = rank
-        self.alive = True
-        self.crashed = False
-        self.incarnation = 0
-        self._boot()
-
-    def _boot(self) -> None:
-        self.version = OLD  # weights as loaded at start
-        self.paused = False
-        self.runs: dict[tuple[str, str, str], int] = {}
-        self.current: StepRequest | None = None
-        self.ledger = self.sim.ledger_factory({
-            "pause": self.pause, "resume": self.resume,
-            "update_weights": self.update_weights, "restore_weights": self.restore_weights})
-        self.ledger.install(cast(Any, _Endpoint(self.rank)))
-        self.fence_seen = 0
-
-    def crash(self) -> None:
-        self.alive = False
-        self.crashed = True
-        self.sim.log(f"engine {self.rank} crashed")
-
-    def restart(self) -> None:
-        self.incarnation += 1
-        self.alive = True
-        self._boot()
-        self.sim.log(f"engine {self.rank} restarted")
-
-    # -- step bodies -------------------------------------------------------------------
-    def _body(self) -> None:
-        req = self.current
-        assert req is not None
-        key = (req.op, req.step, req.phase)
-        self.runs[key] = self.runs.get(key, 0) + 1
-        if self.runs[key] > 1:
-            self.sim.violate(f"rank {self.rank}: the body of {key} ran twice")
-
-    def _set_version(self, version: int) -> None:
-        if version != self.version and not self.paused:
-            self.sim.violate(f"rank {self.rank}: weights changed {self.version} -> {version} "
-                             "while serving")
-        self.version = version
-
-    def pause(self) -> None:
-        self._body()
-        self.paused = True
-
-    def resume(self) -> None:
-        self._body()
-        self.paused = False
-
-    def update_weights(self, req: Version) -> int:
-        self._body()
-        if not self.paused:
-            raise RuntimeError("update_weights needs a paused engine")
-        self._set_version(req.version)
-        return self.version
-
-    def restore_weights(self, req: Version) -> int:
-        self._body()
-        self._set_version(req.version)
-        return self.version
-
-    # -- requests ------------------------------------------------------------------------
-    def handle(self, msg: dict[str, Any]) -> dict[str, Any] | None:
-        """A request; its reply (None: the engine died before answering)."""
-        kind = msg["kind"]
-        if kind == "info":
-            return {"ok": True, "result": {"version": self.version, "paused": self.paused}}
-        if kind == "take":
-            try:
-                return {"ok": True, "result": self.ledger.take_over(TakeOver(msg["fence"]))}
-            except Exception as exc:
-                return {"ok": False, "error": type(exc).__name__, "detail": str(exc)}
-        req: StepRequest = msg["step"]
-        crash_before, crash_after = self.sim.engine_crash_point(self.rank)
-        if crash_before:
-            self.crash()
-            return None
-        self.current = req
-        token = _current_request.set(cast(Any, (None, msg["peer"] << 32 | msg["seq"])))
-        try:
-            result = self.ledger.step(req)
-            reply: dict[str, Any] = {"ok": True, "result": result}
-        except SimulationViolation:
-            raise
-        except Exception as exc:
-            reply = {"ok": False, "error": type(exc).__name__, "detail": str(exc)}
-        finally:
-            _current_request.reset(token)
-            self.current = None
-        if self.ledger.highest_fence < self.fence_seen:
-            self.sim.violate(f"rank {self.rank}: fence went back from {self.fence_seen} "
-                             f"to {self.ledger.highest_fence}")
-        self.fence_seen = self.ledger.highest_fence
-        if crash_after:
-            self.crash()
-            return None
-        return reply
-
-
-class SimController:
-    """Drives one OperationCore over the simulated network (as OperationRunner does)."""
-
-    def __init__(self, sim: Simulation, core: OperationCore, peer: int) -> None:
-        self.sim = sim
-        self.core = core
-        self.peer = peer
-        self.dead = False
-        self.frozen_until = -1.0  # a stalled controller (GC pause, partition) acts again then
-        self.seq = 0
-        self.result: OperationResult | None = None
-        self.observed: dict[int, Any] = {}
-
-    def start(self) -> None:
-        self._next()
-
-    def _next(self) -> None:
-        if self.dead:
-            return
-        d = self.core.next_dispatch()
-        if d is None:
-            self.result = self.core.result()
-            self.sim.log(f"controller {self.peer}: {self.result.summary()}")
-            self.sim.controller_done(self)
-            return
-        self.seq += 1
-        seq = self.seq
-        self.sim.log(f"controller {self.peer}: {d.phase} {d.step} -> {d.ranks}")
-        for r in d.ranks:
-            if d.check:
-                msg: dict[str, Any] = {"kind": "info"}
-            else:
-                msg = {"kind": "step", "step": _step_request(d, self.core.ranks)}
-            msg.update(peer=self.peer, seq=seq)
-            self.sim.send_request(r, msg, partial(self._reply, d, seq, r))
-        self.sim.at(self.sim.now + (d.timeout or 1.0), lambda: self._deadline(d, seq))
-
-    def _frozen(self, fn: Callable[[], None]) -> bool:
-        """While stalled, whatever reaches this controller waits until it wakes."""
-        if self.sim.now < self.frozen_until:
-            self.sim.at(self.frozen_until, fn)
-            return True
-        return False
-
-    def _reply(self, d: Dispatch, seq: int, rank: int, reply: dict[str, Any]) -> None:
-        if self._frozen(lambda: self._reply(d, seq, rank, reply)):
-            return
-        if self.dead or seq != self.seq or self.core.inflight is not d \
-                or self.core.has_outcome(rank):
-            return  # late, duplicated or for a dead controller
-        if d.check:
-            pc = self.core.plan.postcondition
-            assert pc is not None
-            self.observed[rank] = reply["result"]
-            outcome = StepOutcome.OK if pc.holds(reply["result"]) else StepOutcome.ERROR
-            self.core.record(rank, outcome, "" if outcome is StepOutcome.OK else "mismatch")
-        elif reply["ok"]:
-            self.core.record(rank, StepOutcome.OK)
-        else:
-            error = reply["error"]
-            outcome = {"Fenced": StepOutcome.FENCED,
-                       "StepNotApplied": StepOutcome.NOT_APPLIED}.get(error, StepOutcome.ERROR)
-            self.core.record(rank, outcome, f"{error}: {reply['detail']}")
-        if self.core.inflight is None:
-            self._next()
-
-    def _deadline(self, d: Dispatch, seq: int) -> None:
-        if self._frozen(lambda: self._deadline(d, seq)):
-            return
-        if self.dead or seq != self.seq or self.core.inflight is not d:
-            return
-        for r in [r for r in d.ranks if not self.core.has_outcome(r)]:
-            self.core.record(r, StepOutcome.UNKNOWN, "no answer in time")
-        self._next()
-
-
-def _step_request(d: Dispatch, ranks: tuple[int, ...]) -> StepRequest:
-    return StepRequest(d.op_id, d.step, d.phase, d.fence, d.key, d.method,
-                       CODEC.encode_value(d.payload), d.index, list(ranks))
 
 
 class Simulation:

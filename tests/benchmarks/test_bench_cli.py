@@ -118,7 +118,7 @@ SCALE_ROWS = {
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("group", scale.GROUPS)
 def test_quick_load_and_scale_group_reports_its_rows(tmp_path: Path, group: str) -> None:
-    """Each issue-14 group alone (``--quick``, its smallest run): its rows are there,
+    """Each load and scale group alone (``--quick``, its smallest run): its rows are there,
     every ratio finite, and the correctness rows hold. Timings are not judged."""
     out = tmp_path / "bench.json"
     assert main(["bench", "--quick", "--only", group, "--json", str(out)]) == 0

@@ -17,7 +17,7 @@ import anyio
 import pytest
 
 from ctlwire.kernel.app.engine_fleet import EngineFleet
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.etcd_membership import (
     Compacted,
     EtcdGateway,

@@ -40,7 +40,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ctlwire.kernel.control_client import ResultTypeError
+from ctlwire.kernel.client.control_client import ResultTypeError
 from ctlwire.kernel.core.request_registry import PendingRequest
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import EngineDead, RemoteError, RequestTimedOut

@@ -17,7 +17,7 @@ import anyio
 import pytest
 
 from ctlwire.kernel.app.engine_fleet import EngineFleet
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.peer_table import Progress
 from ctlwire.kernel.errors import EngineDead, NotDelivered, OutcomeUnknown
 from ctlwire.states import PeerState

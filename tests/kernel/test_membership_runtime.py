@@ -18,7 +18,7 @@ import pytest
 
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.app.operation_engine import weight_update_plan
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.membership import ChangeKind
 from ctlwire.kernel.core.quarantine import Quarantine

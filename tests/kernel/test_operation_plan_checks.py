@@ -20,7 +20,7 @@ import pytest
 from ctlwire.kernel.app.demo_engine import Pause, UpdateWeights
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.app.operation_engine import RestoreWeights
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_plan import (
     InvalidPlan,
     OperationPlan,

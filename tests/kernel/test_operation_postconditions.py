@@ -16,7 +16,7 @@ import pytest
 
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.app.operation_engine import Fault, weight_update_plan
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_plan import PostCondition, PostConditionFailed
 from ctlwire.kernel.operation_runner import OperationRunner, ReleaseRefused
 from ctlwire.states import OperationState

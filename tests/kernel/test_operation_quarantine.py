@@ -16,7 +16,7 @@ import pytest
 
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.app.operation_engine import Fault, weight_update_plan
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.operation_runner import OperationRunner
 from ctlwire.states import OperationState
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport

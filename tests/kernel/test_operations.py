@@ -17,7 +17,7 @@ import pytest
 
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.app.operation_engine import Fault, weight_update_plan
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_plan import new_fence
 from ctlwire.kernel.core.operation_result import ProgressEvent
 from ctlwire.kernel.operation_runner import OperationRunner, ReleaseRefused

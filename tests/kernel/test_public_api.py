@@ -3,10 +3,12 @@ error in ctlwire.kernel.errors, no import cycles."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import inspect
 import pkgutil
+import re
 import subprocess
 import sys
 
@@ -31,12 +33,46 @@ def test_every_exported_name_is_the_deep_paths_object(package: object) -> None:
 
 
 @pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.__name__)
+def test_each_exported_name_is_listed_once(package: object) -> None:
+    """The facade's ``TYPE_CHECKING`` block is its one list: no second list
+    (``__all__``, a name -> module map) is written out beside it."""
+    source = inspect.getsource(package)  # type: ignore[arg-type]
+    tree = ast.parse(source)
+    assigned = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                if isinstance(t, ast.Name)}
+    assert not assigned & {"__all__", "_EXPORTS"}, assigned
+    # __getattr__ is bound only when not type checking: a checker sees no catch-all,
+    # so a misspelled name is an error there
+    top = {n.id for node in tree.body if isinstance(node, ast.Assign)
+           for n in ast.walk(node.targets[0]) if isinstance(n, ast.Name)}
+    assert "__getattr__" not in top
+    imported = [alias.asname or alias.name for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) for alias in node.names]
+    for name in package.__all__:  # type: ignore[attr-defined]
+        assert imported.count(name) == 1, name
+        # listed as an explicit re-export (``X as X``), which mypy --strict and IDEs honour
+        assert re.search(rf"\b{name} as {name}\b", source), name
+        assert source.count(f'"{name}"') == 0, name
+
+
+def test_the_exports_are_read_from_the_type_checking_block() -> None:
+    from ctlwire.transports._lazy_exports import exports_of
+
+    source = ("from typing import TYPE_CHECKING\nimport a\n"
+              "if TYPE_CHECKING:\n    from m.x import (A as A,\n        b as b)\n"
+              "    from m.y import C as C\n    from . import Rel\n"
+              "def f():\n    if TYPE_CHECKING:\n        from m.z import D\n")
+    assert exports_of(source) == {"A": "m.x", "b": "m.x", "C": "m.y"}
+
+
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.__name__)
 def test_an_unknown_name_is_an_attribute_error(package: object) -> None:
     with pytest.raises(AttributeError, match="no_such_thing"):
         package.no_such_thing  # type: ignore[attr-defined]  # noqa: B018
 
 
-def test_the_public_api_names_the_issue_asks_for() -> None:
+def test_the_main_names_import_from_the_facades() -> None:
     from ctlwire.kernel import (  # noqa: F401
         AuthenticationFailed,
         ControlClient,
@@ -63,7 +99,7 @@ def test_the_public_api_names_the_issue_asks_for() -> None:
 
 def test_result_type_error_lives_with_the_other_errors_and_keeps_its_old_path() -> None:
     from ctlwire.kernel.actor import MailboxFull
-    from ctlwire.kernel.control_client import ResultTypeError
+    from ctlwire.kernel.client.control_client import ResultTypeError
 
     assert ResultTypeError is ctlwire.kernel.errors.ResultTypeError
     assert ResultTypeError.__module__ == "ctlwire.kernel.errors"
@@ -99,7 +135,7 @@ def _run(code: str) -> str:
 def test_states_stay_pure_and_the_packages_import_lazily() -> None:
     out = _run("import sys, ctlwire.states, ctlwire.kernel, ctlwire.transports\n"
                "print(sorted(m for m in sys.modules if m.startswith(('ctlwire.', 'zmq'))))")
-    assert "ctlwire.kernel.control_client" not in out  # nothing imported before use
+    assert "ctlwire.kernel.client.control_client" not in out  # nothing imported before use
     assert "'zmq'" not in out
     out = _run("import sys, ctlwire.states\n"
                "print([m for m in sys.modules if m.startswith(('ctlwire.kernel', "
@@ -130,3 +166,15 @@ def test_the_version_is_the_installed_distributions() -> None:
     from importlib.metadata import version
 
     assert ctlwire.kernel.__version__ == version("ctlwire")
+
+
+def test_the_states_facade_exports_every_name_it_binds() -> None:
+    import types
+
+    import ctlwire.states
+
+    exported = set(ctlwire.states.__all__)
+    assert {"MACHINES", "TABLES", "PeerState", "derive_table", "IllegalTransition"} <= exported
+    assert not exported & {"types", "annotations", "control_request"}
+    for name in exported:
+        assert not isinstance(getattr(ctlwire.states, name), types.ModuleType), name

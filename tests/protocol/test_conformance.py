@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.errors import RemoteError, RequestTimedOut, UnsupportedProtocolVersion
 from ctlwire.transports.conformance import check_client, check_engine
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport

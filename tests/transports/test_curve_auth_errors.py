@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import AuthenticationFailed, NotDelivered
 from ctlwire.kernel.testing import free_tcp_address

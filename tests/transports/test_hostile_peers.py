@@ -24,7 +24,7 @@ import pytest
 import zmq
 
 from ctlwire.kernel.app.engine_fleet import EngineFleet
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.testing import free_tcp_address, free_tcp_port
 from ctlwire.transports.codec import JsonCodec, MsgpackCodec, PickleCodec
 from ctlwire.transports.curve import CurveClientConfig, generate_keypair

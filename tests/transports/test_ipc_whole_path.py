@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from ctlwire.kernel.app.engine_fleet import EngineFleet, EngineStartError
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.transports.codec import PickleCodec
 from ctlwire.transports.errors import PickleRefused
 from ctlwire.transports.ipc_path import IpcPathUnsafe, directory_problem

@@ -35,7 +35,7 @@ from netns_hosts import (
 )
 
 from ctlwire.kernel.app.engine_fleet import EngineFleet
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.errors import EngineDead
 from ctlwire.transports.curve import CurveServerConfig, load_keypair, write_keypair
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport

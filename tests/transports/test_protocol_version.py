@@ -19,7 +19,7 @@ import msgspec
 import pytest
 import zmq
 
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.engine.endpoint import EngineEndpoint, new_incarnation
 from ctlwire.kernel.errors import NotDelivered, UnsupportedProtocolVersion, remote_error
 from ctlwire.transports.codec import MsgpackCodec

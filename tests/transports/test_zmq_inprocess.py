@@ -10,7 +10,7 @@ import anyio
 import pytest
 import zmq
 
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import EngineDead
 from ctlwire.transports.transport import ClientTransport, EngineTransport
@@ -138,74 +138,3 @@ def test_foreign_thread_use_is_refused(tmp_path: Path) -> None:
     t.join()
     et.close()
     assert len(errors) == 1 and isinstance(errors[0], ForeignThreadError)
-
-
-async def test_replies_complete_calls_from_the_reader_callback_on_asyncio(
-        tmp_path: Path, anyio_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On asyncio the router client hands each reply over from the event loop's
-    reader callback: the calls complete while the receiving task stays in its wait
-    (one task step and one loop iteration less per reply). On trio the caller
-    receives its reply itself (``ReceiveRole``) and hands it to the same handler,
-    without the yields a receive loop makes before it waits again (to let the
-    callers it woke run first). Either way calls complete in order,
-    other events still reach the client's event loop, and a cancelled caller is
-    still cleaned up."""
-    import asyncio
-
-    in_callback = handled_in_task = in_task = heartbeats = 0
-    handle_reply, on_event = ControlClient._handle_reply, ControlClient._on_event
-
-    def counting_handle(self: ControlClient, event: Any) -> bool:
-        nonlocal in_callback, handled_in_task
-        handled = handle_reply(self, event)
-        outside_tasks = anyio_backend == "asyncio" and asyncio.current_task() is None
-        in_callback += handled and outside_tasks
-        handled_in_task += handled and not outside_tasks
-        return handled
-
-    def counting_event(self: ControlClient, event: Any) -> None:
-        nonlocal in_task, heartbeats
-        kind = type(getattr(event, "envelope", None)).__name__
-        in_task += kind == "Reply"
-        heartbeats += kind == "Heartbeat"
-        on_event(self, event)
-
-    monkeypatch.setattr(ControlClient, "_handle_reply", counting_handle)
-    monkeypatch.setattr(ControlClient, "_on_event", counting_event)
-    client_t, engine_ts = router_dealer(tmp_path, 1)
-    async with ControlClient(client_t, ranks=1, default_timeout=10.0,
-                             heartbeat_interval=0.05) as c, anyio.create_task_group() as tg:
-        ep = EngineEndpoint(engine_ts[0], heartbeat_interval=0.05)
-        ep.register("echo", lambda x=None: x)
-        ep.register("sleep", lambda: __import__("time").sleep(0.2))
-        await tg.start(ep.serve)
-        await c.wait_ready(timeout=10)
-        yields = 0
-        checkpoint = client_t._checkpoint  # type: ignore[attr-defined]
-
-        async def counting() -> None:
-            nonlocal yields
-            yields += 1
-            await checkpoint()
-
-        client_t._checkpoint = counting  # type: ignore[attr-defined]
-        in_callback = handled_in_task = in_task = 0
-        for i in range(20):
-            assert await c.call("echo", i) == i
-        counts = (in_callback, handled_in_task, in_task)
-        if anyio_backend == "trio":
-            assert counts == (0, 20, 0), counts
-            assert c.issuer.receive_role is not None
-            assert c.issuer.receive_role.handed >= 18
-            assert yields <= 4, yields
-        else:
-            assert in_callback >= 18 and sum(counts) == 20 and in_task == 0, counts
-        heartbeats = 0
-        await anyio.sleep(0.3)  # heartbeats are declined by the callback: the task takes them
-        assert heartbeats >= 2
-        with anyio.move_on_after(0.05) as scope:
-            await c.call("sleep")
-        assert scope.cancelled_caught
-        assert c.registry.live_count == 0
-        assert await c.call("echo", "after") == "after"
-        tg.cancel_scope.cancel()

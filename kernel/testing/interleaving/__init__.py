@@ -22,8 +22,8 @@ fires.
 :class:`~ctlwire.kernel.core.request_registry.RequestRegistry`, or any subclasses
 passed in (the tests plug in deliberately broken ones) -- exactly the way the
 anyio shell :meth:`FanOutMailbox.queueing
-<ctlwire.kernel.fan_out_mailbox.FanOutMailbox.queueing>` and
-:class:`~ctlwire.kernel.control_client.ControlClient` drive them. Each caller
+<ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox.queueing>` and
+:class:`~ctlwire.kernel.client.control_client.ControlClient` drive them. Each caller
 is a small sequential program of CallCore steps::
 
     arrive    core.arrive(waiter)                  admitted at once, or queued

@@ -128,7 +128,7 @@ class _Liveness:
         return rank in self.lost
 
 
-# -- cloning (a deep copy that shares immutable things; ~5x faster than copy.deepcopy) ---
+# -- cloning (a deep copy that shares immutable things, cheaper than copy.deepcopy) -----
 
 _ATOM = 0
 _SEQ = 1

@@ -35,7 +35,7 @@ from ctlwire.kernel.app.torch_engine import (
     save_weights,
 )
 from ctlwire.kernel.app.torch_weight_sync import Trainer, weight_sync_plan
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_plan import OperationPlan, OperationStep, StepCall
 from ctlwire.kernel.errors import EngineDead
 from ctlwire.kernel.operation_runner import OperationRunner
@@ -241,7 +241,7 @@ TRAINER_SCRIPT = """
 import sys, time, anyio, msgspec
 from ctlwire.kernel.app import torch_weight_sync as tws
 from ctlwire.kernel.app.torch_engine import DecoderConfig
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.operation_runner import OperationRunner
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 

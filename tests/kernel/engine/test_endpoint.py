@@ -237,7 +237,7 @@ async def test_sync_engine_in_a_poll_loop_task() -> None:
     def get_steps() -> int:
         return steps[0]
 
-    from ctlwire.kernel.control_client import ControlClient
+    from ctlwire.kernel.client.control_client import ControlClient
 
     async with ControlClient(net.client_transport(), ranks=1) as client:
         async with anyio.create_task_group() as tg:

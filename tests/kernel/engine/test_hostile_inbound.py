@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 from ctlwire.kernel.app.engine_fleet import EngineFleet
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.fencing import new_fence
 from ctlwire.kernel.core.peer_table import Progress
 from ctlwire.kernel.errors import Fenced, RequestTimedOut

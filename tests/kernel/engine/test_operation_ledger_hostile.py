@@ -18,7 +18,7 @@ import pytest
 
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.app.operation_engine import RestoreWeights, weight_update_plan
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_plan import new_fence, new_operation_id
 from ctlwire.kernel.core.operation_result import ProgressEvent
 from ctlwire.kernel.engine.operation_ledger import STEP_METHOD

@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from ctlwire.kernel.app.engine_fleet import EngineFleet
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.envelope import Request

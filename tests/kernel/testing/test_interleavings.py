@@ -59,7 +59,7 @@ RUNS = [*standard_scenarios(max_callers=3, max_callers_two_ranks=2),
         Scenario.uniform(3, EVERY_KIND, ranks=2, name="k=3 2 ranks all, every event kind")]
 
 # A in flight, B queued, A's reply, C arriving before B resumes: the SGLang scenario
-ISSUE = Scenario.uniform(3, CallerSpec(), name="A in flight, B queued, reply for A, C arrives")
+OVERTAKE = Scenario.uniform(3, CallerSpec(), name="A in flight, B queued, reply for A, C arrives")
 # FastDeploy: one caller, a fast reply, a deadline (FastDeploy's was 600 s)
 FAST_REPLY = Scenario.uniform(1, CallerSpec(timeout=True), name="one caller, fast reply")
 
@@ -128,7 +128,7 @@ def test_sglang_wakeup_window_is_caught_as_a_wakeup_without_handoff(
     classes = {"queue_cls": WakeupWindowQueue}
     cx = caught(explore(Scenario.uniform(3), **classes), "handoff", capsys, **classes)
     assert cx.events[-1].startswith(("finish A", "cancel A", "raise A"))
-    cx = caught(explore(ISSUE, **classes), "handoff", capsys, **classes)
+    cx = caught(explore(OVERTAKE, **classes), "handoff", capsys, **classes)
     assert cx.events[-1] == "reply A"  # the decision passes the mailbox on
 
 
@@ -139,7 +139,7 @@ def test_sglang_wakeup_window_is_caught_as_overtaking(
     arrives before B resumes."""
     classes = {"queue_cls": WakeupWindowQueue}
     checks = [c for c in CHECKS if c != "handoff"]
-    cx = caught(explore(ISSUE, checks=checks, **classes), "fifo", capsys, **classes)
+    cx = caught(explore(OVERTAKE, checks=checks, **classes), "fifo", capsys, **classes)
     assert cx.events[-1] == "arrive C"
     assert cx.events.index("arrive B") < cx.events.index("reply A")
     assert "resume B" not in cx.events
@@ -156,7 +156,7 @@ def test_a_hand_off_before_the_decision_is_caught(
     an undecided request in flight without the mailbox: caught as soon as A
     waits, before B could send."""
     classes = {"call_core_cls": HandOffOnSendCore}
-    cx = caught(explore(ISSUE, **classes), "exclusive", capsys, **classes)
+    cx = caught(explore(OVERTAKE, **classes), "exclusive", capsys, **classes)
     assert cx.events == ("arrive A", "resume A", "register A", "send A", "send A")
     assert "A has a request in flight without holding the mailbox" in str(cx.violation)
 
@@ -166,10 +166,10 @@ def test_a_hand_off_at_the_decision_that_wakes_nobody_is_caught(
     """The decision admits B but nobody wakes B: the hand-off check sees it at once,
     and without it, the progress check sees B hang."""
     classes = {"queue_cls": SilentLeaveQueue}
-    cx = caught(explore(ISSUE, **classes), "handoff", capsys, **classes)
+    cx = caught(explore(OVERTAKE, **classes), "handoff", capsys, **classes)
     assert cx.events[-1] == "reply A" and "never woken" in str(cx.violation)
     checks = [c for c in CHECKS if c != "handoff"]
-    cx = caught(explore(ISSUE, checks=checks, **classes), "progress", capsys, **classes)
+    cx = caught(explore(OVERTAKE, checks=checks, **classes), "progress", capsys, **classes)
     assert "B (queued)" in str(cx.violation)
 
 
@@ -231,7 +231,7 @@ def test_the_production_window_replays_cleanly_on_the_real_cores() -> None:
               "arrive C", "resume B", "register B", "send B", "send A", "finish A",
               "reply B", "send B", "finish B", "resume C", "register C", "send C", "reply C",
               "send C", "finish C"]
-    trace = replay(ISSUE, events)
+    trace = replay(OVERTAKE, events)
     assert trace[events.index("reply A")] == "reply -> COMPLETED; hands the mailbox to B"
     assert trace[events.index("arrive C")].startswith("queued")
     assert trace[events.index("finish A")] == "finished"
@@ -253,9 +253,9 @@ def test_a_pasted_counterexample_replays_deterministically() -> None:
 
 def test_replay_rejects_an_event_that_cannot_happen() -> None:
     with pytest.raises(ReplayError, match="'reply A' is not enabled"):
-        replay(ISSUE, ["arrive A", "reply A"])
+        replay(OVERTAKE, ["arrive A", "reply A"])
     with pytest.raises(ReplayError, match="'resume B' is not enabled"):
-        replay(ISSUE, ["arrive A", "arrive B", "resume B"])  # not woken, no deadline
+        replay(OVERTAKE, ["arrive A", "arrive B", "resume B"])  # not woken, no deadline
 
 
 def test_replay_runs_the_end_of_run_checks() -> None:
@@ -314,7 +314,7 @@ def test_worlds_hold_no_reference_cycle() -> None:
     gc.disable()
     try:
         gc.collect()
-        w = _World(ISSUE, AdmissionQueue, CallCore, RequestRegistry, frozenset(CHECKS), False)
+        w = _World(OVERTAKE, AdmissionQueue, CallCore, RequestRegistry, frozenset(CHECKS), False)
         for label in events:
             _step(w, label)
         clone = _clone_world(w, _shared(w))

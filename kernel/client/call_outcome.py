@@ -1,7 +1,7 @@
 """Turning a decided request into each holder's outcome: values decoded, errors typed.
 
-:class:`CallOutcomes` is the part of :class:`~ctlwire.kernel.call_issuer.CallIssuer`
-that reads a decided :class:`~ctlwire.kernel.core.request_registry.PendingRequest`:
+:class:`CallOutcomes`, owned by :class:`~ctlwire.kernel.client.call_issuer.CallIssuer`,
+reads a decided :class:`~ctlwire.kernel.core.request_registry.PendingRequest`:
 values are decoded per holder (each caller gets its own copy, with the codec's
 fast decoder for the result type, looked up once per type); failures are
 RemoteError, ResultTypeError, EngineDead (NotDelivered, OutcomeUnknown),
@@ -37,12 +37,14 @@ _NO_ERROR_INFO = ErrorInfo("UnknownRemoteError", "the engine replied ok=false wi
 
 
 class CallOutcomes:
-    """The outcome half of a call issuer (a mixin: the issuer sets the attributes)."""
+    """Each holder's outcome of a decided request; ``closed()`` says whether the
+    client closed (a request it failed then raises ClientClosed)."""
 
-    codec: Codec
-    closed: bool
-    # result type -> the codec's fast decoder for it (None: none, or unhashable)
-    _decoders: dict[Any, Callable[[Any], Any] | None]
+    def __init__(self, codec: Codec, closed: Callable[[], bool]) -> None:
+        self.codec = codec
+        self.closed = closed
+        # result type -> the codec's fast decoder for it (None: none, or unhashable)
+        self._decoders: dict[Any, Callable[[Any], Any] | None] = {}
 
     def single_outcome(self, entry: PendingRequest, rank: int, result_type: Any) -> Any:
         state = entry.state
@@ -106,7 +108,7 @@ class CallOutcomes:
         if entry.state is _S.DONE:
             return result
         if entry.state is _S.FAILED:
-            if self.closed and any(type(e) is ClientClosed for e in entry.errors.values()):
+            if self.closed() and any(type(e) is ClientClosed for e in entry.errors.values()):
                 raise ClientClosed("client closed")  # close ends every call the same way
             raise FanOutFailed(entry.method, entry.policy.value, result)
         raise RequestTimedOut(entry.method, entry.timeout, entry.id, partial=result)

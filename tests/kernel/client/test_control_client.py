@@ -9,7 +9,7 @@ import anyio
 import msgspec
 import pytest
 
-from ctlwire.kernel.control_client import ControlClient, ResultTypeError
+from ctlwire.kernel.client.control_client import ControlClient, ResultTypeError
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import (
     ClientClosed,
@@ -472,7 +472,7 @@ async def test_transport_event_types_are_exhaustive() -> None:
     # guards the client's dispatch on event types: an unexpected event is ignored, not fatal
     async with EngineHarness(ranks=1, setup=basic_methods) as h:
         weird: TransportEvent = object()  # type: ignore[assignment]
-        h.client._on_event(weird)
+        h.client.receiver.on_event(weird)
         assert (await h.client.call("resume")) is True
 
 

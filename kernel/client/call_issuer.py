@@ -1,22 +1,18 @@
 """One call's IO: register, hand frames to the transport, wait, decode (anyio shell).
 
-:class:`CallIssuer` is the half of a :class:`~ctlwire.kernel.control_client.ControlClient`
-that runs the steps of the sans-IO :class:`~ctlwire.kernel.core.call_core.CallCore`
-with the awaits between them. ``ControlClient.call``, every fan-out mode and
-the :class:`~ctlwire.kernel.fan_out_mailbox.FanOutMailbox` (through its
-:class:`~ctlwire.kernel.fan_out_mailbox.FanOutSender` interface) use it::
+:class:`CallIssuer` runs the steps of the sans-IO
+:class:`~ctlwire.kernel.core.call_core.CallCore` with the awaits between them.
+A call to one rank is a fan-out to one rank: ``ControlClient.call``
+(:meth:`CallIssuer.call`), every fan-out mode (:meth:`CallIssuer.exchange`) and
+the :class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox` go through the
+same :meth:`send_all` and :meth:`wait_outcome`::
 
     core = issuer.call_core("pause", (0, 1), Policy.ALL, budget=5.0)
     try:
-        entry = core.register(issuer.new_waiter())
-        await issuer.send_all(core, raw)             # raw: issuer.encode_payload(...)
-        await issuer.wait_outcome(core, core.deadline or 0.0)
-        return issuer.fan_out_outcome(entry, result_type)
+        entry = await issuer.exchange(core, raw)     # raw: issuer.encode_payload(...)
+        return issuer.outcomes.fan_out_outcome(entry, result_type)
     finally:
         core.finish()
-
-``ControlClient.call`` runs the same steps for its one rank in one frame
-(:meth:`CallIssuer.call_one`).
 
 Guarantees:
 
@@ -32,13 +28,17 @@ Guarantees:
   other ranks are still sent to. A frame never handed over fails its rank with
   NotDelivered; one handed over, then lost, with OutcomeUnknown.
 * **Waits end by their deadline.** :meth:`wait_outcome` arms the
-  :class:`~ctlwire.kernel.deadline_reaper.DeadlineReaper` with the request's
-  own deadline (no timer per call), or bounds the wait itself when the caller's
-  deadline is earlier or the reaper is not running.
-* **Every outcome typed.** Values are decoded per holder (each caller gets its
-  own copy); failures are RemoteError, ResultTypeError, EngineDead (NotDelivered,
-  OutcomeUnknown), RequestTimedOut (with the partial result), FanOutFailed,
-  ClientClosed.
+  :class:`~ctlwire.kernel.client.deadline_reaper.DeadlineReaper` with the
+  request's own deadline (one task for thousands of waits instead of a timer
+  per call), or bounds the wait itself when the caller's deadline is earlier or
+  the reaper is not running.
+* **Every outcome typed** (:class:`~ctlwire.kernel.client.call_outcome.CallOutcomes`).
+
+Mechanisms kept because they pay: a fan-out's frames are handed over inside the
+transport's ``batched_sends()`` (one readiness re-check for the burst instead of
+one per rank), and a fan-out to many ranks encodes its request once as a template
+into which each rank's ``rank`` and ``seq`` are spliced (one encode instead of
+one per rank).
 """
 
 from __future__ import annotations
@@ -46,19 +46,21 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import msgspec
 
-from ctlwire.kernel.call_outcome import CallOutcomes
+from ctlwire.kernel.client.call_outcome import CallOutcomes
+from ctlwire.kernel.client.deadline_reaper import DeadlineReaper
+from ctlwire.kernel.client.progress_callbacks import ProgressCallback, ProgressCallbacks
 from ctlwire.kernel.core.admission_queue import AdmissionQueue
 from ctlwire.kernel.core.call_core import CallCore
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
-from ctlwire.kernel.deadline_reaper import DeadlineReaper
 from ctlwire.kernel.errors import (
     AuthenticationFailed,
     ClientClosed,
@@ -68,13 +70,6 @@ from ctlwire.kernel.errors import (
     UnsupportedProtocolVersion,
 )
 from ctlwire.kernel.liveness_monitor import LivenessMonitor
-from ctlwire.kernel.loop_native import (
-    checkpoint_if_cancelled,
-    event_loop_clock,
-    event_loop_waiter,
-    single_waiter_factory,
-)
-from ctlwire.kernel.receive_role import ReceiveRole
 from ctlwire.kernel.tracing import TraceProvider
 from ctlwire.states import PeerState
 from ctlwire.transports.codec import PayloadTypeError
@@ -91,18 +86,15 @@ from ctlwire.transports.transport import ClientTransport
 
 __all__ = ["CallIssuer"]
 
-
-
 #: fan-outs to this many ranks or more encode the request once, as a template into
 #: which each rank's ``rank`` and ``seq`` are spliced (cutting it costs ~5 encodes)
 _SPLICE_MIN_RANKS = 16
-_ALL = Policy.ALL
 # generous stand-ins for the header fields when sizing a request envelope
 _MAX_ID = 2**63 - 1
 _ENVELOPE_SLACK = 512
 
 
-class CallIssuer(CallOutcomes):
+class CallIssuer:
     """Runs the IO of one client's calls; see the module docstring.
 
     ``fence`` is the client's fencing token (0: none), used unless a call sets
@@ -124,25 +116,17 @@ class CallIssuer(CallOutcomes):
         self.trace_provider = trace_provider
         self.first_contact_retry = first_contact_retry
         self.closed = False
-        #: the clock (the event loop's own once :meth:`enter_loop` ran)
+        #: the clock of anyio's cancel-scope deadlines
         self.now: Callable[[], float] = anyio.current_time
-        #: a new waiter (the running loop's own event once :meth:`enter_loop` ran)
-        self.new_waiter: Callable[[], Any] = anyio.Event
-        #: a new waiter only one task waits on, never shared (a queued ticket, a
-        #: fan-out no watcher joins, a call with progress): the running loop's cheapest
-        self.new_task_waiter: Callable[[], Any] = anyio.Event
-        #: a new waiter for a request only its caller waits on (:meth:`call_one`; on
-        #: trio the receive role's)
-        self.new_single_waiter: Callable[[], Any] = anyio.Event
-        #: who receives (trio): :meth:`call_one` waits through it, when set
-        self.receive_role: ReceiveRole | None = None
+        #: decodes and types each holder's outcome
+        self.outcomes = CallOutcomes(transport.codec, lambda: self.closed)
+        #: the ``on_progress`` callbacks of the calls in flight
+        self.progress_callbacks = ProgressCallbacks()
         #: ends the waits of requests and admission tickets at their deadlines (one task)
         self.reaper = DeadlineReaper(registry, self.wake)
         # request id -> (the scope of a send waiting for room or first contact, its rank)
         self._blocked_sends: dict[int, tuple[anyio.CancelScope, int]] = {}
         self._seq: dict[int, int] = {}
-        self._checkpoint_if_cancelled: Callable[[], Awaitable[None]] = (
-            anyio.lowlevel.checkpoint_if_cancelled)
         #: the transport's ``batched_sends()`` (one readiness check for a burst), if any
         self._batched_sends: Callable[[], contextlib.AbstractContextManager[Any]] | None = (
             getattr(transport, "batched_sends", None))
@@ -157,20 +141,17 @@ class CallIssuer(CallOutcomes):
             encoded if encoded is not None and encode is not None else None)
         self._encode: Callable[[Request], bytes] = encode or self.codec.encode
         self._limit = self.codec.max_message_size
-        # result type -> the codec's fast decoder for it (None: none, or unhashable)
-        self._decoders: dict[Any, Callable[[Any], Any] | None] = {}
-
-    def enter_loop(self) -> None:
-        """Read the running event loop's own clock and event (faster than anyio's),
-        and resolve the backend's cancellation check once."""
-        self.now = event_loop_clock()
-        self.new_waiter = event_loop_waiter()
-        self.new_task_waiter = self.new_single_waiter = single_waiter_factory()
-        self._checkpoint_if_cancelled = checkpoint_if_cancelled()
 
     def close(self) -> None:
-        """Further calls raise ClientClosed; nothing more is sent."""
+        """Every request in flight fails ClientClosed (its waiters and a send blocked
+        on its behalf are woken); further calls raise ClientClosed."""
         self.closed = True
+        registry = self.registry
+        for entry in registry.open_entries():
+            for rank in entry.outstanding():
+                registry.rank_failed(entry, rank, ClientClosed("client closed"))
+            registry.fail(entry)
+            self.wake(entry)
 
     # -- the steps of one call -------------------------------------------------
     def encode_payload(self, payload: Any, method: str = "") -> msgspec.Raw:
@@ -226,7 +207,7 @@ class CallIssuer(CallOutcomes):
         # the only checkpoint before the first frame: a caller cancelled before it
         # got here (even one handed the mailbox, then cancelled before it resumed)
         # raises now, and its finish() passes the mailbox on
-        await self._checkpoint_if_cancelled()
+        await anyio.lowlevel.checkpoint_if_cancelled()
         if self.closed:
             raise ClientClosed("client is closed")
         entry = core.entry
@@ -339,64 +320,6 @@ class CallIssuer(CallOutcomes):
         core.withheld(rank)  # not handed over: a loss meanwhile means NotDelivered
         return True
 
-    async def call_one(self, method: str, raw: msgspec.Raw, rank: int, budget: float,
-                       deadline: float, result_type: Any, key: str = "",
-                       fence: int | None = None) -> Any:
-        """One call of ``method`` to ``rank``, registration to decoded outcome: what
-        ``call_core``, ``register``, :meth:`send_all`, :meth:`wait_outcome`,
-        ``single_outcome`` and ``finish`` do for a one-rank call, in one frame
-        (``ControlClient.call``, the common case). The same steps in the same
-        order (register, the cancellation check, marked Sent, handed over), the
-        same transitions, frames and outcomes; a frame the transport does not
-        take at once waits as in :meth:`send_all`, and a lost rank, a trace
-        carrier or a transport without encoded sends go through :meth:`_send_now`."""
-        if self.closed:
-            raise ClientClosed("client is closed")
-        ranks = (rank,)
-        core = CallCore(self.registry, method, ranks, _ALL, deadline=deadline, timeout=budget,
-                        is_lost=self.peers.is_lost, key=key, fence=fence)
-        try:
-            entry = core.register(self.new_single_waiter())  # only this caller waits on it
-            await self._checkpoint_if_cancelled()  # nothing sent for a cancelled caller
-            if self.closed:
-                raise ClientClosed("client is closed")
-            send = self._send_encoded
-            released = core.release_all()  # marked Sent (a lost rank: failed, not released)
-            if released != [rank] or send is None or self.trace_provider is not None:
-                waiting = self._send_now(core, entry, released, raw)
-                if waiting:
-                    await self._send_waiting(core, entry, waiting)
-            else:
-                seq = self._seq[rank] = self._seq.get(rank, 0) + 1
-                env = Request(entry.id, rank, method, raw, self._wall_deadline(entry), seq,
-                              self._incarnation, None, key,
-                              self.fence if fence is None else fence)
-                data = self._encode(env)
-                try:
-                    if len(data) <= self._limit:
-                        send(rank, data)
-                    else:  # oversized: the transport's encode says so, typed
-                        self.transport.send_nowait(rank, env)
-                except TransportError as exc:
-                    if self._refused(core, entry, rank, exc):
-                        await self._send_waiting(core, entry, [(rank, env)])
-            if not entry.is_open:
-                self.wake(entry)
-            reaper = self.reaper
-            if reaper.scope is None:
-                await self.wait_outcome(core, deadline)
-            elif core.begin_wait():
-                # wait_outcome's common case, inline: the reaper ends the wait at the
-                # request's own deadline
-                reaper.arm(entry, deadline)
-                if self.receive_role is None:
-                    await entry.waiter.wait()  # type: ignore[union-attr]
-                else:  # trio: receive the reply here when this task can
-                    await self.receive_role.wait(entry)
-            return self.single_outcome(entry, rank, result_type)
-        finally:
-            core.finish()
-
     async def _send_waiting(self, core: CallCore, entry: PendingRequest,
                             waiting: list[tuple[int, Request]]) -> None:
         """The frames :meth:`_send_now` could not hand over, one rank at a time:
@@ -496,7 +419,7 @@ class CallIssuer(CallOutcomes):
         assert entry is not None
         if not core.begin_wait():
             return
-        waiter: Any = entry.waiter  # the loop's event or one-task waiter (set, wait)
+        waiter: Any = entry.waiter  # set() and wait(): anyio.Event, or one wrapping it
         assert waiter is not None
         entry_deadline = entry.deadline if entry.deadline is not None else float("inf")
         reaper = self.reaper
@@ -519,17 +442,45 @@ class CallIssuer(CallOutcomes):
         if blocked is not None:
             blocked[0].cancel()
 
-    async def run_fan_out(self, method: str, raw: msgspec.Raw, ranks: tuple[int, ...],
-                          policy: Policy, budget: float, deadline: float,
-                          result_type: Any, key: str = "", fence: int | None = None
-                          ) -> FanOutResult:
-        """Register, send to every rank, wait, clean: one fan-out without admission."""
+    async def exchange(self, core: CallCore, raw: msgspec.Raw, deadline: float | None = None,
+                       waiter: Any = None, on_progress: ProgressCallback | None = None
+                       ) -> PendingRequest:
+        """Register ``core``'s request (woken through ``waiter``, default a new
+        ``anyio.Event``), send it to every rank, wait until it is decided or
+        ``deadline`` (default: the request's) passes. Returns the entry to read
+        the outcome from; the caller's ``finally`` runs ``core.finish()`` (after
+        :meth:`forget_progress` when it passed ``on_progress``)."""
+        entry = core.register(anyio.Event() if waiter is None else waiter)
+        if on_progress is not None:
+            self.progress_callbacks.by_id[entry.id] = on_progress
+        await self.send_all(core, raw)
+        await self.wait_outcome(core, (entry.deadline or 0.0) if deadline is None else deadline)
+        return entry
+
+    async def call(self, method: str, raw: msgspec.Raw, rank: int, budget: float,
+                   deadline: float, result_type: Any, key: str = "",
+                   fence: int | None = None, on_progress: ProgressCallback | None = None
+                   ) -> Any:
+        """One attempt of ``ControlClient.call``: a fan-out to the one ``rank``,
+        its outcome returned or raised as that rank's."""
+        core = self.call_core(method, (rank,), Policy.ALL, budget, deadline, None, key, fence)
+        try:
+            entry = await self.exchange(core, raw, deadline, None, on_progress)
+            return self.outcomes.single_outcome(entry, rank, result_type)
+        finally:
+            if on_progress is not None and core.entry is not None:
+                self.progress_callbacks.by_id.pop(core.entry.id, None)
+            core.finish()
+
+    async def fan_out(self, method: str, raw: msgspec.Raw, ranks: tuple[int, ...],
+                      policy: Policy, budget: float, deadline: float,
+                      result_type: Any, key: str = "", fence: int | None = None
+                      ) -> FanOutResult:
+        """One fan-out without admission (mode ``concurrent``)."""
         core = self.call_core(method, ranks, policy, budget, deadline, None, key, fence)
         try:
-            entry = core.register(self.new_task_waiter())  # only this caller waits on it
-            await self.send_all(core, raw)
-            await self.wait_outcome(core, deadline)
-            return self.fan_out_outcome(entry, result_type)
+            entry = await self.exchange(core, raw, deadline)
+            return self.outcomes.fan_out_outcome(entry, result_type)
         finally:
             core.finish()
 

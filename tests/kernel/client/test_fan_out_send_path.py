@@ -11,8 +11,8 @@ import anyio
 import msgspec
 import pytest
 
-from ctlwire.kernel import call_issuer as issuer_module
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client import call_issuer as issuer_module
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.transports.codec import _RANK_MARK as RANK_MARK
 from ctlwire.transports.codec import JsonCodec, MsgpackCodec, PickleCodec

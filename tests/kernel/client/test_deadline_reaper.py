@@ -13,9 +13,9 @@ from typing import Any
 import anyio
 import pytest
 
+from ctlwire.kernel.client.deadline_reaper import DeadlineReaper
 from ctlwire.kernel.core.admission_queue import AdmissionQueue, Ticket
 from ctlwire.kernel.core.request_registry import RequestRegistry
-from ctlwire.kernel.deadline_reaper import DeadlineReaper
 from ctlwire.kernel.testing import virtual_backend
 from ctlwire.states import TicketState
 

@@ -1,6 +1,6 @@
 """One task that ends every wait at its deadline: the client's deadline reaper (anyio shell).
 
-A :class:`~ctlwire.kernel.control_client.ControlClient` waits for thousands of
+A :class:`~ctlwire.kernel.client.control_client.ControlClient` waits for thousands of
 requests and admission tickets at once. Instead of a cancel scope (a timer)
 per call, each wait is *armed* here with its deadline, and one task sleeps
 until the earliest one::

@@ -1,9 +1,9 @@
-"""The client's per-call and per-reply shortcuts keep the general path's behaviour.
+"""The client's batched sends and reply path keep the general path's behaviour.
 
 Each test fails if its mechanism breaks: ranks released in one batch
 (``CallCore.release_all``), the fan-out's sends inside the transport's
-``batched_sends()``, the one-lookup reply path of the peer table, the
-``all``-policy decision without ``decide()``, and the cached result decoder.
+``batched_sends()``, the one-lookup reply path of the peer table and the
+cached result decoder.
 """
 
 from __future__ import annotations
@@ -12,23 +12,21 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-import anyio
 import msgspec
 import pytest
 
-from ctlwire.kernel.call_issuer import CallIssuer
+from ctlwire.kernel.client.call_outcome import CallOutcomes
 from ctlwire.kernel.core import call_core as call_core_module
-from ctlwire.kernel.core import request_registry as registry_module
 from ctlwire.kernel.core.call_core import CallCore
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.peer_table import PeerTable, Progress
-from ctlwire.kernel.core.request_registry import ReplyDisposition, RequestRegistry
+from ctlwire.kernel.core.request_registry import RequestRegistry
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import NotDelivered, OutcomeUnknown
 from ctlwire.kernel.testing import EngineHarness, TransitionRecorder
 from ctlwire.states import PeerState, RequestEvent, RequestState
 from ctlwire.transports.codec import JsonCodec, MsgpackCodec, PayloadTypeError
-from ctlwire.transports.envelope import Envelope, Reply
+from ctlwire.transports.envelope import Envelope
 from ctlwire.transports.transport import ClientTransport
 
 
@@ -192,32 +190,6 @@ async def test_replies_refresh_liveness_through_the_one_lookup_path(
         assert h.client.peers.peers[0].misses == 0
 
 
-def test_all_policy_decides_without_decide(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``all`` is decided inline on a reply (settled = answers + failed ranks), with
-    the outcome decide() gives: Done once every rank settled and one answered."""
-    def no_decide(*_: Any) -> Any:
-        raise AssertionError("decide() called on a reply for policy all")
-
-    codec = MsgpackCodec()
-    reg = RequestRegistry()
-    entry = reg.register("m", (0, 1, 2))
-    reg.mark_sent_all(entry, [0, 1, 2])
-    assert not reg.rank_failed(entry, 2, NotDelivered(2, "x"))  # uses decide(): pending
-    monkeypatch.setattr(registry_module, "decide", no_decide)
-    ok = Reply(entry.id, 0, 0, True, codec.encode_value(1))
-    assert reg.on_reply(ok)[0] is ReplyDisposition.ACCEPTED
-    err = Reply(entry.id, 1, 0, False, codec.encode_value(None))
-    assert reg.on_reply(err)[0] is ReplyDisposition.COMPLETED
-    assert entry.state is RequestState.DONE and (entry.ok, entry.answered) == (1, 2)
-    e2 = reg.register("m", (0, 1))
-    reg.mark_sent_all(e2, [0, 1])
-    for rank, disposition in ((0, ReplyDisposition.ACCEPTED), (1, ReplyDisposition.COMPLETED)):
-        assert reg.on_reply(Reply(e2.id, rank, 0, False, codec.encode_value(None)))[0] \
-            is disposition
-    assert e2.state is RequestState.DONE  # answered, with errors only: Done, as decide() says
-    reg.check_invariants()
-
-
 # -- result decoding ----------------------------------------------------------------------
 class Point(msgspec.Struct):
     x: int
@@ -227,9 +199,7 @@ class Point(msgspec.Struct):
 @pytest.mark.parametrize("codec", [MsgpackCodec(), JsonCodec()], ids=["msgpack", "json"])
 def test_decode_result_equals_decode_value_and_caches_the_decoder(
         codec: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    issuer = CallIssuer.__new__(CallIssuer)
-    issuer.codec = codec
-    issuer._decoders = {}
+    issuer = CallOutcomes(codec, lambda: False)
     cases: list[tuple[Any, Any]] = [
         ({"a": [1, 2]}, Any), (Point(1, 2), Point), ([1, 2], list[int]), (None, Any),
         (3, int), ("x", int), ({"x": "no"}, Point),
@@ -261,32 +231,3 @@ def test_decode_result_equals_decode_value_and_caches_the_decoder(
     assert issuer.decode_result(codec.encode_value(Point(3)), Point) == Point(3)
     assert slow == 0
     assert Point in issuer._decoders
-
-
-@pytest.mark.anyio
-async def test_the_event_loop_clock_reads_what_the_backend_reads(anyio_backend: str) -> None:
-    """``event_loop_clock()`` (the issuer's ``now``) is the running loop's own clock:
-    on trio the run's clock's ``current_time`` (fewer layers than
-    ``trio.current_time``), a mock clock included; on asyncio ``loop.time``."""
-    from ctlwire.kernel.loop_native import event_loop_clock
-
-    now = event_loop_clock()
-    before = anyio.current_time()
-    read = now()
-    after = anyio.current_time()
-    assert before <= read <= after
-    if anyio_backend == "trio":
-        import trio
-        import trio.testing
-
-        assert now == trio.lowlevel.current_clock().current_time
-        clock = trio.testing.MockClock()
-
-        async def in_mock_run() -> tuple[float, float]:
-            await trio.sleep(5)  # virtual: the mock clock jumps
-            return event_loop_clock()(), trio.current_time()
-
-        # a nested run in a thread: the mock clock's time, read through the fast path
-        mine, theirs = await anyio.to_thread.run_sync(
-            lambda: trio.run(in_mock_run, clock=clock.__class__(autojump_threshold=0)))
-        assert mine == theirs and mine >= 5

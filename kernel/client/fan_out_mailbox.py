@@ -5,11 +5,10 @@ admitted strictly in arrival order, one undecided request in flight at a time,
 through the :class:`~ctlwire.kernel.core.admission_queue.AdmissionQueue` core.
 Admission is a hand-off: done by the holder's request the moment it is decided
 (its :class:`~ctlwire.kernel.core.call_core.HandOffWaiter` wakes the next caller
-before the holder, and a holder that still runs first yields once, so the next
-request goes out while the holder reads its outcome), or by the holder leaving
-undecided. A caller arriving in the wake-up window queues behind, a queued
-caller's cancellation or timeout removes only its own ticket, and an exception
-or cancellation in the holder still passes the mailbox on. The whole call,
+before the holder), or by the holder leaving undecided. A caller arriving in
+the wake-up window queues behind, a queued caller's cancellation or timeout
+removes only its own ticket, and an exception or cancellation in the holder
+still passes the mailbox on. The whole call,
 queueing included, is bounded by its timeout; a caller still queued at its
 deadline gets RequestTimedOut with ``admission=True`` ("timed out waiting for
 admission", nothing sent), and a caller still queued when the client closes
@@ -23,36 +22,37 @@ result. The shared request lives until its last watcher leaves, so the
 first caller's cancellation does not take the answer away from the others.
 
 The mailbox talks to the client only through :class:`FanOutSender`, the
-narrow interface of what it needs to run one fan-out (a core, a waiter, the
-sends, the wait, the outcome, the deadline reaper); the client's
-:class:`~ctlwire.kernel.call_issuer.CallIssuer` provides it.
+narrow interface of what it needs to run one fan-out (a core, the exchange,
+the outcome, the deadline reaper); the client's
+:class:`~ctlwire.kernel.client.call_issuer.CallIssuer` provides it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import anyio
-import anyio.lowlevel
 import msgspec
 
+from ctlwire.kernel.client.call_outcome import CallOutcomes
+from ctlwire.kernel.client.deadline_reaper import DeadlineReaper
 from ctlwire.kernel.core.admission_queue import AdmissionQueue
 from ctlwire.kernel.core.call_core import CallCore, HandOffWaiter
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
-from ctlwire.kernel.deadline_reaper import DeadlineReaper
 from ctlwire.kernel.errors import ClientClosed, RequestTimedOut
 
-__all__ = ["FanOutMailbox", "FanOutSender"]
+__all__ = ["FanOutMailbox", "FanOutMailboxes", "FanOutMode", "FanOutSender"]
 
 _WatchKey = tuple[bytes, tuple[int, ...], Policy]
+FanOutMode = Literal["queueing", "watching", "concurrent"]
 
 
 class FanOutSender(Protocol):
     """What a mailbox needs from its client to run one fan-out (implemented by
-    :class:`~ctlwire.kernel.call_issuer.CallIssuer`)."""
+    :class:`~ctlwire.kernel.client.call_issuer.CallIssuer`)."""
 
     @property
     def closed(self) -> bool:
@@ -70,28 +70,30 @@ class FanOutSender(Protocol):
     def reaper(self) -> DeadlineReaper:
         """Ends a queued ticket's wait at its deadline (while it runs)."""
 
-    def new_waiter(self) -> Any:
-        """A new event of the running loop (``set``, ``wait``)."""
-
-    def new_task_waiter(self) -> Any:
-        """A new waiter (``set``, ``wait``) for one task only (never shared)."""
+    @property
+    def outcomes(self) -> CallOutcomes:
+        """Each holder's freshly decoded result, or its typed failure."""
 
     def call_core(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
                   deadline: float | None = None, queue: AdmissionQueue | None = None,
                   key: str = "", fence: int | None = None) -> CallCore:
         """The sans-IO protocol object of one caller (``key``, ``fence``: its envelopes')."""
 
+    async def exchange(self, core: CallCore, raw: msgspec.Raw, deadline: float | None = None,
+                       waiter: Any = None) -> PendingRequest:
+        """Register (woken through ``waiter``), send to every rank, wait."""
+
+    async def fan_out(self, method: str, raw: msgspec.Raw, ranks: tuple[int, ...],
+                      policy: Policy, budget: float, deadline: float,
+                      result_type: Any, key: str = "", fence: int | None = None
+                      ) -> FanOutResult:
+        """One fan-out without admission (mode ``concurrent``)."""
+
     async def send_all(self, core: CallCore, raw: msgspec.Raw) -> None:
         """Hand the frames to the transport for each rank ``core`` releases."""
 
     async def wait_outcome(self, core: CallCore, deadline: float) -> None:
         """Wait until the request is decided or ``deadline`` passes."""
-
-    def fan_out_result(self, entry: PendingRequest, result_type: Any) -> FanOutResult:
-        """A freshly decoded result for one holder of ``entry``."""
-
-    def fan_out_outcome(self, entry: PendingRequest, result_type: Any) -> FanOutResult:
-        """The result of a decided entry, or its typed failure raised."""
 
 
 class FanOutMailbox:
@@ -126,7 +128,7 @@ class FanOutMailbox:
             if not core.arrive():
                 ticket = core.ticket
                 assert ticket is not None
-                waiter = ticket.waiter = sender.new_task_waiter()  # this caller's only
+                waiter = ticket.waiter = anyio.Event()
                 reaper = sender.reaper
                 if reaper.running:
                     reaper.arm(ticket, deadline)  # woken by hand-off or deadline
@@ -142,15 +144,9 @@ class FanOutMailbox:
                     raise RequestTimedOut(self.method, budget, admission=True)
             core.resume()
             # the decision itself passes the mailbox on (the next caller is woken first)
-            waiter = HandOffWaiter(core, sender.new_task_waiter())  # no watcher joins
-            entry = core.register(waiter)
-            await sender.send_all(core, raw)
-            await sender.wait_outcome(core, deadline)
-            if waiter.next_not_running:
-                # trio ran this task before the caller its decision admitted: let that
-                # one send first, while this one decodes (one pass; never on asyncio)
-                await anyio.lowlevel.cancel_shielded_checkpoint()
-            return sender.fan_out_outcome(entry, result_type)
+            entry = await sender.exchange(core, raw, deadline,
+                                          HandOffWaiter(core, anyio.Event()))
+            return sender.outcomes.fan_out_outcome(entry, result_type)
         finally:
             admitted = core.finish()
             if admitted is not None:
@@ -174,7 +170,7 @@ class FanOutMailbox:
             leader = False
         else:
             core = sender.call_core(self.method, ranks, policy, budget, None, None, key, fence)
-            entry = core.register(sender.new_waiter())
+            entry = core.register(anyio.Event())
             self._watched[shared] = entry
             leader = True
         deadline = core.deadline or 0.0
@@ -184,9 +180,47 @@ class FanOutMailbox:
             await sender.wait_outcome(core, deadline)
             if entry.is_open:  # our own deadline passed before the shared one
                 raise RequestTimedOut(self.method, budget, entry.id,
-                                      partial=sender.fan_out_result(entry, result_type))
-            return sender.fan_out_outcome(entry, result_type)
+                                      partial=sender.outcomes.fan_out_result(entry, result_type))
+            return sender.outcomes.fan_out_outcome(entry, result_type)
         finally:
             core.finish()
             if self._watched.get(shared) is entry and not entry.is_open:
                 del self._watched[shared]
+
+
+class FanOutMailboxes:
+    """The mailboxes of one client, one per method (created on first use)."""
+
+    def __init__(self, sender: FanOutSender) -> None:
+        self.sender = sender
+        self.by_method: dict[str, FanOutMailbox] = {}
+
+    def get(self, method: str) -> FanOutMailbox:
+        box = self.by_method.get(method)
+        if box is None:
+            box = self.by_method[method] = FanOutMailbox(self.sender, method)
+        return box
+
+    async def fan_out(self, mode: FanOutMode, method: str, raw: msgspec.Raw,
+                      targets: tuple[int, ...], policy: Policy, budget: float,
+                      result_type: Any, key: str, fence: int | None) -> FanOutResult:
+        """One fan-out admitted by ``mode``: ``queueing``, ``watching`` or
+        ``concurrent`` (no admission); ValueError for another."""
+        if mode == "queueing":
+            return await self.get(method).queueing(raw, targets, policy, budget, result_type,
+                                                   key, fence)
+        if mode == "watching":
+            return await self.get(method).watching(raw, targets, policy, budget, result_type,
+                                                   key, fence)
+        if mode == "concurrent":
+            sender = self.sender
+            return await sender.fan_out(method, raw, targets, policy, budget,
+                                        sender.now() + budget, result_type, key, fence)
+        raise ValueError(f"unknown mode {mode!r}: expected queueing, watching or concurrent")
+
+    def close(self) -> None:
+        """Wake every caller still queued for admission: it finds the client closed."""
+        for box in self.by_method.values():
+            for ticket in box.queue.queued():
+                if ticket.waiter is not None:
+                    ticket.waiter.set()

@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
-from ctlwire.kernel.control_client import ControlClient
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import (
     ClientClosed,

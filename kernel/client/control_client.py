@@ -24,96 +24,81 @@ Guarantees:
 * **Deadline travels.** The envelope carries the wall-clock deadline so an
   engine can skip work whose caller has given up. A timeout does not cancel
   remote work: delivery is at most once.
-* **Busy is not dead.** Engines heartbeat from a thread of their own and say
-  what they are running; a rank that is busy (or stalled past its method's
-  stall limit) stays alive and its calls wait for their own deadlines. Only a
-  rank that stops heartbeating or disconnects is Lost. A stall of this
-  client's own loop is not counted against engines.
+* **Busy is not dead.** A rank that is busy (or stalled past its method's stall
+  limit) stays alive and its calls wait for their own deadlines; only a rank
+  that stops heartbeating or disconnects is Lost. A stall of this client's own
+  loop is not counted against engines.
 * **Failures say whether the work ran.** :class:`~ctlwire.kernel.errors.NotDelivered`
   (never handed to the transport: a retry is safe) or
   :class:`~ctlwire.kernel.errors.OutcomeUnknown` (handed over, then the rank was
   lost: it may have run). ``retry=`` retries the first kind always, the second
   only with an idempotency key or for a method declared idempotent.
-* **Ranks come and go.** :meth:`add_rank`, :meth:`remove_rank` and
-  :meth:`apply_membership` change the ranks at run time. A rank is *present*
-  (in :attr:`membership`), *alive* (heard from: :attr:`peers`) and
-  *admissible* (admitted, not in :attr:`quarantine`, meeting
-  ``admission_condition``); a fan-out without ``ranks`` goes to the admissible
-  ranks and its result's ``left_out`` says which present ranks were not, and
-  why. A rank that joins is not admitted until :meth:`admit`. Removing a rank
-  fails its pending calls (NotDelivered when nothing was handed over,
-  OutcomeUnknown when it was); a fan-out already started or queued keeps the
-  ranks it started with (a removed one fails NotDelivered, unsent), and the
-  mailboxes' FIFO order is unchanged.
+* **Ranks come and go** (:meth:`add_rank`, :meth:`remove_rank`,
+  :meth:`apply_membership`). A fan-out without ``ranks`` goes to the
+  *admissible* ranks (present, admitted, not in :attr:`quarantine`, meeting
+  ``admission_condition``) and its result's ``left_out`` says which present
+  ranks were not, and why. Removing a rank fails its pending calls
+  (NotDelivered or OutcomeUnknown); a fan-out already started or queued keeps
+  its ranks (a removed one fails NotDelivered, unsent), and the mailboxes'
+  FIFO order is unchanged.
 * **Fan-out admission.** ``mode="queueing"`` admits concurrent callers of one
   method strictly first come, first served, one in flight
-  (:class:`~ctlwire.kernel.fan_out_mailbox.FanOutMailbox`); ``mode="watching"``
-  lets concurrent callers with the same request share one in-flight request,
-  each receiving its own copy of the result.
+  (:class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox`);
+  ``mode="watching"`` lets callers with the same request share one in-flight
+  request, each receiving its own copy of the result.
 
 One client runs inside one event loop thread; its tasks live in the client's
-``async with`` block.
+``async with`` block. Its parts: the rank set
+(:class:`~ctlwire.kernel.client.rank_roster.RankRoster`), the IO of each call
+(:class:`~ctlwire.kernel.client.call_issuer.CallIssuer`, over the request map),
+the receive loop (:class:`~ctlwire.kernel.client.receiver.ClientReceiver`) and
+the liveness monitor.
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from functools import partial
+from collections.abc import Callable, Collection, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
 import anyio
-import msgspec
-import sniffio
 from anyio.abc import TaskGroup
 
-from ctlwire.kernel.call_arguments import check_method, checked_timeout
-from ctlwire.kernel.call_issuer import CallIssuer
+from ctlwire.kernel.client.call_arguments import check_method, checked_timeout
+from ctlwire.kernel.client.call_issuer import CallIssuer
+from ctlwire.kernel.client.fan_out_mailbox import FanOutMailbox, FanOutMailboxes, FanOutMode
+from ctlwire.kernel.client.progress_callbacks import ProgressCallback
+from ctlwire.kernel.client.rank_roster import RankRoster
+from ctlwire.kernel.client.receiver import ClientReceiver
+from ctlwire.kernel.client.retry_policy import RetryPolicy, merge_retried
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.fencing import new_fence
-from ctlwire.kernel.core.membership import (
-    ChangeKind,
-    Membership,
-    MembershipChange,
-    MembershipEvent,
-)
-from ctlwire.kernel.core.quarantine import FleetQuarantine
-from ctlwire.kernel.core.request_registry import (
-    PendingRequest,
-    ReplyDisposition,
-    RequestRegistry,
-    TransitionObserver,
-)
+from ctlwire.kernel.core.membership import MembershipChange, MembershipEvent
+from ctlwire.kernel.core.request_registry import RequestRegistry, TransitionObserver
 from ctlwire.kernel.errors import (
-    ClientClosed,
     EngineDead,
     FanOutFailed,
-    NoAdmissibleRanks,
     RemoteError,
     RequestTimedOut,
     ResultTypeError,
 )
-from ctlwire.kernel.fan_out_mailbox import FanOutMailbox
 from ctlwire.kernel.liveness_monitor import LivenessMonitor
-from ctlwire.kernel.progress_callbacks import ProgressCallback, ProgressCallbacks
-from ctlwire.kernel.receive_role import ReceiveRole
-from ctlwire.kernel.retry_policy import RetryPolicy, merge_retried
 from ctlwire.kernel.tracing import TraceProvider
-from ctlwire.states import RequestState
-from ctlwire.transports.envelope import Heartbeat, Reply
-from ctlwire.transports.errors import (
-    TransportClosed,
-)
-from ctlwire.transports.transport import ClientTransport, Dropped, PeerDisconnected, Received
+from ctlwire.transports.transport import ClientTransport
 
 __all__ = ["ControlClient", "ResultTypeError"]
 
-log = logging.getLogger("ctlwire.client")
-_S = RequestState
 _POLICIES = {p.value: p for p in Policy}
+_COUNTERS = ("dropped_malformed", "dropped_oversized", "dropped_framing", "dropped_wrong_type",
+             "stale_incarnation", "heartbeats_sent", "heartbeats_received", "engine_lost",
+             "engine_restarted", "engine_stalled", "client_stalls", "retries")
+
+
+def default_fan_out_mode(method: str) -> FanOutMode:
+    """The admission mode of a fan-out of ``method`` that names none: queueing."""
+    return "queueing"
 
 
 class ControlClient:
@@ -161,13 +146,7 @@ class ControlClient:
     ) -> None:
         self.transport = transport
         self.codec = transport.codec
-        self.ranks: tuple[int, ...] = (
-            tuple(range(ranks)) if isinstance(ranks, int) else tuple(ranks))
-        self._rank_set = frozenset(self.ranks)
-        #: the present ranks (static: ``ranks``), their registrations and admission
-        self.membership = Membership(self.ranks, admit_on_join=admit_on_join)
-        #: a fleet condition an admitted rank must meet to be routed to by default
-        self.admission_condition = admission_condition
+        initial = tuple(range(ranks)) if isinstance(ranks, int) else tuple(ranks)
         self.default_timeout = checked_timeout(default_timeout, "default_timeout")
         self.method_timeouts = {m: checked_timeout(t, f"method_timeouts[{m!r}]")
                                 for m, t in (method_timeouts or {}).items()}
@@ -175,36 +154,18 @@ class ControlClient:
         self.heartbeat_interval = heartbeat_interval
         self.idempotent_methods = frozenset(idempotent_methods)
         self._key_seq = itertools.count(1)
-        #: the ``on_progress`` callbacks of the calls in flight
-        self.progress_callbacks = ProgressCallbacks()
-        self._mailboxes: dict[str, FanOutMailbox] = {}
         self._tg: TaskGroup | None = None
         self._closed = False
-        self._now: Callable[[], float] = anyio.current_time  # the loop's own clock once entered
         #: rank -> the engine metrics last read with :meth:`engine_metrics`
         self.last_engine_metrics: dict[int, dict[str, Any]] = {}
-        self.counters: dict[str, int] = {
-            "dropped_malformed": 0,
-            "dropped_oversized": 0,
-            "dropped_framing": 0,
-            "dropped_wrong_type": 0,
-            "stale_incarnation": 0,
-            "heartbeats_sent": 0,
-            "heartbeats_received": 0,
-            "engine_lost": 0,
-            "engine_restarted": 0,
-            "engine_stalled": 0,
-            "client_stalls": 0,
-            "retries": 0,
-        }
+        self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
         #: heartbeats, the peer table (:attr:`peers`) and the loss of ranks
-        self.liveness = LivenessMonitor(transport, self.ranks, interval=heartbeat_interval,
+        self.liveness = LivenessMonitor(transport, initial, interval=heartbeat_interval,
                                         misses_allowed=heartbeat_misses,
                                         fail_rank=self._fail_rank, counters=self.counters,
                                         stall_limit=stall_limit, stall_limits=stall_limits,
                                         incarnation_window=incarnation_window)
         self.peers = self.liveness.peers
-        self._reply_seen = self.peers.reply_seen
         #: which failures a ``retry=`` may send again, and the wait before it
         self.retry_policy = RetryPolicy(self.liveness, self.counters,
                                         idempotent_methods=self.idempotent_methods,
@@ -217,9 +178,36 @@ class ControlClient:
             # highest they accepted, so a replaced controller cannot act after its successor
             fence=new_fence() if fence is True else int(fence) if fence else 0,
             first_contact_retry=heartbeat_interval or 0.25)
+        #: the ``on_progress`` callbacks of the calls in flight
+        self.progress_callbacks = self.issuer.progress_callbacks
+        #: one fan-out mailbox per method (queueing and watching admission)
+        self.mailboxes = FanOutMailboxes(self.issuer)
+        #: the ranks: present, alive, admissible, and their changes at run time
+        self.roster = RankRoster(initial, transport, self.liveness, self._fail_rank,
+                                    admission_condition=admission_condition,
+                                    admit_on_join=admit_on_join)
+        #: the present ranks (static: ``ranks``), their registrations and admission
+        self.membership = self.roster.membership
         #: ranks out of routing (shared by every OperationRunner over this client):
         #: a fan-out without explicit ``ranks`` leaves them out
-        self.quarantine = FleetQuarantine()
+        self.quarantine = self.roster.quarantine
+        #: the receive loop: each frame to the request map or the peer table
+        self.receiver = ClientReceiver(transport, self.issuer, self.liveness, self.counters,
+                                       self.aclose)
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """The present ranks."""
+        return self.roster.ranks
+
+    @property
+    def admission_condition(self) -> Callable[[int], bool] | None:
+        """A fleet condition an admitted rank must meet to be routed to by default."""
+        return self.roster.admission_condition
+
+    @admission_condition.setter
+    def admission_condition(self, value: Callable[[int], bool] | None) -> None:
+        self.roster.admission_condition = value
 
     @property
     def fence(self) -> int:
@@ -244,24 +232,11 @@ class ControlClient:
         if self._tg is not None or self._closed:
             raise RuntimeError("a ControlClient can be entered once")
         await self.transport.__aenter__()
-        issuer = self.issuer
-        issuer.enter_loop()
-        self._now = self.liveness.now = self.retry_policy.now = issuer.now
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
-        if (sniffio.current_async_library() == "trio"
-                and hasattr(type(self.transport), "receive_or_handle")
-                and hasattr(type(self.transport), "interrupt_receive")):
-            # trio: a caller waiting for its reply may receive it itself (ReceiveRole)
-            role = ReceiveRole(self.transport, self._handle_reply, self._on_event, self.aclose,
-                               self._awaits_nothing_else)
-            issuer.receive_role = role
-            issuer.new_single_waiter = role.new_waiter
-            tg.start_soon(role.run_loop, name="ctlwire.client.receive")
-        else:
-            tg.start_soon(self._receive_loop, name="ctlwire.client.receive")
-        tg.start_soon(issuer.reaper.run, self._now, name="ctlwire.client.deadlines")
+        tg.start_soon(self.receiver.run, name="ctlwire.client.receive")
+        tg.start_soon(self.issuer.reaper.run, self.issuer.now, name="ctlwire.client.deadlines")
         if self.heartbeat_interval:
             tg.start_soon(self.liveness.run, self.registry.incarnation,
                           name="ctlwire.client.liveness")
@@ -294,15 +269,7 @@ class ControlClient:
             return
         self._closed = True
         self.issuer.close()
-        for entry in self.registry.open_entries():
-            for rank in entry.outstanding():
-                self.registry.rank_failed(entry, rank, ClientClosed("client closed"))
-            self.registry.fail(entry)
-            self.issuer.wake(entry)
-        for box in self._mailboxes.values():
-            for ticket in box.queue.queued():
-                if ticket.waiter is not None:
-                    ticket.waiter.set()  # the caller finds the client closed
+        self.mailboxes.close()
         self.liveness.close()  # first-contact waits and wait_ready() re-check
 
     @property
@@ -310,68 +277,15 @@ class ControlClient:
         return self._closed
 
     def rank_status(self, rank: int) -> dict[str, Any]:
-        """What this client knows of ``rank``: its PeerLink state (CONNECTED,
-        BUSY, STALLED, SUSPECT, LOST, UNKNOWN), incarnation, and the request or
-        step it was last reported running, for how long, with its progress;
-        ``quarantined``: why it is out of routing (None when it is not).
-        The three predicates: ``present`` (in :attr:`membership`), ``alive``
-        (heard from and not lost), ``admissible`` (routed to by default), and
-        ``excluded``: why it is not admissible (None when it is). A rank removed
-        earlier is reported not present; ValueError for a rank never known."""
-        member = self.membership.get(rank)
-        if member is None:
-            if rank not in self.membership.removed:
-                raise ValueError(
-                    f"rank {rank} is not one of this client's ranks {self.ranks}")
-            status: dict[str, Any] = {"state": "UNKNOWN", "incarnation": 0}
-        else:
-            status = self.liveness.rank_status(rank)
-        held = self.quarantine.get(rank)
-        status["quarantined"] = None if held is None else {
-            "op": held.op_id, "step": held.step, "detail": held.detail}
-        why = self.membership.exclusion(rank, self.quarantine, self.admission_condition)
-        status["present"] = member is not None
-        status["alive"] = self.peers.is_live(rank)
-        status["admissible"] = why is None
-        status["excluded"] = why
-        status["member"] = None if member is None else {
-            "address": member.address, "incarnation": member.incarnation,
-            "revision": member.revision, "admitted": member.admitted}
-        return status
+        """What this client knows of ``rank``
+        (:meth:`~ctlwire.kernel.client.rank_roster.RankRoster.status`)."""
+        return self.roster.status(rank)
 
     # -- membership --------------------------------------------------------------
     def apply_membership(self, event: MembershipEvent) -> MembershipChange | None:
         """Apply one membership event (from a backend or the caller) and carry its
-        change out: a rank added is tracked (heartbeats, transport route or
-        connection) but not routed to by default until admitted; a rank removed
-        has its pending calls failed (NotDelivered: not handed over, a retry is
-        safe; OutcomeUnknown: handed over, it may have run) and is forgotten by
-        the transport; a rank re-registered (newer incarnation) must be admitted
-        again; one moved gets its new address. Stale or fenced events change
-        nothing (counted in ``membership.counters``); returns None for them.
-        A transport that connects to each rank needs the address of a rank
-        added: ValueError without one (and the rank is not added)."""
-        change = self.membership.apply(event)
-        if change is None:
-            return None
-        rank = change.rank
-        if change.kind is ChangeKind.ADDED:
-            try:
-                self._transport_hook("add_rank", rank, event.address)
-            except BaseException:
-                self.membership.undo_add(rank)  # refused (no or bad address): not added
-                raise
-            self.liveness.add_rank(rank)
-        elif change.kind is ChangeKind.REMOVED:
-            self._fail_rank(rank, "removed from the membership")
-            self.liveness.remove_rank(rank)
-            self._transport_hook("remove_rank", rank)
-        elif (change.old is not None and change.member is not None
-              and change.member.address != change.old.address):  # moved (or re-registered)
-            self._transport_hook("move_rank", rank, event.address)
-        self.ranks = self.membership.ranks
-        self._rank_set = frozenset(self.ranks)
-        return change
+        change out (:meth:`~ctlwire.kernel.client.rank_roster.RankRoster.apply`)."""
+        return self.roster.apply(event)
 
     def add_rank(self, rank: int, address: str = "", *, incarnation: int = 0,
                  revision: int = 0) -> MembershipChange | None:
@@ -388,31 +302,17 @@ class ControlClient:
         brought it to the fleet's weight version). It still must not be
         quarantined and must meet ``admission_condition``. True when it was not
         admitted; ValueError when it is not present."""
-        if rank not in self.membership:
-            raise ValueError(f"rank {rank} is not one of this client's ranks {self.ranks}")
-        return self.membership.admit(rank)
+        return self.roster.admit(rank)
 
     def routable_ranks(self) -> tuple[tuple[int, ...], dict[int, str]]:
         """The ranks a fan-out without ``ranks`` goes to, and the present ranks it
         leaves out with why (``not admitted``, ``quarantined``, ``admission
         condition not met``)."""
-        if (not self.quarantine.held and self.admission_condition is None
-                and self.membership.all_admitted):
-            return self.ranks, {}
-        return self.membership.routable(self.quarantine, self.admission_condition)
-
-    def _was_removed(self, rank: int) -> bool:
-        """``rank`` was a member and was removed (a call naming it fails NotDelivered)."""
-        return rank in self.membership.removed and self.peers.is_lost(rank)
+        return self.roster.routable()
 
     def knows_rank(self, rank: int) -> bool:
         """``rank`` is present, or was and was removed (calls naming it fail typed)."""
-        return rank in self._rank_set or self._was_removed(rank)
-
-    def _transport_hook(self, name: str, *args: Any) -> None:
-        hook = getattr(self.transport, name, None)
-        if hook is not None:
-            hook(*args)
+        return self.roster.knows(rank)
 
     # -- public calls ----------------------------------------------------------
     def timeout_for(self, method: str, timeout: float | None = None) -> float:
@@ -465,43 +365,23 @@ class ControlClient:
             if not self.ranks:
                 raise ValueError("this client has no ranks (yet): name one")
             rank = self.ranks[0]
-        elif rank not in self._rank_set and not self._was_removed(rank):
-            raise ValueError(f"rank {rank} is not one of this client's ranks {self.ranks}")
+        else:
+            self.roster.check(rank)
         budget = self.timeout_for(method, timeout)
-        raw = self.issuer.encode_payload(payload, method)
-        key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
         issuer = self.issuer
-        deadline = self._now() + budget
+        raw = issuer.encode_payload(payload, method)
+        key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
+        deadline = issuer.now() + budget
         while True:
             try:
-                if on_progress is None:  # the common case, in one frame
-                    return await issuer.call_one(method, raw, rank, budget, deadline,
-                                                 result_type, key, fence)
-                return await self._call_watched(method, raw, rank, budget, deadline,
-                                                result_type, key, fence, on_progress)
+                return await issuer.call(method, raw, rank, budget, deadline, result_type,
+                                         key, fence, on_progress)
             except (EngineDead, RemoteError) as exc:
                 if retry <= 0 or not self.retry_policy.retryable(exc, method, key):
                     raise
                 retry -= 1
                 if not await self.retry_policy.before_retry((rank,), deadline):
                     raise
-
-    async def _call_watched(self, method: str, raw: msgspec.Raw, rank: int, budget: float,
-                            deadline: float, result_type: Any, key: str, fence: int | None,
-                            on_progress: ProgressCallback) -> Any:
-        """One attempt of :meth:`call` whose ``on_progress`` gets the rank's reports."""
-        issuer = self.issuer
-        core = issuer.call_core(method, (rank,), Policy.ALL, budget, deadline, None, key, fence)
-        try:
-            entry = core.register(issuer.new_task_waiter())  # only this caller waits on it
-            self.progress_callbacks.by_id[entry.id] = on_progress
-            await issuer.send_all(core, raw)
-            await issuer.wait_outcome(core, deadline)
-            return issuer.single_outcome(entry, rank, result_type)
-        finally:
-            if core.entry is not None:
-                self.progress_callbacks.by_id.pop(core.entry.id, None)
-            core.finish()
 
     async def fan_out(
         self,
@@ -510,7 +390,7 @@ class ControlClient:
         *,
         ranks: Sequence[int] | None = None,
         timeout: float | None = None,
-        mode: Literal["queueing", "watching", "concurrent"] = "queueing",
+        mode: FanOutMode | None = None,
         policy: Literal["all", "quorum", "first"] | Policy = "all",
         result_type: Any = Any,
         idempotency_key: str | None = None,
@@ -525,7 +405,8 @@ class ControlClient:
         once ``policy`` is met. Raises FanOutFailed when it cannot be met,
         RequestTimedOut (with ``partial``) at the deadline, ClientClosed.
         ``mode``: ``queueing`` (FIFO, one in flight per method), ``watching``
-        (share an identical in-flight request) or ``concurrent`` (no admission).
+        (share an identical in-flight request) or ``concurrent`` (no admission);
+        default: :func:`default_fan_out_mode`.
         ``idempotency_key``, ``fence``, ``on_progress`` as for :meth:`call`;
         ``retry`` re-sends to the ranks whose failure is safe to retry (and
         only to them), within the one ``timeout``, and merges their outcomes.
@@ -538,26 +419,19 @@ class ControlClient:
         pol = _POLICIES.get(policy) if type(policy) is str else None
         if pol is None:
             pol = policy if isinstance(policy, Policy) else Policy(policy)
-        left_out: dict[int, str]
-        if ranks is not None:
-            targets, left_out = tuple(ranks), {}
-            if not targets or not (self._rank_set.issuperset(targets)
-                                   or all(map(self.knows_rank, targets))):
-                raise ValueError(f"ranks {targets} must be a non-empty subset of {self.ranks}")
-        else:
-            targets, left_out = self.routable_ranks()
-            if not targets:
-                raise NoAdmissibleRanks(method, left_out)
+        targets, left_out = self.roster.targets(method, ranks)
         budget = self.timeout_for(method, timeout)
         raw = self.issuer.encode_payload(payload, method)
         key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
+        if mode is None:
+            mode = default_fan_out_mode(method)
         if on_progress is not None:
             self.progress_callbacks.add_method(method, on_progress)
-        deadline = self._now() + budget
+        deadline = self.issuer.now() + budget
         try:
             try:
-                result = await self._fan_out_once(method, raw, targets, pol, budget, mode,
-                                                  result_type, key, fence)
+                result = await self.mailboxes.fan_out(mode, method, raw, targets, pol, budget,
+                                                      result_type, key, fence)
                 failed = None
             except FanOutFailed as exc:
                 result, failed = exc.result, exc
@@ -568,9 +442,9 @@ class ControlClient:
                     break
                 retry -= 1
                 try:
-                    more = await self._fan_out_once(method, raw, again, pol,
-                                                    deadline - self._now(), mode, result_type,
-                                                    key, fence)
+                    more = await self.mailboxes.fan_out(mode, method, raw, again, pol,
+                                                        deadline - self.issuer.now(),
+                                                        result_type, key, fence)
                 except FanOutFailed as exc:
                     more = exc.result
                 failed = merge_retried(result, again, more, method, pol)
@@ -587,25 +461,9 @@ class ControlClient:
             if on_progress is not None:
                 self.progress_callbacks.remove_method(method, on_progress)
 
-    async def _fan_out_once(self, method: str, raw: msgspec.Raw, targets: tuple[int, ...],
-                            pol: Policy, budget: float, mode: str, result_type: Any,
-                            key: str, fence: int | None) -> FanOutResult:
-        mailbox = self.mailbox(method)
-        if mode == "queueing":
-            return await mailbox.queueing(raw, targets, pol, budget, result_type, key, fence)
-        if mode == "watching":
-            return await mailbox.watching(raw, targets, pol, budget, result_type, key, fence)
-        if mode == "concurrent":
-            return await self.issuer.run_fan_out(method, raw, targets, pol, budget,
-                                                 self._now() + budget, result_type, key, fence)
-        raise ValueError(f"unknown mode {mode!r}: expected queueing, watching or concurrent")
-
     def mailbox(self, method: str) -> FanOutMailbox:
         """The fan-out mailbox of ``method`` (created on first use)."""
-        box = self._mailboxes.get(method)
-        if box is None:
-            box = self._mailboxes[method] = FanOutMailbox(self.issuer, method)
-        return box
+        return self.mailboxes.get(method)
 
     async def wait_ready(self, ranks: Sequence[int] | None = None, timeout: float = 10.0) -> None:
         """Wait until every rank in ``ranks`` (default: all) has been heard from.
@@ -615,75 +473,6 @@ class ControlClient:
         """
         await self.liveness.wait_ready(tuple(ranks) if ranks is not None else self.ranks,
                                        timeout)
-
-    # -- background tasks ------------------------------------------------------
-    async def _receive_loop(self) -> None:
-        transport = self.transport
-        receive: Callable[[], Awaitable[Any]] = transport.receive
-        # a transport that can hand replies over from the event loop's reader callback
-        # (asyncio): replies complete their calls without waking this task. Looked up on
-        # the class, so that a wrapper forwarding attributes is not bypassed.
-        if hasattr(type(transport), "receive_or_handle"):
-            receive = partial(transport.receive_or_handle, self._handle_reply)  # type: ignore[attr-defined]
-        while True:
-            try:
-                event = await receive()
-            except TransportClosed:
-                # the transport closed under us: pending calls fail now, typed
-                await self.aclose()
-                return
-            try:
-                self._on_event(event)
-            except Exception:  # pragma: no cover - a bug must not kill the receiver
-                log.exception("ctlwire client: failed to handle %r", event)
-
-    def _awaits_nothing_else(self, entry: PendingRequest) -> bool:
-        """True when no request but ``entry`` is in the request map (nothing else
-        awaits a reply; the receive role may be given back quietly)."""
-        return self.registry.live_count == (entry.state is not _S.CLEANED)
-
-    def _handle_reply(self, event: Any) -> bool:
-        """A reply, handled where it arrives (the transport's reader callback); any
-        other event is declined, for the receiving task (:meth:`_on_event`)."""
-        if type(event) is not Received or type(event.envelope) is not Reply:
-            return False
-        try:
-            self._on_reply(event.envelope, event.peer)
-        except Exception:  # pragma: no cover - a bug must not kill the receiver
-            log.exception("ctlwire client: failed to handle %r", event)
-        return True
-
-    def _on_event(self, event: Any) -> None:
-        if type(event) is Received:
-            env = event.envelope
-            if type(env) is Reply:
-                self._on_reply(env, event.peer)
-            elif type(env) is Heartbeat:
-                rank = env.rank if event.peer is None else event.peer
-                progress = self.liveness.heartbeat(rank, env)
-                if progress is not None and progress.request_id and self.progress_callbacks:
-                    self.progress_callbacks.dispatch(self.registry, rank, progress)
-            else:
-                self.counters["dropped_wrong_type"] += 1
-        elif type(event) is Dropped:
-            key = f"dropped_{event.reason}"
-            self.counters[key] = self.counters.get(key, 0) + 1
-        elif type(event) is PeerDisconnected and event.rank is not None:
-            self.liveness.disconnected(event.rank, event.detail or "disconnected")
-
-    def _on_reply(self, reply: Reply, peer: int | None) -> None:
-        rank = reply.rank if peer is None else peer
-        if not self._reply_seen(rank, reply.incarnation, self._now()):
-            # not the common case (Connected, its admitted incarnation): the general path
-            if self.peers.is_stale(rank, reply.incarnation):
-                self.counters["stale_incarnation"] += 1
-                return
-            if not self.liveness.seen(rank, reply.incarnation, authoritative=False):
-                return  # an implausible incarnation: refused and counted
-            self.peers.finished(rank, reply.id)
-        disposition, entry = self.registry.on_reply(reply, peer)
-        if disposition is ReplyDisposition.COMPLETED and entry is not None:
-            self.issuer.wake(entry)
 
     def _fail_rank(self, rank: int, detail: str) -> None:
         self.issuer.fail_rank(rank, detail)  # the liveness monitor lost ``rank``
