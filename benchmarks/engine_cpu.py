@@ -38,7 +38,7 @@ import anyio
 import msgspec
 import zmq
 
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.transports.envelope import Reply, Request
 from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
 

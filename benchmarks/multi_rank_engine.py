@@ -4,7 +4,7 @@
 
 Hosts ranks ``R .. R+K-1`` in one process so that 256 ranks fit on a 2-core
 machine (e.g. 4 processes of 64). Every rank is a full
-:class:`~ctlwire.kernel.engine_endpoint.EngineEndpoint` with its own request
+:class:`~ctlwire.kernel.engine.endpoint.EngineEndpoint` with its own request
 socket and routing identity (``rank-N``, a DEALER dialling the client's ROUTER
 at ``--connect``) and its own liveness beacon (a thread and a socket of its
 own, as in production: the beacons are *not* turned off, so the client sees
@@ -36,7 +36,7 @@ from typing import Any
 import zmq
 
 from ctlwire.kernel.app.engine_process import diagnostic_methods
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
 
 from .call_counter import serve_counting_signals

@@ -25,8 +25,8 @@ import anyio
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_plan import OperationPlan, OperationStep, StepCall
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
-from ctlwire.kernel.operation_ledger import OperationLedger
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
+from ctlwire.kernel.engine.operation_ledger import OperationLedger
 from ctlwire.kernel.operation_runner import OperationRunner
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 

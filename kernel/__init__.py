@@ -47,10 +47,13 @@ if TYPE_CHECKING:
     from ctlwire.kernel.core.quarantine import FleetQuarantine as FleetQuarantine
     from ctlwire.kernel.core.quarantine import Quarantine as Quarantine
     from ctlwire.kernel.core.result_cache import ResultCache as ResultCache
-    from ctlwire.kernel.engine_endpoint import EngineEndpoint as EngineEndpoint
-    from ctlwire.kernel.engine_endpoint import ErrorCode as ErrorCode
-    from ctlwire.kernel.engine_endpoint import MethodSpec as MethodSpec
-    from ctlwire.kernel.engine_endpoint import report_progress as report_progress
+    from ctlwire.kernel.engine.endpoint import EngineEndpoint as EngineEndpoint
+    from ctlwire.kernel.engine.endpoint import ErrorCode as ErrorCode
+    from ctlwire.kernel.engine.endpoint import MethodSpec as MethodSpec
+    from ctlwire.kernel.engine.endpoint import report_progress as report_progress
+    from ctlwire.kernel.engine.operation_ledger import LastOperation as LastOperation
+    from ctlwire.kernel.engine.operation_ledger import OperationLedger as OperationLedger
+    from ctlwire.kernel.engine.operation_ledger import StepRequest as StepRequest
     from ctlwire.kernel.errors import ActorStopped as ActorStopped
     from ctlwire.kernel.errors import AskTimeout as AskTimeout
     from ctlwire.kernel.errors import AuthenticationFailed as AuthenticationFailed
@@ -74,9 +77,6 @@ if TYPE_CHECKING:
     from ctlwire.kernel.metrics import RequestMetrics as RequestMetrics
     from ctlwire.kernel.metrics import TransitionLog as TransitionLog
     from ctlwire.kernel.metrics import snapshot as snapshot
-    from ctlwire.kernel.operation_ledger import LastOperation as LastOperation
-    from ctlwire.kernel.operation_ledger import OperationLedger as OperationLedger
-    from ctlwire.kernel.operation_ledger import StepRequest as StepRequest
     from ctlwire.kernel.operation_recovery import Recovery as Recovery
     from ctlwire.kernel.operation_runner import OperationRunner as OperationRunner
     from ctlwire.kernel.operation_runner import ReleaseRefused as ReleaseRefused

@@ -1,4 +1,4 @@
-"""Names of the control methods every :class:`~ctlwire.kernel.engine_endpoint.EngineEndpoint`
+"""Names of the control methods every :class:`~ctlwire.kernel.engine.endpoint.EngineEndpoint`
 serves built in (read-only, allow-listed like any registered method).
 
 A module of its own, importing nothing, so that the client (which calls these

@@ -20,7 +20,7 @@ methods answered while the loop steps or runs a long method.
 Guarantees:
 
 * **One thread owns the socket.** The endpoint serves
-  (:meth:`~ctlwire.kernel.engine_endpoint.EngineEndpoint.serve`) in an event
+  (:meth:`~ctlwire.kernel.engine.endpoint.EngineEndpoint.serve`) in an event
   loop on a thread of its own (the I/O thread); the loop's thread
   never touches the transport. Everything ``serve`` guarantees holds: exactly
   one reply per request, fences and idempotency keys for state-changing
@@ -38,7 +38,7 @@ Guarantees:
   Per method, requests run in arrival order, one at a time (``concurrency``
   of the method); across methods, in the order they reach the loop. The
   handler's result or exception is the request's reply, sent by the I/O thread;
-  :func:`~ctlwire.kernel.engine_liveness.report_progress` works from it.
+  :func:`~ctlwire.kernel.engine.liveness.report_progress` works from it.
 * **Bounded.** Calls waiting for the loop are at most one per in-flight
   request of a state-changing method (each method's ``concurrency``), since
   each waits in its method's lane.
@@ -60,8 +60,8 @@ from typing import Any
 
 from anyio.from_thread import start_blocking_portal
 
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
-from ctlwire.kernel.engine_registry import MethodSpec
+from ctlwire.kernel.core.inbound_core import MethodSpec
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 
 __all__ = ["BusyLoop", "LoopStopped"]
 
@@ -112,7 +112,7 @@ class BusyLoop:
         self._serving: Future[Any] | None = None
         #: state-changing calls the loop ran
         self.calls_run = 0
-        endpoint.place_handler = self._place
+        endpoint.method_table.place_handler = self._place
 
     @property
     def waiting(self) -> int:

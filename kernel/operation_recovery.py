@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ctlwire.kernel.core.operation_plan import OperationPlan
-from ctlwire.kernel.operation_ledger import LastOperation
+from ctlwire.kernel.engine.operation_ledger import LastOperation
 
 __all__ = ["Recovery", "RecoveryAction", "recovery_of"]
 

@@ -18,7 +18,7 @@
 the whole plan is checked first (:meth:`check`: payloads, sizes, each rank's
 declared step methods; :class:`~ctlwire.kernel.core.operation_plan.InvalidPlan`
 before anything is sent); then each dispatch is one ``concurrent`` fan-out of
-``ctlwire.step`` (see :mod:`~ctlwire.kernel.operation_ledger`) with the step's
+``ctlwire.step`` (see :mod:`~ctlwire.kernel.engine.operation_ledger`) with the step's
 own timeout, and each rank's typed outcome (:mod:`~ctlwire.kernel.step_outcomes`)
 is fed back. The plan's post-condition, if any, is read on every rank before
 commit. Reports and progress events carry each failure's error object.
@@ -67,8 +67,7 @@ from ctlwire.kernel.core.operation_plan import (
 )
 from ctlwire.kernel.core.operation_result import OperationResult, ProgressEvent
 from ctlwire.kernel.core.quarantine import Quarantine
-from ctlwire.kernel.errors import RemoteError, RequestTimedOut, RequestTooLarge
-from ctlwire.kernel.operation_ledger import (
+from ctlwire.kernel.engine.operation_ledger import (
     LAST_OPERATION_METHOD,
     STEP_METHOD,
     STEP_METHODS_METHOD,
@@ -77,6 +76,7 @@ from ctlwire.kernel.operation_ledger import (
     StepRequest,
     TakeOver,
 )
+from ctlwire.kernel.errors import RemoteError, RequestTimedOut, RequestTooLarge
 from ctlwire.kernel.operation_recovery import Recovery, recovery_of
 from ctlwire.kernel.step_outcomes import Outcome, answers, classify, outcomes, refused
 from ctlwire.transports.codec import PayloadTypeError

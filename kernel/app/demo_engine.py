@@ -2,7 +2,7 @@
 
 Each rank runs a step loop that "generates" tokens, keeps a weights version
 and a paused flag, and exposes its control methods through an
-:class:`~ctlwire.kernel.engine_endpoint.EngineEndpoint` allow-list:
+:class:`~ctlwire.kernel.engine.endpoint.EngineEndpoint` allow-list:
 
 * ``pause(Pause)`` — stop stepping (``mode``: ``"drain"`` or ``"abort"``).
 * ``update_weights(UpdateWeights)`` — only while paused; otherwise the caller
@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 
 __all__ = ["Pause", "SimulatedEngine", "UpdateWeights", "WeightsUpdateRejected", "register"]
 
@@ -78,7 +78,7 @@ class SimulatedEngine:
         if req.load_seconds > 0:
             # like a real weight load or NCCL broadcast: the thread blocks (the
             # liveness beacon keeps the rank alive) and reports how far it got
-            from ctlwire.kernel.engine_endpoint import report_progress
+            from ctlwire.kernel.engine.endpoint import report_progress
 
             shards = 20
             for i in range(shards):

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ctlwire.kernel.busy_loop import BusyLoop
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.transports.codec import codec_by_name
 from ctlwire.transports.curve import (
     CurveClientConfig,
@@ -114,7 +114,7 @@ def diagnostic_methods(ep: EngineEndpoint) -> None:
     @ep.method()
     def slow_update(seconds: float) -> int:
         """A blocking, weight-load-like handler that reports its progress."""
-        from ctlwire.kernel.engine_endpoint import report_progress
+        from ctlwire.kernel.engine.endpoint import report_progress
 
         steps = 20
         for i in range(steps):
@@ -128,7 +128,7 @@ def diagnostic_methods(ep: EngineEndpoint) -> None:
         """An async handler that reports its progress (serve mode)."""
         import anyio
 
-        from ctlwire.kernel.engine_endpoint import report_progress
+        from ctlwire.kernel.engine.endpoint import report_progress
 
         steps = 10
         for i in range(steps):

@@ -7,7 +7,7 @@
 
 starts a :class:`~ctlwire.kernel.app.demo_engine.SimulatedEngine` rank whose
 ``pause``, ``update_weights``, ``restore_weights`` and ``resume`` also run as
-operation steps through an :class:`~ctlwire.kernel.operation_ledger.OperationLedger`,
+operation steps through an :class:`~ctlwire.kernel.engine.operation_ledger.OperationLedger`,
 plus:
 
 * ``arm_fault(Fault)`` -- the next run of ``method`` on this rank raises
@@ -45,8 +45,8 @@ from ctlwire.kernel.core.operation_plan import (
     PostCondition,
     StepCall,
 )
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
-from ctlwire.kernel.operation_ledger import OperationLedger
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
+from ctlwire.kernel.engine.operation_ledger import OperationLedger
 
 __all__ = ["Fault", "OperationEngine", "RestoreWeights", "register", "register_async",
            "register_threaded", "weight_update_plan"]

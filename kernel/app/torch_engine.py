@@ -22,7 +22,7 @@ sequences in flight), ``resume``, ``submit`` / ``sequences`` (serving),
 ``update_weights_from_disk``, ``rollback_weights``, ``check_weights``,
 ``destroy_weights_update_group`` and ``arm_fault`` (tests). The weight methods
 also run as operation steps through an
-:class:`~ctlwire.kernel.operation_ledger.OperationLedger`.
+:class:`~ctlwire.kernel.engine.operation_ledger.OperationLedger`.
 
 Guarantees:
 
@@ -81,9 +81,9 @@ from ctlwire.kernel.app.torch_model import (
     next_tokens,
     save_weights,
 )
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
-from ctlwire.kernel.engine_liveness import report_progress
-from ctlwire.kernel.operation_ledger import OperationLedger
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
+from ctlwire.kernel.engine.liveness import report_progress
+from ctlwire.kernel.engine.operation_ledger import OperationLedger
 
 # the model and the messages have modules of their own; re-exported from here
 __all__ = ["DecoderConfig", "DrainTimedOut", "Generate", "GroupSpec", "NoUpdateGroup",

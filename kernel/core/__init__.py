@@ -12,6 +12,8 @@ no sockets and no clock of their own (time is passed in).
   stalled, suspect, lost; incarnations and fencing.
 * :mod:`.membership` -- which ranks are present (add/remove/update events with
   revisions and incarnations) and admitted; why a present rank is not routable.
+* :mod:`.inbound_core` -- the engine's admission and completion of received
+  requests: every ``InboundRequest`` transition, in one place.
 * :mod:`.result_cache` -- the engine's idempotency cache (bounded in entries and
   bytes, keys scoped by peer and method, outcomes kept for their retry window).
 * :mod:`.fence_guard` -- the engine's fence: the range of a token and when it moves.
@@ -21,6 +23,7 @@ no sockets and no clock of their own (time is passed in).
 * :mod:`.fencing` -- fencing tokens.
 
 The anyio shells that drive them live in :mod:`ctlwire.kernel.client` (client,
-mailbox) and :mod:`ctlwire.kernel` (endpoint, runner); the interleaving explorer
-(:mod:`ctlwire.kernel.testing.interleaving`) drives these same cores directly.
+mailbox), :mod:`ctlwire.kernel.engine` (endpoint) and :mod:`ctlwire.kernel`
+(runner); the interleaving explorer (:mod:`ctlwire.kernel.testing.interleaving`)
+drives these same cores directly.
 """

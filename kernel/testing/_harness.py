@@ -21,7 +21,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ctlwire.kernel.client.control_client import ControlClient
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.testing._recorder import TransitionRecorder
 from ctlwire.kernel.testing._virtual_clock import VIRTUAL_HEARTBEAT_INTERVAL, on_virtual_clock
 from ctlwire.transports.codec import Codec
@@ -52,7 +52,7 @@ class EngineHarness:
 
     ``mode="poll"`` runs each rank as a synchronous engine does: a loop of
     ``step()`` (the callable ``setup`` returned, if any: the same contract as
-    ``engine_process --methods``) then :meth:`~ctlwire.kernel.engine_endpoint.EngineEndpoint.poll`,
+    ``engine_process --methods``) then :meth:`~ctlwire.kernel.engine.endpoint.EngineEndpoint.poll`,
     yielding to the event loop between iterations (``idle_wait`` seconds when
     ``step`` did no work). Handlers run one at a time, between steps, as in the
     engine's process; the in-memory transport lives in the event loop, so a step

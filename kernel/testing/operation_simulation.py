@@ -2,7 +2,7 @@
 
 One thread, virtual time, and every choice drawn from one seed: a controller
 driving the real :class:`~ctlwire.kernel.core.operation_core.OperationCore`,
-N engines each with a real :class:`~ctlwire.kernel.operation_ledger.OperationLedger`,
+N engines each with a real :class:`~ctlwire.kernel.engine.operation_ledger.OperationLedger`,
 and a network that drops, delays, duplicates and reorders messages and
 partitions ranks. The controller may crash at any event (between steps, or
 while a step is in flight); engines may crash before or after a step's body
@@ -49,7 +49,7 @@ from ctlwire.kernel.core.operation_plan import (
     new_operation_id,
 )
 from ctlwire.kernel.core.operation_result import OperationResult
-from ctlwire.kernel.operation_ledger import (
+from ctlwire.kernel.engine.operation_ledger import (
     LastOperation,
     OperationLedger,
 )

@@ -1,5 +1,5 @@
 """The actors of :mod:`ctlwire.kernel.testing.operation_simulation`: engines, each
-with a real :class:`~ctlwire.kernel.operation_ledger.OperationLedger`, and
+with a real :class:`~ctlwire.kernel.engine.operation_ledger.OperationLedger`, and
 controllers, each driving a real :class:`~ctlwire.kernel.core.operation_core.OperationCore`
 over the simulated network, as :class:`~ctlwire.kernel.operation_runner.OperationRunner`
 does.
@@ -15,8 +15,8 @@ import msgspec
 
 from ctlwire.kernel.core.operation_core import Dispatch, OperationCore, StepOutcome
 from ctlwire.kernel.core.operation_result import OperationResult
-from ctlwire.kernel.engine_liveness import _current_request
-from ctlwire.kernel.operation_ledger import OperationLedger, StepRequest, TakeOver
+from ctlwire.kernel.engine.liveness import _current_request
+from ctlwire.kernel.engine.operation_ledger import OperationLedger, StepRequest, TakeOver
 from ctlwire.transports.codec import MsgpackCodec
 
 __all__ = ["NEW", "OLD", "SimController", "SimEngine", "SimulationViolation", "Version", "World"]

@@ -20,7 +20,7 @@ import pytest
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.busy_loop import BusyLoop
 from ctlwire.kernel.client.control_client import ControlClient
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import RemoteError
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from ctlwire.kernel.core.fan_out_policy import MethodKinds
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.testing import EngineHarness
 
 pytestmark = pytest.mark.anyio

@@ -42,7 +42,7 @@ from hypothesis import strategies as st
 
 from ctlwire.kernel.client.control_client import ResultTypeError
 from ctlwire.kernel.core.request_registry import PendingRequest
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import EngineDead, RemoteError, RequestTimedOut
 from ctlwire.kernel.testing import EngineHarness
 from ctlwire.states import RequestEvent, RequestState

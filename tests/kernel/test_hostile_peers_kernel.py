@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from ctlwire.kernel.core.request_registry import ReplyDisposition, RequestRegistry
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.envelope import Reply, Request
 from ctlwire.transports.errors import WouldBlock

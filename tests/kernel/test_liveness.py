@@ -269,7 +269,7 @@ async def test_without_a_key_outcome_unknown_is_not_retried(ipc_dir: str) -> Non
 async def test_report_progress_from_inline_threaded_and_async_handlers() -> None:
     """report_progress reaches the running request from every kind of handler
     (the context travels into worker threads), and is False outside one."""
-    from ctlwire.kernel.engine_endpoint import EngineEndpoint, report_progress
+    from ctlwire.kernel.engine.endpoint import EngineEndpoint, report_progress
     from ctlwire.kernel.testing import EngineHarness
 
     endpoints: list[EngineEndpoint] = []
@@ -279,15 +279,15 @@ async def test_report_progress_from_inline_threaded_and_async_handlers() -> None
 
         def inline() -> tuple[bool, float]:
             ok = report_progress(0.25, "inline")
-            return ok, ep._progress[next(iter(ep.running))][0]
+            return ok, ep.liveness.progress[next(iter(ep.running))][0]
 
         def threaded() -> tuple[bool, float]:
             ok = report_progress(0.5, "threaded")
-            return ok, ep._progress[next(iter(ep.running))][0]
+            return ok, ep.liveness.progress[next(iter(ep.running))][0]
 
         async def asynchronous() -> tuple[bool, float]:
             ok = report_progress(2.0, "async")  # clamped to 1.0
-            return ok, ep._progress[next(iter(ep.running))][0]
+            return ok, ep.liveness.progress[next(iter(ep.running))][0]
 
         ep.register("inline", inline)
         ep.register("threaded", threaded, threaded=True)
@@ -297,14 +297,14 @@ async def test_report_progress_from_inline_threaded_and_async_handlers() -> None
         assert await h.client.call("inline") == [True, 0.25]
         assert await h.client.call("threaded") == [True, 0.5]
         assert await h.client.call("asynchronous") == [True, 1.0]
-        assert endpoints[0].running == {} and endpoints[0]._progress == {}
+        assert endpoints[0].running == {} and endpoints[0].liveness.progress == {}
     assert report_progress(0.5) is False
 
 
 async def test_engine_refuses_a_fencing_token_older_than_one_it_accepted() -> None:
     """A replaced controller (older token) cannot act after its successor: Fenced,
     and the handler does not run. Requests without a token are not fenced."""
-    from ctlwire.kernel.engine_endpoint import EngineEndpoint
+    from ctlwire.kernel.engine.endpoint import EngineEndpoint
     from ctlwire.kernel.errors import Fenced
     from ctlwire.kernel.testing import EngineHarness
 

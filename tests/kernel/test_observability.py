@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import RequestTimedOut
 from ctlwire.kernel.metrics import (
     LatencyHistogram,

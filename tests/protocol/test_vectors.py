@@ -12,7 +12,7 @@ import msgspec
 import pytest
 from protocol_vector_cases import CODEC, VECTORS, cases, envelope_of, meaning_of
 
-from ctlwire.kernel.operation_ledger import LastOperation, StepRequest, TakeOver
+from ctlwire.kernel.engine.operation_ledger import LastOperation, StepRequest, TakeOver
 from ctlwire.transports.errors import MalformedFrame
 
 LEDGER_TYPES: dict[str, type[msgspec.Struct]] = {

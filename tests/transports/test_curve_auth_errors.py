@@ -7,7 +7,7 @@ import anyio
 import pytest
 
 from ctlwire.kernel.client.control_client import ControlClient
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import AuthenticationFailed, NotDelivered
 from ctlwire.kernel.testing import free_tcp_address
 from ctlwire.transports.curve import CurveClientConfig, CurveServerConfig, generate_keypair

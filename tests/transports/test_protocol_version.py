@@ -20,7 +20,7 @@ import pytest
 import zmq
 
 from ctlwire.kernel.client.control_client import ControlClient
-from ctlwire.kernel.engine_endpoint import EngineEndpoint, new_incarnation
+from ctlwire.kernel.engine.endpoint import EngineEndpoint, new_incarnation
 from ctlwire.kernel.errors import NotDelivered, UnsupportedProtocolVersion, remote_error
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.envelope import ErrorInfo, Heartbeat, Reply, Request

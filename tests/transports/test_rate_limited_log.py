@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import zmq
 
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.testing import free_tcp_port
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.curve import CurveClientConfig, CurveServerConfig, generate_keypair

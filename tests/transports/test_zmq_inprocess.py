@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from ctlwire.kernel.client.control_client import ControlClient
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import EngineDead
 from ctlwire.transports.transport import ClientTransport, EngineTransport
 from ctlwire.transports.zmq_client import (

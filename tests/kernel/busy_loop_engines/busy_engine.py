@@ -10,7 +10,8 @@ import threading
 import time
 from typing import Any
 
-from ctlwire.kernel.engine_endpoint import EngineEndpoint, report_progress
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
+from ctlwire.kernel.engine.liveness import report_progress
 
 
 def register(ep: EngineEndpoint) -> Any:

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from ctlwire.kernel.client.control_client import ControlClient
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
 

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from ctlwire.kernel.client.control_client import ControlClient, ResultTypeError
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import (
     ClientClosed,
     EngineDead,

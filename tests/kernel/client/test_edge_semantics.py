@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from ctlwire.kernel.client.control_client import ControlClient
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import (
     ClientClosed,
     NotDelivered,
@@ -519,8 +519,8 @@ async def test_a_locally_defined_struct_annotation_is_resolved_and_validated() -
             return req.version
 
         ep.register("set_version", set_version)
-        assert ep._methods["update_weights"].payload_type is Version
-        assert ep._methods["set_version"].payload_type is Version
+        assert ep.method_table.specs["update_weights"].payload_type is Version
+        assert ep.method_table.specs["set_version"].payload_type is Version
 
     async with EngineHarness(ranks=1, setup=setup) as h:
         for method in ("update_weights", "set_version"):
@@ -545,7 +545,7 @@ def test_an_unresolvable_payload_annotation_raises_at_registration() -> None:
         ep.method("h2")(handler)
     assert ep.methods == []
     ep.register("h3", handler, payload_type=int)  # explicit: fine
-    assert ep._methods["h3"].payload_type is int
+    assert ep.method_table.specs["h3"].payload_type is int
 
 
 # -- 8. poll() before open() -------------------------------------------------------------

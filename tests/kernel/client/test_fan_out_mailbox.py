@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from ctlwire.kernel.core.admission_queue import AdmissionQueue, Ticket
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import FanOutFailed, RequestTimedOut
 from ctlwire.kernel.testing import EngineHarness, virtual_backend
 from ctlwire.states import TicketEvent, TicketState

@@ -13,7 +13,7 @@ import pytest
 
 from ctlwire.kernel.client import call_issuer as issuer_module
 from ctlwire.kernel.client.control_client import ControlClient
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.transports.codec import _RANK_MARK as RANK_MARK
 from ctlwire.transports.codec import JsonCodec, MsgpackCodec, PickleCodec
 from ctlwire.transports.envelope import Envelope, Request

@@ -21,7 +21,7 @@ from ctlwire.kernel.core.call_core import CallCore
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.peer_table import PeerTable, Progress
 from ctlwire.kernel.core.request_registry import RequestRegistry
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import NotDelivered, OutcomeUnknown
 from ctlwire.kernel.testing import EngineHarness, TransitionRecorder
 from ctlwire.states import PeerState, RequestEvent, RequestState

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from ctlwire.kernel.core.peer_table import PeerTable, Progress, incarnation_at
-from ctlwire.kernel.engine_liveness import new_incarnation
+from ctlwire.kernel.engine.liveness import new_incarnation
 from ctlwire.states import PeerState
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from ctlwire.kernel.app import operation_engine
 from ctlwire.kernel.app.engine_process import stepping_methods
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 
 
 def register(ep: EngineEndpoint) -> Callable[[], bool]:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.testing import EngineHarness
 
 pytestmark = pytest.mark.anyio

@@ -11,7 +11,7 @@ import pytest
 
 from ctlwire.kernel.core.operation_core import Dispatch, OperationCore
 from ctlwire.kernel.core.operation_plan import step_key
-from ctlwire.kernel.operation_ledger import OperationLedger
+from ctlwire.kernel.engine.operation_ledger import OperationLedger
 from ctlwire.kernel.testing.operation_simulation import (
     SimulationViolation,
     main,

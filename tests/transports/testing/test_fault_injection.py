@@ -11,7 +11,7 @@ import anyio
 import msgspec
 import pytest
 
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import ClientClosed, CtlwireError, EngineDead, RequestTimedOut
 from ctlwire.kernel.testing import EngineHarness, virtual_backend
 from ctlwire.states import PeerState

@@ -44,14 +44,13 @@ Guarantees:
   counted; nothing in the receive path can end the endpoint.
 * **Liveness that does not depend on the handler's thread.** Heartbeats go
   out every ``heartbeat_interval`` from the transport's liveness beacon (a
-  thread and a socket of their own, see :mod:`ctlwire.transports.zmq_beacon`),
-  so a sync handler or step may block for minutes and the rank stays alive.
-  Transports without a beacon (in-memory, inproc PAIR, fault-injecting
-  wrappers) get in-band heartbeats from :meth:`serve`'s task or :meth:`poll`.
-* **Progress.** Each heartbeat says what the engine is doing: the request
-  running (id, method, seconds so far), loop iterations, and what the handler
-  reported with :func:`report_progress`. A step that keeps :meth:`poll` from
-  being called for more than an interval is reported as method ``"(step)"``.
+  thread and socket of its own, :mod:`ctlwire.transports.zmq_beacon`), so a
+  sync handler or step may block for minutes and the rank stays alive; other
+  transports get in-band heartbeats from :meth:`serve` or :meth:`poll`. Each
+  heartbeat says what is running, for how long, and what the handler reported
+  with :func:`report_progress`; a step that keeps :meth:`poll` from being
+  called for more than an interval is reported as method ``"(step)"``
+  (:mod:`~ctlwire.kernel.engine.liveness`).
 * **Idempotency keys.** A request with a key (``Request.key``) whose
   ``(route, method, key)`` already ran is answered with the first run's
   outcome, result or error (:class:`~ctlwire.kernel.core.result_cache.ResultCache`);
@@ -74,11 +73,9 @@ Guarantees:
   fence (:class:`~ctlwire.kernel.core.fence_guard.FenceGuard`).
 * **Read-only methods** (``read_only=True``, and the built-in
   ``ctlwire.metrics``) ignore fences and idempotency keys.
-* **Heartbeats that reach every peer name no request.** On a routed
-  transport (a ROUTER engine and its PUB beacon) a heartbeat says busy or
-  idle, the method and for how long; the id and progress of a running request
-  go only to the route that sent it (in-band, from :meth:`serve`'s heartbeat
-  task, so while an async or threaded handler runs).
+* **Heartbeats that reach every peer name no request** (a ROUTER engine's
+  PUB beacon): the id and progress of a running request go only to the route
+  that sent it.
 * **A client that does not read cannot stall the others.** Replies that find
   their client's pipe full wait in a queue of that client's route only,
   bounded per route (``max_unread_replies``, ``max_unread_bytes``) and in
@@ -101,28 +98,38 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any, Literal
+
+import anyio
+import anyio.abc
 
 from ctlwire.kernel.builtin_methods import ENGINE_METRICS_METHOD
 from ctlwire.kernel.core.duplicate_filter import DuplicateFilter
 from ctlwire.kernel.core.fence_guard import DEFAULT_FENCE_WINDOW, FenceGuard
+from ctlwire.kernel.core.inbound_core import (
+    BadFrame,
+    ErrorCode,
+    InboundCore,
+    InboundRequest,
+    MethodSpec,
+)
 from ctlwire.kernel.core.result_cache import ResultCache
-from ctlwire.kernel.engine_admission import _BadFrameReply, _Inbound
-from ctlwire.kernel.engine_base import log
-from ctlwire.kernel.engine_liveness import STEP_METHOD, new_incarnation, report_progress
-from ctlwire.kernel.engine_registry import _NONE, ErrorCode, MethodSpec
-from ctlwire.kernel.engine_serve import EngineServing, QueuedRequestBytes
-from ctlwire.kernel.tracing import current_trace
+from ctlwire.kernel.engine.handler_runner import HandlerRunner
+from ctlwire.kernel.engine.liveness import (
+    STEP_METHOD,
+    EngineLiveness,
+    new_incarnation,
+    report_progress,
+)
+from ctlwire.kernel.engine.method_table import NO_PAYLOAD, MethodTable
+from ctlwire.kernel.engine.outbox import ReplyOutbox
+from ctlwire.kernel.engine.serve import EngineServer, QueuedRequestBytes
 from ctlwire.states import InboundState
-from ctlwire.transports.envelope import Reply, Request
-from ctlwire.transports.errors import TransportClosed, TransportError, Unroutable, WouldBlock
-from ctlwire.transports.rate_limited_log import RateLimitedLog
-from ctlwire.transports.transport import EngineTransport, Received, Route
+from ctlwire.transports.envelope import Heartbeat, Request
+from ctlwire.transports.errors import TransportClosed
+from ctlwire.transports.transport import EngineTransport, Received
 
-# EngineEndpoint is composed of parts, one module each (see engine_base); the
-# names below are re-exported from there (this module is their documented home).
 __all__ = ["STEP_METHOD", "EngineEndpoint", "ErrorCode", "MethodSpec", "new_incarnation",
            "report_progress"]
 
@@ -133,8 +140,13 @@ _ENGINE_DROPS = ("duplicates", "dropped_malformed", "dropped_oversized", "droppe
                  "dropped_wrong_type", "reply_send_failures", "replies_too_large")
 
 
-class EngineEndpoint(EngineServing):
-    """Serves registered control methods for one engine rank; see the module docstring."""
+class EngineEndpoint:
+    """Serves registered control methods for one engine rank; see the module docstring.
+
+    Composed of parts it owns, each built and tested alone: :attr:`method_table`
+    (the allow-list), :attr:`core` (every admission decision and state
+    transition), :attr:`runner` (where a handler runs), :attr:`outbox` (replies
+    out, bounded) and :attr:`liveness` (what is running, heartbeats)."""
 
     def __init__(
         self,
@@ -164,65 +176,23 @@ class EngineEndpoint(EngineServing):
         self.heartbeat_interval = heartbeat_interval
         self.mailbox_size = mailbox_size
         self.clock = clock
-        self._methods: dict[str, MethodSpec] = {}
-        # sync inline methods whose payloads the codec can take on its hot path:
-        # name -> (spec, encode a result, decode a payload as the spec's type)
-        self._fast: dict[str, tuple[MethodSpec, Callable[[Any], bytes],
-                                    Callable[[Any], Any]]] = {}
-        self.duplicates = DuplicateFilter(dedup_window, dedup_peers)
-        self.fences = FenceGuard(fence_window)
-        self._hb_seq = 0
-        self._next_heartbeat = 0.0
-        # replies waiting for room, per route (poll mode): route -> queue of (reply, size)
-        self._outbox: OrderedDict[Route, deque[tuple[Reply | bytes, int]]] = OrderedDict()
-        self._outbox_route_bytes: dict[Route, int] = {}
-        self._outbox_bytes = 0
-        self.max_unread_replies = max_unread_replies
-        self.max_unread_bytes = max_unread_bytes
-        self.max_outbox_bytes = max_outbox_bytes
-        self.reply_send_timeout = reply_send_timeout
-        # serve mode: routes whose last reply timed out waiting for room
-        self._stalled: OrderedDict[Route, None] = OrderedDict()
-        self.outbox_peak_bytes = 0
-        #: replies that could not be sent: one line per kind of failure per interval
-        self.unsent_log = RateLimitedLog(log)
+        self.method_table = MethodTable(self.codec)
+        self.core = InboundCore(self.method_table.specs, self.codec, rank=self.rank,
+                                incarnation=self.incarnation, clock=clock,
+                                duplicates=DuplicateFilter(dedup_window, dedup_peers),
+                                fences=FenceGuard(fence_window), results=result_cache,
+                                key_scope=key_scope)
+        self.liveness = EngineLiveness(transport, rank=self.rank, incarnation=self.incarnation,
+                                       heartbeat_interval=heartbeat_interval, beacon=beacon)
+        self.runner = HandlerRunner(self.core, self.liveness)
+        self.outbox = ReplyOutbox(transport, max_unread_replies=max_unread_replies,
+                                  max_unread_bytes=max_unread_bytes,
+                                  max_outbox_bytes=max_outbox_bytes,
+                                  reply_send_timeout=reply_send_timeout)
         #: serve mode: bytes of requests taken and not started, against their budget
         self.queued_requests = QueuedRequestBytes(max_queued_request_bytes)
-        self.heartbeats_paused = False
-        self.use_beacon = beacon
-        self.beacon_active = False
-        self.shared_heartbeats = bool(getattr(transport, "routed", False))
-        self._running_routes: dict[int, Route] = {}
-        self._io_thread: int | None = None
-        self._next_progress_send = 0.0
         self._opened = False
         self._closed = False
-        self.client_last_seen: float | None = None
-        # what the engine is doing, read by the beacon's thread: request id ->
-        # (method, monotonic start); handler-reported progress; loop iterations
-        #: requests being handled now: request id -> (method, time.monotonic() at start)
-        self.running: dict[int, tuple[str, float]] = {}
-        self._progress: dict[int, tuple[float, str]] = {}
-        self.loops = 0
-        self._last_loop = time.monotonic()
-        self.results = result_cache if result_cache is not None else ResultCache()
-        if key_scope not in ("route", "client"):
-            raise ValueError(f"key_scope must be 'route' or 'client', not {key_scope!r}")
-        self.key_scope = key_scope
-        self._polling = False
-        self._nil = self.codec.encode_value(None)
-        # the reply hot path: encode with the codec's own encoder, check the size,
-        # send the bytes -- when the transport takes encoded envelopes (the ZMQ
-        # engine transports) and the codec has that encoder; else send_nowait
-        send_encoded = getattr(transport, "send_encoded_nowait", None)
-        encoder = self.codec.fast_envelope_encoder() if send_encoded is not None else None
-        self._encode_envelope = None
-        self._send_encoded = _no_encoded_send
-        if send_encoded is not None and encoder is not None:
-            self._encode_envelope, self._send_encoded = encoder, send_encoded
-        self._ok_reply: Callable[[int, bytes], bytes] | None = None
-        self._max_reply_size = self.codec.max_message_size
-        self._set_ok_reply()
         # poll(): every event that can be received now, in one call where the
         # transport can (the ZMQ engine transports), else try_receive in a loop
         ready = getattr(transport, "receive_ready", None)
@@ -231,35 +201,36 @@ class EngineEndpoint(EngineServing):
         #: the first event of a poll, on its own (None: nothing queued)
         self._take_one: Callable[[], Any] = (getattr(transport, "receive_one", None)
                                              or self._take_one_of_many)
-        self.counters: dict[str, int] = {
-            "received": 0,
-            "replied": 0,
-            "rejected": 0,
-            "expired": 0,
-            "handler_errors": 0,
-            "duplicates": 0,
-            "dropped_malformed": 0,
-            "dropped_oversized": 0,
-            "dropped_framing": 0,
-            "dropped_wrong_type": 0,
-            "error_replies_for_bad_frames": 0,
-            "reply_send_failures": 0,
-            "replies_dropped_unread": 0,
-            "replies_too_large": 0,
-            "heartbeats_sent": 0,
-            "heartbeats_received": 0,
-            "internal_errors": 0,
-            "fenced": 0,
-            "fence_out_of_range": 0,
-            "idempotent_replays": 0,
-            "idempotent_in_progress": 0,
-            "idempotency_key_too_long": 0,
-            "idempotency_cache_full": 0,
-        }
-        self.states: dict[InboundState, int] = {s: 0 for s in InboundState}
         # built in, read-only, allow-listed like any method: what metrics() returns
         self.register(ENGINE_METRICS_METHOD, self.metrics, payload_type=None, read_only=True)
-        self._builtin = frozenset(self._methods)
+        self.method_table.builtin = frozenset(self.method_table.specs)
+
+    # -- the method table ----------------------------------------------------------
+    def register(self, name: str, handler: Callable[..., Any], *, payload_type: Any = NO_PAYLOAD,
+                 threaded: bool = False, concurrency: int = 1, read_only: bool = False,
+                 _caller_frame: int = 1) -> MethodSpec:
+        """Allow ``name``, served by ``handler``
+        (:meth:`~ctlwire.kernel.engine.method_table.MethodTable.register`)."""
+        return self.method_table.register(
+            name, handler, payload_type=payload_type, threaded=threaded,
+            concurrency=concurrency, read_only=read_only, _caller_frame=_caller_frame + 1)
+
+    def method(self, name: str | None = None, *, payload_type: Any = NO_PAYLOAD,
+               threaded: bool = False, concurrency: int = 1, read_only: bool = False
+               ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator form of :meth:`register` (name defaults to the function's)."""
+        return self.method_table.method(name, payload_type=payload_type, threaded=threaded,
+                                        concurrency=concurrency, read_only=read_only)
+
+    @property
+    def methods(self) -> list[str]:
+        """The methods registered on this endpoint (not the built-in ones)."""
+        return self.method_table.methods
+
+    @property
+    def builtin_methods(self) -> list[str]:
+        """Methods every endpoint serves: ``ctlwire.metrics`` (its :meth:`metrics`)."""
+        return self.method_table.builtin_methods
 
     # -- synchronous embedding -------------------------------------------------
     def open(self) -> None:
@@ -268,14 +239,13 @@ class EngineEndpoint(EngineServing):
         :meth:`poll` calls it when it was not called."""
         self.transport.open()
         if not self._opened:
-            self._set_ok_reply()  # rank and incarnation are fixed from here on
             self._opened = True
-            self._polling = True
-            self._io_thread = threading.get_ident()
-            self._last_loop = time.monotonic()
-            self._start_beacon()
-            self._next_heartbeat = 0.0
-            self._heartbeat_if_due()
+            live = self.liveness
+            live.polling = True
+            live.io_thread = threading.get_ident()
+            live.last_loop = time.monotonic()
+            live.start_beacon()
+            live.heartbeat_if_due(live.last_loop)
 
     def close(self) -> None:
         self._closed = True
@@ -294,21 +264,15 @@ class EngineEndpoint(EngineServing):
             raise TransportClosed(f"engine {self.rank}: poll() after close()")
         if not self._opened:
             self.open()
-        # loop_came_round() and the heartbeat's due check, on one clock read
+        live, outbox = self.liveness, self.outbox
         now = time.monotonic()
-        self.loops += 1
-        self._last_loop = now
-        if now >= self._next_heartbeat:
-            self._heartbeat_if_due()
-        if self._outbox:
-            self._flush_outbox()
-        # The first event is taken and handled on its own, the rest after it in one
-        # batch that ends with a receive finding the queue empty (a zmq.Again): that
-        # miss must not delay the reply to a lone request (the common case of a
-        # sequential caller), only follow it. It is not skipped, though: an EVENTS
-        # probe instead (cheaper in CPU) let the engine go back to waiting right
-        # after its reply, and the sequential round trip measured ~9 % slower with
-        # it.
+        live.loop_came_round(now)
+        live.heartbeat_if_due(now)
+        if outbox.pending:
+            outbox.flush()
+        # The first event is handled on its own, the rest in one batch that ends with
+        # a receive finding the queue empty: that miss must not delay the reply to a
+        # lone request (a sequential caller), only follow it.
         if max_messages < 1:
             return 0
         try:
@@ -317,34 +281,52 @@ class EngineEndpoint(EngineServing):
             return 0
         if event is None:
             return 0
-        handled = self._handle_event(event)
+        handled = self._handle(event)
         if max_messages > 1:
             try:
                 events = self._take_ready(max_messages - 1)
             except TransportClosed:
                 return handled
             for event in events:
-                handled += self._handle_event(event)
-        if self._outbox:  # a burst's replies that found the pipe full: room now, likely
-            self._flush_outbox()
+                handled += self._handle(event)
+        if outbox.pending:  # a burst's replies that found the pipe full: room now, likely
+            outbox.flush()
         return handled
+
+    def _handle(self, event: Any) -> int:
+        """One event received by :meth:`poll`; 1 when it was a request answered.
+
+        The seams a different loop builds on: ``core.receive`` then ``core.admit``
+        take the next admitted request (or its refusal), ``runner.run_sync`` runs
+        its handler on this thread, ``outbox.send`` sends the reply."""
+        core = self.core
+        try:
+            if type(event) is Received and type(event.envelope) is Request:
+                work: InboundRequest | BadFrame | None = core.accept(event.envelope,
+                                                                     event.route)
+            else:
+                work = core.receive(event)
+            if work is None:
+                return 0
+            if type(work) is BadFrame:
+                self.outbox.send(work.route, work.reply)
+                return 0
+            assert type(work) is InboundRequest
+            reply = core.admit(work, work.received)
+            if reply is None:
+                reply = self.runner.run_sync(work)
+            self.outbox.send(work.route, reply)
+            return 1
+        except Exception:  # pragma: no cover - never let one frame end the loop
+            core.counters["internal_errors"] += 1
+            self.outbox.log.exception("engine %d: internal error handling %r", self.rank, event)
+            return 0
 
     def idle_wait(self, timeout: float) -> float:
         """How long a poll loop may block waiting for input: ``timeout``, or at most
         5 ms while replies wait in the outbox for room (they go out on the next
         :meth:`poll`)."""
-        return min(timeout, _OUTBOX_RETRY) if self._outbox else timeout
-
-    def _handle_event(self, event: Any) -> int:
-        """Handle one event received by :meth:`poll`; 1 when it was a request handled."""
-        try:
-            if type(event) is Received and type(event.envelope) is Request:
-                return self._handle_request_sync(event.envelope, event.route)
-            return self._handle_sync(event)
-        except Exception:  # pragma: no cover - never let one frame end the loop
-            self.counters["internal_errors"] += 1
-            log.exception("engine %d: internal error handling %r", self.rank, event)
-            return 0
+        return min(timeout, _OUTBOX_RETRY) if self.outbox.pending else timeout
 
     def _take_one_of_many(self) -> Any:
         """``receive_one`` of a transport that has none: the first of ``_take_ready(1)``."""
@@ -386,111 +368,101 @@ class EngineEndpoint(EngineServing):
         finally:
             self.close()
 
-    def _handle_request_sync(self, req: Request, route: Route) -> int:
-        """Poll mode: one received request, on the fast path when it can take it.
-        :meth:`_accept` and, for an encoded reply with nothing queued,
-        :meth:`_send_data_sync`, inline (this runs once per request)."""
-        counters = self.counters
-        counters["received"] += 1
-        if self.duplicates.seen(route, req.id):
-            counters["duplicates"] += 1
-            return 0
-        now = self.client_last_seen = self.clock()
-        out = self._run_fast(req, route, now)
-        if out is None:
-            return self._handle_admitted_sync(_Inbound(req, route, now))
-        if type(out) is bytes:
-            if self._outbox:
-                self._send_data_sync(route, out)
-                return 1
-            try:
-                self._send_encoded(route, out)
-            except WouldBlock:
-                self._enqueue_data(route, out)
-            except (Unroutable, TransportError) as exc:
-                counters["reply_send_failures"] += 1
-                self._log_unsent(exc)
-            else:
-                counters["replied"] += 1
-        else:
-            assert isinstance(out, Reply)
-            self._send_sync(route, out)
-        return 1
+    # -- asynchronous embedding ------------------------------------------------
+    async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                    ) -> None:
+        """Serve until cancelled or the transport closes. Opens and closes the
+        transport; runs heartbeats in a task of its own, so a long async
+        handler does not make the engine look dead. Async and threaded
+        handlers run in one lane per method (see the module docstring's
+        ordering guarantee), so a long or hung handler delays only requests
+        of its own method."""
+        await EngineServer(self.transport, self.core, self.outbox, self.liveness, self.runner,
+                           self.queued_requests, mailbox_size=self.mailbox_size
+                           ).serve(task_status)
 
-    def _handle_sync(self, event: Any) -> int:
-        work = self._classify(event)
-        if work is None:
-            return 0
-        if isinstance(work, _BadFrameReply):
-            self._send_sync(work.route, work.reply)
-            return 0
-        assert isinstance(work, _Inbound)
-        fast = self._run_fast(work.request, work.route, work.received)
-        if fast is not None:
-            if type(fast) is bytes:
-                self._send_data_sync(work.route, fast)
-            else:
-                assert isinstance(fast, Reply)
-                self._send_sync(work.route, fast)
-            return 1
-        return self._handle_admitted_sync(work)
+    # -- what the parts know, by their names before the parts ------------------
+    @property
+    def running(self) -> dict[int, tuple[str, float]]:
+        """Requests being handled now: request id -> (method, ``time.monotonic()`` at start)."""
+        return self.liveness.running
 
-    def _handle_admitted_sync(self, work: _Inbound) -> int:
-        """Poll mode, the general path: admission, then the handler."""
-        admitted = self._admit(work)
-        if isinstance(admitted, Reply):
-            self._send_sync(work.route, admitted)
-            return 1
-        spec, payload = admitted
-        if spec.is_async:
-            if work.request.key:  # it never ran: a retry under serve() may run it
-                self.results.abandon(self._key_scope(work.route, work.request), spec.name,
-                                     work.request.key)
-            reply = self._exception_reply(work, _AsyncHandlerInPoll(
-                f"{spec.name!r} is async; serve it with EngineEndpoint.serve()"))
-        else:
-            token = current_trace.set(work.request.trace)
-            running = self._begin(work.request, work.route)
-            done: Reply | None = None
-            try:
-                result = (spec.handler(payload) if payload is not _NONE and spec.takes_payload
-                          else spec.handler())
-            except Exception as exc:
-                reply = done = self._exception_reply(work, exc)
-            else:
-                reply = done = self._result_reply(work, result)
-            finally:
-                self._end(work.request, work.route, done, running)
-                current_trace.reset(token)
-        self._send_sync(work.route, reply)
-        return 1
+    def report_progress(self, request_id: int, fraction: float, note: str = "") -> bool:
+        """Record the progress of running request ``request_id`` (see :func:`report_progress`)."""
+        return self.liveness.report_progress(request_id, fraction, note)
+
+    def status_heartbeat(self) -> Heartbeat | None:
+        return self.liveness.status_heartbeat()
+
+    def send_heartbeat(self) -> None:
+        self.liveness.send_heartbeat()
+
+    @property
+    def heartbeats_paused(self) -> bool:
+        """A hook for fault tests: while set, no heartbeat goes out (a hung process)."""
+        return self.liveness.paused
+
+    @heartbeats_paused.setter
+    def heartbeats_paused(self, paused: bool) -> None:
+        self.liveness.paused = paused
+
+    @property
+    def results(self) -> ResultCache:
+        return self.core.results
+
+    @property
+    def fence_high(self) -> int:
+        """The highest fencing token this engine has accepted (0: none)."""
+        return self.core.fences.high
+
+    @property
+    def states(self) -> dict[InboundState, int]:
+        return self.core.states
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Every part's counters, one dict (a copy)."""
+        return {**self.core.counters, **self.outbox.counters,
+                "heartbeats_sent": self.liveness.heartbeats_sent}
+
+    @property
+    def outbox_bytes(self) -> int:
+        """Bytes of replies waiting for room (poll mode)."""
+        return self.outbox.bytes
+
+    @property
+    def outbox_replies(self) -> int:
+        return self.outbox.replies
+
+    @property
+    def outbox_peak_bytes(self) -> int:
+        return self.outbox.peak_bytes
 
     def metrics(self) -> dict[str, Any]:
         """This engine's metrics: the engine side of the one metrics shape (the
         README's metrics table; :func:`ctlwire.kernel.metrics.engine_metrics` returns
         the same); also served to clients as the built-in ``ctlwire.metrics``
         method (``await client.engine_metrics(rank)``)."""
-        counters = dict(self.counters)
+        counters = self.counters
         running = list(self.running.items())
-        cache = self.results
-        transport = self.transport
+        core, cache, outbox, transport = self.core, self.core.results, self.outbox, self.transport
         return {
             "role": "engine",
             "rank": self.rank,
             "incarnation": self.incarnation,
             "live_requests": len(running),
-            "outcomes": {s.name: n for s, n in self.states.items() if n},
+            "outcomes": {s.name: n for s, n in core.states.items() if n},
             "frames_dropped": {k.removeprefix("dropped_"): counters.get(k, 0)
                                for k in _ENGINE_DROPS},
             "methods": self.methods,
             "running": {rid: m for rid, (m, _) in running},
-            "beacon": self.beacon_active,
-            "loops": self.loops,
-            "fence_high": self.fence_high,
-            "fence_window": self.fences.window,
+            "beacon": self.liveness.beacon_active,
+            "loops": self.liveness.loops,
+            "fence_high": core.fences.high,
+            "fence_window": core.fences.window,
             # request ids remembered per route to drop duplicates, bounded
-            "duplicate_filter": {"ids": len(self.duplicates),
-                                 "peers_evicted": self.duplicates.peers_evicted},
+            "duplicate_filter": {"ids": len(core.duplicates),
+                                 "peers_evicted": core.duplicates.peers_evicted},
             "idempotency_cache": {"entries": len(cache), "bytes": cache.bytes,
                                   "max_bytes": cache.max_bytes, "hits": cache.hits,
                                   "evicted": cache.evicted, "refused_full": cache.refused_full,
@@ -500,9 +472,9 @@ class EngineEndpoint(EngineServing):
                                 "peak_bytes": self.queued_requests.peak,
                                 "limit_bytes": self.queued_requests.limit},
             # replies waiting for clients that do not read, bounded per route and in total
-            "outbox": {"replies": self.outbox_replies, "bytes": self._outbox_bytes,
-                       "peak_bytes": self.outbox_peak_bytes, "routes": len(self._outbox),
-                       "stalled_routes": len(self._stalled),
+            "outbox": {"replies": outbox.replies, "bytes": outbox.bytes,
+                       "peak_bytes": outbox.peak_bytes, "routes": outbox.routes,
+                       "stalled_routes": len(outbox.stalled),
                        # what libzmq itself may hold per connection (both directions)
                        "transport_bound_bytes_per_connection": int(
                            bound() if (bound := getattr(transport, "queued_bytes_bound",
@@ -512,19 +484,11 @@ class EngineEndpoint(EngineServing):
             "connections": {"open": int(getattr(transport, "open_connections", 0)),
                             "refused": int(getattr(transport, "connections_refused", 0))},
             # client routes refused because the route table was full of live ones
-            "routes_refused": int(getattr(self.transport, "routes_refused", 0)),
+            "routes_refused": int(getattr(transport, "routes_refused", 0)),
             "counters": counters,
             # client keys this engine's CURVE authenticator refused (engines that bind)
-            "auth_rejections": int(getattr(self.transport, "auth_rejections", 0)),
+            "auth_rejections": int(getattr(transport, "auth_rejections", 0)),
             # deprecated aliases of the shape before 0.2: top-level counters, states
-            "states": {s.name: n for s, n in self.states.items()},
+            "states": {s.name: n for s, n in core.states.items()},
             **counters,
         }
-
-
-def _no_encoded_send(route: Route, data: bytes) -> None:  # pragma: no cover - never called
-    raise AssertionError("no encoded send without an envelope encoder")
-
-
-class _AsyncHandlerInPoll(Exception):
-    code = ErrorCode.ASYNC_HANDLER_IN_POLL

@@ -1,16 +1,9 @@
-"""The engine's per-request fast path.
-
-* The fast path (:meth:`EngineEndpoint._run_fast`) must give exactly what the
-  general path gives — same replies, counters, states, fencing, progress — for
-  every kind of request: an A/B run of one request stream through an endpoint
-  with and without it.
-* It must actually be taken for the common case (a valid, fresh request), in
-  poll mode and in serve mode.
-* Serve mode does the dispatcher's work itself only while nothing is queued at
-  the dispatcher, so a request never overtakes an earlier one.
-* One clock read per request on the fast path.
-* On ZMQ engine transports replies go out as bytes the endpoint encoded
-  (``send_encoded_nowait``): the same frames and counters as ``send_nowait``.
+"""Every kind of request through an endpoint, in poll mode and in serve mode:
+the one admission path gives each its one reply (a result, a refusal, a typed
+error), the same in both modes; serve never lets a request overtake one queued
+at the dispatcher; one clock read per request; replies to a ZMQ engine
+transport go out as the bytes the outbox encoded, and an oversized one becomes
+``ReplyTooLarge``.
 """
 
 from __future__ import annotations
@@ -18,19 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 import msgspec
 import pytest
 import zmq
 
-from ctlwire.kernel.engine_endpoint import EngineEndpoint, report_progress
-from ctlwire.transports.envelope import ErrorInfo, Reply, Request
+from ctlwire.kernel.engine.endpoint import EngineEndpoint, report_progress
+from ctlwire.transports.envelope import Reply, Request
 from ctlwire.transports.memory import MemoryNetwork
 from ctlwire.transports.transport import Received
 
 pytestmark = pytest.mark.anyio
-
-
 class Load(msgspec.Struct):
     weight: float
 
@@ -111,13 +101,31 @@ def requests(codec: Any) -> list[Request]:
     ]
 
 
-def run_poll(fast: bool) -> tuple[list[Reply], dict[str, int], dict[Any, int], list[Any], int]:
+#: request id -> the error type of its reply ("" for a result); id 2's duplicate is dropped
+EXPECTED = {1: "", 2: "", 3: "", 4: "", 5: "InvalidPayload", 6: "InvalidPayload",
+            7: "UnknownMethod", 8: "WrongRank", 9: "DeadlineExpired", 10: "", 11: "Fails",
+            12: "ResultNotEncodable", 13: "", 14: "Fenced", 15: "", 16: "", 17: "",
+            18: "MalformedFrame", 19: "MalformedFrame", 20: "", 21: ""}  # empty Raw: no frame
+
+
+def check(replies: list[Reply], ran: list[Any]) -> None:
+    by_id = {r.id: r for r in replies}
+    assert len(replies) == len(by_id) == len(EXPECTED)
+    assert {i: (r.error.type if r.error else "") for i, r in by_id.items()} == EXPECTED
+    assert by_id[1].ok and msgspec.msgpack.decode(by_id[1].result) == 3.0
+    assert msgspec.msgpack.decode(by_id[3].result) == 5 and msgspec.msgpack.decode(
+        by_id[4].result) == 7
+    assert bytes(by_id[20].result) == msgspec.msgpack.encode(True)
+    assert by_id[11].error is not None and by_id[11].error.code == 418
+    assert bytes(by_id[17].result) == bytes(by_id[16].result)  # replayed, not run again
+    assert ran.count(("flush", None)) == 6 and ("get_load", "heavy") not in ran
+
+
+def run_poll() -> tuple[list[Reply], EngineEndpoint]:
     net = MemoryNetwork()
     ep = EngineEndpoint(net.engine_transport(0), heartbeat_interval=None, clock=lambda: 1000.0,
                         incarnation=1)
     methods(ep)
-    if not fast:
-        ep._fast.clear()
     client = net.client_transport()
     ep.open()
     for env in requests(net.codec):
@@ -129,23 +137,18 @@ def run_poll(fast: bool) -> tuple[list[Reply], dict[str, int], dict[Any, int], l
         assert isinstance(ev, Received) and isinstance(ev.envelope, Reply)
         replies.append(ev.envelope)
     assert not ep.running
-    return replies, dict(ep.counters), dict(ep.states), ep.__dict__["ran"], ep.fence_high
+    return replies, ep
 
 
-def test_fast_path_answers_exactly_like_the_general_path() -> None:
-    fast, slow = run_poll(True), run_poll(False)
-    assert fast == slow
-    replies = fast[0]
-    assert len(replies) == 21  # one duplicate dropped
-    by_id = {r.id: r for r in replies}
-    assert by_id[20].ok and bytes(by_id[20].result) == msgspec.msgpack.encode(True)
-    assert by_id[11].error is not None and by_id[11].error.code == 418
-    assert by_id[14].error is not None and by_id[14].error.type == "Fenced"
+def test_every_kind_of_request_gets_its_one_reply_in_poll_mode() -> None:
+    replies, ep = run_poll()
+    check(replies, ep.__dict__["ran"])
+    assert ep.fence_high == 5 and ep.counters["duplicates"] == 1
 
 
 def test_one_clock_read_per_request() -> None:
-    """The endpoint reads its clock once per request taken on the fast path (when it
-    is received: the deadline check and ``client_last_seen`` share the read)."""
+    """The endpoint reads its clock once per request in poll mode (when it is
+    received: the deadline check and ``client_last_seen`` share the read)."""
     net = MemoryNetwork()
     reads: list[int] = []
 
@@ -164,31 +167,10 @@ def test_one_clock_read_per_request() -> None:
     reads.clear()
     assert ep.poll() == 5
     assert ep.__dict__["ran"] == [("flush", None)] * 4  # the late one expired, not run
-    assert ep.counters["expired"] == 1 and ep.client_last_seen == 1000.0
-    # 4 fresh requests: one read each; the expired one: one when received, and the
-    # general path's (its deadline check and its error message)
-    assert len(reads) == 4 + 1 + 2
+    assert ep.counters["expired"] == 1 and ep.core.client_last_seen == 1000.0
+    # one read each, when received: the deadline check and client_last_seen share it
+    assert len(reads) == 5
 
-
-def test_fast_path_is_taken_for_a_valid_fresh_request(monkeypatch: pytest.MonkeyPatch) -> None:
-    net = MemoryNetwork()
-    ep = EngineEndpoint(net.engine_transport(0), heartbeat_interval=None)
-    methods(ep)
-    client = net.client_transport()
-    ep.open()
-
-    def general(*a: Any) -> Any:
-        raise AssertionError("the general path ran for a common-case request")
-
-    monkeypatch.setattr(ep, "_admit", general)
-    client.send_nowait(0, Request(1, 0, "get_load", net.codec.encode_value({"weight": 2.0}),
-                                  0.0, 1, 9))
-    client.send_nowait(0, Request(2, 0, "opt", net.codec.encode_value(None), 0.0, 2, 9))
-    assert ep.poll() == 2
-    ev1, ev2 = client.try_receive(), client.try_receive()
-    assert isinstance(ev1, Received) and isinstance(ev1.envelope, Reply) and ev1.envelope.ok
-    assert isinstance(ev2, Received) and isinstance(ev2.envelope, Reply) and ev2.envelope.ok
-    assert ep.__dict__["ran"] == [("get_load", 2.0), ("opt", 5)]
 
 
 async def _serve_and_collect(ep: EngineEndpoint, net: MemoryNetwork,
@@ -208,34 +190,16 @@ async def _serve_and_collect(ep: EngineEndpoint, net: MemoryNetwork,
     return replies
 
 
-async def test_serve_fast_path_same_answers_and_taken() -> None:
-    async def run(fast: bool) -> tuple[list[Reply], dict[str, int], list[Any]]:
-        net = MemoryNetwork()
-        ep = EngineEndpoint(net.engine_transport(0), heartbeat_interval=None,
-                            clock=lambda: 1000.0, incarnation=1)
-        methods(ep)
-        taken: list[int] = []
-        if not fast:
-            ep._fast.clear()
-        else:
-            run_fast = ep._run_fast
 
-            def spy(req: Request, route: Any, now: float) -> Any:
-                reply = run_fast(req, route, now)
-                if reply is not None:
-                    taken.append(req.id)
-                return reply
-
-            ep._run_fast = spy  # type: ignore[method-assign]
-        envs = requests(net.codec)
-        replies = await _serve_and_collect(ep, net, envs, 21)
-        if fast:
-            # the first ones find the dispatcher idle; later ones may queue behind a
-            # request the general path took (so as not to overtake it)
-            assert {1, 2, 3, 4} <= set(taken) <= {1, 2, 3, 4, 10, 11, 12, 13, 15, 20, 21}
-        return sorted(replies, key=lambda r: r.id), dict(ep.counters), ep.__dict__["ran"]
-
-    assert await run(True) == await run(False)
+async def test_serve_gives_every_kind_of_request_the_same_reply_as_poll() -> None:
+    net = MemoryNetwork()
+    ep = EngineEndpoint(net.engine_transport(0), heartbeat_interval=None,
+                        clock=lambda: 1000.0, incarnation=1)
+    methods(ep)
+    replies = await _serve_and_collect(ep, net, requests(net.codec), len(EXPECTED))
+    check(replies, ep.__dict__["ran"])
+    polled, _ = run_poll()
+    assert sorted(replies, key=lambda r: r.id) == sorted(polled, key=lambda r: r.id)
 
 
 async def test_serve_never_overtakes_a_request_queued_at_the_dispatcher() -> None:
@@ -281,84 +245,6 @@ async def test_serve_never_overtakes_a_request_queued_at_the_dispatcher() -> Non
     assert all(r.ok for r in replies)
 
 
-def test_codec_shortcuts_agree_with_the_codec() -> None:
-    from ctlwire.transports.codec import JsonCodec, MsgpackCodec, PickleCodec
-
-    for codec in (MsgpackCodec(), JsonCodec()):
-        pair_ = codec.fast_value_codec(Load)
-        assert pair_ is not None
-        encode, decode = pair_
-        raw = codec.encode_value(Load(2.5))
-        assert encode(Load(2.5)) == bytes(raw)
-        assert decode(raw) == codec.decode_value(raw, Load)
-        dec = codec.fast_envelope_decoder()
-        assert dec is not None
-        env = Request(1, 0, "m", raw)
-        assert dec(codec.encode(env)) == codec.decode(codec.encode(env))
-    pickled = PickleCodec(allow_pickle=True)
-    assert pickled.fast_value_codec(Load) is None  # payloads pickled: no shortcut
-    assert pickled.fast_envelope_decoder() is not None
-    reply = Reply(3, 0, 7, False, MsgpackCodec().encode_value(None), ErrorInfo("E", "m", 1))
-    for codec in (MsgpackCodec(), JsonCodec(), pickled):
-        enc = codec.fast_envelope_encoder()
-        assert enc is not None
-        for env in (Request(1, 0, "m", codec.encode_value(Load(2.5)), 5.0, key="k"), reply):
-            assert enc(env) == codec.encode(env)
-
-    class Framed(MsgpackCodec):  # a codec whose envelope encoding differs: no shortcut
-        def encode(self, envelope: Any) -> bytes:
-            return b"!" + super().encode(envelope)
-
-    assert Framed().fast_envelope_encoder() is None
-
-
-
-async def test_router_client_caches_are_bounded_and_batched_sends_deliver() -> None:
-    from ctlwire.transports import zmq_client
-    from ctlwire.transports.envelope import Heartbeat
-    from ctlwire.transports.zmq_client import ZmqRouterClientTransport
-
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    transport = ZmqRouterClientTransport("inproc://fast-client", context=ctx)
-    engines = []
-    try:
-        async with transport:
-            for rank in range(3):
-                raw = ctx.socket(zmq.DEALER)
-                raw.setsockopt(zmq.IDENTITY, b"rank-%d" % rank)
-                raw.connect("inproc://fast-client")
-                raw.send(transport.codec.encode(Heartbeat(rank, 1)))
-                engines.append(raw)
-            seen = set()
-            with anyio.fail_after(10):
-                while len(seen) < 3:
-                    ev = await transport.receive()
-                    assert isinstance(ev, Received)
-                    seen.add(ev.peer)
-            codec = transport.codec
-            with transport.batched_sends():
-                for rank in range(3):
-                    transport.send_nowait(rank, Request(rank + 1, rank, "m",
-                                                        codec.encode_value(None)))
-            for rank, raw in enumerate(engines):
-                assert raw.poll(5000)
-                env = codec.decode(raw.recv())
-                assert isinstance(env, Request) and env.id == rank + 1
-            # a peer choosing many identities cannot grow the caches without bound
-            data = codec.encode(Heartbeat(0, 1))
-            for i in range(zmq_client._CACHE_LIMIT + 100):
-                ev = transport._event([b"rank-%d" % (1000 + i), data])
-                assert isinstance(ev, Received) and ev.peer == 1000 + i
-            assert len(transport._rank_of) <= zmq_client._CACHE_LIMIT
-            # a cached identity still decodes, and a junk frame from it is still Dropped
-            ev = transport._event([b"rank-1", b"\xc1junk"])
-            assert not isinstance(ev, Received) and ev.reason == "malformed"  # type: ignore[union-attr]
-    finally:
-        for raw in engines:
-            raw.close(0)
-        ctx.term()
-
-
 # -- the reply hot path on ZMQ engine transports ----------------------------------------
 
 
@@ -386,7 +272,7 @@ def _zmq_run(hot: bool, serve: bool, address: str
         return b"x" * n
 
     if not hot:
-        ep._encode_envelope = None
+        ep.outbox._encode = None
     plain: list[int] = []
     send_nowait = transport.send_nowait
 
@@ -444,8 +330,8 @@ def _zmq_run(hot: bool, serve: bool, address: str
 def test_zmq_reply_hot_path_sends_the_same_bytes(serve: bool) -> None:
     """On a ZMQ engine transport replies go out as bytes encoded by the endpoint
     (``send_encoded_nowait``): the same frames and counters as through
-    ``send_nowait``, and a reply too large for the codec still becomes a
-    ``ReplyTooLarge`` error (through the general path)."""
+    ``send_nowait``, and a reply too large for the codec becomes a
+    ``ReplyTooLarge`` error."""
     name = "serve" if serve else "poll"
     hot_frames, hot_counters, hot_plain = _zmq_run(True, serve, f"inproc://hot-{name}")
     frames, counters, plain = _zmq_run(False, serve, f"inproc://plain-{name}")
@@ -453,11 +339,10 @@ def test_zmq_reply_hot_path_sends_the_same_bytes(serve: bool) -> None:
     assert sorted(hot_frames, key=key) == sorted(frames, key=key)
     assert hot_counters == counters
     assert hot_counters["replies_too_large"] == 1 and hot_counters["replied"] == len(frames)
-    assert hot_plain == [30]  # only the reply that did not fit took send_nowait
+    assert hot_plain == []  # every reply went out encoded, ReplyTooLarge included
     assert sorted(plain) == sorted(set(plain)) and len(plain) == len(frames)
     from ctlwire.transports.codec import MsgpackCodec
 
     too_large = [MsgpackCodec().decode(f[1]) for f in hot_frames]
     assert any(isinstance(r, Reply) and r.id == 30 and r.error is not None
                and r.error.type == "ReplyTooLarge" for r in too_large)
-

@@ -40,7 +40,7 @@ The ledger guarantees, per engine:
 * **Recorded after success only.** A step is recorded once its handler
   returned; a step that raised is not recorded and its retry runs it.
   ``async def`` handlers are awaited (the ledger's step is then served by
-  :meth:`~ctlwire.kernel.engine_endpoint.EngineEndpoint.serve`); with
+  :meth:`~ctlwire.kernel.engine.endpoint.EngineEndpoint.serve`); with
   ``threaded=True`` sync handlers run in a worker thread, so the engine
   answers other methods while a long step runs.
 * **Bounded.** The newest ``max_operations`` operations are remembered.
@@ -69,8 +69,8 @@ import anyio.to_thread
 import msgspec
 
 from ctlwire.kernel.core.operation_plan import step_key
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
-from ctlwire.kernel.engine_liveness import current_request_id
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
+from ctlwire.kernel.engine.liveness import current_request_id
 from ctlwire.kernel.errors import FENCED_CODE
 from ctlwire.transports.codec import Codec, PayloadTypeError
 
@@ -151,9 +151,6 @@ class InvalidStep(Exception):
     """A malformed step: unknown phase, missing or implausible fence, wrong key or position."""
 
     code = 422
-
-
-InvalidStepPayload = InvalidStep
 
 
 class OperationOwned(Exception):
@@ -239,12 +236,11 @@ class OperationLedger:
     def __init__(self, handlers: Mapping[str, Callable[..., Any]], *,
                  max_operations: int = 64, threaded: bool = False,
                  max_fence_lead: float = 300.0,
-                 clock: Callable[[], float] = time.time,
-                 cache_size: int | None = None) -> None:
+                 clock: Callable[[], float] = time.time) -> None:
         self._handlers = {name: _Handler(fn, *_payload_type(fn),
                                          inspect.iscoroutinefunction(fn))
                           for name, fn in handlers.items()}
-        self.max_operations = cache_size if cache_size is not None else max_operations
+        self.max_operations = max_operations
         if self.max_operations < 1:
             raise ValueError("max_operations must be >= 1")
         self.threaded = threaded
@@ -492,10 +488,6 @@ class OperationLedger:
     def step_methods(self) -> list[str]:
         """The methods this ledger runs as operation steps."""
         return sorted(self._handlers)
-
-    @property
-    def last(self) -> LastOperation:
-        return self.last_operation()
 
     def metrics(self) -> dict[str, Any]:
         last = self._last

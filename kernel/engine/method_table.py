@@ -1,78 +1,42 @@
-"""The allow-list of an :class:`~ctlwire.kernel.engine_endpoint.EngineEndpoint`:
-registering control methods, their :class:`MethodSpec`, the per-method codecs of
-the fast path, and the ``code`` values of the endpoint's own errors."""
+"""The engine's method table: the allow-list of control methods, each with its
+payload type (resolved at registration), and how it runs (``read_only``,
+``threaded``, ``concurrency``).
+
+Guarantees: only registered names are served (nothing is looked up by
+``getattr``); a name is registered once; a payload annotation that cannot be
+resolved is refused at registration, so validation is never silently off.
+"""
 
 from __future__ import annotations
 
 import inspect
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, get_type_hints
 
-from ctlwire.kernel.errors import FENCED_CODE
+from ctlwire.kernel.core.inbound_core import MethodSpec
 from ctlwire.transports.codec import Codec
-from ctlwire.transports.protocol_version import UNSUPPORTED_VERSION_CODE
 
-__all__ = ["NO_PAYLOAD", "ErrorCode", "FastMethod", "MethodRegistry", "MethodSpec"]
+__all__ = ["NO_PAYLOAD", "MethodTable"]
 
-_NONE = object()
-NO_PAYLOAD = _NONE
-"""``payload_type`` not given (register), or no payload sent to an optional one (admission)."""
-
-
-class ErrorCode:
-    """``code`` values of the errors the endpoint itself produces."""
-
-    UNKNOWN_METHOD = 404
-    INVALID_PAYLOAD = 422
-    DEADLINE_EXPIRED = 408
-    MALFORMED_FRAME = 400
-    OVERSIZED_FRAME = 413
-    WRONG_RANK = 421
-    RESULT_NOT_ENCODABLE = 500
-    ASYNC_HANDLER_IN_POLL = 501
-    FENCED = FENCED_CODE
-    IN_PROGRESS = 425
-    FENCE_OUT_OF_RANGE = 416
-    KEY_TOO_LONG = 414
-    CACHE_FULL = 507
-    UNSUPPORTED_PROTOCOL_VERSION = UNSUPPORTED_VERSION_CODE
+NO_PAYLOAD: Any = object()
+"""``payload_type`` not given: the handler's annotation says it."""
+_NONE = NO_PAYLOAD
 
 
-@dataclass(frozen=True)
-class MethodSpec:
-    """A registered control method."""
+class MethodTable:
+    """Registered methods; see the module docstring."""
 
-    name: str
-    handler: Callable[..., Any]
-    payload_type: Any
-    takes_payload: bool
-    is_async: bool
-    threaded: bool
-    payload_optional: bool = False
-    concurrency: int = 1
-    read_only: bool = False
-    """Declared not to change the engine's state: fencing tokens and idempotency
-    keys are ignored for it (it neither checks nor moves the fence)."""
-
-
-FastMethod = tuple[MethodSpec, Callable[[Any], bytes], Callable[[Any], Any]]
-"""A sync inline method whose payloads the codec can take on its hot path:
-(spec, encode a result, decode a payload as the spec's type)."""
-
-
-class MethodRegistry:
-    """The allow-list part of an endpoint: registration and the method tables
-    (set up by ``EngineEndpoint.__init__``)."""
-
-    codec: Codec
-    _methods: dict[str, MethodSpec]
-    _fast: dict[str, FastMethod]
-    _builtin: frozenset[str]
-    #: the seam where a sync handler is placed: each new spec passes through it
-    #: (:class:`~ctlwire.kernel.busy_loop.BusyLoop` hands state-changing ones to its loop)
-    place_handler: Callable[[MethodSpec], MethodSpec] | None = None
+    def __init__(self, codec: Codec) -> None:
+        self.codec = codec
+        #: name -> spec (what the inbound core looks requests up in; change it only
+        #: through :meth:`register`)
+        self.specs: dict[str, MethodSpec] = {}
+        #: names every endpoint serves built in (set by the endpoint)
+        self.builtin: frozenset[str] = frozenset()
+        #: where a sync handler is placed: each new spec passes through it
+        #: (:class:`~ctlwire.kernel.busy_loop.BusyLoop` hands state-changing ones to its loop)
+        self.place_handler: Callable[[MethodSpec], MethodSpec] | None = None
 
     # -- registration ----------------------------------------------------------
     def register(self, name: str, handler: Callable[..., Any], *, payload_type: Any = _NONE,
@@ -101,7 +65,7 @@ class MethodRegistry:
         """
         if not name or not isinstance(name, str):
             raise ValueError("method name must be a non-empty string")
-        if name in self._methods:
+        if name in self.specs:
             raise ValueError(f"method {name!r} is already registered")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency of {name!r} must be an int >= 1, not {concurrency!r}")
@@ -116,16 +80,13 @@ class MethodRegistry:
             if takes_payload:
                 payload_type = _payload_annotation(name, handler, params[0], _caller_frame)
         optional = bool(params) and params[0].default is not params[0].empty
+        fast = self.codec.fast_value_codec(payload_type)
         spec = MethodSpec(name, handler, payload_type, takes_payload,
                           inspect.iscoroutinefunction(handler), threaded, optional, concurrency,
-                          read_only)
+                          read_only, fast[1] if fast else None, fast[0] if fast else None)
         if self.place_handler is not None:
             spec = self.place_handler(spec)
-        self._methods[name] = spec
-        if not (spec.is_async or spec.threaded):
-            codec = self.codec.fast_value_codec(payload_type)
-            if codec is not None:
-                self._fast[name] = (spec, codec[0], codec[1])
+        self.specs[name] = spec
         return spec
 
     def method(self, name: str | None = None, *, payload_type: Any = _NONE,
@@ -144,12 +105,12 @@ class MethodRegistry:
     @property
     def methods(self) -> list[str]:
         """The methods registered on this endpoint (not the built-in ones)."""
-        return sorted(m for m in self._methods if m not in self._builtin)
+        return sorted(m for m in self.specs if m not in self.builtin)
 
     @property
     def builtin_methods(self) -> list[str]:
         """Methods every endpoint serves: ``ctlwire.metrics`` (its :meth:`metrics`)."""
-        return sorted(self._builtin)
+        return sorted(self.builtin)
 
 
 def _payload_annotation(name: str, handler: Callable[..., Any], param: inspect.Parameter,

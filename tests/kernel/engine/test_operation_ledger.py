@@ -12,17 +12,10 @@ from ctlwire.kernel.app.operation_engine import Fault, register, weight_update_p
 from ctlwire.kernel.core.operation_core import StepOutcome
 from ctlwire.kernel.core.operation_plan import OperationPlan, OperationStep, StepCall
 from ctlwire.kernel.core.operation_result import ProgressEvent
-from ctlwire.kernel.errors import (
-    Fenced,
-    NotDelivered,
-    OutcomeUnknown,
-    RemoteError,
-    RequestTimedOut,
-)
-from ctlwire.kernel.operation_ledger import (
+from ctlwire.kernel.engine.operation_ledger import (
     Fenced as EngineFenced,
 )
-from ctlwire.kernel.operation_ledger import (
+from ctlwire.kernel.engine.operation_ledger import (
     InvalidStep,
     OperationAborted,
     OperationLedger,
@@ -32,6 +25,13 @@ from ctlwire.kernel.operation_ledger import (
     StepRequest,
     TakeOver,
     UnknownStepMethod,
+)
+from ctlwire.kernel.errors import (
+    Fenced,
+    NotDelivered,
+    OutcomeUnknown,
+    RemoteError,
+    RequestTimedOut,
 )
 from ctlwire.kernel.operation_runner import OperationRunner, ReleaseRefused, classify
 from ctlwire.kernel.testing import EngineHarness
@@ -71,7 +71,7 @@ def ledger() -> tuple[OperationLedger, list[int]]:
     def boom() -> None:
         raise RuntimeError("boom")
 
-    led = OperationLedger({"bump": bump, "boom": boom}, cache_size=2)
+    led = OperationLedger({"bump": bump, "boom": boom}, max_operations=2)
     led.install(FakeEndpoint())  # type: ignore[arg-type]
     return led, calls
 
@@ -312,7 +312,7 @@ def test_a_compensation_runs_once_and_only_for_what_applied() -> None:
 
 
 def test_an_operation_is_bound_to_its_controller_until_a_newer_fence_takes_it_over() -> None:
-    from ctlwire.kernel.engine_liveness import _current_request
+    from ctlwire.kernel.engine.liveness import _current_request
 
     led, calls = ledger()
 

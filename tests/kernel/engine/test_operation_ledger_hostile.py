@@ -21,8 +21,8 @@ from ctlwire.kernel.app.operation_engine import RestoreWeights, weight_update_pl
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_plan import new_fence, new_operation_id
 from ctlwire.kernel.core.operation_result import ProgressEvent
+from ctlwire.kernel.engine.operation_ledger import STEP_METHOD
 from ctlwire.kernel.errors import RemoteError
-from ctlwire.kernel.operation_ledger import STEP_METHOD
 from ctlwire.kernel.operation_runner import OperationRunner
 from ctlwire.states import OperationState, RankState
 from ctlwire.transports.codec import MsgpackCodec

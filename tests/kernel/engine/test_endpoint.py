@@ -9,7 +9,7 @@ import anyio
 import msgspec
 import pytest
 
-from ctlwire.kernel.engine_endpoint import EngineEndpoint, ErrorCode
+from ctlwire.kernel.engine.endpoint import EngineEndpoint, ErrorCode
 from ctlwire.kernel.errors import RemoteError
 from ctlwire.kernel.testing import EngineHarness, virtual_backend
 from ctlwire.states import InboundState
@@ -262,7 +262,7 @@ async def test_sync_engine_in_a_poll_loop_task() -> None:
 def test_incarnations_minted_in_one_process_only_grow() -> None:
     """An endpoint restarted within the same millisecond must not look older
     than the one it replaces (its heartbeats would be fenced as stale)."""
-    from ctlwire.kernel.engine_liveness import new_incarnation
+    from ctlwire.kernel.engine.liveness import new_incarnation
 
     minted = [new_incarnation() for _ in range(2_000)]
     assert minted == sorted(set(minted))  # strictly increasing

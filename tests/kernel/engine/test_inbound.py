@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from ctlwire.kernel.core.result_cache import ResultCache
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import Fenced, RemoteError, RequestTimedOut
 from ctlwire.kernel.testing import EngineHarness
 from ctlwire.transports.envelope import Reply, Request
@@ -180,7 +180,7 @@ def test_a_heartbeat_every_peer_sees_names_no_request() -> None:
     ep.report_progress((7 << 32) | 3, 0.5, "half")
     private = ep.status_heartbeat()
     assert private is not None and private.busy == (7 << 32) | 3 and private.note == "half"
-    ep.shared_heartbeats = True
+    ep.liveness.shared_heartbeats = True
     shared = ep.status_heartbeat()
     assert shared is not None and shared.method == "update"
     assert shared.busy == 0 and shared.progress < 0 and shared.note == ""
@@ -199,7 +199,7 @@ def test_keys_can_be_scoped_by_the_claimed_client_to_survive_a_new_route() -> No
         ep.open()
         for n, client, route in ((1, 5, routes[0]), (2, 5, routes[1]), (3, 6, routes[1])):
             req = Request(n, 0, "apply", net.codec.encode_value(n), client=client, key="k")
-            assert ep._handle_request_sync(req, route) == 1
+            assert ep._handle(Received(req, route=route)) == 1
         ran[scope] = [n for _, n in ep.__dict__["ran"]]
     # a transport without routes cannot tell its senders apart: by the claimed client
     assert ran == {"route": [1, 2], "client": [1, 3], "no routes": [1, 3]}

@@ -1,4 +1,4 @@
-"""The engine's per-wake-up batch and its encoded fast-path replies.
+"""The engine's per-wake-up batch and its encoded replies.
 
 * ``poll()`` takes the first queued event alone and handles it, then every
   other queued event in one ``receive_ready`` call of a ZMQ engine transport
@@ -6,12 +6,9 @@
   receive that finds the queue empty follows the first reply instead of
   delaying it. A transport without ``receive_ready`` is read with
   ``try_receive`` in a loop.
-* The fast path's OK reply is spliced from constant bytes
-  (:func:`ok_reply_encoder`): byte-identical to the codec's encoding of the
-  Reply, refused for codecs it does not match.
-* Fast vs general path over a real ZMQ transport (where replies go out as
-  encoded bytes): the same frames, counters, states and handler runs.
-* The trace carrier a handler sees on the fast path, and that it is restored.
+* Over a real ZMQ transport (where replies go out as encoded bytes) every
+  kind of request gets its one reply.
+* The trace carrier a handler sees, and that it is restored.
 """
 
 from __future__ import annotations
@@ -19,15 +16,13 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-import msgspec
 import pytest
 import zmq
-from test_engine_fast_path import methods, requests  # the same stream and methods
+from test_request_kinds import check, methods, requests  # the same stream and methods
 
-from ctlwire.kernel.engine_endpoint import EngineEndpoint
-from ctlwire.kernel.engine_outbox import ok_reply_encoder
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.tracing import current_trace
-from ctlwire.transports.codec import JsonCodec, MsgpackCodec
+from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.envelope import Heartbeat, Reply, Request
 from ctlwire.transports.errors import TransportClosed
 from ctlwire.transports.memory import MemoryNetwork
@@ -40,7 +35,7 @@ _counter = itertools.count()
 class _Pair:
     """A raw ROUTER (the client) and an engine endpoint on a ZMQ DEALER, inproc."""
 
-    def __init__(self, *, fast: bool = True, **kw: Any) -> None:
+    def __init__(self, **kw: Any) -> None:
         self.address = f"inproc://engine-batch-{next(_counter)}"
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
@@ -51,8 +46,6 @@ class _Pair:
         self.ep = EngineEndpoint(self.transport, heartbeat_interval=None, beacon=False,
                                  clock=lambda: 1000.0, incarnation=1, **kw)
         methods(self.ep)
-        if not fast:
-            self.ep._fast.clear()
         self.ep.open()
 
     def send(self, *frames: bytes) -> None:
@@ -254,58 +247,24 @@ def test_poll_without_receive_ready_reads_try_receive_in_a_loop() -> None:
     assert ep.poll() == 0
 
 
-def test_ok_reply_encoder_is_byte_identical_or_refused() -> None:
-    codec = MsgpackCodec()
-    for rank, incarnation in ((0, 1), (3, (1 << 52) | 77), (255, 2**63 - 1)):
-        encode = ok_reply_encoder(codec, rank, incarnation)
-        assert encode is not None
-        for rid in (1, 2, 200, 70_000, 2**40, 2**64 - 1):
-            for value in (None, 1.5, "text", [1, 2, 3], {"a": b"x" * 100}):
-                data = bytes(codec.encode_value(value))
-                expected = codec.encode(Reply(rid, rank, incarnation, True, msgspec.Raw(data)))
-                assert encode(rid, data) == expected
-    assert ok_reply_encoder(JsonCodec(), 0, 1) is None  # another layout: no shortcut
-
-    class Framed(MsgpackCodec):
-        def encode(self, envelope: Any) -> bytes:
-            return b"!" + super().encode(envelope)
-
-    assert ok_reply_encoder(Framed(), 0, 1) is None
-
-
-def test_endpoint_uses_the_encoded_reply_only_where_replies_go_out_as_bytes() -> None:
+def test_every_kind_of_request_gets_its_one_reply_over_zmq() -> None:
     pair = _Pair()
     try:
-        assert pair.ep._ok_reply is not None
-    finally:
-        pair.close()
-    net = MemoryNetwork()  # no send_encoded_nowait: replies as envelopes
-    assert EngineEndpoint(net.engine_transport(0))._ok_reply is None
-
-
-def _zmq_stream(fast: bool) -> tuple[list[bytes], dict[str, int], dict[Any, int], list[Any], int]:
-    pair = _Pair(fast=fast)
-    try:
+        assert pair.ep.outbox._encode is not None  # replies go out as encoded bytes
         envs = requests(pair.codec)
         for env in envs:
             pair.send(pair.codec.encode(env))
         frames = pair.replies(len(envs) - 1)  # one duplicate
         assert not pair.ep.running
-        ep = pair.ep
-        return frames, dict(ep.counters), dict(ep.states), ep.__dict__["ran"], ep.fence_high
+        check([r for f in frames if isinstance(r := pair.codec.decode(f), Reply)],
+              pair.ep.__dict__["ran"])
     finally:
         pair.close()
+    net = MemoryNetwork()  # no send_encoded_nowait: replies as envelopes
+    assert EngineEndpoint(net.engine_transport(0)).outbox._encode is None
 
 
-def test_fast_path_over_zmq_answers_exactly_like_the_general_path() -> None:
-    """Over a ZMQ transport the fast path's replies are spliced bytes: the client
-    gets the very bytes the general path's Reply encodes to, in the same order."""
-    fast, slow = _zmq_stream(True), _zmq_stream(False)
-    assert len(fast[0]) == 21
-    assert fast == slow
-
-
-def test_fast_path_trace_carrier_is_set_cleared_and_restored() -> None:
+def test_trace_carrier_is_set_cleared_and_restored() -> None:
     pair = _Pair()
     seen: list[dict[str, str] | None] = []
 
@@ -417,14 +376,11 @@ class _FullRoute:
         return []
 
 
-@pytest.mark.parametrize("fast", [True, False])
-def test_encoded_fast_reply_to_a_full_or_gone_route_is_queued_or_counted(fast: bool) -> None:
+def test_encoded_reply_to_a_full_or_gone_route_is_queued_or_counted() -> None:
     transport = _FullRoute()
     ep = EngineEndpoint(transport, heartbeat_interval=None, max_unread_replies=4)  # type: ignore[arg-type]
     ep.register("echo", lambda v: v, payload_type=Any)
-    if not fast:
-        ep._fast.clear()
-    assert ep._ok_reply is not None
+    assert ep.outbox._encode is not None
     codec = transport.codec
     for i in range(1, 11):
         route = (b"hostile", b"legit", b"gone")[i % 3]
@@ -433,5 +389,5 @@ def test_encoded_fast_reply_to_a_full_or_gone_route_is_queued_or_counted(fast: b
     assert ep.poll() == 10
     assert transport.sent == [(b"legit", i) for i in (1, 4, 7, 10)]
     assert ep.outbox_replies == 3  # 3, 6, 9 wait for room (bound 4)
-    assert [codec.decode(r).id for r, _ in ep._outbox[b"hostile"]] == [3, 6, 9]
+    assert [codec.decode(r).id for r, _ in ep.outbox._queues[b"hostile"]] == [3, 6, 9]
     assert ep.counters["reply_send_failures"] == 3 and ep.counters["replied"] == 4

@@ -1,0 +1,392 @@
+"""The engine's inbound core: every decision about a received request, and every
+``InboundRequest`` transition, in one place (sans-IO; time passed in as a clock).
+
+::
+
+    item = core.accept(request, route)      # None: a duplicate (dropped, counted)
+    refused = core.admit(item)              # a Reply: Rejected / Expired / a replay
+    reply = core.result(item, value)        # Running -> Replied (or core.error(item, exc))
+
+Guarantees:
+
+* **One table.** A request's state moves only through
+  :data:`~ctlwire.states.INBOUND_REQUEST_TABLE` (:meth:`InboundRequest.go`):
+  Received → Running → Replied, or Received → Rejected / Expired. An illegal
+  move raises :class:`~ctlwire.states.IllegalTransition`.
+* **Duplicates** of an id the same route sent are dropped and counted
+  (:class:`~ctlwire.kernel.core.duplicate_filter.DuplicateFilter`).
+* **Admission**, in this order: protocol major, rank, method (allow-list),
+  deadline, fence, idempotency key, payload type. A request moves the fence and
+  records its key only once fully validated, and only for a state-changing
+  method (read-only ones ignore fences and keys).
+* **Idempotency keys** are scoped by ``(route, method, key)`` (``key_scope=
+  "route"``) or by the client incarnation a request claims (``"client"``, and
+  always where there is no route). A repeat gets the first run's outcome,
+  result or error; a run that ends with no outcome (:meth:`InboundCore.cancelled`)
+  forgets its key, so a retry runs.
+* **Bad frames** whose id can be read get a typed error reply; others are counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+
+from ctlwire.kernel.core.duplicate_filter import DuplicateFilter
+from ctlwire.kernel.core.fence_guard import FenceGuard, FenceVerdict
+from ctlwire.kernel.core.result_cache import RUNNING, RecordedOutcome, ResultCache
+from ctlwire.kernel.errors import FENCED_CODE, error_info
+from ctlwire.states import INBOUND_REQUEST_TABLE, InboundEvent, InboundState
+from ctlwire.transports.codec import Codec, PayloadTypeError
+from ctlwire.transports.envelope import ErrorInfo, Heartbeat, Reply, Request
+from ctlwire.transports.protocol_version import (
+    PROTOCOL_MAJOR,
+    PROTOCOL_VERSION,
+    UNSUPPORTED_VERSION_CODE,
+    version_text,
+)
+from ctlwire.transports.transport import Dropped, Received, Route
+
+__all__ = ["BadFrame", "ErrorCode", "InboundCore", "InboundRequest", "MethodSpec"]
+
+
+class ErrorCode:
+    """``code`` values of the errors the endpoint itself produces."""
+
+    UNKNOWN_METHOD = 404
+    INVALID_PAYLOAD = 422
+    DEADLINE_EXPIRED = 408
+    MALFORMED_FRAME = 400
+    OVERSIZED_FRAME = 413
+    WRONG_RANK = 421
+    RESULT_NOT_ENCODABLE = 500
+    ASYNC_HANDLER_IN_POLL = 501
+    FENCED = FENCED_CODE
+    IN_PROGRESS = 425
+    FENCE_OUT_OF_RANGE = 416
+    KEY_TOO_LONG = 414
+    CACHE_FULL = 507
+    UNSUPPORTED_PROTOCOL_VERSION = UNSUPPORTED_VERSION_CODE
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A registered control method (built by the engine's method table)."""
+
+    name: str
+    handler: Callable[..., Any]
+    payload_type: Any
+    takes_payload: bool
+    is_async: bool
+    threaded: bool
+    payload_optional: bool = False
+    concurrency: int = 1
+    read_only: bool = False
+    """Declared not to change the engine's state: fencing tokens and idempotency
+    keys are ignored for it (it neither checks nor moves the fence)."""
+    decode: Callable[[Any], Any] | None = field(default=None, repr=False, compare=False)
+    """The codec's shortcut decoder for ``payload_type`` (None: the codec's
+    ``decode_value``); whatever it refuses, ``decode_value`` judges."""
+    encode: Callable[[Any], bytes] | None = field(default=None, repr=False, compare=False)
+    """The codec's shortcut value encoder (None: ``encode_value``)."""
+
+
+# INBOUND_REQUEST_TABLE as nested dicts, read on the per-request path
+_NEXT: dict[InboundState, dict[InboundEvent, InboundState]] = {}
+for (_state, _event), _to in INBOUND_REQUEST_TABLE:
+    _NEXT.setdefault(_state, {})[_event] = _to
+
+
+class InboundRequest:
+    """One received request: its route, when it was received, its state, and
+    once admitted (Running) its method and handler arguments."""
+
+    __slots__ = ("args", "received", "request", "route", "spec", "state")
+
+    def __init__(self, request: Request, route: Route, received: float) -> None:
+        self.request = request
+        self.route = route
+        self.received = received
+        self.state = InboundState.RECEIVED
+        self.spec: MethodSpec | None = None
+        self.args: tuple[Any, ...] = ()
+
+    def go(self, event: InboundEvent) -> InboundState:
+        """Move through the table (the only way a request's state changes)."""
+        try:
+            self.state = _NEXT[self.state][event]
+        except KeyError:
+            INBOUND_REQUEST_TABLE.apply(self.state, event, self.request.id)  # IllegalTransition
+            raise
+        return self.state
+
+
+@dataclass(frozen=True)
+class BadFrame:
+    """The error reply to a frame that could not be decoded but whose id was read."""
+
+    route: Route
+    reply: Reply
+
+
+_REQUEST_COUNTERS = ("received", "rejected", "expired", "handler_errors", "duplicates",
+                     "dropped_malformed", "dropped_oversized", "dropped_framing",
+                     "dropped_wrong_type", "error_replies_for_bad_frames", "heartbeats_received",
+                     "fenced", "fence_out_of_range", "idempotent_replays",
+                     "idempotent_in_progress", "idempotency_key_too_long",
+                     "idempotency_cache_full")
+
+
+class InboundCore:
+    """Admission and completion of received requests; see the module docstring."""
+
+    def __init__(self, methods: Mapping[str, MethodSpec], codec: Codec, *, rank: int,
+                 incarnation: int, clock: Callable[[], float],
+                 duplicates: DuplicateFilter | None = None, fences: FenceGuard | None = None,
+                 results: ResultCache | None = None,
+                 key_scope: Literal["route", "client"] = "route") -> None:
+        if key_scope not in ("route", "client"):
+            raise ValueError(f"key_scope must be 'route' or 'client', not {key_scope!r}")
+        self.methods = methods
+        self.codec = codec
+        self.rank = rank
+        self.incarnation = incarnation
+        self.clock = clock
+        self.duplicates = duplicates if duplicates is not None else DuplicateFilter()
+        self.fences = fences if fences is not None else FenceGuard()
+        self.results = results if results is not None else ResultCache()
+        self.key_scope = key_scope
+        self.client_last_seen: float | None = None
+        self.counters: dict[str, int] = dict.fromkeys(_REQUEST_COUNTERS, 0)
+        self.states: dict[InboundState, int] = dict.fromkeys(InboundState, 0)
+        self._nil = codec.encode_value(None)
+
+    # -- from the transport ------------------------------------------------------
+    def accept(self, req: Request, route: Route) -> InboundRequest | None:
+        """A received request (Received), or None for a duplicate of an id the
+        same route sent (dropped, counted)."""
+        counters = self.counters
+        counters["received"] += 1
+        if self.duplicates.seen(route, req.id):
+            counters["duplicates"] += 1
+            return None
+        now = self.client_last_seen = self.clock()
+        return InboundRequest(req, route, now)
+
+    def receive(self, event: Any) -> InboundRequest | BadFrame | None:
+        """Any transport event: a request (:meth:`accept`), the error reply of a
+        bad frame whose id was read, or None (a heartbeat, a drop, counted)."""
+        counters = self.counters
+        if type(event) is Received:
+            env = event.envelope
+            if type(env) is Request:
+                return self.accept(env, event.route)
+            counters["received"] += 1
+            if type(env) is not Heartbeat:
+                counters["dropped_wrong_type"] += 1
+            elif env.version >> 8 != PROTOCOL_MAJOR:  # a client this engine cannot serve
+                self._count("protocol_version_refused")
+                self._count("dropped_protocol_version")
+            else:
+                counters["heartbeats_received"] += 1
+                self.client_last_seen = self.clock()
+            return None
+        counters["received"] += 1
+        if type(event) is Dropped:
+            self._count(f"dropped_{event.reason}")
+            if event.request_id:
+                counters["error_replies_for_bad_frames"] += 1
+                code = (ErrorCode.OVERSIZED_FRAME if event.reason == "oversized"
+                        else ErrorCode.MALFORMED_FRAME)
+                return BadFrame(event.route, self.error_reply(
+                    event.request_id, "MalformedFrame", event.detail, code))
+        return None  # PeerDisconnected: nothing to do engine-side
+
+    # -- admission ---------------------------------------------------------------
+    def admit(self, item: InboundRequest, now: float | None = None) -> Reply | None:
+        """Received → Running (None: run ``item.spec.handler(*item.args)``), or the
+        reply that ends it here: Rejected, Expired, or Replied with a recorded
+        outcome (a repeated idempotency key). ``now``: the clock, when the caller
+        has just read it (the deadline is checked against the time it starts)."""
+        req = item.request
+        if now is None:
+            now = self.clock()
+        spec = self.methods.get(req.method)
+        if req.version >> 8 != PROTOCOL_MAJOR:
+            self._count("protocol_version_refused")
+            return self._reject(item, "UnsupportedProtocolVersion",
+                                f"this engine speaks protocol {version_text(PROTOCOL_VERSION)}, "
+                                f"the request {version_text(req.version)}",
+                                ErrorCode.UNSUPPORTED_PROTOCOL_VERSION)
+        if req.rank != self.rank:
+            return self._reject(item, "WrongRank", f"this is rank {self.rank}, not {req.rank}",
+                                ErrorCode.WRONG_RANK)
+        if spec is None:
+            return self._reject(item, "UnknownMethod",
+                                f"no control method {req.method!r} on this engine",
+                                ErrorCode.UNKNOWN_METHOD)
+        if req.deadline and now > req.deadline:
+            self.counters["expired"] += 1
+            return self._end(item, InboundEvent.EXPIRE, self.error_reply(
+                req.id, "DeadlineExpired",
+                f"{req.method!r} arrived {now - req.deadline:.3f} s after its deadline",
+                ErrorCode.DEADLINE_EXPIRED))
+        read_only = spec.read_only
+        fence = 0 if read_only else req.fence
+        if fence:
+            refused = self._fence_refusal(item, fence)
+            if refused is not None:
+                return refused
+        key = "" if read_only else req.key
+        if key:
+            replayed = self._replay(item, key)
+            if replayed is not None:
+                return replayed
+        raw = req.payload
+        if spec.payload_optional and raw == self._nil:
+            args: tuple[Any, ...] = ()  # no payload sent: the handler's default applies
+        else:
+            try:
+                payload = spec.decode(raw) if spec.decode is not None else _UNDECODED
+            except Exception:
+                payload = _UNDECODED
+            if payload is _UNDECODED:
+                try:
+                    payload = self.codec.decode_value(raw, spec.payload_type)
+                except PayloadTypeError as exc:
+                    return self._reject(item, "InvalidPayload", f"{req.method!r}: {exc}",
+                                        ErrorCode.INVALID_PAYLOAD)
+            if spec.takes_payload:
+                args = (payload,)
+            elif payload is not None:
+                return self._reject(item, "InvalidPayload", f"{req.method!r} takes no payload",
+                                    ErrorCode.INVALID_PAYLOAD)
+            else:
+                args = ()
+        if key and not self.results.start(self._scope(item), req.method, key, now):
+            self.counters["idempotency_cache_full"] += 1
+            return self._reject(item, "CacheFull", f"{req.method!r}: the idempotency cache has "
+                                "no room for a new key (every entry is within its retry "
+                                "window); not run, retry later", ErrorCode.CACHE_FULL)
+        if fence:
+            self.fences.accept(fence)
+        item.spec, item.args = spec, args
+        item.go(InboundEvent.START)
+        return None
+
+    def _fence_refusal(self, item: InboundRequest, fence: int) -> Reply | None:
+        req = item.request
+        verdict = self.fences.verdict(fence, item.received)
+        if verdict is FenceVerdict.ADMIT:
+            return None
+        if verdict is FenceVerdict.STALE:
+            self.counters["fenced"] += 1
+            return self._reject(item, "Fenced", f"{req.method!r}: fencing token {fence} is "
+                                f"older than {self.fences.high}, already accepted",
+                                ErrorCode.FENCED)
+        self.counters["fence_out_of_range"] += 1
+        return self._reject(item, "FenceOutOfRange", f"{req.method!r}: fencing token {fence} "
+                            f"is outside 1..{self.fences.limit(item.received)} (microseconds "
+                            f"since the epoch, at most {self.fences.window:g} s ahead of this "
+                            "engine's clock)", ErrorCode.FENCE_OUT_OF_RANGE)
+
+    def _replay(self, item: InboundRequest, key: str) -> Reply | None:
+        """The reply to a key already recorded (or refused), else None: run it."""
+        req = item.request
+        results = self.results
+        if not results.key_fits(key):
+            self.counters["idempotency_key_too_long"] += 1
+            return self._reject(item, "KeyTooLong", f"{req.method!r}: an idempotency key is at "
+                                f"most {results.max_key_bytes} bytes", ErrorCode.KEY_TOO_LONG)
+        recorded = results.lookup(self._scope(item), req.method, key)
+        if recorded is None:
+            return None
+        if recorded is RUNNING:
+            self.counters["idempotent_in_progress"] += 1
+            return self._reject(item, "InProgress", f"{req.method!r} with idempotency key "
+                                f"{key[:64]!r} is still running", ErrorCode.IN_PROGRESS)
+        self.counters["idempotent_replays"] += 1
+        item.go(InboundEvent.START)
+        return self._end(item, InboundEvent.REPLY, Reply(
+            req.id, self.rank, self.incarnation, recorded.ok,
+            msgspec.Raw(recorded.result) if recorded.ok else self._nil, recorded.error))
+
+    def _scope(self, item: InboundRequest) -> Hashable:
+        """Whose keys ``item``'s key is among: its route's, or the client
+        incarnation it claims (``key_scope="client"``, or no route to tell
+        peers apart: a DEALER engine's one client, a PULL engine's senders)."""
+        if item.route is None or self.key_scope == "client":
+            return ("client", item.request.client)
+        return item.route
+
+    # -- completion ----------------------------------------------------------------
+    def result(self, item: InboundRequest, value: Any) -> Reply:
+        """Running → Replied with the handler's ``value`` (``ResultNotEncodable``
+        when the codec refuses it); recorded under the request's key."""
+        req = item.request
+        encode = item.spec.encode if item.spec is not None else None
+        try:
+            raw = msgspec.Raw(encode(value)) if encode is not None else None
+        except Exception:
+            raw = None  # the codec's encode_value says why
+        if raw is None:
+            try:
+                raw = self.codec.encode_value(value)
+            except PayloadTypeError as exc:
+                self.counters["handler_errors"] += 1
+                return self._done(item, self.error_reply(
+                    req.id, "ResultNotEncodable", f"{req.method!r}: {exc}",
+                    ErrorCode.RESULT_NOT_ENCODABLE))
+        reply = Reply(req.id, self.rank, self.incarnation, True, raw)
+        if req.key:
+            return self._done(item, reply)
+        self.states[item.go(InboundEvent.REPLY)] += 1
+        return reply
+
+    def error(self, item: InboundRequest, exc: BaseException, *, record: bool = True) -> Reply:
+        """Running → Replied with the error ``exc`` raised; recorded under the
+        request's key unless ``record`` is False (the handler never ran)."""
+        self.counters["handler_errors"] += 1
+        reply = Reply(item.request.id, self.rank, self.incarnation, False, self._nil,
+                      error_info(exc))
+        if not record:
+            self.cancelled(item)
+            return self._end(item, InboundEvent.REPLY, reply)
+        return self._done(item, reply)
+
+    def cancelled(self, item: InboundRequest) -> None:
+        """The run ended with no outcome: its key is forgotten, so a retry runs."""
+        req = item.request
+        if req.key and item.spec is not None and not item.spec.read_only:
+            self.results.abandon(self._scope(item), req.method, req.key)
+
+    def _done(self, item: InboundRequest, reply: Reply) -> Reply:
+        req = item.request
+        if req.key and item.spec is not None and not item.spec.read_only:
+            self.results.finish(self._scope(item), req.method, req.key,
+                                RecordedOutcome(reply.ok, bytes(reply.result), reply.error),
+                                self.clock())
+        return self._end(item, InboundEvent.REPLY, reply)
+
+    # -- replies -------------------------------------------------------------------
+    def error_reply(self, request_id: int, type_name: str, message: str, code: int) -> Reply:
+        return Reply(request_id, self.rank, self.incarnation, False, self._nil,
+                     ErrorInfo(type_name, message, code))
+
+    def _reject(self, item: InboundRequest, type_name: str, message: str, code: int) -> Reply:
+        self.counters["rejected"] += 1
+        return self._end(item, InboundEvent.REJECT,
+                         self.error_reply(item.request.id, type_name, message, code))
+
+    def _end(self, item: InboundRequest, event: InboundEvent, reply: Reply) -> Reply:
+        self.states[item.go(event)] += 1
+        return reply
+
+    def _count(self, name: str) -> None:
+        self.counters[name] = self.counters.get(name, 0) + 1
+
+
+_UNDECODED: Any = object()

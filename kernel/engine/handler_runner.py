@@ -1,0 +1,91 @@
+"""Where and how an admitted request's handler runs: the one seam between the
+inbound core's decisions and the user's code.
+
+Guarantees: while a handler runs, its request is in the liveness part's
+``running`` table (what heartbeats report) and :func:`report_progress` reaches
+it; its trace carrier is current; every outcome goes through the inbound core
+(a result or an exception gives the one ``Replied`` reply; a run that ends with
+neither, cancelled, forgets its idempotency key). A handler's exception never
+escapes; a ``BaseException`` (cancellation, KeyboardInterrupt) does, after the
+bookkeeping.
+"""
+
+from __future__ import annotations
+
+import anyio
+import anyio.to_thread
+
+from ctlwire.kernel.core.inbound_core import ErrorCode, InboundCore, InboundRequest
+from ctlwire.kernel.engine.liveness import EngineLiveness
+from ctlwire.kernel.tracing import current_trace
+from ctlwire.transports.envelope import Reply
+
+__all__ = ["HandlerRunner"]
+
+
+class HandlerRunner:
+    """Runs admitted (Running) requests' handlers; see the module docstring."""
+
+    def __init__(self, core: InboundCore, liveness: EngineLiveness) -> None:
+        self.core = core
+        self.liveness = liveness
+
+    def run_sync(self, item: InboundRequest) -> Reply:
+        """Run a sync handler on the calling thread; an async one is answered with
+        ``AsyncHandlerInPoll`` (its key is not kept: a retry under serve runs it)."""
+        spec = item.spec
+        assert spec is not None
+        core = self.core
+        if spec.is_async:
+            return core.error(item, _AsyncHandlerInPoll(
+                f"{spec.name!r} is async; serve it with EngineEndpoint.serve()"), record=False)
+        req = item.request
+        # the trace carrier: set only when there is one to set, or one to clear
+        trace = req.trace
+        trace_token = (current_trace.set(trace)
+                       if trace is not None or current_trace.get() is not None else None)
+        token = self.liveness.begin(req.id, req.method, item.route)
+        try:
+            value = spec.handler(*item.args)
+        except Exception as exc:
+            return core.error(item, exc)
+        except BaseException:
+            core.cancelled(item)
+            raise
+        else:
+            return core.result(item, value)
+        finally:
+            self.liveness.end(req.id, token)
+            if trace_token is not None:
+                current_trace.reset(trace_token)
+
+    async def run_async(self, item: InboundRequest) -> Reply:
+        """Run any handler in the calling task: awaited (async), in a worker
+        thread (``threaded``), or inline (sync)."""
+        spec = item.spec
+        assert spec is not None
+        core = self.core
+        req = item.request
+        trace_token = current_trace.set(req.trace)
+        token = self.liveness.begin(req.id, req.method, item.route)
+        try:
+            if spec.is_async:
+                value = await spec.handler(*item.args)
+            elif spec.threaded:
+                value = await anyio.to_thread.run_sync(spec.handler, *item.args)
+            else:
+                value = spec.handler(*item.args)
+        except Exception as exc:
+            return core.error(item, exc)
+        except BaseException:
+            core.cancelled(item)
+            raise
+        else:
+            return core.result(item, value)
+        finally:
+            self.liveness.end(req.id, token)
+            current_trace.reset(trace_token)
+
+
+class _AsyncHandlerInPoll(Exception):
+    code = ErrorCode.ASYNC_HANDLER_IN_POLL

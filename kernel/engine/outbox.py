@@ -1,0 +1,228 @@
+"""Replies on their way out of an engine.
+
+Guarantees:
+
+* A reply that would not fit the codec becomes a small ``ReplyTooLarge`` error
+  (counted in ``replies_too_large``): the caller gets an answer, not a timeout.
+* **Poll mode** (:meth:`ReplyOutbox.send`): a reply that finds its client's pipe
+  full waits in a queue of that client's route only, behind that route's earlier
+  replies. A route's queue holds at most ``max_unread_replies`` replies and
+  ``max_unread_bytes`` bytes, all queues together at most ``max_outbox_bytes``;
+  a reply beyond is dropped and counted (``replies_dropped_unread``).
+  :meth:`ReplyOutbox.flush` sends what each route has room for; a full route
+  does not hold up the others.
+* **Serve mode** (:meth:`ReplyOutbox.send_async`): a reply waits at most
+  ``reply_send_timeout`` for room; a route that timed out is marked stalled and
+  its further replies are dropped at once (counted) until it takes one again.
+* A reply to a departed client, or one the transport fails to send, is counted
+  (``reply_send_failures``) and logged at most once per kind per interval.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict, deque
+from collections.abc import Callable
+
+import anyio
+
+from ctlwire.kernel.core.inbound_core import ErrorCode
+from ctlwire.transports.envelope import ErrorInfo, Reply
+from ctlwire.transports.errors import OversizedFrame, TransportError, Unroutable, WouldBlock
+from ctlwire.transports.rate_limited_log import RateLimitedLog
+from ctlwire.transports.transport import EngineTransport, Route
+
+__all__ = ["ReplyOutbox"]
+
+_MAX_STALLED = 4096  # routes remembered as stalled (oldest forgotten first)
+
+
+class ReplyOutbox:
+    """Sends replies, and holds those that wait for room; see the module docstring."""
+
+    def __init__(self, transport: EngineTransport, *, max_unread_replies: int = 1024,
+                 max_unread_bytes: int = 4 << 20, max_outbox_bytes: int = 32 << 20,
+                 reply_send_timeout: float = 1.0,
+                 log: logging.Logger | None = None) -> None:
+        self.transport = transport
+        self.codec = transport.codec
+        self.max_unread_replies = max_unread_replies
+        self.max_unread_bytes = max_unread_bytes
+        self.max_outbox_bytes = max_outbox_bytes
+        self.reply_send_timeout = reply_send_timeout
+        self.counters = {"replied": 0, "reply_send_failures": 0, "replies_dropped_unread": 0,
+                         "replies_too_large": 0}
+        self.bytes = 0
+        self.peak_bytes = 0
+        self.log = log or logging.getLogger("ctlwire.engine")
+        #: replies that could not be sent: one line per kind of failure per interval
+        self.unsent_log = RateLimitedLog(self.log)
+        self._queues: OrderedDict[Route, deque[tuple[Reply | bytes, int]]] = OrderedDict()
+        self._route_bytes: dict[Route, int] = {}
+        self.stalled: OrderedDict[Route, None] = OrderedDict()
+        # replies go out encoded where the transport takes bytes and the codec has
+        # an encoder without the size check (the check is made here, once)
+        send_encoded = getattr(transport, "send_encoded_nowait", None)
+        encoder = self.codec.fast_envelope_encoder() if send_encoded is not None else None
+        self._encode: Callable[[Reply], bytes] | None = (
+            encoder if send_encoded is not None else None)
+        self._send_encoded: Callable[[Route, bytes], None] = send_encoded or _no_encoded_send
+        self._max_size = self.codec.max_message_size
+
+    @property
+    def pending(self) -> bool:
+        """Replies wait for room (poll mode)."""
+        return bool(self._queues)
+
+    @property
+    def replies(self) -> int:
+        """Replies waiting for room (poll mode)."""
+        return sum(len(q) for q in self._queues.values())
+
+    @property
+    def routes(self) -> int:
+        return len(self._queues)
+
+    # -- poll mode -----------------------------------------------------------------
+    def send(self, route: Route, reply: Reply) -> None:
+        """Send now, or queue behind ``route``'s waiting replies (bounded, see above)."""
+        item = self._prepare(reply)
+        if route in self._queues:
+            self._enqueue(route, item)
+            self._flush_route(route)
+            return
+        try:
+            if type(item) is bytes:
+                self._send_encoded(route, item)
+            else:
+                self.transport.send_nowait(route, item)  # type: ignore[arg-type]
+        except WouldBlock:
+            self._enqueue(route, item)
+        except (Unroutable, TransportError) as exc:
+            self._unsent(exc)
+        else:
+            self.counters["replied"] += 1
+
+    def flush(self) -> None:
+        """Send every route's waiting replies that have room now."""
+        for route in list(self._queues):
+            self._flush_route(route)
+
+    def _enqueue(self, route: Route, item: Reply | bytes) -> None:
+        size = len(item) if type(item) is bytes else _reply_size(item)  # type: ignore[arg-type]
+        queue = self._queues.get(route)
+        held = self._route_bytes.get(route, 0)
+        if ((queue is not None and len(queue) >= self.max_unread_replies)
+                or held + size > self.max_unread_bytes
+                or self.bytes + size > self.max_outbox_bytes):
+            self.counters["replies_dropped_unread"] += 1
+            return
+        if queue is None:
+            queue = self._queues[route] = deque()
+        queue.append((item, size))
+        self._route_bytes[route] = held + size
+        self.bytes += size
+        self.peak_bytes = max(self.peak_bytes, self.bytes)
+
+    def _flush_route(self, route: Route) -> None:
+        queue = self._queues.get(route)
+        while queue:
+            item, size = queue[0]
+            try:
+                self._transmit(route, item)
+                self.counters["replied"] += 1
+            except WouldBlock:
+                return
+            except (Unroutable, TransportError) as exc:
+                self._unsent(exc)
+            queue.popleft()
+            self.bytes -= size
+            self._route_bytes[route] -= size
+        self._queues.pop(route, None)
+        self._route_bytes.pop(route, None)
+
+    # -- serve mode ----------------------------------------------------------------
+    def send_now(self, route: Route, reply: Reply) -> bool:
+        """Send if the client's pipe has room, drop (counted) if it is stalled, or
+        count a failure; False when it has to wait for room (:meth:`send_async`)."""
+        item = self._prepare(reply)
+        try:
+            if type(item) is bytes:
+                self._send_encoded(route, item)
+            else:
+                self.transport.send_nowait(route, item)  # type: ignore[arg-type]
+        except WouldBlock:
+            if route in self.stalled:  # this client stopped reading: nobody waits for it
+                self.counters["replies_dropped_unread"] += 1
+                return True
+            return False
+        except (Unroutable, TransportError) as exc:
+            self._unsent(exc)
+            return True
+        if self.stalled:
+            self.stalled.pop(route, None)
+        self.counters["replied"] += 1
+        return True
+
+    async def send_async(self, route: Route, reply: Reply) -> None:
+        """Send, waiting at most ``reply_send_timeout`` for room (see above)."""
+        if self.send_now(route, reply):
+            return
+        try:
+            with anyio.move_on_after(self.reply_send_timeout):
+                await self.transport.send(route, self._fit(reply))
+                self.stalled.pop(route, None)
+                self.counters["replied"] += 1
+                return
+            self.counters["replies_dropped_unread"] += 1
+            self.stalled[route] = None
+            while len(self.stalled) > _MAX_STALLED:
+                self.stalled.popitem(last=False)
+        except (Unroutable, TransportError) as exc:
+            self._unsent(exc)
+
+    # -- encoding --------------------------------------------------------------------
+    def _prepare(self, reply: Reply) -> Reply | bytes:
+        """``reply`` fitted, encoded where the transport takes bytes."""
+        encode = self._encode
+        if encode is None:
+            return self._fit(reply)
+        data = encode(reply)
+        return data if len(data) <= self._max_size else encode(self._fit(reply))
+
+    def _fit(self, reply: Reply) -> Reply:
+        """A reply the codec would refuse as oversized becomes a small
+        ``ReplyTooLarge`` error; encodes only when a cheap bound says it may not fit."""
+        err = reply.error
+        bound = (len(reply.result) + 256 + reply.id.bit_length() // 3
+                 + (6 * (len(err.type) + len(err.message)) if err is not None else 0))
+        if bound <= self.codec.max_message_size:
+            return reply
+        try:
+            self.codec.encode(reply)
+        except OversizedFrame as exc:
+            self.counters["replies_too_large"] += 1
+            return Reply(reply.id, reply.rank, reply.incarnation, False,
+                         self.codec.encode_value(None),
+                         ErrorInfo("ReplyTooLarge", str(exc), ErrorCode.OVERSIZED_FRAME))
+        return reply
+
+    def _transmit(self, route: Route, item: Reply | bytes) -> None:
+        if type(item) is bytes:
+            self._send_encoded(route, item)
+        else:
+            self.transport.send_nowait(route, item)  # type: ignore[arg-type]
+
+    def _unsent(self, exc: Exception) -> None:
+        """A reply could not be sent (its client is gone, or the transport failed)."""
+        self.counters["reply_send_failures"] += 1
+        self.unsent_log.warning(type(exc).__name__, "engine: reply not sent: %r", exc)
+
+
+def _reply_size(reply: Reply) -> int:
+    err = reply.error
+    return 64 + len(reply.result) + (len(err.type) + len(err.message) if err else 0)
+
+
+def _no_encoded_send(route: Route, data: bytes) -> None:  # pragma: no cover - never called
+    raise AssertionError("no encoded send without an envelope encoder")

@@ -1,0 +1,119 @@
+"""The reply outbox alone, over a transport stub whose routes are full, take
+replies, or are gone: its bounds in bytes per route and in total, the order of
+a route's replies, and oversized replies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+
+from ctlwire.kernel.engine.outbox import ReplyOutbox
+from ctlwire.transports.codec import MsgpackCodec
+from ctlwire.transports.envelope import Reply
+from ctlwire.transports.errors import Unroutable, WouldBlock
+
+
+class Routes:
+    """Routes named ``full*`` never take a reply, ``gone`` is unroutable, others take."""
+
+    def __init__(self, max_message_size: int = 1 << 20) -> None:
+        self.codec = MsgpackCodec(max_message_size=max_message_size)
+        self.sent: list[tuple[Any, int]] = []
+        self.full: set[Any] = set()
+
+    def _take(self, route: Any, reply_id: int) -> None:
+        if route == b"gone":
+            raise Unroutable(0, "gone")
+        if route in self.full or bytes(route).startswith(b"full"):
+            raise WouldBlock()
+        self.sent.append((route, reply_id))
+
+    def send_nowait(self, route: Any, reply: Reply) -> None:
+        self._take(route, reply.id)
+
+    def send_encoded_nowait(self, route: Any, data: bytes) -> None:
+        reply = self.codec.decode(data)
+        assert isinstance(reply, Reply)
+        self._take(route, reply.id)
+
+    async def send(self, route: Any, reply: Reply) -> None:
+        while True:
+            try:
+                return self.send_nowait(route, reply)
+            except WouldBlock:
+                await anyio.sleep(0.01)
+
+
+def reply(rid: int, size: int = 0) -> Reply:
+    return Reply(rid, 0, 1, True, msgspec.Raw(MsgpackCodec().encode_value("x" * size)))
+
+
+@pytest.mark.parametrize("encoded", [True, False], ids=["bytes", "envelopes"])
+def test_bytes_queued_for_one_full_route_stay_under_max_unread_bytes(encoded: bool) -> None:
+    transport = Routes()
+    outbox = ReplyOutbox(transport, max_unread_replies=10_000,  # type: ignore[arg-type]
+                         max_unread_bytes=100_000, max_outbox_bytes=10 << 20)
+    if not encoded:
+        outbox._encode = None
+    for rid in range(1, 41):
+        outbox.send(b"full", reply(rid, 10_000))
+        assert outbox.bytes <= 100_000
+    assert outbox.peak_bytes <= 100_000 < outbox.peak_bytes + 10_100  # filled to its bound
+    dropped = outbox.counters["replies_dropped_unread"]
+    assert outbox.replies + dropped == 40 and dropped == 40 - outbox.replies > 0
+
+
+def test_the_total_across_several_full_routes_stays_under_max_outbox_bytes() -> None:
+    transport = Routes()
+    outbox = ReplyOutbox(transport, max_unread_replies=10_000,  # type: ignore[arg-type]
+                         max_unread_bytes=100_000, max_outbox_bytes=250_000)
+    rid = 0
+    for _ in range(20):
+        for route in (*(b"full-%d" % i for i in range(8)), b"reader"):
+            rid += 1
+            outbox.send(route, reply(rid, 5_000))
+            assert outbox.bytes <= 250_000
+    assert outbox.bytes > 240_000 and outbox.peak_bytes <= 250_000
+    assert outbox.replies + outbox.counters["replies_dropped_unread"] == 8 * 20
+    assert [r for r, _ in transport.sent] == [b"reader"] * 20  # still answered
+
+
+def test_a_route_that_takes_again_gets_its_replies_in_order_behind_the_queue() -> None:
+    transport = Routes()
+    outbox = ReplyOutbox(transport)  # type: ignore[arg-type]
+    transport.full.add(b"slow")
+    for rid in (1, 2, 3):
+        outbox.send(b"slow", reply(rid))
+    outbox.send(b"gone", reply(9))
+    assert outbox.pending and outbox.replies == 3 and transport.sent == []
+    transport.full.clear()
+    outbox.send(b"slow", reply(4))  # behind the three waiting, not ahead of them
+    assert transport.sent == [(b"slow", i) for i in (1, 2, 3, 4)]
+    assert not outbox.pending and outbox.bytes == 0
+    assert outbox.counters["replied"] == 4 and outbox.counters["reply_send_failures"] == 1
+
+
+def test_a_reply_too_large_for_the_codec_becomes_reply_too_large() -> None:
+    transport = Routes(max_message_size=4096)
+    outbox = ReplyOutbox(transport)  # type: ignore[arg-type]
+    transport.full.add(b"a")
+    outbox.send(b"a", reply(1, 10_000))
+    item, _ = outbox._queues[b"a"][0]
+    queued = transport.codec.decode(item) if isinstance(item, bytes) else item
+    assert isinstance(queued, Reply) and queued.error is not None
+    assert queued.error.type == "ReplyTooLarge" and outbox.counters["replies_too_large"] == 1
+
+
+@pytest.mark.anyio
+async def test_serve_mode_waits_for_room_then_marks_the_route_stalled() -> None:
+    transport = Routes()
+    outbox = ReplyOutbox(transport, reply_send_timeout=0.05)  # type: ignore[arg-type]
+    await outbox.send_async(b"full", reply(1))
+    assert b"full" in outbox.stalled and outbox.counters["replies_dropped_unread"] == 1
+    assert outbox.send_now(b"full", reply(2))  # dropped at once, nobody waits
+    assert outbox.counters["replies_dropped_unread"] == 2
+    await outbox.send_async(b"ok", reply(3))
+    assert transport.sent == [(b"ok", 3)]
