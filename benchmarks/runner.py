@@ -30,7 +30,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from . import scale, scenarios, state_table, weight_sync
+from . import poll_status, scale, scenarios, state_table, weight_sync
 from .cpu_steal import read_cpu_times, steal_percent
 from .fleets import FleetPool
 from .report import Report, Row, Target
@@ -39,7 +39,7 @@ from .stats import median, percentile
 __all__ = ["GROUPS", "run_bench"]
 
 GROUPS = ("latency", "floor", "throughput", "fanout", "trio", "live", "memory", "state_table",
-          *scale.GROUPS, *weight_sync.GROUPS)
+          *scale.GROUPS, *weight_sync.GROUPS, *poll_status.GROUPS)
 FAN_ENGINES = 8
 _BASE1 = "raw pyzmq asyncio ROUTER + dict of futures (vLLM utility-call pattern)"
 _BASE_FAN = "asyncio.Lock + Event fan-out communicator (fixed SGLang design)"
@@ -232,6 +232,8 @@ def run_bench(*, quick: bool = False, only: Sequence[str] | None = None,
         scale.run_groups(pool, selected, p, step)
     if "weight_sync" in selected:
         step("weight_sync", lambda: weight_sync.rows(quick, progress))
+    if "poll_status" in selected:
+        step("poll_status", lambda: poll_status.rows(quick, progress))
     if "state_table" in selected:
         lives = (10, 1_000) if quick else (10, 10_000)
         step("state_table", lambda: _state_table_rows(state_table.measure(quick, lives)))

@@ -70,6 +70,9 @@ class MethodRegistry:
     _methods: dict[str, MethodSpec]
     _fast: dict[str, FastMethod]
     _builtin: frozenset[str]
+    #: the seam where a sync handler is placed: each new spec passes through it
+    #: (:class:`~ctlwire.kernel.busy_loop.BusyLoop` hands state-changing ones to its loop)
+    place_handler: Callable[[MethodSpec], MethodSpec] | None = None
 
     # -- registration ----------------------------------------------------------
     def register(self, name: str, handler: Callable[..., Any], *, payload_type: Any = _NONE,
@@ -116,6 +119,8 @@ class MethodRegistry:
         spec = MethodSpec(name, handler, payload_type, takes_payload,
                           inspect.iscoroutinefunction(handler), threaded, optional, concurrency,
                           read_only)
+        if self.place_handler is not None:
+            spec = self.place_handler(spec)
         self._methods[name] = spec
         if not (spec.is_async or spec.threaded):
             codec = self.codec.fast_value_codec(payload_type)

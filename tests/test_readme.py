@@ -20,9 +20,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 BLOCK = re.compile(r"(?:^(<!-- readme-test: [^\n]*-->)\n)?^```python\n(.*?)^```", re.M | re.S)
-INSTALL_AND_DEMO = ("python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && "
+INSTALL_AND_DEMO = ("python3 -m venv .venv && .venv/bin/pip install -q -e . && "
                     ".venv/bin/ctlwire demo")
-TEST_COMMAND = ".venv/bin/python -m pytest -q"
+TEST_COMMAND = ".venv/bin/pip install -q -e '.[test]' && .venv/bin/python -m pytest -q"
 
 
 def blocks() -> list[tuple[int, str, str]]:
@@ -57,8 +57,23 @@ def test_the_two_commands_are_the_readmes_and_ci_runs_the_second() -> None:
     first = text.index("```sh\n")
     assert text[first:].startswith(f"```sh\n{INSTALL_AND_DEMO}\n{TEST_COMMAND}\n```")
     ci = (ROOT / ".ci" / "run").read_text()
-    assert ".venv/bin/pip install --quiet -e '.[test]'" in ci
     assert ci.rstrip().endswith(TEST_COMMAND)
+
+
+def test_the_first_command_pulls_no_torch_and_the_test_extra_does() -> None:
+    """The default demo installs the core dependencies only; CI's test extra brings
+    the torch extra (the pinned CPU wheel), so the real-engine tests run there."""
+    project = (ROOT / "pyproject.toml").read_text()
+
+    def listed(name: str) -> str:
+        found = re.search(rf"^{name} = \[(.*?)\]$", project, re.M | re.S)
+        assert found, name
+        return re.sub(r"#[^\n]*", "", found.group(1)).strip()  # comments are not listed
+
+    assert "-e ." in INSTALL_AND_DEMO and "[" not in INSTALL_AND_DEMO
+    assert "torch" not in listed("dependencies")
+    assert '"ctlwire[torch]"' in listed("test")
+    assert listed("torch") == '"torch==2.13.0"'
 
 
 def test_the_readme_is_a_five_minute_read() -> None:

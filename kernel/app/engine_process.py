@@ -12,7 +12,10 @@ names a function ``FUNC(endpoint)`` that registers the engine's methods and
 may return a step function (``() -> bool``, True when it did work) that the
 poll loop calls between polls, like a scheduler's generation step.
 ``--mode poll`` runs a synchronous loop (``EngineEndpoint.run_blocking``),
-``--mode serve`` an anyio event loop (``--backend asyncio|trio``). CURVE:
+``--mode serve`` an anyio event loop (``--backend asyncio|trio``), ``--mode loop``
+the same synchronous loop with its socket on an I/O thread
+(:class:`~ctlwire.kernel.busy_loop.BusyLoop`: read-only methods answered while
+it steps). CURVE:
 ``--curve-secret FILE`` (this engine's key pair) with ``--curve-server-key FILE``
 (connecting) or ``--curve-allow FILE...`` (binding); tcp without CURVE needs
 ``--allow-insecure-tcp``. The process prints
@@ -33,6 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ctlwire.kernel.busy_loop import BusyLoop
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.transports.codec import codec_by_name
 from ctlwire.transports.curve import (
@@ -199,7 +203,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pull")
     p.add_argument("--push")
     p.add_argument("--methods", default="ctlwire.kernel.app.engine_process:diagnostic_methods")
-    p.add_argument("--mode", choices=["poll", "serve"], default="poll")
+    p.add_argument("--mode", choices=["poll", "serve", "loop"], default="poll")
     p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     p.add_argument("--codec", default="msgpack")
     p.add_argument("--allow-pickle", action="store_true")
@@ -262,6 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     transport = build_transport(args)
     endpoint = EngineEndpoint(transport, rank=args.rank, heartbeat_interval=args.heartbeat)
+    loop = BusyLoop(endpoint, backend=args.backend) if args.mode == "loop" else None
     step = load_methods(args.methods)(endpoint)
     stop = threading.Event()
 
@@ -274,6 +279,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _watch_parent(args.exit_with_parent, stop)
     registered = _register_in_etcd(args, stop) if args.etcd else None
     try:
+        if loop is not None:
+            loop.start()
+            print(f"READY {args.rank} {endpoint.incarnation}", flush=True)
+            loop.run_blocking(stop, step=step, idle_wait=0.01 if step is not None else 0.05)
+            return 0
         return _run(args, endpoint, transport, step, stop)
     finally:
         if registered is not None:

@@ -93,7 +93,8 @@ async def run(engines: int, cycles: int, config: DecoderConfig, *, load: bool = 
     folder = tempfile.mkdtemp(prefix="ctlwire-torch-")
     address = f"ipc://{folder}/control.sock"
     env = dict(os.environ, CTLWIRE_TORCH_CONFIG=msgspec.json.encode(config).decode())
-    fleet = EngineFleet(engines, lambda r: ["--connect", address, "--methods", METHODS],
+    fleet = EngineFleet(engines, lambda r: ["--connect", address, "--methods", METHODS,
+                                             "--mode", "loop"],
                         env=env, ready_timeout=180)
     trainer = Trainer(config)
     params = sum(p.numel() for p in trainer.model.parameters())

@@ -1,16 +1,19 @@
-"""A real engine: a small decoder-only transformer served on CPU by a poll loop.
+"""A real engine: a small decoder-only transformer served on CPU by a busy loop.
 
 ::
 
     python -m ctlwire.kernel.app.engine_process --rank 0 --connect ADDR \\
-        --methods ctlwire.kernel.app.torch_engine:register --mode poll
+        --methods ctlwire.kernel.app.torch_engine:register --mode loop
 
 Needs the ``torch`` extra (``pip install 'ctlwire[torch]'``); nothing else in
 ctlwire imports this module. :func:`register` builds a :class:`TorchEngine`
 (:class:`TinyDecoder`, random weights from a seed, nothing downloaded) and
 returns its step: one batched greedy forward over every running sequence, called
-by the engine's loop between :meth:`~ctlwire.kernel.engine_endpoint.EngineEndpoint.poll`
-calls.
+by the engine's loop between polls. Under ``--mode loop``
+(:class:`~ctlwire.kernel.busy_loop.BusyLoop`) ``get_server_info`` is read-only and
+answered from a snapshot the loop publishes, while a step or an update runs; every
+other method runs on the loop's thread, between steps (``--mode poll`` works too,
+one request at a time).
 
 Methods: ``get_server_info``, ``pause`` (``abort`` / ``drain`` / ``keep`` the
 sequences in flight), ``resume``, ``submit`` / ``sequences`` (serving),
@@ -41,245 +44,53 @@ Guarantees:
 
 from __future__ import annotations
 
-import ctypes
-import datetime
 import functools
-import hashlib
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
 import torch
-import torch.distributed as dist
-from torch import nn
 
+from ctlwire.kernel.app.torch_messages import (
+    DrainTimedOut,
+    Generate,
+    GroupSpec,
+    NoUpdateGroup,
+    Overloaded,
+    Pause,
+    Submit,
+    TensorMeta,
+    TorchFault,
+    UpdateFromDisk,
+    UpdateFromDistributed,
+    WeightsRef,
+    WeightsRefused,
+    WeightTransferFailed,
+    broadcast_options,
+    gloo_group,
+    gloo_store,
+)
+from ctlwire.kernel.app.torch_model import (
+    DecoderConfig,
+    TinyDecoder,
+    checksum,
+    greedy,
+    next_tokens,
+    save_weights,
+)
 from ctlwire.kernel.engine_endpoint import EngineEndpoint
 from ctlwire.kernel.engine_liveness import report_progress
 from ctlwire.kernel.operation_ledger import OperationLedger
 
-__all__ = ["DecoderConfig", "DrainTimedOut", "GroupSpec", "Pause", "TinyDecoder", "TorchEngine",
-           "TorchFault", "UpdateFromDisk", "UpdateFromDistributed", "WeightsRef", "checksum",
-           "greedy", "register", "save_weights"]
-
-
-# -- the model ------------------------------------------------------------------------
-class DecoderConfig(msgspec.Struct, frozen=True):
-    """Size of a :class:`TinyDecoder` (the default is ~1.7M parameters)."""
-
-    vocab: int = 256
-    width: int = 256
-    layers: int = 2
-    heads: int = 4
-    context: int = 64
-    seed: int = 0
-
-
-class TinyDecoder(nn.Module):
-    """A decoder-only transformer: token + position embeddings, pre-norm causal
-    self-attention blocks (``torch.nn.TransformerEncoderLayer`` with a causal
-    mask), a final norm and an output projection."""
-
-    def __init__(self, config: DecoderConfig) -> None:
-        super().__init__()
-        self.config = config
-        gen = torch.Generator().manual_seed(config.seed)
-        self.tokens = nn.Embedding(config.vocab, config.width)
-        self.positions = nn.Embedding(config.context, config.width)
-        self.blocks = nn.ModuleList(
-            nn.TransformerEncoderLayer(config.width, config.heads, 4 * config.width,
-                                       dropout=0.0, batch_first=True, norm_first=True)
-            for _ in range(config.layers))
-        self.norm = nn.LayerNorm(config.width)
-        self.head = nn.Linear(config.width, config.vocab, bias=False)
-        with torch.no_grad():
-            for p in self.parameters():
-                p.copy_(torch.randn(p.shape, generator=gen) * (0.02 if p.dim() > 1 else 0.0))
-            for m in self.modules():
-                if isinstance(m, nn.LayerNorm):
-                    m.weight.fill_(1.0)
-                    m.bias.fill_(0.0)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """Logits ``[batch, length, vocab]`` for token ids ``[batch, length]``."""
-        length = ids.shape[1]
-        pos = torch.arange(length)
-        x = self.tokens(ids) + self.positions(pos)[None]
-        mask = nn.Transformer.generate_square_subsequent_mask(length)
-        for block in self.blocks:
-            x = block(x, src_mask=mask, is_causal=True)
-        out: torch.Tensor = self.head(self.norm(x))
-        return out
-
-
-@torch.no_grad()
-def next_tokens(model: TinyDecoder, rows: list[list[int]]) -> list[int]:
-    """One batched forward: the greedy next token of each row (rows may differ in
-    length; they are right-padded, which a causal model does not see)."""
-    ctx = model.config.context
-    rows = [r[-ctx:] for r in rows]
-    width = max(len(r) for r in rows)
-    ids = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-    logits = model(ids)
-    last = torch.tensor([len(r) - 1 for r in rows])
-    picked = logits[torch.arange(len(rows)), last].argmax(dim=-1)
-    return [int(t) for t in picked.tolist()]
-
-
-def greedy(model: TinyDecoder, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-    """Batched greedy decoding: ``new_tokens`` generated tokens per prompt."""
-    model.eval()
-    rows = [list(p) for p in prompts]
-    out: list[list[int]] = [[] for _ in prompts]
-    for _ in range(new_tokens):
-        for i, t in enumerate(next_tokens(model, rows)):
-            rows[i].append(t)
-            out[i].append(t)
-    return out
-
-
-def _raw_bytes(t: torch.Tensor) -> Any:
-    t = t.detach().contiguous()
-    return (ctypes.c_char * (t.numel() * t.element_size())).from_address(t.data_ptr())
-
-
-def checksum(tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> str:
-    """sha256 over every tensor's name, dtype, shape and bytes, in name order."""
-    items = sorted(tensors.items() if isinstance(tensors, Mapping) else tensors)
-    h = hashlib.sha256()
-    for name, t in items:
-        t = t.detach().contiguous()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(_raw_bytes(t))
-    return h.hexdigest()
-
-
-def save_weights(model: nn.Module, path: str, version: int) -> str:
-    """Write ``model``'s weights to ``path`` (``torch.save``); returns their checksum."""
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    digest = checksum(state)
-    torch.save({"version": version, "checksum": digest, "state": state}, path)
-    return digest
-
-
-# -- payloads -------------------------------------------------------------------------
-class Pause(msgspec.Struct, frozen=True):
-    """``drain`` runs the sequences to completion for at most ``drain_timeout`` s."""
-
-    mode: str = "abort"  # abort | drain | keep
-    drain_timeout: float = 30.0
-
-
-class GroupSpec(msgspec.Struct, frozen=True):
-    """Join the trainer's gloo group: the trainer is group rank 0, engine ``ranks[i]``
-    is group rank ``i + 1``. ``timeout`` bounds the join and is the group's default."""
-
-    host: str
-    port: int
-    ranks: list[int]
-    name: str
-    timeout: float
-
-
-class TensorMeta(msgspec.Struct, frozen=True):
-    name: str
-    shape: list[int]
-    dtype: str
-
-
-class UpdateFromDistributed(msgspec.Struct, frozen=True):
-    """Receive ``tensors`` in order by broadcast from group rank 0; each broadcast is
-    bounded by ``timeout`` seconds."""
-
-    version: int
-    checksum: str
-    tensors: list[TensorMeta]
-    timeout: float
-
-
-class UpdateFromDisk(msgspec.Struct, frozen=True):
-    version: int
-    path: str
-    checksum: str
-
-
-class WeightsRef(msgspec.Struct, frozen=True):
-    """A weight version and its checksum (``rollback_weights``, ``check_weights``)."""
-
-    version: int
-    checksum: str
-
-
-class Submit(msgspec.Struct, frozen=True):
-    prompts: list[list[int]]
-    max_new_tokens: int = 16
-
-
-class Generate(msgspec.Struct, frozen=True):
-    prompts: list[list[int]]
-    new_tokens: int = 8
-
-
-class TorchFault(msgspec.Struct, frozen=True):
-    """``crash_mid_broadcast``: exit after receiving ``after`` tensors of the next update;
-    ``hold_gil``: the next step holds the GIL in one native call for ``seconds``."""
-
-    kind: str
-    after: int = 0
-    seconds: float = 0.0
-
-
-# -- errors (their ``code`` reaches the client) ---------------------------------------
-class WeightsRefused(Exception):
-    """New weights were refused (checksum mismatch, unreadable file); old ones kept."""
-
-    code = 422
-
-
-class WeightTransferFailed(Exception):
-    """A collective failed or timed out; old weights kept, this rank's group destroyed."""
-
-    code = 503
-
-
-class NoUpdateGroup(Exception):
-    code = 409
-
-
-class Overloaded(Exception):
-    code = 429
-
-
-class DrainTimedOut(Exception):
-    """``pause(drain)`` could not finish the sequences in time: not paused."""
-
-    code = 504
-
-
-def gloo_store(host: str, port: int, world_size: int, *, is_master: bool,
-               timeout: float) -> Any:
-    """A TCPStore for one group's rendezvous (``port`` 0 on the master: any free port)."""
-    return dist.TCPStore(host, port, world_size, is_master,  # type: ignore[attr-defined]
-                         timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
-
-
-def gloo_group(store: Any, name: str, rank: int, world_size: int, timeout: float) -> Any:
-    """Join a gloo process group (blocks until every member joined, or ``timeout``)."""
-    prefixed = dist.PrefixStore(name, store)  # type: ignore[attr-defined]
-    return dist.ProcessGroupGloo(prefixed, rank, world_size,
-                                 datetime.timedelta(seconds=timeout))
-
-
-def broadcast_options(timeout: float) -> Any:
-    """Broadcast from group rank 0, bounded by ``timeout`` seconds."""
-    opts = dist.BroadcastOptions()
-    opts.rootRank = 0
-    opts.timeout = datetime.timedelta(seconds=timeout)
-    return opts
+# the model and the messages have modules of their own; re-exported from here
+__all__ = ["DecoderConfig", "DrainTimedOut", "Generate", "GroupSpec", "NoUpdateGroup",
+           "Overloaded", "Pause", "Submit", "TensorMeta", "TinyDecoder", "TorchEngine",
+           "TorchFault", "UpdateFromDisk", "UpdateFromDistributed", "WeightTransferFailed",
+           "WeightsRef", "WeightsRefused", "broadcast_options", "checksum", "gloo_group",
+           "gloo_store", "greedy", "register", "save_weights"]
 
 
 def _hold_gil(seconds: float) -> None:
@@ -320,6 +131,8 @@ class TorchEngine:
         self.handler_seconds: dict[str, float] = {}
         self.counters = {"updates": 0, "refused": 0, "transfer_failures": 0, "rollbacks": 0,
                          "aborted": 0, "groups_formed": 0, "groups_destroyed": 0}
+        self.info: dict[str, Any] = {}
+        self.publish()
 
     # -- serving ----------------------------------------------------------------------
     def step(self) -> bool:
@@ -340,6 +153,7 @@ class TorchEngine:
         self.steps += 1
         self.tokens += len(ids)
         self.step_seconds += time.perf_counter() - start
+        self.publish()
         return True
 
     def _finish(self, sid: int, status: str) -> None:
@@ -409,13 +223,21 @@ class TorchEngine:
         return {"rank": self.rank, "paused": False}
 
     def get_server_info(self) -> dict[str, Any]:
-        return {"rank": self.rank, "version": self.version, "checksum": self.checksum,
-                "steps": self.steps, "tokens": self.tokens,
-                "tokens_per_s": self.tokens / self.step_seconds if self.step_seconds else 0.0,
-                "paused": self.paused, "running": len(self.running),
-                "group": self.group_name if self.group is not None else "",
-                "pid": os.getpid(), "last_update": dict(self.last_update),
-                "handler_s": dict(self.handler_seconds), **self.counters}
+        """The status snapshot (weight version and checksum, steps, tokens/s, paused);
+        read-only: safe from any thread, it reads a dict the loop replaces whole."""
+        return self.info
+
+    def publish(self) -> None:
+        """Replace the status snapshot (the loop's thread: after a step that worked
+        and after each state-changing method)."""
+        self.info = {
+            "rank": self.rank, "version": self.version, "checksum": self.checksum,
+            "steps": self.steps, "tokens": self.tokens,
+            "tokens_per_s": self.tokens / self.step_seconds if self.step_seconds else 0.0,
+            "paused": self.paused, "running": len(self.running),
+            "group": self.group_name if self.group is not None else "",
+            "pid": os.getpid(), "last_update": dict(self.last_update),
+            "handler_s": dict(self.handler_seconds), **self.counters}
 
     # -- weights ----------------------------------------------------------------------
     def _swap(self, version: int, digest: str, state: dict[str, torch.Tensor]) -> None:
@@ -544,7 +366,8 @@ class TorchEngine:
         return {"rank": self.rank, "version": self.version, "checksum": self.checksum}
 
     def timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn``, recording how long each call took in :attr:`handler_seconds`."""
+        """``fn``, recording how long each call took in :attr:`handler_seconds`, then
+        publishing the status snapshot."""
         @functools.wraps(fn)
         def run(*args: Any) -> Any:
             start = time.perf_counter()
@@ -552,6 +375,17 @@ class TorchEngine:
                 return fn(*args)
             finally:
                 self.handler_seconds[fn.__name__] = time.perf_counter() - start
+                self.publish()
+        return run
+
+    def published(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn``, publishing the status snapshot after each call."""
+        @functools.wraps(fn)
+        def run(*args: Any) -> Any:
+            try:
+                return fn(*args)
+            finally:
+                self.publish()
         return run
 
     def arm_fault(self, fault: TorchFault) -> None:
@@ -576,7 +410,7 @@ def register(ep: EngineEndpoint) -> Callable[[], bool]:
     OperationLedger(handlers).install(ep)
     for name, fn in handlers.items():
         ep.register(name, fn)
-    for fn in (engine.get_server_info, engine.submit, engine.sequences, engine.generate,
-               engine.arm_fault):
-        ep.register(fn.__name__, fn)
+    ep.register("get_server_info", engine.get_server_info, read_only=True)
+    for fn in (engine.submit, engine.sequences, engine.generate, engine.arm_fault):
+        ep.register(fn.__name__, engine.published(fn))
     return engine.step

@@ -37,20 +37,17 @@ import anyio
 import anyio.to_thread
 import torch
 
-from ctlwire.kernel.app.torch_engine import (
-    DecoderConfig,
+from ctlwire.kernel.app.torch_messages import (
     GroupSpec,
     Pause,
     TensorMeta,
-    TinyDecoder,
     UpdateFromDistributed,
     WeightsRef,
     broadcast_options,
-    checksum,
     gloo_group,
     gloo_store,
-    greedy,
 )
+from ctlwire.kernel.app.torch_model import DecoderConfig, TinyDecoder, checksum, greedy
 from ctlwire.kernel.core.operation_plan import OperationPlan, OperationStep, StepCall
 from ctlwire.kernel.core.operation_result import OperationResult, ProgressEvent
 from ctlwire.kernel.operation_runner import OperationRunner, Recovery

@@ -65,6 +65,7 @@ from typing import Any, Literal
 import anyio
 from anyio.abc import TaskGroup
 
+from ctlwire.kernel.builtin_methods import BUILTIN_METHODS
 from ctlwire.kernel.client.call_arguments import check_method, checked_timeout
 from ctlwire.kernel.client.call_issuer import CallIssuer
 from ctlwire.kernel.client.fan_out_mailbox import FanOutMailbox, FanOutMailboxes, FanOutMode
@@ -72,7 +73,7 @@ from ctlwire.kernel.client.progress_callbacks import ProgressCallback
 from ctlwire.kernel.client.rank_roster import RankRoster
 from ctlwire.kernel.client.receiver import ClientReceiver
 from ctlwire.kernel.client.retry_policy import RetryPolicy, merge_retried
-from ctlwire.kernel.core.fan_out_policy import Policy
+from ctlwire.kernel.core.fan_out_policy import MethodKinds, Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.fencing import new_fence
 from ctlwire.kernel.core.membership import MembershipChange, MembershipEvent
@@ -94,11 +95,6 @@ _POLICIES = {p.value: p for p in Policy}
 _COUNTERS = ("dropped_malformed", "dropped_oversized", "dropped_framing", "dropped_wrong_type",
              "stale_incarnation", "heartbeats_sent", "heartbeats_received", "engine_lost",
              "engine_restarted", "engine_stalled", "client_stalls", "retries")
-
-
-def default_fan_out_mode(method: str) -> FanOutMode:
-    """The admission mode of a fan-out of ``method`` that names none: queueing."""
-    return "queueing"
 
 
 class ControlClient:
@@ -154,6 +150,8 @@ class ControlClient:
         self.heartbeat_interval = heartbeat_interval
         self.idempotent_methods = frozenset(idempotent_methods)
         self._key_seq = itertools.count(1)
+        #: read-only methods: a fan-out's default mode follows the kind (fan_out_policy)
+        self.method_kinds = MethodKinds(BUILTIN_METHODS)
         self._tg: TaskGroup | None = None
         self._closed = False
         #: rank -> the engine metrics last read with :meth:`engine_metrics`
@@ -406,7 +404,8 @@ class ControlClient:
         RequestTimedOut (with ``partial``) at the deadline, ClientClosed.
         ``mode``: ``queueing`` (FIFO, one in flight per method), ``watching``
         (share an identical in-flight request) or ``concurrent`` (no admission);
-        default: :func:`default_fan_out_mode`.
+        by default ``watching`` for a read-only method, else ``queueing``
+        (:attr:`method_kinds`).
         ``idempotency_key``, ``fence``, ``on_progress`` as for :meth:`call`;
         ``retry`` re-sends to the ranks whose failure is safe to retry (and
         only to them), within the one ``timeout``, and merges their outcomes.
@@ -424,7 +423,7 @@ class ControlClient:
         raw = self.issuer.encode_payload(payload, method)
         key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
         if mode is None:
-            mode = default_fan_out_mode(method)
+            mode = self.method_kinds.default_mode(method)
         if on_progress is not None:
             self.progress_callbacks.add_method(method, on_progress)
         deadline = self.issuer.now() + budget

@@ -9,13 +9,45 @@
 
 A single-rank ``call`` is ``all`` over one rank. Decisions are O(1) from three
 counters kept by the registry.
+
+How concurrent callers of one method are admitted (a fan-out's ``mode``) defaults
+by the method's kind (:class:`MethodKinds`): a read-only method ``watching``,
+every other ``queueing``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import Enum
+from typing import Literal
 
-__all__ = ["Decision", "Policy", "decide"]
+__all__ = ["Decision", "FanOutMode", "MethodKinds", "Policy", "decide"]
+
+FanOutMode = Literal["queueing", "watching", "concurrent"]
+
+
+class MethodKinds:
+    """The methods a client knows to be read-only, and the fan-out mode each
+    method defaults to.
+
+    A read-only method (declared on the engine with ``read_only=True``; the
+    client is told which, with :meth:`declare_read_only`, it does not ask)
+    defaults to ``watching``: concurrent callers with the same request share one
+    in-flight request, so fifty status pollers cost one request per rank instead
+    of a queue of fifty behind each other. Every other method defaults to
+    ``queueing`` (first come, first served, one in flight). A caller's explicit
+    ``mode`` always wins."""
+
+    def __init__(self, read_only: Iterable[str] = ()) -> None:
+        self.read_only: set[str] = set(read_only)
+
+    def declare_read_only(self, *methods: str) -> None:
+        """Treat ``methods`` as read-only from now on."""
+        self.read_only.update(methods)
+
+    def default_mode(self, method: str) -> FanOutMode:
+        """``watching`` for a read-only method, else ``queueing``."""
+        return "watching" if method in self.read_only else "queueing"
 
 
 class Policy(Enum):

@@ -55,7 +55,8 @@ def _fleet(folder: Path) -> tuple[str, EngineFleet]:
     address = f"ipc://{folder}/control.sock"
     env = dict(os.environ, CTLWIRE_TORCH_CONFIG=msgspec.json.encode(CONFIG).decode(),
                OMP_NUM_THREADS="1")
-    return address, EngineFleet(N, lambda r: ["--connect", address, "--methods", METHODS],
+    return address, EngineFleet(N, lambda r: ["--connect", address, "--methods", METHODS,
+                                                "--mode", "loop"],
                                 env=env, ready_timeout=90)
 
 
@@ -203,7 +204,8 @@ async def test_native_call_holding_the_gil_in_a_step_is_busy_not_dead(
                              heartbeat_interval=interval, heartbeat_misses=window) as c:
         await c.wait_ready(timeout=30)
         await c.call("arm_fault", TorchFault("hold_gil", seconds=hold), rank=0)
-        # the next step holds the GIL; a call queued behind it waits, then is answered
+        # the next step holds the GIL; a call the loop runs after it waits, then is answered
+        assert await c.call("sequences", [], rank=0, timeout=30) == []
         info = await c.call("get_server_info", rank=0, timeout=30)
         assert info["pid"] == engines.engines[0].pid
         assert c.metrics()["counters"]["engine_lost"] == 0
