@@ -283,8 +283,6 @@ MAX_MODULE_LINES = 500
 KNOWN_LONG_MODULES: frozenset[str] = frozenset({
     "ctlwire.kernel.engine_endpoint",
     "ctlwire.kernel.operation_ledger",
-    "ctlwire.transports.zmq_client",
-    "ctlwire.transports.zmq_socket",
 })
 
 

@@ -31,10 +31,6 @@ PATTERNS: dict[str, re.Pattern[str]] = {
 # found (a stale entry fails below, so remove it with the hit); none may be added.
 KNOWN: frozenset[tuple[str, str]] = frozenset({
     ("benchmarks/scale.py", "issue number"),
-    ("transports/zmq_client.py", "timing figure"),
-    ("transports/zmq_engine_base.py", "timing figure"),
-    ("transports/zmq_socket.py", "timing figure"),
-    ("tests/transports/test_zmq_socket.py", "timing figure"),
 })
 
 

@@ -18,17 +18,6 @@ LIBRARY = ("kernel", "transports", "states")
 GUARDED = frozenset({"anyio", "asyncio", "trio", "zmq"})
 FORBIDDEN = ("zmq.backend", "trio.lowlevel.notify_closing")
 
-# (file, name) of uses being removed. Each entry must still be found (a stale one
-# fails below, so remove it with the use); none may be added for new code.
-KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset({
-    ("transports/zmq_engine_base.py", "zmq.backend"),
-    ("transports/zmq_engine_base.py", "zmq.backend.Socket.get"),
-    ("transports/zmq_engine_base.py", "zmq.backend.Socket.send"),
-    ("transports/zmq_socket.py", "asyncio._get_running_loop"),
-    ("transports/zmq_socket.py", "trio.lowlevel.notify_closing"),
-    ("transports/zmq_socket.py", "zmq.backend"),
-    ("transports/zmq_socket.py", "zmq.backend.Socket.send"),
-})
 
 
 def _is_private(dotted: str) -> bool:
@@ -97,10 +86,7 @@ def _library_violations() -> set[tuple[str, str]]:
 
 
 def test_the_library_uses_only_public_apis() -> None:
-    found = _library_violations()
-    assert found - KNOWN_VIOLATIONS == set(), sorted(found - KNOWN_VIOLATIONS)
-    # a known violation that is gone must leave the list with it
-    assert KNOWN_VIOLATIONS - found == set(), sorted(KNOWN_VIOLATIONS - found)
+    assert _library_violations() == set()
 
 
 def test_each_kind_of_private_use_is_found() -> None:

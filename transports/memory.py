@@ -155,6 +155,19 @@ class _Endpoint:
             raise TransportClosed("transport is closed") from None
         return self._to_event(item)
 
+    async def receive_many(self, limit: int = 64) -> list[TransportEvent]:
+        """The next event (waiting for one) and those queued behind it, up to ``limit``."""
+        events = [await self.receive()]
+        while len(events) < limit:
+            try:
+                event = self.try_receive()
+            except TransportClosed:
+                break  # the next call raises it
+            if event is None:
+                break
+            events.append(event)
+        return events
+
     def _close_streams(self) -> None:
         self.closed = True
         self._in_send.close()

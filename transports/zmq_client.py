@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import zmq
 from anyio.abc import TaskGroup
 
@@ -65,7 +66,7 @@ from ctlwire.transports.zmq_per_rank_client import (
     ZmqPairClientTransport,
     ZmqPushPullClientTransport,
 )
-from ctlwire.transports.zmq_socket import AsyncZmqSocket, ReceiveInterrupted
+from ctlwire.transports.zmq_socket import AsyncZmqSocket
 
 __all__ = [
     "ZmqDealerClientTransport",
@@ -83,8 +84,8 @@ _CACHE_LIMIT = 4096
 #: the monitor events a connection bound is kept from (their value is the descriptor)
 _BOUND_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
 
-#: events a receiving task hands to ``receive_or_handle``'s handle before a checkpoint
-_INLINE_BUDGET = 64
+#: events taken without suspending before one checkpoint: a flood cannot starve the loop
+_FAIRNESS_BUDGET = 64
 
 
 class ZmqRouterClientTransport(_ZmqClientBase):
@@ -128,15 +129,9 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         check_pickle_allowed(self.codec, self.address, curve is not None)
         self._sock: AsyncZmqSocket | None = None
         self._pending: deque[TransportEvent] = deque()
-        # receive_or_handle: (its handle, the socket-level divert built for it), and the
-        # event the handle declined, which the suspended receive returns
-        self._diverts: tuple[Callable[[TransportEvent], bool],
-                             Callable[[list[bytes]], bool]] | None = None
-        self._declined: TransportEvent | None = None
-        # the ``until`` of the receive_or_handle in progress, and whether the reader
-        # callback found it True after a message it handed over
-        self._until: Callable[[], bool] | None = None
-        self._until_met = False
+        self._receive_scope: anyio.CancelScope | None = None  # a receive waits in it
+        self._woken = False  # _wake_receiver() found no receive waiting
+        self._streak = 0  # events taken in a row without suspending (fairness)
         self._known: set[int] = set()
         self._probe_hb = b""
         # hot path caches, bounded: rank -> identity (sends), identity -> rank (replies).
@@ -229,7 +224,7 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         if identity is None:
             identity = self._default_route(rank)
         try:
-            sock.send_pair_nowait(identity, data)
+            sock.send_multipart_nowait((identity, data))
         except zmq.Again:
             raise WouldBlock(f"rank {rank}: high-water mark reached") from None
         except zmq.ZMQError as exc:
@@ -273,121 +268,87 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         return TransportError(f"rank {rank}: {exc}")
 
     async def receive(self) -> TransportEvent:
-        event = await self._receive(None)
-        assert event is not None  # only a receive with ``until`` ends empty
-        return event
+        """The next event: a disconnection found by the probe, else the next message,
+        decoded. Yields once every 64 events taken without suspending."""
+        while True:
+            event = await self._next()
+            if event is not None:
+                return event
+
+    async def receive_many(self, limit: int = _FAIRNESS_BUDGET) -> list[TransportEvent]:
+        """The next event (waiting for one) and those queued behind it, up to ``limit``,
+        in order: one call per wake-up of a receive loop rather than one per event."""
+        events = [await self.receive()]
+        sock = self._sock
+        while len(events) < limit and sock is not None:
+            if self._pending:
+                events.append(self._pending.popleft())
+                continue
+            try:
+                msg = sock.recv_multipart_nowait()
+            except SocketClosed:
+                break  # the next call raises TransportClosed
+            if msg is None:
+                break
+            events.append(self._event(msg))
+        return events
 
     async def receive_or_handle(self, handle: Callable[[TransportEvent], bool],
                                 until: Callable[[], bool] | None = None
                                 ) -> TransportEvent | None:
-        """:meth:`receive`, except that each received event is first passed to
-        ``handle(event)``, in order and synchronously, which returns True when it
-        handled it; returns the first event ``handle`` declines, or a pending one
-        (a disconnection). On asyncio the events that arrive while it waits are
-        handled from the event loop's reader callback, without waking the receiving
-        task (one task step and one loop iteration less per reply); elsewhere, and
-        for what is already queued, by the receiving task, which yields once every
-        64 handled without a wait.
+        """:meth:`receive` until ``handle(event)`` declines an event (returned) or
+        ``until()`` holds (None; asked before each event). ``handle`` must not use this
+        transport; an exception it raises is raised here. :meth:`interrupt_receive`
+        makes a suspended call ask ``until`` again."""
+        while until is None or not until():
+            event = await self._next()
+            if event is not None and not handle(event):
+                return event
+        return None
 
-        ``until``: returns None, having taken nothing more, as soon as ``until()``
-        is True; it is asked before each message the receiving task takes itself,
-        after each one the reader callback handed over, and before the receive
-        suspends. To end a suspended receive for it otherwise, call
-        :meth:`interrupt_receive` once ``until()`` is True.
-
-        ``handle`` must not use this transport; an exception it raises is raised
-        here (its event counts as received).
-        """
-        diverts = self._diverts
-        if diverts is None or diverts[0] is not handle:
-            def divert(msg: list[bytes]) -> bool:
-                event = self._event(msg)
-                if handle(event):
-                    until = self._until
-                    if until is not None and until():
-                        self._until_met = True  # the suspended receive returns None
-                        return False
-                    return True
-                self._declined = event  # what the suspended receive returns
-                return False
-
-            diverts = self._diverts = (handle, divert)
-        self._until = until
-        try:
-            return await self._receive(diverts[1], until)
-        finally:
-            self._until = None
-            self._until_met = False
-
-    def interrupt_receive(self) -> None:
-        """Make a receive in progress re-check its ``until`` (:meth:`receive_or_handle`)
-        at once; nothing queued is lost. No effect when nothing is received."""
-        sock = self._sock
-        if sock is not None and not sock.closed:
-            sock.interrupt_receive()
-
-    async def _receive(self, divert: Callable[[list[bytes]], bool] | None,
-                       until: Callable[[], bool] | None = None) -> TransportEvent | None:
+    async def _next(self) -> TransportEvent | None:
+        """The next event, or None when :meth:`_wake_receiver` ended the wait for it."""
         sock = self._sock
         if sock is None:
             raise TransportClosed("transport is not open")
-        inline = 0  # messages handed to ``divert`` by this task without a checkpoint
-        # with ``until``, the yields before a wait only follow messages this receive
-        # handled (a caller receiving for itself has woken nobody before its first)
-        settle = until is None
-        while True:
-            if self._pending:
-                return self._pending.popleft()
-            if until is not None and until():
-                return None
-            try:
-                # a queue that is most likely empty: no non-blocking attempt (it would
-                # read EVENTS for nothing), recv_multipart checks before it waits
-                msg = None if sock.likely_empty else sock.recv_multipart_nowait()
-                if msg is None and self._yields_before_wait and settle:
-                    # Nothing queued. Let the tasks the last events woke (a caller whose
-                    # reply just came) run before this one sets up its wait: that setup
-                    # then overlaps the next round trip instead of delaying the caller.
-                    # asyncio runs ready callbacks in order, so one yield puts the
-                    # caller first. trio runs each batch of ready tasks in a random
-                    # order (it reverses half of them): after one yield the receiver
-                    # and the caller share a batch, and the receiver runs first half of
-                    # the time; after a second, never (-15 µs on the p50 round trip).
-                    await self._checkpoint()
-                    if self._yields_before_wait > 1 and not self._pending:
-                        await self._checkpoint()
-                    if self._pending:
-                        continue
-                    if until is not None and until():
-                        return None
-                if msg is None:
+        self._streak += 1
+        if self._streak >= _FAIRNESS_BUDGET:
+            self._streak = 0
+            await anyio.lowlevel.checkpoint()
+        if self._pending:
+            return self._pending.popleft()
+        try:
+            msg = sock.recv_multipart_nowait()
+            while msg is None:
+                if self._woken:  # woken before it could wait
+                    self._woken = False
+                    return self._pending.popleft() if self._pending else None
+                self._streak = 0
+                with anyio.CancelScope() as scope:
+                    self._receive_scope = scope
                     try:
-                        msg = await sock.recv_multipart(divert)
-                    except ReceiveInterrupted:
-                        continue  # woken for a pending event, or to ask ``until``
-                    if self._until_met:  # its message was handled, and ``until`` holds
-                        return None
-                    declined = self._declined
-                    if declined is not None:  # decoded already, by the divert
-                        self._declined = None
-                        return declined
-            except SocketClosed:
-                raise TransportClosed("transport is closed") from None
-            if divert is None:
-                return self._event(msg)
-            # a message this task received itself (queued already, or on trio every
-            # one): handled here too, without returning to the caller's loop
-            if not divert(msg):
-                if self._until_met:  # handled, and ``until`` holds now
-                    return None
-                declined, self._declined = self._declined, None
-                assert declined is not None
-                return declined
-            inline += 1
-            settle = True
-            if inline >= _INLINE_BUDGET:  # a flood: let the tasks it woke run
-                inline = 0
-                await self._checkpoint()
+                        await sock.wait_readable()
+                    finally:
+                        self._receive_scope = None
+                if scope.cancelled_caught:  # woken: nothing was taken
+                    return self._pending.popleft() if self._pending else None
+                msg = sock.recv_multipart_nowait()
+        except SocketClosed:
+            raise TransportClosed("transport is closed") from None
+        return self._event(msg)
+
+    def interrupt_receive(self) -> None:
+        """Make a suspended :meth:`receive_or_handle` ask its ``until`` again; nothing
+        queued is lost. No effect when nothing is received."""
+        self._wake_receiver()
+
+    def _wake_receiver(self) -> None:
+        """End the wait of a receive in progress (or the next one's, before it waits)."""
+        scope = self._receive_scope
+        if scope is not None:
+            scope.cancel()
+        else:
+            self._woken = True
 
     def _event(self, msg: list[bytes]) -> TransportEvent:
         self.counters["received"] += 1
@@ -454,9 +415,7 @@ class ZmqRouterClientTransport(_ZmqClientBase):
 
     def _push(self, event: TransportEvent) -> None:
         self._pending.append(event)
-        sock = self._sock
-        if sock is not None and not sock.closed:
-            sock.interrupt_receive()  # a receive in progress returns to pick the event up
+        self._wake_receiver()  # a receive in progress returns to pick the event up
 
     @property
     def connections_refused(self) -> int:

@@ -9,15 +9,11 @@ the authenticator and the context the transport created, then the ipc files it b
 
 from __future__ import annotations
 
-import asyncio
 import weakref
-from collections.abc import Awaitable, Callable
-from functools import partial
 from types import TracebackType
-from typing import Any, cast
+from typing import Any
 
 import anyio
-import anyio.lowlevel
 import zmq
 from anyio.abc import TaskGroup
 
@@ -40,38 +36,10 @@ from ctlwire.transports.zmq_config import (
 from ctlwire.transports.zmq_monitor import SocketMonitor
 from ctlwire.transports.zmq_socket import AsyncZmqSocket
 
-__all__ = ["_ZmqClientBase", "_fast_checkpoint"]
+__all__ = ["_ZmqClientBase"]
 
 #: the most ranks remembered as refused for their protocol version (peers choose ranks)
 _REFUSED_LIMIT = 4096
-
-
-def _fast_checkpoint() -> Callable[[], Awaitable[None]]:
-    """``anyio.lowlevel.checkpoint`` of the running backend, without the lookup of
-    the backend that anyio makes on every call (which costs more than the
-    checkpoint itself). Both are cancellation points and yield to the loop."""
-    try:
-        import sniffio
-
-        library = sniffio.current_async_library()
-    except Exception:  # pragma: no cover - no sniffio, or not in a loop
-        return anyio.lowlevel.checkpoint
-    if library == "asyncio":
-        return partial(asyncio.sleep, 0)
-    if library == "trio":
-        import trio
-
-        return cast(Callable[[], Awaitable[None]], trio.lowlevel.checkpoint)
-    return anyio.lowlevel.checkpoint  # pragma: no cover
-
-
-def _current_library() -> str:
-    try:
-        import sniffio
-
-        return sniffio.current_async_library()
-    except Exception:  # pragma: no cover - no sniffio, or not in a loop
-        return ""
 
 
 class _ZmqClientBase:
@@ -94,10 +62,6 @@ class _ZmqClientBase:
         self.counters: dict[str, int] = {"sent": 0, "received": 0, "unknown_peer": 0}
         #: rank -> the unsupported protocol version its engine announced (see _versioned)
         self._refused_versions: dict[int, int] = {}
-        self._checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint
-        #: how many times a receiver yields before it waits for the socket (see
-        #: ZmqRouterClientTransport.receive): once on asyncio, twice on trio
-        self._yields_before_wait = 1
 
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self.context.socket(kind)
@@ -120,8 +84,6 @@ class _ZmqClientBase:
         if self._opened:
             raise RuntimeError("a transport can be opened once")
         self._opened = True
-        self._checkpoint = _fast_checkpoint()
-        self._yields_before_wait = 2 if _current_library() == "trio" else 1
         try:
             self._open()
         except BaseException:

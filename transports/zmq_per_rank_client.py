@@ -257,6 +257,14 @@ class _PerRankClient(_ZmqClientBase):
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise TransportClosed("transport is closed") from None
 
+    async def receive_many(self, limit: int = 64) -> list[TransportEvent]:
+        """The next event (waiting for one) and those queued behind it, up to ``limit``."""
+        events = [await self.receive()]
+        with contextlib.suppress(anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+            while len(events) < limit:
+                events.append(self._events_out.receive_nowait())
+        return events
+
     async def aclose(self) -> None:
         self._events_in.close()
         await super().aclose()

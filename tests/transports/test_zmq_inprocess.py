@@ -138,3 +138,105 @@ def test_foreign_thread_use_is_refused(tmp_path: Path) -> None:
     t.join()
     et.close()
     assert len(errors) == 1 and isinstance(errors[0], ForeignThreadError)
+
+
+
+async def test_router_client_receives_a_queued_flood_in_order_and_lets_others_run(
+        tmp_path: Path) -> None:
+    """Events already queued are received in order without waiting, and the receiver
+    still yields to the loop now and then (every 64): a flood of replies cannot keep
+    the tasks they woke from running."""
+    from ctlwire.transports.envelope import Heartbeat
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    client = ZmqRouterClientTransport(f"inproc://{tmp_path.name}-flood", context=ctx)
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.ROUTING_ID, b"rank-0")
+    dealer.setsockopt(zmq.LINGER, 0)
+    flood = 300
+    try:
+        async with client:
+            dealer.connect(client.address)
+            for i in range(flood):  # inproc: queued at the client when sent
+                dealer.send(client.codec.encode(Heartbeat(0, i, 0)))
+            ticks = 0
+
+            async def ticker() -> None:
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await anyio.sleep(0)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ticker)
+                await anyio.sleep(0)  # the ticker has started
+                before = ticks
+                seen = [(await client.receive()) for _ in range(flood)]
+                during = ticks - before
+                tg.cancel_scope.cancel()
+        assert [getattr(e, "envelope", None) for e in seen] == [
+            Heartbeat(0, i, 0) for i in range(flood)]
+        assert during >= flood // 64 - 1, during
+    finally:
+        dealer.close(0)
+        ctx.term()
+
+
+async def test_receive_many_takes_what_is_queued_in_order_up_to_the_limit(
+        tmp_path: Path) -> None:
+    """``receive_many`` waits for one event, then takes those already queued behind
+    it, in order, never more than ``limit``; a later call gets the rest."""
+    from ctlwire.transports.envelope import Heartbeat
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    client = ZmqRouterClientTransport(f"inproc://{tmp_path.name}-many", context=ctx)
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.ROUTING_ID, b"rank-0")
+    dealer.setsockopt(zmq.LINGER, 0)
+    try:
+        async with client:
+            dealer.connect(client.address)
+
+            async def send_later() -> None:
+                await anyio.wait_all_tasks_blocked()  # the receiver waits for the first
+                for i in range(5):  # inproc: queued at the client when sent
+                    dealer.send(client.codec.encode(Heartbeat(0, i, 0)))
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(send_later)
+                    first = await client.receive_many(3)
+                rest = await client.receive_many(3)
+        got = [getattr(e, "envelope", None) for e in first + rest]
+        assert [len(first), len(rest)] == [3, 2]
+        assert got == [Heartbeat(0, i, 0) for i in range(5)]
+    finally:
+        dealer.close(0)
+        ctx.term()
+
+
+@pytest.mark.parametrize("kind", ["pair-inproc", "memory"])
+async def test_receive_many_of_stream_fed_clients(tmp_path: Path, kind: str) -> None:
+    """The clients fed through a memory stream (per-rank readers, the in-memory
+    network) take what is queued behind the first event, in order, up to ``limit``."""
+    from ctlwire.transports.envelope import Heartbeat
+    from ctlwire.transports.memory import MemoryNetwork
+
+    if kind == "memory":
+        net = MemoryNetwork()
+        client: Any = net.client_transport()
+        engine: Any = net.engine_transport(0)
+    else:
+        client, engines = pair_inproc(tmp_path, 1)
+        engine = engines[0]
+    async with client, engine:
+        for i in range(5):
+            engine.send_nowait(None, Heartbeat(0, i, 0))
+        with anyio.fail_after(10):
+            stream = getattr(client, "_events_out", None) or client._in_recv
+            while stream.statistics().current_buffer_used < 5:  # the readers have run
+                await anyio.sleep(0.01)
+            first = await client.receive_many(3)
+            rest = await client.receive_many(3)
+    assert [len(first), len(rest)] == [3, 2]
+    assert [e.envelope for e in first + rest] == [Heartbeat(0, i, 0) for i in range(5)]
