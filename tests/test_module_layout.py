@@ -122,8 +122,7 @@ def graph() -> dict[str, set[str]]:
 
 def test_the_graph_sees_every_kind_of_import(graph: dict[str, set[str]]) -> None:
     # a module-level import, a TYPE_CHECKING one and a lazy one inside a function
-    assert "ctlwire.kernel.core.call_core" in graph["ctlwire.kernel.client.control_client"] or \
-        "ctlwire.kernel.client.call_issuer" in graph["ctlwire.kernel.client.control_client"]
+    assert "ctlwire.kernel.client.call_issuer" in graph["ctlwire.kernel.client.control_client"]
     assert "ctlwire.kernel.core.fan_out_result" in graph["ctlwire.kernel.errors"]  # TYPE_CHECKING
     assert "ctlwire.kernel.metrics" in graph["ctlwire.kernel.client.control_client"]  # lazy
     assert "ctlwire.kernel.core.request_registry" in graph["ctlwire.kernel.metrics"]  # module level
@@ -147,7 +146,7 @@ def test_the_client_parts_import_nothing_that_imports_the_client(
     client = "ctlwire.kernel.client.control_client"
     for part in ("client.call_issuer", "client.deadline_reaper", "liveness_monitor",
                  "client.fan_out_mailbox", "client.receiver", "client.rank_roster",
-                 "core.call_core", "core.peer_table", "core.request_registry"):
+                 "core.peer_table", "core.request_registry"):
         assert client not in graph[f"ctlwire.kernel.{part}"], part
 
 

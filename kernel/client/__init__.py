@@ -2,8 +2,8 @@
 
 * :mod:`.control_client` -- :class:`ControlClient`, the public API: calls,
   fan-outs, ranks, lifetime.
-* :mod:`.call_issuer` -- one call's IO over the sans-IO
-  :class:`~ctlwire.kernel.core.call_core.CallCore`: register, send, wait.
+* :mod:`.call_issuer` -- one call's IO over the sans-IO request map: register,
+  send, wait.
 * :mod:`.call_outcome` -- each holder's decoded value or typed error.
 * :mod:`.fan_out_mailbox` -- per-method admission: queueing (FIFO) or watching.
 * :mod:`.deadline_reaper` -- one task that ends every wait at its deadline.

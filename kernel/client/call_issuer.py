@@ -1,24 +1,24 @@
 """One call's IO: register, hand frames to the transport, wait, decode (anyio shell).
 
-:class:`CallIssuer` runs the steps of the sans-IO
-:class:`~ctlwire.kernel.core.call_core.CallCore` with the awaits between them.
-A call to one rank is a fan-out to one rank: ``ControlClient.call``
-(:meth:`CallIssuer.call`), every fan-out mode (:meth:`CallIssuer.exchange`) and
-the :class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox` go through the
+:class:`CallIssuer` drives the sans-IO request map
+(:class:`~ctlwire.kernel.core.request_registry.RequestRegistry`) directly, with
+the awaits between its steps. A call to one rank is a fan-out to one rank:
+``ControlClient.call`` (:meth:`CallIssuer.call`), every fan-out mode and the
+:class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox` go through the
 same :meth:`send_all` and :meth:`wait_outcome`::
 
-    core = issuer.call_core("pause", (0, 1), Policy.ALL, budget=5.0)
+    entry = issuer.register("pause", (0, 1), Policy.ALL, budget=5.0)
     try:
-        entry = await issuer.exchange(core, raw)     # raw: issuer.encode_payload(...)
+        await issuer.exchange(entry, raw)     # raw: issuer.encode_payload(...)
         return issuer.outcomes.fan_out_outcome(entry, result_type)
     finally:
-        core.finish()
+        issuer.registry.release(entry)
 
 Guarantees:
 
 * **Register before send.** :meth:`send_all` hands a frame over only for a
-  rank the core released (registered and marked Sent), so a reply can never
-  find its request missing.
+  rank the request map released (registered and marked Sent), so a reply can
+  never find its request missing.
 * **Nothing sent for a cancelled or closed caller.** :meth:`send_all` checks
   for cancellation before the first frame, and raises ClientClosed once
   :meth:`close` was called.
@@ -56,8 +56,6 @@ import msgspec
 from ctlwire.kernel.client.call_outcome import CallOutcomes
 from ctlwire.kernel.client.deadline_reaper import DeadlineReaper
 from ctlwire.kernel.client.progress_callbacks import ProgressCallback, ProgressCallbacks
-from ctlwire.kernel.core.admission_queue import AdmissionQueue
-from ctlwire.kernel.core.call_core import CallCore
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
@@ -98,7 +96,7 @@ class CallIssuer:
     """Runs the IO of one client's calls; see the module docstring.
 
     ``fence`` is the client's fencing token (0: none), used unless a call sets
-    its own (``call_core(..., fence=)``). ``first_contact_retry`` paces
+    its own (``send_all(..., fence=)``). ``first_contact_retry`` paces
     the re-tries of a send to a rank never heard from.
     """
 
@@ -174,23 +172,24 @@ class CallIssuer:
                 raise RequestTooLarge(method, size, limit)
         return raw
 
-    def call_core(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
-                  deadline: float | None = None, queue: AdmissionQueue | None = None,
-                  key: str = "", fence: int | None = None) -> CallCore:
-        """The sans-IO protocol object for one call of this client; ``key`` and
-        ``fence`` go in its envelopes (``fence`` None: the client's)."""
+    def register(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
+                 deadline: float | None = None, waiter: Any = None) -> PendingRequest:
+        """One call's entry in the request map, woken through ``waiter`` (default a
+        new ``anyio.Event``); whoever registers releases it on every path out."""
         if self.closed:
             raise ClientClosed("client is closed")
-        if deadline is None:
-            deadline = self.now() + budget
-        return CallCore(self.registry, method, ranks, policy, deadline=deadline, timeout=budget,
-                        queue=queue, is_lost=self.peers.is_lost, key=key, fence=fence)
+        return self.registry.register(
+            method, ranks, policy, deadline=self.now() + budget if deadline is None else deadline,
+            timeout=budget, waiter=anyio.Event() if waiter is None else waiter)
 
-    async def send_all(self, core: CallCore, raw: msgspec.Raw) -> None:
-        """Hand ``core``'s request to the transport for each rank ``core`` releases.
+    async def send_all(self, entry: PendingRequest, raw: msgspec.Raw, key: str = "",
+                       fence: int | None = None) -> None:
+        """Hand ``entry``'s request to the transport for each rank the request map
+        releases; ``key`` and ``fence`` go in its envelopes (``fence`` None: the
+        client's).
 
-        ``core.release_all()`` only names ranks once the request is registered
-        and marked Sent: a reply can never beat the registration.
+        ``release_all`` only names ranks once the request is registered and
+        marked Sent: a reply can never beat the registration.
 
         Nothing is sent on behalf of a caller whose scope is already cancelled
         (its cancellation is raised here, before the first frame), nor after
@@ -210,29 +209,26 @@ class CallIssuer:
         await anyio.lowlevel.checkpoint_if_cancelled()
         if self.closed:
             raise ClientClosed("client is closed")
-        entry = core.entry
-        assert entry is not None
-        ranks = core.release_all()
+        ranks = self.registry.release_all(entry, self.peers.is_lost)
+        fence = self.fence if fence is None else fence
         if len(ranks) > 1 and self._batched_sends is not None:
             with self._batched_sends():
-                waiting = self._send_now(core, entry, ranks, raw)
+                waiting = self._send_now(entry, ranks, raw, key, fence)
         else:
-            waiting = self._send_now(core, entry, ranks, raw)
+            waiting = self._send_now(entry, ranks, raw, key, fence)
         if waiting:
-            await self._send_waiting(core, entry, waiting)
+            await self._send_waiting(entry, waiting)
         if not entry.is_open:
             self.wake(entry)
 
-    def _send_now(self, core: CallCore, entry: PendingRequest, ranks: list[int],
-                  raw: msgspec.Raw) -> list[tuple[int, Request]] | None:
+    def _send_now(self, entry: PendingRequest, ranks: list[int], raw: msgspec.Raw, key: str,
+                  fence: int) -> list[tuple[int, Request]] | None:
         """Hand the frames over, in rank order, until one cannot be without waiting
         (never suspends). Returns that rank and those after it, withheld from the
         sent ranks, with their frames (None: all handed over or failed)."""
         wall_deadline = self._wall_deadline(entry)
         incarnation = self._incarnation
         trace = self.trace_provider() if self.trace_provider is not None else None
-        key = core.key
-        fence = self.fence if core.fence is None else core.fence  # the client's, unless set
         rid = entry.id
         method = entry.method
         seqs = self._seq
@@ -251,7 +247,7 @@ class CallIssuer:
             env: Request | None = None
             if waiting is not None:
                 # behind a rank that must wait: sent after it, in order, as before
-                core.withheld(rank)
+                self.registry.unmark_sent(entry, rank)
                 waiting.append((rank, Request(rid, rank, method, raw, wall_deadline, seq,
                                               incarnation, trace, key, fence)))
                 continue
@@ -272,7 +268,7 @@ class CallIssuer:
                 self.transport.send_nowait(rank, env)
                 continue
             except TransportError as exc:
-                if not self._refused(core, entry, rank, exc):
+                if not self._refused(entry, rank, exc):
                     continue
             if waiting is None:
                 waiting = []
@@ -291,8 +287,7 @@ class CallIssuer:
                 return time.time() + remaining
         return NO_DEADLINE
 
-    def _refused(self, core: CallCore, entry: PendingRequest, rank: int,
-                 exc: TransportError) -> bool:
+    def _refused(self, entry: PendingRequest, rank: int, exc: TransportError) -> bool:
         """The transport refused ``rank``'s frame with ``exc``. True when the frame
         must wait (for room, or for the rank's first contact): it is marked withheld.
         Else ``rank`` failed, typed (and the request's waiters are woken if that
@@ -314,13 +309,13 @@ class CallIssuer:
         else:
             error = NotDelivered(rank, repr(exc))
         if error is not None:
-            if core.send_failed(rank, error):
+            if self.registry.rank_failed(entry, rank, error):
                 self.wake(entry)
             return False
-        core.withheld(rank)  # not handed over: a loss meanwhile means NotDelivered
+        self.registry.unmark_sent(entry, rank)  # not handed over: a loss means NotDelivered
         return True
 
-    async def _send_waiting(self, core: CallCore, entry: PendingRequest,
+    async def _send_waiting(self, entry: PendingRequest,
                             waiting: list[tuple[int, Request]]) -> None:
         """The frames :meth:`_send_now` could not hand over, one rank at a time:
         wait for room (high-water mark) or first contact, within the deadline."""
@@ -328,7 +323,7 @@ class CallIssuer:
         for rank, env in waiting:
             if not entry.is_open:
                 break
-            core.resend(rank)
+            self.registry.mark_sent(entry, rank)
             error: Exception | None = None
             try:
                 try:
@@ -355,7 +350,7 @@ class CallIssuer:
                 error = ClientClosed(str(exc))
             except TransportError as exc:
                 error = NotDelivered(rank, repr(exc))
-            if error is not None and core.send_failed(rank, error):
+            if error is not None and self.registry.rank_failed(entry, rank, error):
                 self.wake(entry)
             if entry.is_open and entry.deadline is not None and self.now() >= entry.deadline:
                 break  # the deadline passed while a send waited: the request expires
@@ -409,16 +404,14 @@ class CallIssuer:
             self._blocked_sends.pop(entry.id, None)
         return False
 
-    async def wait_outcome(self, core: CallCore, deadline: float) -> None:
-        """Wait until ``core``'s request is decided or ``deadline`` (anyio clock) passes.
+    async def wait_outcome(self, entry: PendingRequest, deadline: float) -> None:
+        """Wait until ``entry`` is decided or ``deadline`` (anyio clock) passes.
 
         Expires the request only when its own deadline has passed; a watcher
         with an earlier personal deadline just stops waiting.
         """
-        entry = core.entry
-        assert entry is not None
-        if not core.begin_wait():
-            return
+        if not (self.registry.mark_awaiting(entry) or entry.is_open):
+            return  # decided already: a reply beat the wait, or every send failed
         waiter: Any = entry.waiter  # set() and wait(): anyio.Event, or one wrapping it
         assert waiter is not None
         entry_deadline = entry.deadline if entry.deadline is not None else float("inf")
@@ -432,7 +425,7 @@ class CallIssuer:
         with anyio.CancelScope(deadline=deadline):
             await waiter.wait()
         if entry.is_open and self.now() >= entry_deadline:
-            core.deadline_passed()
+            self.registry.expire(entry)
 
     def wake(self, entry: PendingRequest) -> None:
         waiter = entry.waiter
@@ -442,20 +435,13 @@ class CallIssuer:
         if blocked is not None:
             blocked[0].cancel()
 
-    async def exchange(self, core: CallCore, raw: msgspec.Raw, deadline: float | None = None,
-                       waiter: Any = None, on_progress: ProgressCallback | None = None
-                       ) -> PendingRequest:
-        """Register ``core``'s request (woken through ``waiter``, default a new
-        ``anyio.Event``), send it to every rank, wait until it is decided or
-        ``deadline`` (default: the request's) passes. Returns the entry to read
-        the outcome from; the caller's ``finally`` runs ``core.finish()`` (after
-        :meth:`forget_progress` when it passed ``on_progress``)."""
-        entry = core.register(anyio.Event() if waiter is None else waiter)
-        if on_progress is not None:
-            self.progress_callbacks.by_id[entry.id] = on_progress
-        await self.send_all(core, raw)
-        await self.wait_outcome(core, (entry.deadline or 0.0) if deadline is None else deadline)
-        return entry
+    async def exchange(self, entry: PendingRequest, raw: msgspec.Raw,
+                       deadline: float | None = None, key: str = "",
+                       fence: int | None = None) -> None:
+        """Send ``entry``'s request to every rank, then wait until it is decided or
+        ``deadline`` (default: the request's) passes."""
+        await self.send_all(entry, raw, key, fence)
+        await self.wait_outcome(entry, (entry.deadline or 0.0) if deadline is None else deadline)
 
     async def call(self, method: str, raw: msgspec.Raw, rank: int, budget: float,
                    deadline: float, result_type: Any, key: str = "",
@@ -463,26 +449,28 @@ class CallIssuer:
                    ) -> Any:
         """One attempt of ``ControlClient.call``: a fan-out to the one ``rank``,
         its outcome returned or raised as that rank's."""
-        core = self.call_core(method, (rank,), Policy.ALL, budget, deadline, None, key, fence)
+        entry = self.register(method, (rank,), Policy.ALL, budget, deadline)
+        if on_progress is not None:
+            self.progress_callbacks.by_id[entry.id] = on_progress
         try:
-            entry = await self.exchange(core, raw, deadline, None, on_progress)
+            await self.exchange(entry, raw, deadline, key, fence)
             return self.outcomes.single_outcome(entry, rank, result_type)
         finally:
-            if on_progress is not None and core.entry is not None:
-                self.progress_callbacks.by_id.pop(core.entry.id, None)
-            core.finish()
+            if on_progress is not None:
+                self.progress_callbacks.by_id.pop(entry.id, None)
+            self.registry.release(entry)
 
     async def fan_out(self, method: str, raw: msgspec.Raw, ranks: tuple[int, ...],
                       policy: Policy, budget: float, deadline: float,
                       result_type: Any, key: str = "", fence: int | None = None
                       ) -> FanOutResult:
         """One fan-out without admission (mode ``concurrent``)."""
-        core = self.call_core(method, ranks, policy, budget, deadline, None, key, fence)
+        entry = self.register(method, ranks, policy, budget, deadline)
         try:
-            entry = await self.exchange(core, raw, deadline)
+            await self.exchange(entry, raw, deadline, key, fence)
             return self.outcomes.fan_out_outcome(entry, result_type)
         finally:
-            core.finish()
+            self.registry.release(entry)
 
     def fail_rank(self, rank: int, detail: str) -> None:
         """``rank`` is lost (or restarted): its requests fail, typed by whether each

@@ -4,7 +4,7 @@ Queueing mode (:meth:`FanOutMailbox.queueing`): concurrent callers are
 admitted strictly in arrival order, one undecided request in flight at a time,
 through the :class:`~ctlwire.kernel.core.admission_queue.AdmissionQueue` core.
 Admission is a hand-off: done by the holder's request the moment it is decided
-(its :class:`~ctlwire.kernel.core.call_core.HandOffWaiter` wakes the next caller
+(its :class:`HandOffWaiter` wakes the next caller
 before the holder), or by the holder leaving undecided. A caller arriving in
 the wake-up window queues behind, a queued caller's cancellation or timeout
 removes only its own ticket, and an exception or cancellation in the holder
@@ -22,7 +22,7 @@ result. The shared request lives until its last watcher leaves, so the
 first caller's cancellation does not take the answer away from the others.
 
 The mailbox talks to the client only through :class:`FanOutSender`, the
-narrow interface of what it needs to run one fan-out (a core, the exchange,
+narrow interface of what it needs to run one fan-out (registration, the exchange,
 the outcome, the deadline reaper); the client's
 :class:`~ctlwire.kernel.client.call_issuer.CallIssuer` provides it.
 """
@@ -37,14 +37,14 @@ import msgspec
 
 from ctlwire.kernel.client.call_outcome import CallOutcomes
 from ctlwire.kernel.client.deadline_reaper import DeadlineReaper
-from ctlwire.kernel.core.admission_queue import AdmissionQueue
-from ctlwire.kernel.core.call_core import CallCore, HandOffWaiter
+from ctlwire.kernel.core.admission_queue import AdmissionQueue, Ticket
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
 from ctlwire.kernel.errors import ClientClosed, RequestTimedOut
+from ctlwire.states import TicketState
 
-__all__ = ["FanOutMailbox", "FanOutMailboxes", "FanOutMode", "FanOutSender"]
+__all__ = ["FanOutMailbox", "FanOutMailboxes", "FanOutMode", "FanOutSender", "HandOffWaiter"]
 
 _WatchKey = tuple[bytes, tuple[int, ...], Policy]
 FanOutMode = Literal["queueing", "watching", "concurrent"]
@@ -74,14 +74,14 @@ class FanOutSender(Protocol):
     def outcomes(self) -> CallOutcomes:
         """Each holder's freshly decoded result, or its typed failure."""
 
-    def call_core(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
-                  deadline: float | None = None, queue: AdmissionQueue | None = None,
-                  key: str = "", fence: int | None = None) -> CallCore:
-        """The sans-IO protocol object of one caller (``key``, ``fence``: its envelopes')."""
+    def register(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
+                 deadline: float | None = None, waiter: Any = None) -> PendingRequest:
+        """One caller's entry in the request map (woken through ``waiter``)."""
 
-    async def exchange(self, core: CallCore, raw: msgspec.Raw, deadline: float | None = None,
-                       waiter: Any = None) -> PendingRequest:
-        """Register (woken through ``waiter``), send to every rank, wait."""
+    async def exchange(self, entry: PendingRequest, raw: msgspec.Raw,
+                       deadline: float | None = None, key: str = "",
+                       fence: int | None = None) -> None:
+        """Send to every rank (``key``, ``fence``: the envelopes'), then wait."""
 
     async def fan_out(self, method: str, raw: msgspec.Raw, ranks: tuple[int, ...],
                       policy: Policy, budget: float, deadline: float,
@@ -89,10 +89,11 @@ class FanOutSender(Protocol):
                       ) -> FanOutResult:
         """One fan-out without admission (mode ``concurrent``)."""
 
-    async def send_all(self, core: CallCore, raw: msgspec.Raw) -> None:
-        """Hand the frames to the transport for each rank ``core`` releases."""
+    async def send_all(self, entry: PendingRequest, raw: msgspec.Raw, key: str = "",
+                       fence: int | None = None) -> None:
+        """Hand the frames to the transport for each rank the request map releases."""
 
-    async def wait_outcome(self, core: CallCore, deadline: float) -> None:
+    async def wait_outcome(self, entry: PendingRequest, deadline: float) -> None:
         """Wait until the request is decided or ``deadline`` passes."""
 
 
@@ -122,12 +123,14 @@ class FanOutMailbox:
         """One fan-out, admitted first come, first served; see the module docstring.
         ``key`` and ``fence`` go in its envelopes (``fence`` None: the client's)."""
         sender = self.sender
-        core = sender.call_core(self.method, ranks, policy, budget, None, self.queue, key, fence)
-        deadline = core.deadline or 0.0
+        if sender.closed:
+            raise ClientClosed("client is closed")
+        deadline = sender.now() + budget
+        queue = self.queue
+        ticket = queue.arrive()
+        entry: PendingRequest | None = None
         try:
-            if not core.arrive():
-                ticket = core.ticket
-                assert ticket is not None
+            if ticket.state is not TicketState.ADMITTED:
                 waiter = ticket.waiter = anyio.Event()
                 reaper = sender.reaper
                 if reaper.running:
@@ -138,17 +141,20 @@ class FanOutMailbox:
                         await waiter.wait()
                 if sender.closed:
                     raise ClientClosed("client closed")  # woken by aclose(): nothing sent
-                if not core.admitted or sender.now() >= deadline:
+                if sender.now() >= deadline or _queued_still(ticket):
                     # timed out in the queue (possibly at the very moment of hand-off:
-                    # then nothing is sent, and finish() passes the mailbox on)
+                    # then nothing is sent, and leaving passes the mailbox on)
                     raise RequestTimedOut(self.method, budget, admission=True)
-            core.resume()
+            queue.resumed(ticket)
             # the decision itself passes the mailbox on (the next caller is woken first)
-            entry = await sender.exchange(core, raw, deadline,
-                                          HandOffWaiter(core, anyio.Event()))
+            entry = sender.register(self.method, ranks, policy, budget, deadline,
+                                    HandOffWaiter(queue, ticket, anyio.Event()))
+            await sender.exchange(entry, raw, deadline, key, fence)
             return sender.outcomes.fan_out_outcome(entry, result_type)
         finally:
-            admitted = core.finish()
+            if entry is not None:
+                sender.registry.release(entry)
+            admitted = queue.leave(ticket)
             if admitted is not None:
                 admitted.waiter.set()
 
@@ -162,28 +168,27 @@ class FanOutMailbox:
         shared: _WatchKey = (bytes(raw), ranks, policy)
         entry = self._watched.get(shared)
         if entry is not None and entry.is_open:
-            # join: a core over the shared entry, which only waits and releases
-            core = sender.call_core(self.method, ranks, policy, budget)
+            # join: a holder of the shared entry, which only waits and releases
+            if sender.closed:
+                raise ClientClosed("client is closed")
             registry.retain(entry)
-            core.entry = entry
             self.watch_joins += 1
             leader = False
         else:
-            core = sender.call_core(self.method, ranks, policy, budget, None, None, key, fence)
-            entry = core.register(anyio.Event())
+            entry = sender.register(self.method, ranks, policy, budget)
             self._watched[shared] = entry
             leader = True
-        deadline = core.deadline or 0.0
+        deadline = sender.now() + budget
         try:
             if leader:
-                await sender.send_all(core, raw)
-            await sender.wait_outcome(core, deadline)
+                await sender.send_all(entry, raw, key, fence)
+            await sender.wait_outcome(entry, deadline)
             if entry.is_open:  # our own deadline passed before the shared one
                 raise RequestTimedOut(self.method, budget, entry.id,
                                       partial=sender.outcomes.fan_out_result(entry, result_type))
             return sender.outcomes.fan_out_outcome(entry, result_type)
         finally:
-            core.finish()
+            registry.release(entry)
             if self._watched.get(shared) is entry and not entry.is_open:
                 del self._watched[shared]
 
@@ -224,3 +229,34 @@ class FanOutMailboxes:
             for ticket in box.queue.queued():
                 if ticket.waiter is not None:
                     ticket.waiter.set()
+
+
+def _queued_still(ticket: Ticket) -> bool:
+    """Not admitted (a function: the wait before it may have admitted ``ticket``)."""
+    return ticket.state is not TicketState.ADMITTED
+
+
+class HandOffWaiter:
+    """The waiter a queueing holder registers for its request: :meth:`set` runs when
+    the request is decided (every wake-up of a request's waiter is: the reply that
+    completes it, the failed send or lost rank that decides it, its expiry, the
+    client's close). It leaves the mailbox, wakes the caller admitted next, then
+    the holder (``inner``). Leaving again (``set`` twice, or the holder's
+    ``finally``) is a no-op. ``wait`` is the inner waiter's."""
+
+    __slots__ = ("inner", "queue", "ticket")
+
+    def __init__(self, queue: AdmissionQueue, ticket: Ticket, inner: Any) -> None:
+        self.queue = queue
+        self.ticket = ticket
+        self.inner = inner
+
+    def set(self) -> None:
+        admitted = self.queue.leave(self.ticket)
+        if admitted is not None:
+            admitted.waiter.set()
+        self.inner.set()
+
+    def wait(self) -> Any:
+        """The inner waiter's ``wait()`` (an awaitable)."""
+        return self.inner.wait()

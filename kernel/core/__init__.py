@@ -2,9 +2,9 @@
 no sockets and no clock of their own (time is passed in).
 
 * :mod:`.request_registry` -- the request map and each request's
-  ``ControlRequest`` machine; cleanup on every path, bounded tombstones.
+  ``ControlRequest`` machine, ranks released for sending only once marked Sent;
+  cleanup on every path, bounded tombstones.
 * :mod:`.request_id` -- request ids never reused (incarnation + counter).
-* :mod:`.call_core` -- one call's protocol (register, release to ranks, settle).
 * :mod:`.admission_queue` -- strict FIFO admission by hand-off (fan-out mailbox).
 * :mod:`.fan_out_policy`, :mod:`.fan_out_result` -- when a fan-out is decided,
   and what it returns.

@@ -22,7 +22,7 @@ Guarantees:
 
 The shell calls :meth:`arrive`, waits on the ticket's waiter if it is queued,
 calls :meth:`resumed` when its task runs again, and calls :meth:`leave` when its
-request is decided (:class:`~ctlwire.kernel.core.call_core.HandOffWaiter`) and
+request is decided (:class:`~ctlwire.kernel.client.fan_out_mailbox.HandOffWaiter`) and
 again in a ``finally`` (a no-op the second time); it wakes the ticket
 :meth:`leave` returns.
 """

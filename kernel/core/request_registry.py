@@ -11,7 +11,10 @@ Guarantees:
 
 * **Register before send.** An entry exists before any frame for it can leave:
   the only way to obtain a request id is :meth:`RequestRegistry.register`, and
-  a reply that beats the caller's wait (entry still ``Sent``) completes it.
+  a rank is released for sending (:meth:`~RequestRegistry.next_send`,
+  :meth:`~RequestRegistry.release_all`) only once marked Sent, so a reply never
+  finds its request missing or Registered; one that beats the caller's wait
+  (entry still ``Sent``) completes it.
 * **Exactly one outcome.** An entry reaches exactly one terminal state (Done,
   TimedOut, Failed, Cancelled) through the ``ControlRequest`` table; anything
   later is counted, never applied.
@@ -36,17 +39,12 @@ from typing import Any, Protocol
 
 from ctlwire.kernel.core.fan_out_policy import Decision, Policy, decide
 from ctlwire.kernel.core.request_id import RequestIdAllocator
+from ctlwire.kernel.errors import NotDelivered
 from ctlwire.states import CONTROL_REQUEST_TABLE, RequestEvent, RequestState
 from ctlwire.transports.envelope import Reply
 
-__all__ = [
-    "PendingRequest",
-    "RegistryStats",
-    "ReplyDisposition",
-    "RequestRegistry",
-    "TransitionObserver",
-    "Waiter",
-]
+__all__ = ["PendingRequest", "RegistryStats", "ReplyDisposition", "RequestRegistry",
+           "TransitionObserver", "Waiter"]
 
 _S = RequestState
 _E = RequestEvent
@@ -57,11 +55,9 @@ _TERMINAL = CONTROL_REQUEST_TABLE.terminal
 class _Step:
     """One legal ``(state, event) -> state`` of CONTROL_REQUEST_TABLE and how often it ran.
 
-    The registry looks each transition up once in a per-registry copy of the
-    table whose cells also carry the counter and the properties of the new
-    state: one lookup per transition instead of several hashed enum keys
-    (Enum hashing is a Python-level call; the hot path of a call makes four
-    transitions).
+    A per-registry copy of the table whose cells also carry the counter and the
+    new state's properties: one lookup per transition instead of several hashed
+    enum keys (Enum hashing is a Python-level call).
     """
 
     __slots__ = ("count", "event", "new", "old", "open", "terminal")
@@ -108,24 +104,9 @@ class _Tomb:
 class PendingRequest:
     """One entry of the request map. Mutated only by its registry."""
 
-    __slots__ = (
-        "answered",
-        "deadline",
-        "errors",
-        "id",
-        "is_open",
-        "late_ranks",
-        "method",
-        "ok",
-        "policy",
-        "ranks",
-        "refs",
-        "replies",
-        "sent_ranks",
-        "state",
-        "timeout",
-        "waiter",
-    )
+    __slots__ = ("answered", "cursor", "deadline", "errors", "id", "is_open", "late_ranks",
+                 "method", "ok", "policy", "ranks", "refs", "replies", "sent_ranks", "state",
+                 "timeout", "waiter")
 
     def __init__(self, request_id: int, method: str, ranks: tuple[int, ...], policy: Policy,
                  deadline: float | None, timeout: float, waiter: Waiter | None) -> None:
@@ -142,6 +123,7 @@ class PendingRequest:
         self.replies: dict[int, Reply] = {}
         self.errors: dict[int, Exception] = {}
         self.sent_ranks: list[int] = []
+        self.cursor = 0  # ranks[:cursor] were released to the caller for sending
         self.late_ranks: set[int] | None = None
         self.ok = 0
         self.answered = 0
@@ -245,9 +227,6 @@ class RequestRegistry:
     def live(self) -> list[PendingRequest]:
         return list(self._live.values())
 
-    def pending_for_rank(self, rank: int) -> int:
-        return len(self._by_rank.get(rank, ()))
-
     # -- transitions ---------------------------------------------------------
     def _go(self, entry: PendingRequest, event: RequestEvent) -> None:
         old = entry.state
@@ -264,6 +243,12 @@ class RequestRegistry:
 
     def _decide(self, entry: PendingRequest) -> bool:
         """Apply the policy; True when the entry just reached Done or Failed."""
+        if entry.state is _S.REGISTERED:
+            # nothing was sent yet: only a complete failure can be decided here
+            if entry.settled < len(entry.ranks):
+                return False
+            self._go(entry, _E.FAIL)
+            return True
         decision = decide(entry.policy, len(entry.ranks), entry.ok, entry.answered,
                           entry.settled)
         if decision is Decision.PENDING:
@@ -303,16 +288,46 @@ class RequestRegistry:
             self._go(entry, _E.SEND)
         entry.sent_ranks.append(rank)
 
-    def mark_sent_all(self, entry: PendingRequest, ranks: list[int]) -> None:
-        """:meth:`mark_sent` for each of ``ranks`` (about to be handed over, without
-        anything happening in between): one transition for the batch."""
-        if entry.state is _S.REGISTERED:
-            self._go(entry, _E.SEND)
-        entry.sent_ranks.extend(ranks)
+    def next_send(self, entry: PendingRequest,
+                  is_lost: Callable[[int], bool] | None = None) -> int | None:
+        """The next rank of ``entry`` to hand a frame to, already marked Sent; None
+        when none is left or the entry is decided. Ranks ``is_lost`` names are
+        failed (NotDelivered) instead of released."""
+        ranks = entry.ranks
+        while entry.cursor < len(ranks) and entry.is_open:
+            rank = ranks[entry.cursor]
+            entry.cursor += 1
+            if is_lost is not None and is_lost(rank):
+                self.rank_failed(entry, rank, NotDelivered(rank, "lost (not sent)"))
+                continue
+            self.mark_sent(entry, rank)
+            return rank
+        return None
+
+    def release_all(self, entry: PendingRequest,
+                    is_lost: Callable[[int], bool] | None = None) -> list[int]:
+        """Every rank :meth:`next_send` would still return, at once: for a shell that
+        hands the frames over without suspending in between (it stops once the
+        entry is decided, and :meth:`unmark_sent` a frame that must wait)."""
+        ranks, start = entry.ranks, entry.cursor
+        if start >= len(ranks) or not entry.is_open:
+            return []
+        if is_lost is None or not any(map(is_lost, ranks[start:])):
+            out = list(ranks[start:])  # the common case: one transition for the batch
+            entry.cursor = len(ranks)
+            if entry.state is _S.REGISTERED:
+                self._go(entry, _E.SEND)
+            entry.sent_ranks.extend(out)
+            return out
+        out = []
+        while (rank := self.next_send(entry, is_lost)) is not None:
+            out.append(rank)
+        return out
 
     def unmark_sent(self, entry: PendingRequest, rank: int) -> None:
         """The frame for ``rank``, marked sent, was not handed over after all (it
-        waits for room): a loss of ``rank`` until it is marked again means NotDelivered."""
+        waits for room or a first contact): a loss of ``rank`` until it is marked
+        again (:meth:`mark_sent`) means NotDelivered."""
         entry.sent_ranks.remove(rank)
 
     def mark_awaiting(self, entry: PendingRequest) -> bool:
@@ -331,12 +346,6 @@ class RequestRegistry:
         if rank not in entry.ranks:
             raise ValueError(f"rank {rank} is not addressed by request {entry.id}")
         entry.errors[rank] = error
-        if entry.state is _S.REGISTERED:
-            # nothing was sent yet: only a complete failure can be decided here
-            if entry.settled == len(entry.ranks):
-                self._go(entry, _E.FAIL)
-                return True
-            return False
         return self._decide(entry)
 
     def on_reply(self, reply: Reply, peer: int | None = None
@@ -423,11 +432,7 @@ class RequestRegistry:
                     entry.errors[rank] = unsent(rank)
                 else:
                     entry.errors[rank] = error(rank)
-                if entry.state is _S.REGISTERED:
-                    if entry.settled == len(entry.ranks):
-                        self._go(entry, _E.FAIL)
-                        decided.append(entry)
-                elif self._decide(entry):
+                if self._decide(entry):
                     decided.append(entry)
         return decided
 

@@ -17,30 +17,32 @@ registry at once). Every such event is *optional*: an exploration covers the
 paths where it fires at every possible point and the paths where it never
 fires.
 
-:func:`explore` drives the real cores -- :class:`~ctlwire.kernel.core.call_core.CallCore`,
+:func:`explore` drives the real cores --
 :class:`~ctlwire.kernel.core.admission_queue.AdmissionQueue` and
 :class:`~ctlwire.kernel.core.request_registry.RequestRegistry`, or any subclasses
 passed in (the tests plug in deliberately broken ones) -- exactly the way the
 anyio shell :meth:`FanOutMailbox.queueing
 <ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox.queueing>` and
 :class:`~ctlwire.kernel.client.control_client.ControlClient` drive them. Each caller
-is a small sequential program of CallCore steps::
+is a small sequential program of calls into the queue and the request map::
 
-    arrive    core.arrive(waiter)                  admitted at once, or queued
+    arrive    queue.arrive(waiter)                 admitted at once, or queued
     resume    (queued: only once its waiter was woken by a hand-off, or its
               deadline passed; not admitted and deadline passed -> timed out)
-              core.resume()
-    register  core.register(waiter)                a queueing caller registers
-              HandOffWaiter(core, waiter), as the shell does: the request's
-              decision (a reply, a failed send, a lost rank) passes the mailbox
-              on there and then
-    send      core.next_send(); the frame goes to the transport (or the rank is
-              unroutable: core.send_failed); once no rank is left:
-              core.begin_wait(), and the outcome if nothing is left to wait for
+              queue.resumed(ticket)
+    register  registry.register(..., waiter)       a queueing caller registers
+              HandOffWaiter(queue, ticket, waiter), as the shell does: the
+              request's decision (a reply, a failed send, a lost rank) passes
+              the mailbox on there and then
+    send      registry.next_send(entry, is_lost); the frame goes to the transport
+              (or the rank is unroutable: registry.rank_failed); once no rank is
+              left: registry.mark_awaiting(entry), and the outcome if nothing is
+              left to wait for
     wake      (only once its waiter was woken by a decision, or its deadline
-              passed) core.deadline_passed() if still open; read the outcome
-    finish    core.finish(); wake the ticket admitted by hand-off (if the
-              decision has not passed the mailbox on already)
+              passed) registry.expire(entry) if still open; read the outcome
+    finish    registry.release(entry), queue.leave(ticket); wake the ticket
+              admitted by hand-off (if the decision has not passed the mailbox
+              on already)
 
 (Without a mailbox a caller starts at ``register``, like ``ControlClient.call``.)
 The "send" step that finds no rank left does what ``send_all``'s tail and
@@ -55,10 +57,10 @@ and reading its outcome, as allowed by its :class:`CancelMode`), ``raise X``
 (the holder raises after resuming and jumps to ``finish``), ``unplug R``
 (sends to rank R fail from now on) and ``lose R`` (liveness declares R dead:
 ``registry.fail_rank``). With two ranks, reply events name the rank:
-``reply A@1``. Each CallCore call is its own step, so the explorer checks more
+``reply A@1``. Each call is its own step, so the explorer checks more
 interleavings than the shells can produce (they run several steps without an
-await in between); that is deliberate -- :meth:`CallCore.finish` claims to be
-safe at any point, and here it is checked at every point.
+await in between); that is deliberate -- releasing and leaving are claimed to
+be safe at any point, and here they are checked at every point.
 
 Checked after every event (each check has a name; :data:`CHECKS` lists them in
 the order a counterexample is preferred when several are equally short):

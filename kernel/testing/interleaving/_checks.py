@@ -17,13 +17,13 @@ def _check_state(w: _World) -> None:
     callers = w.callers
     # fifo: every newly admitted caller arrived before every caller still waiting
     for c in callers:
-        ticket = c.core.ticket
+        ticket = c.ticket
         if (ticket is not None and c.name not in w.admitted
                 and ticket.state in (TicketState.ADMITTED, TicketState.RELEASED)):
             if "fifo" in checks:
                 for earlier in w.arrivals[:w.arrivals.index(c.name)]:
                     d = w.by_name[earlier]
-                    dt = d.core.ticket
+                    dt = d.ticket
                     if (earlier not in w.admitted and d.pc is not _Pc.DONE and dt is not None
                             and dt.state is TicketState.QUEUED):
                         raise InvariantViolation(
@@ -37,8 +37,8 @@ def _check_state(w: _World) -> None:
         except AssertionError as exc:
             raise InvariantViolation("fifo", f"queue invariant: {exc}") from None
     if "exclusive" in checks and queue is not None:
-        holders = [c.name for c in callers if c.core.ticket is not None
-                   and c.core.ticket.state is TicketState.ADMITTED]
+        holders = [c.name for c in callers if c.ticket is not None
+                   and c.ticket.state is TicketState.ADMITTED]
         if len(holders) > 1:
             raise InvariantViolation("exclusive", f"{holders} are admitted at once")
         # in flight: registered, not finished, not decided (a decided holder has
@@ -49,13 +49,13 @@ def _check_state(w: _World) -> None:
             raise InvariantViolation("exclusive", f"{[c.name for c in active]} have undecided "
                                                   "requests in flight at once")
         for c in active:
-            ticket = c.core.ticket
+            ticket = c.ticket
             if ticket is None or ticket.state is not TicketState.ADMITTED:
                 raise InvariantViolation("exclusive", f"{c.name} has a request in flight "
                                                       "without holding the mailbox")
     if "handoff" in checks:
         for c in callers:
-            ticket = c.core.ticket
+            ticket = c.ticket
             if ticket is None:
                 continue
             if c.ticket_waiter.is_set and ticket.state not in (TicketState.ADMITTED,
@@ -92,7 +92,7 @@ def _check_state(w: _World) -> None:
         for c in callers:
             if c.pc is not _Pc.DONE:
                 continue
-            ticket = c.core.ticket
+            ticket = c.ticket
             if ticket is not None and ticket.state not in (TicketState.RELEASED,
                                                            TicketState.ABANDONED):
                 raise InvariantViolation("cleanup", f"{c.name} finished but its ticket is "

@@ -11,7 +11,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ctlwire.kernel.core.admission_queue import AdmissionQueue
-from ctlwire.kernel.core.call_core import CallCore
 from ctlwire.kernel.core.request_registry import RequestRegistry
 from ctlwire.kernel.testing.interleaving._checks import _check_final, _step
 from ctlwire.kernel.testing.interleaving._scenario import (
@@ -26,7 +25,6 @@ from ctlwire.kernel.testing.interleaving._scenario import (
 )
 from ctlwire.kernel.testing.interleaving._steps import _enabled
 from ctlwire.kernel.testing.interleaving._world import (
-    CoreFactory,
     QueueFactory,
     RegistryFactory,
     _clone_world,
@@ -49,12 +47,12 @@ def _checks(checks: Iterable[str]) -> frozenset[str]:
 
 
 def explore(scenario: Scenario, *, queue_cls: QueueFactory = AdmissionQueue,
-            call_core_cls: CoreFactory = CallCore, registry_cls: RegistryFactory = RequestRegistry,
+            registry_cls: RegistryFactory = RequestRegistry,
             checks: Iterable[str] = CHECKS, reduce: bool = False,
             max_states: int = 5_000_000) -> ExplorationResult:
     """Check every interleaving of ``scenario`` against ``checks`` (see the module
-    docstring), driving instances of ``queue_cls``, ``call_core_cls`` and
-    ``registry_cls`` (the real cores by default; subclasses to test mutants).
+    docstring), driving instances of ``queue_cls`` and ``registry_cls`` (the real
+    cores by default; subclasses to test mutants).
 
     Returns the counts, or, at the first failure, a shortest counterexample
     (found breadth-first) instead of finishing the count. ``reduce``: deliver a
@@ -65,7 +63,7 @@ def explore(scenario: Scenario, *, queue_cls: QueueFactory = AdmissionQueue,
     result = ExplorationResult(scenario, checks=tuple(c for c in CHECKS if c in chosen),
                                reduced=reduce)
     started = time.perf_counter()
-    root = _World(scenario, queue_cls, call_core_cls, registry_cls, chosen, reduce)
+    root = _World(scenario, queue_cls, registry_cls, chosen, reduce)
     memo: dict[tuple[Any, ...], int] = {}
     seed = _shared(root)
     counters = [0, 0]  # transitions, max depth
@@ -98,8 +96,7 @@ def explore(scenario: Scenario, *, queue_cls: QueueFactory = AdmissionQueue,
     try:
         result.interleavings = dfs(root, 0) * _symmetry(scenario)
     except InvariantViolation:
-        result.counterexample = _shortest(scenario, queue_cls, call_core_cls, registry_cls,
-                                          chosen)
+        result.counterexample = _shortest(scenario, queue_cls, registry_cls, chosen)
     finally:
         if collecting:
             gc.enable()
@@ -119,11 +116,11 @@ def _symmetry(scenario: Scenario) -> int:
     return factor
 
 
-def _shortest(scenario: Scenario, queue_cls: QueueFactory, call_core_cls: CoreFactory,
-              registry_cls: RegistryFactory, checks: frozenset[str]) -> Counterexample:
+def _shortest(scenario: Scenario, queue_cls: QueueFactory, registry_cls: RegistryFactory,
+              checks: frozenset[str]) -> Counterexample:
     """Breadth-first: the shortest failing sequences; among them, one per check,
     the first found of the most preferred check."""
-    root = _World(scenario, queue_cls, call_core_cls, registry_cls, checks, reduce=False)
+    root = _World(scenario, queue_cls, registry_cls, checks, reduce=False)
     seen = {_key(root)}
     seed = _shared(root)
     frontier: list[tuple[_World, tuple[str, ...]]] = [(root, ())]
@@ -152,8 +149,8 @@ def _shortest(scenario: Scenario, queue_cls: QueueFactory, call_core_cls: CoreFa
             events, violation = ranked[0][1]
             trace: list[str] = []
             try:
-                replay(scenario, events, queue_cls=queue_cls, call_core_cls=call_core_cls,
-                       registry_cls=registry_cls, checks=checks, trace=trace)
+                replay(scenario, events, queue_cls=queue_cls, registry_cls=registry_cls,
+                       checks=checks, trace=trace)
             except InvariantViolation as again:
                 if again != violation:
                     raise AssertionError(f"replay of {list(events)} raised {again}, "
@@ -167,7 +164,7 @@ def _shortest(scenario: Scenario, queue_cls: QueueFactory, call_core_cls: CoreFa
 
 
 def replay(scenario: Scenario, events: Sequence[str], *, queue_cls: QueueFactory = AdmissionQueue,
-           call_core_cls: CoreFactory = CallCore, registry_cls: RegistryFactory = RequestRegistry,
+           registry_cls: RegistryFactory = RequestRegistry,
            checks: Iterable[str] = CHECKS, trace: list[str] | None = None) -> list[str]:
     """Re-run exactly ``events`` (e.g. a counterexample's) from the initial state.
 
@@ -176,7 +173,7 @@ def replay(scenario: Scenario, events: Sequence[str], *, queue_cls: QueueFactory
     :class:`ReplayError` when an event is not enabled where it appears. Returns
     what each event did (also appended to ``trace`` as it goes).
     """
-    w = _World(scenario, queue_cls, call_core_cls, registry_cls, _checks(checks), reduce=False,
+    w = _World(scenario, queue_cls, registry_cls, _checks(checks), reduce=False,
                symmetric=False)
     out = trace if trace is not None else []
     for i, label in enumerate(events):

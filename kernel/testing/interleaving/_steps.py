@@ -1,14 +1,15 @@
 """The interleaving explorer's events: which are enabled in a world, and executing one
-(each CallCore call is its own step).
+(each call into the queue or the request map is its own step).
 """
 
 from __future__ import annotations
 
-from ctlwire.kernel.core.call_core import HandOffWaiter
+from ctlwire.kernel.client.fan_out_mailbox import HandOffWaiter
 from ctlwire.kernel.core.request_registry import PendingRequest, ReplyDisposition
 from ctlwire.kernel.errors import EngineDead
 from ctlwire.kernel.testing.interleaving._scenario import (
     _ENGINE_INCARNATION,
+    _METHOD,
     _NIL,
     CancelMode,
     InvariantViolation,
@@ -67,7 +68,7 @@ def _enabled(w: _World) -> list[str]:
         if spec.timeout and not c.deadline_fired and pc in (_Pc.QUEUED, _Pc.WAITING):
             out.append(f"timeout {name}")
         if spec.cancel is not CancelMode.NEVER and (pc is _Pc.QUEUED or pc in _RUNNING):
-            ticket = c.core.ticket
+            ticket = c.ticket
             state = None if ticket is None else ticket.state
             if (spec.cancel is CancelMode.ANY
                     or (spec.cancel is CancelMode.QUEUED and state is TicketState.QUEUED)
@@ -77,8 +78,8 @@ def _enabled(w: _World) -> list[str]:
         if spec.raises and pc in (_Pc.REGISTER, _Pc.SEND, _Pc.WAITING):
             out.append(f"raise {name}")
         if (w.reduce and settling is None and pc in _HOLDING and c.entry is not None
-                and not c.entry.is_open and c.core.ticket is not None
-                and c.core.ticket.state is not TicketState.ADMITTED):
+                and not c.entry.is_open and c.ticket is not None
+                and c.ticket.state is not TicketState.ADMITTED):
             # with the reduction, a decided holder that passed the mailbox on settles
             # (reads its outcome, is cancelled or raises, finishes) before anything else
             settling = [e for e in out[mark:] if not e.startswith(("reply ", "dup "))]
@@ -126,7 +127,7 @@ def _wake(w: _World, entry: PendingRequest | None) -> str:
         return ""
     if after is None:
         return "; the mailbox is free"
-    owner = next((d.name for d in w.callers if d.core.ticket is after), "?")
+    owner = next((d.name for d in w.callers if d.ticket is after), "?")
     return f"; hands the mailbox to {owner}"
 
 
@@ -162,12 +163,17 @@ def _read_outcome(w: _World, c: _Caller) -> str:
 
 
 def _finish(w: _World, c: _Caller) -> str:
-    """The shell's ``finally``: core.finish(), then wake the ticket admitted by hand-off."""
-    admitted = c.core.finish()
+    """The shells' ``finally``: release the entry, leave the mailbox, wake the ticket
+    admitted by hand-off."""
+    if c.entry is not None:
+        w.registry.release(c.entry)
+    admitted = None
+    if w.queue is not None and c.ticket is not None:
+        admitted = w.queue.leave(c.ticket)
     c.pc = _Pc.DONE
     if admitted is None:
         return "finished"
-    owner = next((d for d in w.callers if d.core.ticket is admitted), None)
+    owner = next((d for d in w.callers if d.ticket is admitted), None)
     if owner is None:
         raise InvariantViolation("crash", f"{c.name}'s finish handed the mailbox to an "
                                           f"unknown ticket {admitted!r}")
@@ -207,20 +213,21 @@ def _deliver(w: _World, c: _Caller, rank: int, first: bool) -> str:
 
 
 def _send(w: _World, c: _Caller) -> str:
-    """One turn of ``send_all``'s loop; once no rank is left, its tail and ``begin_wait``."""
-    core = c.core
+    """One turn of ``send_all``'s loop; once no rank is left, its tail and the start of
+    ``wait_outcome``."""
+    registry = w.registry
     entry = c.entry
     assert entry is not None
-    rank = core.next_send()
+    rank = registry.next_send(entry, w.liveness.is_lost)
     if rank is None:
         handed = _wake(w, entry) if not entry.is_open else ""
-        if core.begin_wait():
+        if registry.mark_awaiting(entry) or entry.is_open:
             c.pc = _Pc.WAITING
             return f"nothing left to send{handed}; waits ({entry.state.name})"
         return f"nothing left to send{handed}; " + _read_outcome(w, c)
     if rank in w.unplugged:
         handed = ""
-        if core.send_failed(rank, EngineDead(rank, "unroutable")):
+        if registry.rank_failed(entry, rank, EngineDead(rank, "unroutable")):
             handed = _wake(w, entry)
         return f"frame to rank {rank} refused (unroutable) -> {entry.state.name}{handed}"
     c.frames[rank] = entry.id
@@ -256,32 +263,37 @@ def _execute(w: _World, label: str) -> str:
     if verb in ("cancel", "raise"):
         _set_outcome(w, c, "cancelled" if verb == "cancel" else "raised")
         return f"{'cancelled' if verb == 'cancel' else 'raises'}; " + _finish(w, c)
-    core = c.core
+    queue = w.queue
     if verb == "arrive":
+        assert queue is not None
         w.arrivals.append(name)
-        if core.arrive(c.ticket_waiter):
+        c.ticket = queue.arrive(c.ticket_waiter)
+        if c.ticket.state is TicketState.ADMITTED:
             c.pc = _Pc.RESUME
             return "admitted at once"
         c.pc = _Pc.QUEUED
-        return f"queued (depth {w.queue.depth if w.queue is not None else '?'})"
+        return f"queued (depth {queue.depth})"
     if verb == "resume":
-        if c.pc is _Pc.QUEUED and not core.admitted:
-            ticket = core.ticket
-            state = "?" if ticket is None else ticket.state.name
+        ticket = c.ticket
+        assert queue is not None and ticket is not None
+        if c.pc is _Pc.QUEUED and ticket.state is not TicketState.ADMITTED:
+            state = ticket.state.name
             if not c.deadline_fired:
                 _fail(w, "handoff", f"{name} was woken but its ticket is {state}, not "
                                     "admitted (the shell raises a spurious RequestTimedOut)")
             _set_outcome(w, c, "timed-out")
             return f"not admitted ({state}): times out; " + _finish(w, c)
-        core.resume()
+        queue.resumed(ticket)
         c.pc = _Pc.REGISTER
         return "resumes holding the mailbox"
     if verb == "register":
         if c.pc is _Pc.NEW:  # no mailbox: the call starts here
             w.arrivals.append(name)
         # a queueing holder registers the shell's hand-off waiter around its own
-        c.entry = core.register(c.entry_waiter if core.ticket is None
-                                else HandOffWaiter(core, c.entry_waiter))
+        waiter = (c.entry_waiter if queue is None or c.ticket is None
+                  else HandOffWaiter(queue, c.ticket, c.entry_waiter))
+        c.entry = w.registry.register(_METHOD, w.ranks, w.scenario.policy, deadline=1.0,
+                                      timeout=1.0, waiter=waiter)
         c.pc = _Pc.SEND
         return "registered"
     if verb == "send":
@@ -290,7 +302,7 @@ def _execute(w: _World, label: str) -> str:
         held = c.entry
         assert held is not None
         if held.is_open and c.deadline_fired:
-            core.deadline_passed()
+            w.registry.expire(held)
         return _read_outcome(w, c)
     if verb == "finish":
         return _finish(w, c)

@@ -12,8 +12,7 @@ from typing import Any
 
 import msgspec
 
-from ctlwire.kernel.core.admission_queue import AdmissionQueue
-from ctlwire.kernel.core.call_core import CallCore
+from ctlwire.kernel.core.admission_queue import AdmissionQueue, Ticket
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
 from ctlwire.kernel.testing.interleaving._scenario import (
     _ENGINE_INCARNATION,
@@ -44,7 +43,7 @@ class _Pc(Enum):
     QUEUED = 1    # awaiting its ticket's waiter; next: resume
     RESUME = 2    # admitted at once; next: resume
     REGISTER = 3  # next: register
-    SEND = 4      # next: send (next_send / begin_wait)
+    SEND = 4      # next: send (next_send / mark_awaiting)
     WAITING = 5   # awaiting its entry's waiter; next: wake
     FINISH = 6    # outcome read; next: finish
     DONE = 7      # finished
@@ -57,14 +56,14 @@ _STEP = {_Pc.NEW: "arrive", _Pc.QUEUED: "resume", _Pc.RESUME: "resume",
 
 
 class _Caller:
-    __slots__ = ("core", "deadline_fired", "deliveries", "entry", "entry_waiter", "frames",
-                 "name", "outcome", "pc", "spec", "ticket_waiter")
+    __slots__ = ("deadline_fired", "deliveries", "entry", "entry_waiter", "frames",
+                 "name", "outcome", "pc", "spec", "ticket", "ticket_waiter")
 
-    def __init__(self, name: str, spec: CallerSpec, core: CallCore) -> None:
+    def __init__(self, name: str, spec: CallerSpec) -> None:
         self.name = name
         self.spec = spec
-        self.core = core
         self.pc = _Pc.NEW
+        self.ticket: Ticket | None = None           # what queue.arrive() returned
         self.ticket_waiter = _Flag()
         self.entry_waiter = _Flag()
         self.entry: PendingRequest | None = None   # what register() returned
@@ -75,15 +74,14 @@ class _Caller:
 
 
 QueueFactory = Callable[..., AdmissionQueue]
-CoreFactory = Callable[..., CallCore]
 RegistryFactory = Callable[..., RequestRegistry]
 
 
 class _World:
     __slots__ = ("admitted", "arrivals", "by_name", "callers", "checks", "liveness", "queue",
-                 "reduce", "registry", "scenario", "twin_before", "unplugged")
+                 "ranks", "reduce", "registry", "scenario", "twin_before", "unplugged")
 
-    def __init__(self, scenario: Scenario, queue_cls: QueueFactory, call_core_cls: CoreFactory,
+    def __init__(self, scenario: Scenario, queue_cls: QueueFactory,
                  registry_cls: RegistryFactory, checks: frozenset[str], reduce: bool,
                  symmetric: bool = True) -> None:
         self.scenario = scenario
@@ -93,12 +91,8 @@ class _World:
                                      incarnation=_ENGINE_INCARNATION)
         self.queue: AdmissionQueue | None = queue_cls(_METHOD) if scenario.mailbox else None
         self.liveness = _Liveness()
-        ranks = tuple(range(scenario.ranks))
-        self.callers = [
-            _Caller(_NAMES[i], spec,
-                    call_core_cls(self.registry, _METHOD, ranks, scenario.policy, deadline=1.0,
-                                  timeout=1.0, queue=self.queue, is_lost=self.liveness.is_lost))
-            for i, spec in enumerate(scenario.callers)]
+        self.ranks = tuple(range(scenario.ranks))
+        self.callers = [_Caller(_NAMES[i], spec) for i, spec in enumerate(scenario.callers)]
         self.by_name = {c.name: c for c in self.callers}
         # callers with equal specs are interchangeable until they arrive: they arrive in
         # list order (each complete path stands for the permutations of their names)
@@ -115,7 +109,7 @@ class _World:
 
 
 class _Liveness:
-    """What the client's peer table says about ranks (``CallCore(is_lost=...)``). Kept
+    """What the client's peer table says about ranks (``next_send``'s ``is_lost``). Kept
     apart from the world so that worlds hold no reference cycle: refcounting frees
     them at once, and the explorer can run with the cyclic collector paused."""
 
@@ -301,12 +295,12 @@ def _atoms(obj: object, skip: frozenset[str]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-_CORE_SKIP = frozenset({"method", "deadline", "timeout", "policy"})
 _QUEUE_SKIP = frozenset({"name", "admitted_total", "abandoned_total"})
 
 
 def _entry_key(e: PendingRequest) -> tuple[Any, ...]:
-    return (e.id, e.state, tuple(sorted((r, rep.ok) for r, rep in e.replies.items())),
+    return (e.id, e.state, e.cursor,
+            tuple(sorted((r, rep.ok) for r, rep in e.replies.items())),
             tuple(sorted(e.errors)), tuple(e.sent_ranks),
             tuple(sorted(e.late_ranks)) if e.late_ranks else (), e.refs, e.ok, e.answered,
             e.waiter is None)
@@ -326,12 +320,11 @@ def _key(w: _World) -> tuple[Any, ...]:
             callers.append((c.outcome is None, tuple(sorted(c.frames.items())),
                             tuple(sorted(c.deliveries.items()))))
             continue
-        ticket = c.core.ticket
+        ticket = c.ticket
         callers.append((
             c.pc, c.deadline_fired, c.outcome, c.ticket_waiter.is_set, c.entry_waiter.is_set,
             None if ticket is None else (ticket.seq, ticket.state),
             None if c.entry is None else _entry_key(c.entry),
-            _atoms(c.core, _CORE_SKIP),
             tuple(sorted(c.frames.items())), tuple(sorted(c.deliveries.items()))))
     reg = w.registry
     tombs: Any = getattr(reg, "_tombstones", {})

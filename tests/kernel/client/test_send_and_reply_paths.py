@@ -1,7 +1,7 @@
 """The client's batched sends and reply path keep the general path's behaviour.
 
 Each test fails if its mechanism breaks: ranks released in one batch
-(``CallCore.release_all``), the fan-out's sends inside the transport's
+(``RequestRegistry.release_all``), the fan-out's sends inside the transport's
 ``batched_sends()``, the one-lookup reply path of the peer table and the
 cached result decoder.
 """
@@ -16,11 +16,10 @@ import msgspec
 import pytest
 
 from ctlwire.kernel.client.call_outcome import CallOutcomes
-from ctlwire.kernel.core import call_core as call_core_module
-from ctlwire.kernel.core.call_core import CallCore
+from ctlwire.kernel.core import request_registry as registry_module
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.peer_table import PeerTable, Progress
-from ctlwire.kernel.core.request_registry import RequestRegistry
+from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import NotDelivered, OutcomeUnknown
 from ctlwire.kernel.testing import EngineHarness, TransitionRecorder
@@ -40,48 +39,44 @@ def echo_methods(ep: EngineEndpoint) -> None:
 def test_release_all_marks_every_rank_sent_in_one_transition() -> None:
     rec = TransitionRecorder()
     reg = RequestRegistry(observer=rec)
-    core = CallCore(reg, "m", (0, 1, 2, 3))
-    entry = core.register()
-    assert core.release_all() == [0, 1, 2, 3]
+    entry = reg.register("m", (0, 1, 2, 3))
+    assert reg.release_all(entry) == [0, 1, 2, 3]
     assert entry.sent_ranks == [0, 1, 2, 3] and entry.state is RequestState.SENT
     assert rec.events[entry.id] == [RequestEvent.SEND]
-    assert core.release_all() == [] and core.next_send() is None  # nothing twice
-    core.finish()
+    assert reg.release_all(entry) == [] and reg.next_send(entry) is None  # nothing twice
+    reg.release(entry)
 
 
 def test_release_all_fails_lost_ranks_in_order_like_next_send() -> None:
     reg = RequestRegistry()
-    core = CallCore(reg, "m", (0, 1, 2), is_lost=lambda r: r == 1)
-    entry = core.register()
-    assert core.release_all() == [0, 2]
+    entry = reg.register("m", (0, 1, 2))
+    assert reg.release_all(entry, lambda r: r == 1) == [0, 2]
     assert type(entry.errors[1]) is NotDelivered and entry.sent_ranks == [0, 2]
-    core.finish()
+    reg.release(entry)
     # a lost rank that decides the request (quorum of 2 can no longer be met) stops it
-    core = CallCore(reg, "m", (0, 1), Policy.QUORUM, is_lost=lambda r: r == 1)
-    entry = core.register()
-    assert core.release_all() == [0]
+    entry = reg.register("m", (0, 1), Policy.QUORUM)
+    assert reg.release_all(entry, lambda r: r == 1) == [0]
     assert not entry.is_open  # the shell hands nothing over for a decided request
-    core.finish()
+    reg.release(entry)
 
 
 def test_a_withheld_rank_counts_as_not_sent_until_resent() -> None:
     reg = RequestRegistry()
-    core = CallCore(reg, "m", (0, 1, 2))
-    entry = core.register()
-    core.release_all()
-    core.withheld(1)  # its frame must wait for room
-    core.withheld(2)  # ... and the one behind it
+    entry = reg.register("m", (0, 1, 2))
+    reg.release_all(entry)
+    reg.unmark_sent(entry, 1)  # its frame must wait for room
+    reg.unmark_sent(entry, 2)  # ... and the one behind it
     decided = reg.fail_rank(1, lambda r: OutcomeUnknown(r, "lost"),
                             unsent=lambda r: NotDelivered(r, "lost (not sent)"))
     assert decided == [] and type(entry.errors[1]) is NotDelivered
-    core.resend(2)
+    reg.mark_sent(entry, 2)
     reg.fail_rank(2, lambda r: OutcomeUnknown(r, "lost"),
                   unsent=lambda r: NotDelivered(r, "lost (not sent)"))
     assert type(entry.errors[2]) is OutcomeUnknown
     reg.fail_rank(0, lambda r: OutcomeUnknown(r, "lost"),
                   unsent=lambda r: NotDelivered(r, "lost (not sent)"))
     assert type(entry.errors[0]) is OutcomeUnknown and entry.state is RequestState.FAILED
-    core.finish()
+    reg.release(entry)
 
 
 class Batching:
@@ -123,14 +118,15 @@ class Batching:
 async def test_a_fan_out_sends_in_one_batch_and_releases_ranks_at_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     next_sends = 0
-    original = CallCore.next_send
+    original = RequestRegistry.next_send
 
-    def counting(self: CallCore) -> int | None:
+    def counting(self: RequestRegistry, entry: PendingRequest, is_lost: Any = None
+                 ) -> int | None:
         nonlocal next_sends
         next_sends += 1
-        return original(self)
+        return original(self, entry, is_lost)
 
-    monkeypatch.setattr(call_core_module.CallCore, "next_send", counting)
+    monkeypatch.setattr(registry_module.RequestRegistry, "next_send", counting)
     wrappers: list[Batching] = []
 
     def wrap(t: ClientTransport) -> ClientTransport:

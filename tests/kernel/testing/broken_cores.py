@@ -8,12 +8,12 @@ The interleaving explorer must catch each of them with a short counterexample
   admission happens only when the woken task runs (``resumed``). Meanwhile
   ``arrive`` admits anyone who finds no holder and an empty queue, so a caller
   arriving in the wake-up window overtakes the woken one.
-* :class:`RegisterAfterSendCore` with :class:`LateRegistry` -- FastDeploy's
-  ``run_control_method``: the request id is chosen first and travels with the
-  frame, but the reply slot enters the request map only after the send. A fast
+* :class:`RegisterAfterSendRegistry` -- FastDeploy's ``run_control_method``:
+  the request id is chosen first and travels with the frame, but the reply slot
+  enters the request map only after the send. A fast
   reply finds no slot: it is dropped as late (FastDeploy: "req_id not in
   req_dict, caching response") and the caller waits until its timeout.
-* :class:`HandOffOnSendCore` -- passes the mailbox on once its frames are out
+* :class:`HandOffOnSendRegistry` -- passes the mailbox on once its frames are out
   (when it starts waiting) instead of at the decision: the next caller's request
   goes out while this one is still undecided (two in flight at once).
 * :class:`SilentLeaveQueue` -- its ``leave`` admits the next caller but does not
@@ -27,10 +27,11 @@ The interleaving explorer must catch each of them with a short counterexample
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from ctlwire.kernel.client.fan_out_mailbox import HandOffWaiter
 from ctlwire.kernel.core.admission_queue import AdmissionQueue, Ticket
-from ctlwire.kernel.core.call_core import CallCore
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.request_registry import (
     PendingRequest,
@@ -41,7 +42,7 @@ from ctlwire.kernel.core.request_registry import (
 from ctlwire.states import TicketEvent, TicketState
 from ctlwire.transports.envelope import Reply
 
-__all__ = ["ForgetfulRegistry", "HandOffOnSendCore", "LateRegistry", "RegisterAfterSendCore",
+__all__ = ["ForgetfulRegistry", "HandOffOnSendRegistry", "RegisterAfterSendRegistry",
            "SilentLeaveQueue", "WakeupWindowQueue"]
 
 
@@ -77,15 +78,16 @@ class WakeupWindowQueue(AdmissionQueue):
         return None
 
 
-class LateRegistry(RequestRegistry):
-    """A registry that can hand out an entry (and its id) before the entry is in
-    the request map (:meth:`reserve`), and put it there later (:meth:`insert`)."""
+class RegisterAfterSendRegistry(RequestRegistry):
+    """Send first, put the reply slot in the map after (FastDeploy's bug): the
+    entry and its id exist from :meth:`register`, the slot only once every frame
+    is out. See the module docstring."""
 
-    def reserve(self, method: str, ranks: tuple[int, ...], policy: Policy = Policy.ALL, *,
-                deadline: float | None = None, timeout: float = 0.0,
-                waiter: Waiter | None = None) -> PendingRequest:
-        entry = self.register(method, ranks, policy, deadline=deadline, timeout=timeout,
-                              waiter=waiter)
+    def register(self, method: str, ranks: Sequence[int], policy: Policy = Policy.ALL, *,
+                 deadline: float | None = None, timeout: float = 0.0,
+                 waiter: Waiter | None = None) -> PendingRequest:
+        entry = super().register(method, ranks, policy, deadline=deadline, timeout=timeout,
+                                 waiter=waiter)
         del self._live[entry.id]  # the id stays issued; the slot is not there yet
         for rank in entry.ranks:
             bucket = self._by_rank[rank]
@@ -94,41 +96,17 @@ class LateRegistry(RequestRegistry):
                 del self._by_rank[rank]
         return entry
 
-    def insert(self, entry: PendingRequest) -> None:
-        self._live[entry.id] = entry
-        for rank in entry.ranks:
-            self._by_rank.setdefault(rank, {})[entry.id] = entry
-
-
-class RegisterAfterSendCore(CallCore):
-    """Send first, register the reply slot after (FastDeploy's bug); needs a
-    :class:`LateRegistry`. See the module docstring."""
-
-    def register(self, waiter: Waiter | None = None) -> PendingRequest:
-        if not self.admitted:
-            raise RuntimeError(f"{self.method!r}: register before admission")
-        registry = self.registry
-        assert isinstance(registry, LateRegistry)
-        self.entry = registry.reserve(self.method, self.ranks, self.policy,
-                                      deadline=self.deadline, timeout=self.timeout,
-                                      waiter=waiter)
-        self._inserted = False
-        return self.entry
-
-    def next_send(self) -> int | None:
-        entry = self.entry
-        assert entry is not None
-        if self._next < len(entry.ranks):
-            rank = entry.ranks[self._next]
-            self._next += 1
+    def next_send(self, entry: PendingRequest,
+                  is_lost: Callable[[int], bool] | None = None) -> int | None:
+        if entry.cursor < len(entry.ranks):
+            rank = entry.ranks[entry.cursor]
+            entry.cursor += 1
             return rank  # the frame carries entry.id, which is not in the map yet
-        if not self._inserted:  # after the send: now the reply slot exists
-            registry = self.registry
-            assert isinstance(registry, LateRegistry)
-            registry.insert(entry)
+        if self.get(entry.id) is None:  # after the send: now the reply slot exists
+            self._live[entry.id] = entry
             for rank in entry.ranks:
-                registry.mark_sent(entry, rank)
-            self._inserted = True
+                self._by_rank.setdefault(rank, {})[entry.id] = entry
+                self.mark_sent(entry, rank)
         return None
 
 
@@ -143,13 +121,14 @@ class ForgetfulRegistry(RequestRegistry):
         return super().on_reply(reply, peer)
 
 
-class HandOffOnSendCore(CallCore):
+class HandOffOnSendRegistry(RequestRegistry):
     """Hand-off when the wait begins, not at the decision; see the module docstring."""
 
-    def begin_wait(self) -> bool:
-        waiting = super().begin_wait()
-        if self.queue is not None and self.ticket is not None:
-            admitted = self.queue.leave(self.ticket)
+    def mark_awaiting(self, entry: PendingRequest) -> bool:
+        waiting = super().mark_awaiting(entry)
+        waiter = entry.waiter
+        if isinstance(waiter, HandOffWaiter):
+            admitted = waiter.queue.leave(waiter.ticket)
             if admitted is not None:
                 admitted.waiter.set()
         return waiting

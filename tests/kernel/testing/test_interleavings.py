@@ -19,15 +19,13 @@ from typing import Any
 import pytest
 from broken_cores import (
     ForgetfulRegistry,
-    HandOffOnSendCore,
-    LateRegistry,
-    RegisterAfterSendCore,
+    HandOffOnSendRegistry,
+    RegisterAfterSendRegistry,
     SilentLeaveQueue,
     WakeupWindowQueue,
 )
 
 from ctlwire.kernel.core.admission_queue import AdmissionQueue
-from ctlwire.kernel.core.call_core import CallCore
 from ctlwire.kernel.core.request_registry import RequestRegistry
 from ctlwire.kernel.testing.interleaving import (
     CHECKS,
@@ -155,7 +153,7 @@ def test_a_hand_off_before_the_decision_is_caught(
     """Passing the mailbox on once the frames are out (not at the decision) leaves
     an undecided request in flight without the mailbox: caught as soon as A
     waits, before B could send."""
-    classes = {"call_core_cls": HandOffOnSendCore}
+    classes = {"registry_cls": HandOffOnSendRegistry}
     cx = caught(explore(OVERTAKE, **classes), "exclusive", capsys, **classes)
     assert cx.events == ("arrive A", "resume A", "register A", "send A", "send A")
     assert "A has a request in flight without holding the mailbox" in str(cx.violation)
@@ -175,7 +173,7 @@ def test_a_hand_off_at_the_decision_that_wakes_nobody_is_caught(
 
 def test_fastdeploy_register_after_send_is_caught_at_registration(
         capsys: pytest.CaptureFixture[str]) -> None:
-    classes = {"call_core_cls": RegisterAfterSendCore, "registry_cls": LateRegistry}
+    classes = {"registry_cls": RegisterAfterSendRegistry}
     cx = caught(explore(Scenario.uniform(3), **classes), "registry", capsys, **classes)
     assert cx.events[-1] == "register A"
 
@@ -184,7 +182,7 @@ def test_fastdeploy_register_after_send_is_caught_as_a_lost_reply(
         capsys: pytest.CaptureFixture[str]) -> None:
     """Without the registry check, the reply check catches the symptom: the fast
     reply is classified LATE (never UNKNOWN-safe, never delivered to the caller)."""
-    classes = {"call_core_cls": RegisterAfterSendCore, "registry_cls": LateRegistry}
+    classes = {"registry_cls": RegisterAfterSendRegistry}
     checks = [c for c in CHECKS if c != "registry"]
     for scenario in (FAST_REPLY, Scenario.uniform(3, CallerSpec(timeout=True))):
         cx = caught(explore(scenario, checks=checks, **classes), "replies", capsys, **classes)
@@ -199,7 +197,7 @@ def test_fastdeploy_register_after_send_is_caught_as_a_lost_reply(
 def test_fastdeploy_without_a_deadline_hangs(capsys: pytest.CaptureFixture[str]) -> None:
     """With neither check, and no deadline, the caller waits forever (FastDeploy's
     /v1/resume hang, minus the 600 s timeout)."""
-    classes = {"call_core_cls": RegisterAfterSendCore, "registry_cls": LateRegistry}
+    classes = {"registry_cls": RegisterAfterSendRegistry}
     checks = [c for c in CHECKS if c not in ("registry", "replies")]
     cx = caught(explore(Scenario.uniform(1, CallerSpec()), checks=checks, **classes),
                 "progress", capsys, **classes)
@@ -266,7 +264,7 @@ def test_replay_runs_the_end_of_run_checks() -> None:
     with pytest.raises(InvariantViolation, match=r"\[progress\] .* A \(waiting\) never"):
         replay(Scenario.uniform(1, CallerSpec()), [*events[:-1]],
                checks=[c for c in CHECKS if c not in ("registry", "replies")],
-               call_core_cls=RegisterAfterSendCore, registry_cls=LateRegistry, trace=trace)
+               registry_cls=RegisterAfterSendRegistry, trace=trace)
     assert trace[4] == "reply -> LATE" and trace[-1].startswith("no event can happen")
 
 
@@ -275,7 +273,7 @@ def test_replay_runs_the_end_of_run_checks() -> None:
 
 def count_naively(scenario: Scenario) -> int:
     """Every complete path, one by one: no memo, no symmetry, no reduction."""
-    root = _World(scenario, AdmissionQueue, CallCore, RequestRegistry,
+    root = _World(scenario, AdmissionQueue, RequestRegistry,
                   frozenset(CHECKS), False)
     root.twin_before = (-1,) * len(scenario.callers)
     seed = _shared(root)
@@ -314,7 +312,7 @@ def test_worlds_hold_no_reference_cycle() -> None:
     gc.disable()
     try:
         gc.collect()
-        w = _World(OVERTAKE, AdmissionQueue, CallCore, RequestRegistry, frozenset(CHECKS), False)
+        w = _World(OVERTAKE, AdmissionQueue, RequestRegistry, frozenset(CHECKS), False)
         for label in events:
             _step(w, label)
         clone = _clone_world(w, _shared(w))
