@@ -129,8 +129,8 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         check_pickle_allowed(self.codec, self.address, curve is not None)
         self._sock: AsyncZmqSocket | None = None
         self._pending: deque[TransportEvent] = deque()
-        self._receive_scope: anyio.CancelScope | None = None  # a receive waits in it
-        self._woken = False  # _wake_receiver() found no receive waiting
+        self._receive_waits = False  # a receive waits in sock.wait_readable()
+        self._woken = False  # _wake_receiver() was called since the last receive took it
         self._streak = 0  # events taken in a row without suspending (fairness)
         self._known: set[int] = set()
         self._probe_hb = b""
@@ -319,22 +319,20 @@ class ZmqRouterClientTransport(_ZmqClientBase):
             return self._pending.popleft()
         try:
             msg = sock.recv_multipart_nowait()
-            while msg is None:
-                if self._woken:  # woken before it could wait
-                    self._woken = False
-                    return self._pending.popleft() if self._pending else None
+            while msg is None and not self._woken:
                 self._streak = 0
-                with anyio.CancelScope() as scope:
-                    self._receive_scope = scope
-                    try:
-                        await sock.wait_readable()
-                    finally:
-                        self._receive_scope = None
-                if scope.cancelled_caught:  # woken: nothing was taken
-                    return self._pending.popleft() if self._pending else None
-                msg = sock.recv_multipart_nowait()
+                self._receive_waits = True
+                try:
+                    await sock.wait_readable()
+                finally:
+                    self._receive_waits = False
+                if not self._woken:
+                    msg = sock.recv_multipart_nowait()
         except SocketClosed:
             raise TransportClosed("transport is closed") from None
+        if msg is None:  # woken by _wake_receiver(): nothing was taken
+            self._woken = False
+            return self._pending.popleft() if self._pending else None
         return self._event(msg)
 
     def interrupt_receive(self) -> None:
@@ -344,11 +342,9 @@ class ZmqRouterClientTransport(_ZmqClientBase):
 
     def _wake_receiver(self) -> None:
         """End the wait of a receive in progress (or the next one's, before it waits)."""
-        scope = self._receive_scope
-        if scope is not None:
-            scope.cancel()
-        else:
-            self._woken = True
+        self._woken = True
+        if self._receive_waits and self._sock is not None:
+            self._sock.interrupt_wait()
 
     def _event(self, msg: list[bytes]) -> TransportEvent:
         self.counters["received"] += 1

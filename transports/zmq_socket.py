@@ -335,6 +335,10 @@ class AsyncZmqSocket:
         finally:
             self._receiving = False
 
+    def interrupt_wait(self) -> None:
+        """Make a :meth:`wait_readable` in progress return now (as a spurious wake-up)."""
+        self._wake(_POLLIN)
+
     async def _park(self, flag: int) -> bool:
         """Wait as the fd watcher if there is none, else on ``flag``'s event. True when
         this task watched the fd and it fired."""

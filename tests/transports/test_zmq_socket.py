@@ -642,3 +642,31 @@ async def test_wait_readable_returns_once_a_message_can_be_taken(socks: Sockets,
             peer.send_multipart([ident, b"reply"])
             await returned.wait()
     assert dealer.recv_multipart_nowait() == [b"reply"]
+
+
+@pytest.mark.anyio
+async def test_interrupt_wait_ends_a_wait_readable_with_nothing_queued(socks: Sockets,
+                                                                       endpoint: str) -> None:
+    """``interrupt_wait`` makes a suspended ``wait_readable`` return although nothing can
+    be taken; the socket then receives as before."""
+    peer, raw_dealer = router_dealer(socks, endpoint)
+    dealer = socks.wrap(raw_dealer)
+    dealer.send_multipart_nowait([b"hello"])
+    assert peer.poll(GUARD * 1000)
+    ident, _ = peer.recv_multipart()
+    returned = anyio.Event()
+
+    async def wait() -> None:
+        await dealer.wait_readable()
+        returned.set()
+
+    with anyio.fail_after(GUARD):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.wait_all_tasks_blocked()
+            assert not returned.is_set()
+            dealer.interrupt_wait()
+            await returned.wait()
+        assert dealer.recv_multipart_nowait() is None
+        peer.send_multipart([ident, b"reply"])
+        assert await dealer.recv_multipart() == [b"reply"]
