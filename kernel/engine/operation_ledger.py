@@ -46,14 +46,15 @@ The ledger guarantees, per engine:
 * **Bounded.** The newest ``max_operations`` operations are remembered.
 * **Recovery.** ``ctlwire.last_operation`` answers :class:`LastOperation`: the
   operation last applied here, its token and ranks, every step applied and
-  every compensation run, so a successor can compute what remains.
-  ``ctlwire.take_over`` (:class:`TakeOver`) first raises the fence to the
-  successor's, so no older controller changes anything after the answer
-  (refused with :class:`StepInFlight` while a step runs).
+  every compensation run, so a successor can compute what remains; the answer
+  is one consistent view even when read on another thread than the steps run on
+  (:class:`~ctlwire.kernel.busy_loop.BusyLoop`). ``ctlwire.take_over``
+  (:class:`TakeOver`) first raises the fence to the successor's, so no older
+  controller changes anything after the answer (refused with
+  :class:`StepInFlight` while a step runs).
   ``ctlwire.step_methods`` lists the methods this ledger runs as steps.
 
-These are the operation-level checks; the endpoint's own request-level ones
-(``Request.key``, ``Request.fence``) are independent of them.
+Request-level checks (``Request.key``, ``Request.fence``) are the endpoint's own.
 """
 
 from __future__ import annotations
@@ -240,23 +241,22 @@ class OperationLedger:
         self._handlers = {name: _Handler(fn, *_payload_type(fn),
                                          inspect.iscoroutinefunction(fn))
                           for name, fn in handlers.items()}
-        self.max_operations = max_operations
-        if self.max_operations < 1:
+        if max_operations < 1:
             raise ValueError("max_operations must be >= 1")
+        self.max_operations = max_operations
         self.threaded = threaded
         self.max_fence_lead = max_fence_lead
         self.clock = clock
         self._ops: OrderedDict[str, _OpRecord] = OrderedDict()
-        self._last: _OpRecord | None = None
-        self._last_step = ("", "")
+        self._view: LastOperation | None = None  # the last applied, replaced whole
         self.highest_fence = 0
         self.rank = -1
         self.codec: Codec | None = None
         self._endpoint: EngineEndpoint | None = None
         self._in_flight = ""  # the step whose body runs now
-        self.counters: dict[str, int] = {"applied": 0, "replayed": 0, "fenced": 0,
-                                         "step_errors": 0, "refused": 0, "taken_over": 0,
-                                         "take_overs": 0}
+        self.counters: dict[str, int] = dict.fromkeys(
+            ("applied", "replayed", "fenced", "step_errors", "refused", "taken_over",
+             "take_overs"), 0)
         self.runs: dict[str, int] = {}
 
     @property
@@ -440,6 +440,8 @@ class OperationLedger:
         if (fence, owner) != (rec.fence, rec.owner):
             self.counters["taken_over"] += 1
             rec.fence, rec.owner = fence, owner
+            if self._view is not None and self._view.op == rec.op:
+                self._view = msgspec.structs.replace(self._view, fence=fence)
 
     def _show_running(self, method: str) -> None:
         """Name the step's own method as what the engine is running (heartbeats, rank_status)."""
@@ -470,27 +472,25 @@ class OperationLedger:
             rec.methods.append(req.method)
         rec.history.append(name)
         rec.results[name] = result
-        self._last = rec
-        self._last_step = (req.step, req.phase)
+        self._view = LastOperation(self.rank, rec.op, req.step, req.phase, rec.fence,
+                                   list(rec.history), 0, list(rec.steps), list(rec.undone),
+                                   list(rec.ranks))
         return result
 
     # -- read-only ---------------------------------------------------------------------
     def last_operation(self) -> LastOperation:
         """The operation last applied here, what of it applied, its token and ranks."""
-        rec = self._last
-        if rec is None:
+        view = self._view
+        if view is None:
             return LastOperation(self.rank, highest_fence=self.highest_fence)
-        step, phase = self._last_step
-        return LastOperation(self.rank, rec.op, step, phase, rec.fence, list(rec.history),
-                             self.highest_fence, list(rec.steps), list(rec.undone),
-                             list(rec.ranks))
+        return msgspec.structs.replace(view, highest_fence=self.highest_fence)
 
     def step_methods(self) -> list[str]:
         """The methods this ledger runs as operation steps."""
         return sorted(self._handlers)
 
     def metrics(self) -> dict[str, Any]:
-        last = self._last
+        last = self._view
         return {"highest_fence": self.highest_fence, "last_op": last.op if last else "",
-                "last_step": self._last_step[0], "runs": dict(self.runs),
+                "last_step": last.step if last else "", "runs": dict(self.runs),
                 "operations": len(self._ops), **self.counters}

@@ -3,6 +3,8 @@ on the in-memory harness (the behaviour is not about processes)."""
 
 from __future__ import annotations
 
+import sys
+import threading
 from typing import Any
 
 import msgspec
@@ -379,3 +381,33 @@ def test_a_take_over_fences_older_controllers_before_it_answers() -> None:
     with pytest.raises(InvalidStep):
         led.take_over(TakeOver(2**63 - 1))
     assert led.step(step("op", "b", 9)) == 2 and calls == [1, 1]
+
+
+def test_last_operation_read_on_another_thread_is_one_consistent_view() -> None:
+    """A BusyLoop answers ``ctlwire.last_operation`` on its I/O thread while steps are
+    recorded on the loop's thread: every answer is the state after some whole step."""
+    led, _ = ledger()
+    led.max_operations = 1000
+    torn: list[object] = []
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            last = led.last_operation()
+            if last.op and (last.applied[-1] != last.step or last.steps != last.applied):
+                torn.append(last)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for n in range(400):
+            for name in "abcdefghij":
+                led.step(step(f"op{n}", name, 5))
+    finally:
+        done.set()
+        reader.join()
+        sys.setswitchinterval(switch)
+    assert torn == []
+    assert led.last_operation().applied == list("abcdefghij")
