@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 import msgspec
 import pytest
 import zmq
