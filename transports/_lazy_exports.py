@@ -5,7 +5,7 @@ A facade lists each exported name once, in its ``if TYPE_CHECKING:`` block, as a
 explicit re-export that type checkers and IDEs read::
 
     if TYPE_CHECKING:
-        from ctlwire.kernel.client.control_client import ControlClient as ControlClient
+        from ctlwire.transports.memory import MemoryClientTransport as MemoryClientTransport
 
     if not TYPE_CHECKING:
         __getattr__, __dir__ = lazy_exports(globals())
