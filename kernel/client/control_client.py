@@ -69,6 +69,7 @@ from ctlwire.kernel.builtin_methods import BUILTIN_METHODS
 from ctlwire.kernel.client.call_arguments import check_method, checked_timeout
 from ctlwire.kernel.client.call_issuer import CallIssuer
 from ctlwire.kernel.client.fan_out_mailbox import FanOutMailbox, FanOutMailboxes, FanOutMode
+from ctlwire.kernel.client.loop_clock import loop_clock
 from ctlwire.kernel.client.progress_callbacks import ProgressCallback
 from ctlwire.kernel.client.rank_roster import RankRoster
 from ctlwire.kernel.client.receiver import ClientReceiver
@@ -176,8 +177,7 @@ class ControlClient:
             # highest they accepted, so a replaced controller cannot act after its successor
             fence=new_fence() if fence is True else int(fence) if fence else 0,
             first_contact_retry=heartbeat_interval or 0.25)
-        #: the ``on_progress`` callbacks of the calls in flight
-        self.progress_callbacks = self.issuer.progress_callbacks
+        self.progress_callbacks = self.issuer.progress_callbacks  # of the calls in flight
         #: one fan-out mailbox per method (queueing and watching admission)
         self.mailboxes = FanOutMailboxes(self.issuer)
         #: the ranks: present, alive, admissible, and their changes at run time
@@ -230,6 +230,7 @@ class ControlClient:
         if self._tg is not None or self._closed:
             raise RuntimeError("a ControlClient can be entered once")
         await self.transport.__aenter__()
+        self.issuer.now = self.liveness.now = loop_clock()
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
