@@ -371,9 +371,12 @@ class AsyncZmqSocket:
                 raise
         finally:
             self._watch = None
-            # hand the watch over: the others re-check, one of them watches next
-            self._wake(_POLLIN)
-            self._wake(_POLLOUT)
+            # hand the watch over: the others (if any) re-check, one of them watches next
+            events = self._events
+            if events[_POLLIN] is not None:
+                self._wake(_POLLIN)
+            if events[_POLLOUT] is not None:
+                self._wake(_POLLOUT)
         return fired
 
     def _recheck(self) -> int:

@@ -10,7 +10,8 @@ go through the same :meth:`send_all` and :meth:`wait_outcome`::
 
     entry = issuer.register("pause", (0, 1), Policy.ALL, budget=5.0)
     try:
-        await issuer.exchange(entry, raw)     # raw: issuer.encode_payload(...)
+        await issuer.send_all(entry, raw)     # raw: issuer.encode_payload(...)
+        await issuer.wait_outcome(entry, entry.deadline)
         return issuer.outcomes.fan_out_outcome(entry, result_type)
     finally:
         issuer.registry.release(entry)
@@ -437,14 +438,6 @@ class CallIssuer:
         if blocked is not None:
             blocked[0].cancel()
 
-    async def exchange(self, entry: PendingRequest, raw: msgspec.Raw,
-                       deadline: float | None = None, key: str = "",
-                       fence: int | None = None) -> None:
-        """Send ``entry``'s request to every rank, then wait until it is decided or
-        ``deadline`` (default: the request's) passes."""
-        await self.send_all(entry, raw, key, fence)
-        await self.wait_outcome(entry, (entry.deadline or 0.0) if deadline is None else deadline)
-
     async def call(self, method: str, raw: msgspec.Raw, rank: int, budget: float,
                    deadline: float, result_type: Any, key: str = "",
                    fence: int | None = None, on_progress: ProgressCallback | None = None
@@ -455,7 +448,8 @@ class CallIssuer:
         if on_progress is not None:
             self.progress_callbacks.by_id[entry.id] = on_progress
         try:
-            await self.exchange(entry, raw, deadline, key, fence)
+            await self.send_all(entry, raw, key, fence)
+            await self.wait_outcome(entry, deadline)
             return self.outcomes.single_outcome(entry, rank, result_type)
         finally:
             if on_progress is not None:
@@ -476,7 +470,8 @@ class CallIssuer:
         entry: PendingRequest | None = None
         try:
             entry = self.register(method, ranks, policy, budget, deadline, waiter)
-            await self.exchange(entry, raw, deadline, key, fence)
+            await self.send_all(entry, raw, key, fence)
+            await self.wait_outcome(entry, deadline)
             return self.outcomes.fan_out_outcome(entry, result_type)
         finally:
             if entry is not None:
