@@ -13,6 +13,7 @@ cannot be sent is skipped (the next one follows an interval later).
 from __future__ import annotations
 
 import contextvars
+import math
 import secrets
 import threading
 import time
@@ -123,7 +124,6 @@ class EngineLiveness:
             self.progress.pop(request_id, None)
         if self._routes:
             self._routes.pop(request_id, None)
-        self.last_loop = time.monotonic()
 
     def report_progress(self, request_id: int, fraction: float, note: str = "") -> bool:
         """Record the progress of running request ``request_id`` (see
@@ -141,9 +141,12 @@ class EngineLiveness:
         return True
 
     def loop_came_round(self, now: float | None = None) -> None:
-        """The engine's loop made progress (``now``: ``time.monotonic()`` if read)."""
+        """The engine's loop made progress (``now``: ``time.monotonic()`` if read);
+        a poll loop's (:attr:`polling`) in-band heartbeat goes out if due."""
         self.loops += 1
-        self.last_loop = time.monotonic() if now is None else now
+        self.last_loop = now = time.monotonic() if now is None else now
+        if now >= self._next_heartbeat and self.polling:
+            self.heartbeat_if_due(now)
 
     # -- heartbeats ----------------------------------------------------------------
     def status_heartbeat(self) -> Heartbeat | None:
@@ -179,7 +182,10 @@ class EngineLiveness:
 
     def heartbeat_if_due(self, now: float) -> None:
         """In-band heartbeats (no beacon): one every interval (``now``: monotonic)."""
-        if not self.heartbeat_interval or self.beacon_active or now < self._next_heartbeat:
+        if not self.heartbeat_interval or self.beacon_active:
+            self._next_heartbeat = math.inf  # none due, ever: the beacon sends them
+            return
+        if now < self._next_heartbeat:
             return
         self._next_heartbeat = now + self.heartbeat_interval
         self.send_heartbeat()
