@@ -17,6 +17,8 @@ import math
 import secrets
 import threading
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ctlwire.kernel.core.peer_table import INCARNATION_TIME_SHIFT
 from ctlwire.transports.envelope import Heartbeat
@@ -25,6 +27,8 @@ from ctlwire.transports.transport import EngineTransport, Route
 
 __all__ = ["STEP_METHOD", "EngineLiveness", "current_request_id", "new_incarnation",
            "report_progress"]
+
+T = TypeVar("T")
 
 STEP_METHOD = "(step)"
 """The method a heartbeat names while the engine's own step keeps it from polling."""
@@ -124,6 +128,25 @@ class EngineLiveness:
             self.progress.pop(request_id, None)
         if self._routes:
             self._routes.pop(request_id, None)
+
+    def run(self, request_id: int, method: str, route: Route, fn: Callable[..., T],
+            args: tuple[Any, ...]) -> T:
+        """``fn(*args)`` on this thread, as request ``request_id`` running
+        (:meth:`begin` and :meth:`end` around it, however it ends)."""
+        running = self.running
+        running[request_id] = (method, time.monotonic())
+        if self.shared_heartbeats:
+            self._routes[request_id] = route
+        token = _current_request.set((self, request_id))
+        try:
+            return fn(*args)
+        finally:
+            _current_request.reset(token)
+            running.pop(request_id, None)
+            if self.progress:
+                self.progress.pop(request_id, None)
+            if self._routes:
+                self._routes.pop(request_id, None)
 
     def report_progress(self, request_id: int, fraction: float, note: str = "") -> bool:
         """Record the progress of running request ``request_id`` (see
