@@ -1,11 +1,11 @@
 """The engine's per-wake-up batch and its encoded replies.
 
 * ``poll()`` takes queued events one at a time, in arrival order, bad frames
-  included, and handles each (its reply sent) before asking the transport
-  whether another is queued (a ZMQ engine transport's ``readable``: the
-  socket's ``EVENTS``, no receive that fails); up to ``max_messages``. A
-  transport without ``receive_one`` is read with ``try_receive`` until it
-  finds nothing.
+  included, and handles each (its reply sent) before taking the next, up to
+  ``max_messages``. After the first it asks whether another is queued (a ZMQ
+  engine transport's ``readable``: the socket's ``EVENTS``), so a lone request
+  costs no receive that fails; a burst ends with one. A transport without
+  ``receive_one`` is read with ``try_receive`` until it finds nothing.
 * Over a real ZMQ transport (where replies go out as encoded bytes) every
   kind of request gets its one reply.
 * The trace carrier a handler sees, and that it is restored.
@@ -140,9 +140,10 @@ def _request(codec: Any, i: int) -> bytes:
 
 def test_poll_takes_up_to_max_messages_and_stops_when_nothing_more_is_queued(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A poll takes events while the transport says more are queued, up to
-    ``max_messages``; none of its receives finds the queue empty (no
-    ``zmq.Again``), except the one of a poll that finds nothing at all."""
+    """A poll takes events up to ``max_messages``: after the first, it asks
+    whether another is queued (``readable``: the socket's EVENTS), then takes
+    the rest of a burst until a receive finds the queue empty (one failing
+    receive per burst, not an EVENTS read per event)."""
     pair = _Pair()
     try:
         calls: list[tuple[str, bool]] = []
@@ -151,11 +152,11 @@ def test_poll_takes_up_to_max_messages_and_stops_when_nothing_more_is_queued(
             pair.send(_request(pair.codec, i))
         _settle(pair)
         assert pair.ep.poll(max_messages=4) == 4
-        assert calls == [("take", True), ("readable", True)] * 3 + [("take", True)]
+        assert calls == [("take", True), ("readable", True)] + [("take", True)] * 3
         calls.clear()
         assert pair.ep.poll() == 6
-        assert calls == [("take", True), ("readable", True)] * 5 + [("take", True),
-                                                                   ("readable", False)]
+        assert calls == [("take", True), ("readable", True)] + [("take", True)] * 5 + [
+            ("take", False)]
         assert pair.ep.__dict__["ran"] == [("flush", None)] * 10
         calls.clear()
         assert pair.ep.poll() == 0  # nothing queued: one empty take
