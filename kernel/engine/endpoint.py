@@ -259,9 +259,10 @@ class EngineEndpoint:
         Sync handlers only (an async handler gets an error reply).
 
         Each event is handled (its reply sent) before the next is received, so
-        a lone request's reply is not delayed by asking for another. The first ``poll()`` opens the endpoint (:meth:`open`) if
-        that was not done yet, so a loop of ``poll()`` alone serves requests;
-        after :meth:`close` it raises TransportClosed instead of returning 0 for ever.
+        a lone request's reply is not delayed by asking for another. The first
+        ``poll()`` opens the endpoint (:meth:`open`) if that was not done yet, so
+        a loop of ``poll()`` alone serves requests; after :meth:`close` it
+        raises TransportClosed instead of returning 0 for ever.
         """
         if self._closed:
             raise TransportClosed(f"engine {self.rank}: poll() after close()")
@@ -322,7 +323,7 @@ class EngineEndpoint:
         """How long a poll loop may block waiting for input: ``timeout``, or at most
         5 ms while replies wait in the outbox for room (they go out on the next
         :meth:`poll`)."""
-        return min(timeout, _OUTBOX_RETRY) if self.outbox.pending else timeout
+        return min(timeout, _OUTBOX_RETRY) if self.outbox.queues else timeout
 
     def run_blocking(self, stop: threading.Event | None = None, *,
                      step: Callable[[], None] | None = None, idle_wait: float | None = None
