@@ -314,9 +314,9 @@ class EngineEndpoint:
             except TransportClosed:
                 break
         if handled:
-            live.last_loop = time.monotonic()
-            if outbox.queues:  # a burst's replies that found the pipe full: room now, likely
-                outbox.flush()
+            live.last_loop = time.monotonic()  # what ran is done: the loop came round
+        if outbox.queues:  # a burst's replies that found the pipe full: room now, likely
+            outbox.flush()
         return handled
 
     def idle_wait(self, timeout: float) -> float:
