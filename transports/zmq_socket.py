@@ -214,7 +214,7 @@ class AsyncZmqSocket:
             if self._waiting[_POLLIN] or self._waiting[_POLLOUT]:
                 if self._batch:
                     self._recheck_owed = True
-                elif not self.closed:
+                elif not (self._closed or self._socket.closed):
                     self._recheck()
 
     @contextlib.contextmanager

@@ -75,7 +75,14 @@ class ClientReceiver:
         if type(event) is Received:
             env = event.envelope
             if type(env) is Reply:
-                self.on_reply(env, event.peer, now)
+                peer = event.peer
+                rank = env.rank if peer is None else peer
+                if not self.peers.reply_seen(rank, env.incarnation, now) and not self._admit(
+                        rank, env):
+                    return
+                disposition, entry = self.registry.on_reply(env, peer)
+                if disposition is ReplyDisposition.COMPLETED and entry is not None:
+                    self.issuer.wake(entry)
             elif type(env) is Heartbeat:
                 rank = env.rank if event.peer is None else event.peer
                 progress = self.liveness.heartbeat(rank, env)
@@ -90,16 +97,14 @@ class ClientReceiver:
         elif type(event) is PeerDisconnected and event.rank is not None:
             self.liveness.disconnected(event.rank, event.detail or "disconnected")
 
-    def on_reply(self, reply: Reply, peer: int | None, now: float) -> None:
-        rank = reply.rank if peer is None else peer
-        if not self.peers.reply_seen(rank, reply.incarnation, now):
-            # not the common case (Connected, its admitted incarnation): the general path
-            if self.peers.is_stale(rank, reply.incarnation):
-                self.counters["stale_incarnation"] += 1
-                return
-            if not self.liveness.seen(rank, reply.incarnation, authoritative=False):
-                return  # an implausible incarnation: refused and counted
-            self.peers.finished(rank, reply.id)
-        disposition, entry = self.registry.on_reply(reply, peer)
-        if disposition is ReplyDisposition.COMPLETED and entry is not None:
-            self.issuer.wake(entry)
+    def _admit(self, rank: int, reply: Reply) -> bool:
+        """A reply from a rank not Connected at its admitted incarnation (the general
+        path): True when it is routed; a stale or implausible incarnation is
+        refused and counted."""
+        if self.peers.is_stale(rank, reply.incarnation):
+            self.counters["stale_incarnation"] += 1
+            return False
+        if not self.liveness.seen(rank, reply.incarnation, authoritative=False):
+            return False
+        self.peers.finished(rank, reply.id)
+        return True
