@@ -82,8 +82,7 @@ class DeadlineReaper:
         self._rebuild_at = self.REBUILD_SLACK
         #: heap rebuilds so far (dropping finished items)
         self.rebuilds = 0
-        # the deadline of ``scope`` (read per arm without a property call)
-        self._sleep_until = math.inf
+        self._sleep_until = math.inf  # the deadline of ``scope`` (no property call per arm)
         #: the scope the reaper task sleeps in (its deadline: the earliest armed
         #: deadline); None while the task is not running
         self.scope: anyio.CancelScope | None = None
