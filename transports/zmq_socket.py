@@ -211,10 +211,12 @@ class AsyncZmqSocket:
         finally:
             # the call may have taken the fd's edge that would wake the others:
             # re-check for them now, or at the end of the batched_sends() block
-            if self._waiting[_POLLIN] or self._waiting[_POLLOUT]:
+            # (only for a waiter not woken yet: a woken one re-checks when it resumes)
+            if self._events[_POLLIN] is not None or self._events[_POLLOUT] is not None or (
+                    self._watch_flag and self._watch is not None):
                 if self._batch:
                     self._recheck_owed = True
-                elif not self.closed:
+                elif not (self._closed or self._socket.closed):
                     self._recheck()
 
     @contextlib.contextmanager
@@ -398,6 +400,7 @@ class AsyncZmqSocket:
         watch = self._watch
         if watch is not None and self._watch_flag == flag:
             watch.cancel()
+            self._watch_flag = 0  # cancelled: later wakes until it resumes need not cancel
 
     def _check_usable(self) -> None:
         if threading.get_ident() != self._owner:

@@ -229,7 +229,12 @@ class CallIssuer:
         """Hand the frames over, in rank order, until one cannot be without waiting
         (never suspends). Returns that rank and those after it, withheld from the
         sent ranks, with their frames (None: all handed over or failed)."""
-        wall_deadline = self._wall_deadline(entry)
+        # the wall-clock deadline the envelopes carry (NO_DEADLINE: none)
+        wall_deadline = NO_DEADLINE
+        if entry.timeout and entry.deadline is not None:
+            remaining = entry.deadline - self.now()
+            if math.isfinite(remaining):
+                wall_deadline = time.time() + remaining
         incarnation = self._incarnation
         trace = self.trace_provider() if self.trace_provider is not None else None
         rid = entry.id
@@ -280,15 +285,6 @@ class CallIssuer:
                               key, fence)
             waiting.append((rank, env))
         return waiting
-
-    def _wall_deadline(self, entry: PendingRequest) -> float:
-        """The wall-clock deadline ``entry``'s envelopes carry (NO_DEADLINE: none)."""
-        deadline = entry.deadline
-        if entry.timeout and deadline is not None:
-            remaining = deadline - self.now()
-            if math.isfinite(remaining):
-                return time.time() + remaining
-        return NO_DEADLINE
 
     def _refused(self, entry: PendingRequest, rank: int, exc: TransportError) -> bool:
         """The transport refused ``rank``'s frame with ``exc``. True when the frame
@@ -444,7 +440,10 @@ class CallIssuer:
                    ) -> Any:
         """One attempt of ``ControlClient.call``: a fan-out to the one ``rank``,
         its outcome returned or raised as that rank's."""
-        entry = self.register(method, (rank,), Policy.ALL, budget, deadline)
+        if self.closed:
+            raise ClientClosed("client is closed")
+        entry = self.registry.register(method, (rank,), Policy.ALL, deadline=deadline,
+                                       timeout=budget, waiter=anyio.Event())
         if on_progress is not None:
             self.progress_callbacks.by_id[entry.id] = on_progress
         try:

@@ -359,8 +359,8 @@ class ControlClient:
             if not self.ranks:
                 raise ValueError("this client has no ranks (yet): name one")
             rank = self.ranks[0]
-        else:
-            self.roster.check(rank)
+        elif rank not in self.roster.rank_set:
+            self.roster.check(rank)  # a removed rank passes; an unknown one raises
         budget = self.timeout_for(method, timeout)
         issuer = self.issuer
         raw = issuer.encode_payload(payload, method)

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable
 
 import anyio
@@ -64,8 +65,8 @@ def _still_waiting(item: PendingRequest | Ticket) -> bool:
 class DeadlineReaper:
     """Ends armed waits at their deadlines; see the module docstring."""
 
-    __slots__ = ("_deadline_seq", "_deadlines", "_rebuild_at", "_registry", "_wake",
-                 "rebuilds", "scope")
+    __slots__ = ("_deadline_seq", "_deadlines", "_rebuild_at", "_registry", "_sleep_until",
+                 "_wake", "rebuilds", "scope")
 
     #: slack of the rebuild threshold: a heap of up to this many items is never rebuilt
     REBUILD_SLACK = 1024
@@ -81,6 +82,7 @@ class DeadlineReaper:
         self._rebuild_at = self.REBUILD_SLACK
         #: heap rebuilds so far (dropping finished items)
         self.rebuilds = 0
+        self._sleep_until = math.inf  # the deadline of ``scope`` (no property call per arm)
         #: the scope the reaper task sleeps in (its deadline: the earliest armed
         #: deadline); None while the task is not running
         self.scope: anyio.CancelScope | None = None
@@ -101,12 +103,14 @@ class DeadlineReaper:
         heap = self._deadlines
         # items finished at the top go now, not at their deadlines: calls of one budget
         # finish in the order they were armed, so the heap holds the live ones only
-        while heap and not _still_waiting(heap[0][2]):
+        while heap:
+            top = heap[0][2]
+            if top.is_open if type(top) is PendingRequest else top.state is TicketState.QUEUED:
+                break
             heapq.heappop(heap)
         heapq.heappush(heap, (deadline, next(self._deadline_seq), item))
-        scope = self.scope
-        if scope is not None and deadline < scope.deadline:
-            scope.deadline = deadline  # the reaper wakes earlier
+        if deadline < self._sleep_until and self.scope is not None:
+            self.scope.deadline = self._sleep_until = deadline  # the reaper wakes earlier
         if len(heap) > self._rebuild_at:
             # lazy deletion left too many finished items behind: rebuild. The next
             # rebuild waits for at least as many arms as this one kept (+ slack),
@@ -134,8 +138,8 @@ class DeadlineReaper:
                     item.waiter.set()  # the caller finds itself not admitted: timed out
             while heap and not _still_waiting(heap[0][2]):
                 heapq.heappop(heap)  # finished early: no wake-up at its deadline
-            scope = anyio.CancelScope(deadline=heap[0][0] if heap else float("inf"))
-            self.scope = scope
+            self._sleep_until = heap[0][0] if heap else math.inf
+            scope = self.scope = anyio.CancelScope(deadline=self._sleep_until)
             try:
                 with scope:
                     await anyio.sleep_forever()

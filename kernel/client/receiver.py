@@ -75,7 +75,18 @@ class ClientReceiver:
         if type(event) is Received:
             env = event.envelope
             if type(env) is Reply:
-                self.on_reply(env, event.peer, now)
+                rank = env.rank if event.peer is None else event.peer
+                if not self.peers.reply_seen(rank, env.incarnation, now):
+                    # not the common case (Connected, its admitted incarnation): the general path
+                    if self.peers.is_stale(rank, env.incarnation):
+                        self.counters["stale_incarnation"] += 1
+                        return
+                    if not self.liveness.seen(rank, env.incarnation, authoritative=False):
+                        return  # an implausible incarnation: refused and counted
+                    self.peers.finished(rank, env.id)
+                disposition, entry = self.registry.on_reply(env, event.peer)
+                if disposition is ReplyDisposition.COMPLETED and entry is not None:
+                    self.issuer.wake(entry)
             elif type(env) is Heartbeat:
                 rank = env.rank if event.peer is None else event.peer
                 progress = self.liveness.heartbeat(rank, env)
@@ -89,17 +100,3 @@ class ClientReceiver:
             self.counters[key] = self.counters.get(key, 0) + 1
         elif type(event) is PeerDisconnected and event.rank is not None:
             self.liveness.disconnected(event.rank, event.detail or "disconnected")
-
-    def on_reply(self, reply: Reply, peer: int | None, now: float) -> None:
-        rank = reply.rank if peer is None else peer
-        if not self.peers.reply_seen(rank, reply.incarnation, now):
-            # not the common case (Connected, its admitted incarnation): the general path
-            if self.peers.is_stale(rank, reply.incarnation):
-                self.counters["stale_incarnation"] += 1
-                return
-            if not self.liveness.seen(rank, reply.incarnation, authoritative=False):
-                return  # an implausible incarnation: refused and counted
-            self.peers.finished(rank, reply.id)
-        disposition, entry = self.registry.on_reply(reply, peer)
-        if disposition is ReplyDisposition.COMPLETED and entry is not None:
-            self.issuer.wake(entry)

@@ -121,3 +121,24 @@ async def test_reaper_sleeps_until_the_first_live_deadline() -> None:
         assert late.state is TicketState.QUEUED
         tg.cancel_scope.cancel()
     assert reaper.scope is None
+
+
+@pytest.mark.anyio
+async def test_arming_an_earlier_deadline_wakes_the_sleeping_reaper_at_it() -> None:
+    registry = RequestRegistry()
+    woken: list[int] = []
+    reaper = DeadlineReaper(registry, wake=lambda entry: woken.append(entry.id))
+    now = anyio.current_time()
+    late = registry.register("m", (0,), deadline=now + 50.0)
+    reaper.arm(late, now + 50.0)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reaper.run, anyio.current_time)
+        await anyio.sleep(0.5)  # the reaper sleeps until late's deadline
+        early = registry.register("m", (0,), deadline=now + 1.0)
+        reaper.arm(early, now + 1.0)
+        await anyio.sleep(1.0)
+        assert woken == [early.id]  # expired at its own deadline, not at late's
+        assert not early.is_open and late.is_open
+        await anyio.sleep(50.0)
+        assert woken == [early.id, late.id]
+        tg.cancel_scope.cancel()
