@@ -6,7 +6,6 @@ which ranks to give up on::
 
     monitor = LivenessMonitor(transport, ranks, interval=0.25, misses_allowed=4,
                               fail_rank=client_fail_rank, counters=client.counters)
-    monitor.now = loop_clock                  # once the event loop runs
     tg.start_soon(monitor.run, incarnation)   # heartbeats (when interval is set)
     ...
     monitor.seen(rank, reply.incarnation, authoritative=False)   # on every reply
@@ -48,6 +47,8 @@ calls in flight is the client's ``fail_rank``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -55,6 +56,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
+import sniffio
 
 from ctlwire.kernel.core.peer_table import PeerTable, Progress
 from ctlwire.kernel.errors import ClientClosed, RequestTimedOut
@@ -71,6 +73,16 @@ _LIVE = LIVE_PEER_STATES
 LIVE_HEARTBEAT_EVERY = 4
 """A live rank gets this client's heartbeat every this many intervals (one a second
 at the default interval); a rank not live, every interval."""
+
+
+def loop_clock() -> Callable[[], float]:
+    """The running event loop's clock, the one :func:`anyio.current_time` reads, as one
+    call instead of a lookup of the backend at each reading."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return trio.lowlevel.current_clock().current_time
+    return asyncio.get_running_loop().time
 
 
 class LivenessMonitor:
@@ -102,7 +114,7 @@ class LivenessMonitor:
         self.wall: Callable[[], float] = time.time
         self._warned_implausible: set[int] = set()
         self._fail_rank = fail_rank
-        #: the clock (the client sets the event loop's own once it runs)
+        #: the event loop's clock (:meth:`run` takes it from the running loop, one call a reading)
         self.now: Callable[[], float] = anyio.current_time
         #: set, then replaced, whenever a rank becomes live or is lost, and on close
         self.peer_changed = anyio.Event()
@@ -154,7 +166,8 @@ class LivenessMonitor:
         self.counters["heartbeats_received"] += 1
         if not hb.method:
             # idle from the admitted incarnation of a Connected rank (nearly every
-            # heartbeat): a refresh; that incarnation was judged when it was admitted
+            # heartbeat): a refresh, no state change; that incarnation was judged when
+            # it was admitted
             if not self.peers.reply_seen(rank, hb.incarnation, self.now()):
                 self.seen(rank, hb.incarnation, authoritative=True)
             return None
@@ -231,7 +244,17 @@ class LivenessMonitor:
         was stalled) and send each rank a heartbeat of ``incarnation``."""
         interval = self.interval
         assert interval
+        if self.now is anyio.current_time:
+            self.now = loop_clock()
         peers = self.peers
+        transport = self.transport
+        # a heartbeat is encoded once a tick when the transport's class takes encoded
+        # bytes (a wrapper that intercepts send_nowait is not bypassed), and its sends
+        # re-check the socket's readiness once a tick, not once per rank
+        send: Callable[[int, Any], None] = transport.send_nowait
+        send_encoded = (getattr(transport, "send_encoded_nowait", None)
+                        if hasattr(type(transport), "send_encoded_nowait") else None)
+        batched = getattr(transport, "batched_sends", contextlib.nullcontext)
         hb_seq = 0
         last = self.now()
         while True:
@@ -250,21 +273,24 @@ class LivenessMonitor:
                     self.rank_lost(rank, f"no heartbeat for {peers.misses_allowed} intervals")
             hb_seq += 1
             live = set(peers.live_ranks())
-            heartbeat = Heartbeat(-1, incarnation, hb_seq)
+            heartbeat: Any = Heartbeat(-1, incarnation, hb_seq)
+            if send_encoded is not None:
+                heartbeat, send = transport.codec.encode(heartbeat), send_encoded
             # a live rank needs only to know we are there: at the first tick, then less often
             to_live = (hb_seq - 1) % LIVE_HEARTBEAT_EVERY == 0
-            for rank in self.ranks:
-                if not to_live and rank in live:
-                    continue
-                try:
-                    self.transport.send_nowait(rank, heartbeat)
-                    self.counters["heartbeats_sent"] += 1
-                except Unroutable:
-                    # unroutable and silent: gone. (Unroutable while its beacon is
-                    # heard: the request connection is being re-established.)
-                    peer = peers.peers[rank]
-                    if (rank in live and now - peer.last_seen > interval
-                            and peers.disconnected(rank, now)):
-                        self.rank_lost(rank, "unroutable")
-                except (WouldBlock, TransportError):
-                    pass
+            with batched():
+                for rank in self.ranks:
+                    if not to_live and rank in live:
+                        continue
+                    try:
+                        send(rank, heartbeat)
+                        self.counters["heartbeats_sent"] += 1
+                    except Unroutable:
+                        # unroutable and silent: gone. (Unroutable while its beacon is
+                        # heard: the request connection is being re-established.)
+                        peer = peers.peers[rank]
+                        if (rank in live and now - peer.last_seen > interval
+                                and peers.disconnected(rank, now)):
+                            self.rank_lost(rank, "unroutable")
+                    except (WouldBlock, TransportError):
+                        pass
