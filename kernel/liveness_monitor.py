@@ -70,9 +70,12 @@ __all__ = ["LIVE_HEARTBEAT_EVERY", "LivenessMonitor"]
 log = logging.getLogger("ctlwire.client")
 _LIVE = LIVE_PEER_STATES
 
-LIVE_HEARTBEAT_EVERY = 4
-"""A live rank gets this client's heartbeat every this many intervals (one a second
-at the default interval); a rank not live, every interval."""
+LIVE_HEARTBEAT_EVERY = 8
+"""A live rank gets this client's heartbeat every this many intervals (every 2 s at the
+default interval); a rank not live, every interval. An engine's loss is not found
+through them (missed beacon heartbeats and the socket monitor find it), and an engine
+only counts them; they keep this client's route fresh in a binding engine, which
+replaces a route only once it has been silent for 10 s."""
 
 
 def loop_clock() -> Callable[[], float]:
