@@ -106,6 +106,10 @@ class ClientTransport(Protocol):
     async def receive(self) -> TransportEvent:
         """The next event; raises TransportClosed once closed."""
 
+    async def receive_many(self, limit: int = 64) -> list[TransportEvent]:
+        """The next event (waiting for one) and those already queued behind it, up
+        to ``limit``, in order; raises TransportClosed once closed."""
+
 
 @runtime_checkable
 class EngineTransport(Protocol):

@@ -1,8 +1,8 @@
 """The part every ZeroMQ engine-side transport shares (:mod:`ctlwire.transports.zmq_engine`
 has the transports themselves): opening and closing the sockets, the liveness
-beacon, receiving (one event, or every event queued now) and sending.
+beacon, receiving (the next event queued, and whether one is) and sending.
 
-The sync methods (:meth:`~ZmqEngineBase.receive_ready`,
+The sync methods (:meth:`~ZmqEngineBase.receive_one`, :meth:`~ZmqEngineBase.readable`,
 :meth:`~ZmqEngineBase.send_encoded_nowait`) call the raw sockets directly from
 the thread that opened the transport until its first async receive or send
 (no task can be suspended on the socket before that); after it, every call
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -36,7 +35,8 @@ from ctlwire.transports.zmq_socket import AsyncZmqSocket
 
 _NOBLOCK = int(zmq.NOBLOCK)
 _NOBLOCK_SNDMORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
-_RCVMORE = int(zmq.RCVMORE)
+_EVENTS = zmq.EVENTS
+_POLLIN = int(zmq.POLLIN)
 
 __all__ = ["ZmqEngineBase"]
 
@@ -77,7 +77,7 @@ class ZmqEngineBase:
         self._owner = 0
         self._raw_recv: Callable[..., Any] | None = None
         self._raw_send: Callable[..., Any] | None = None
-        self._raw_more: Callable[[], Any] | None = None
+        self._raw_events: Callable[[int], Any] | None = None
 
     def _bind(self, raw: zmq.Socket[bytes], address: str) -> str:
         address = bind_socket(raw, address)
@@ -126,8 +126,8 @@ class ZmqEngineBase:
         raise NotImplementedError
 
     def _enable_direct(self) -> None:
-        """After ``_setup``: let the sync methods (:meth:`receive_ready`,
-        :meth:`send_encoded_nowait`) call the raw sockets directly.
+        """After ``_setup``: let the sync methods (:meth:`receive_one`,
+        :meth:`readable`, :meth:`send_encoded_nowait`) call the raw sockets directly.
 
         The :class:`AsyncZmqSocket` wrapper exists for tasks suspended on the
         socket (the fd-edge state machine: a socket call must re-check readiness
@@ -142,7 +142,7 @@ class ZmqEngineBase:
         self._owner = threading.get_ident()
         self._raw_recv = recv_raw.recv
         self._raw_send = send_raw.send
-        self._raw_more = partial(recv_raw.get, _RCVMORE)
+        self._raw_events = recv_raw.get
         self._direct = True
 
     # -- liveness beacon -----------------------------------------------------------
@@ -272,94 +272,51 @@ class ZmqEngineBase:
             raise TransportClosed("engine transport is closed") from None
         return None if msg is None else self._event(msg)
 
-    def receive_ready(self, limit: int) -> list[TransportEvent]:
-        """Up to ``limit`` events that can be received now, without blocking (an
-        empty list when none is queued): :meth:`try_receive` in a loop, for an
-        engine that takes every queued request per wake-up."""
-        sock = self._recv
-        if sock is None or self._closed:
-            raise TransportClosed("engine transport is not open")
-        if self._direct and threading.get_ident() == self._owner:
-            return self._receive_direct(limit)
-        recv = sock.recv_multipart_nowait
-        fast = None if self.routed else self._fast_decode
-        max_size = self._max_size
-        events: list[TransportEvent] = []
-        append = events.append
-        try:
-            while len(events) < limit:
-                msg = recv()
-                if msg is None:
-                    break
-                append(self._single_frame_event(msg[0], fast, max_size) if len(msg) == 1
-                       else self._event(msg))
-        except SocketClosed:
-            if not events:
-                raise TransportClosed("engine transport is closed") from None
-        return events
-
-    def _single_frame_event(self, data: bytes, fast: Callable[[bytes], Any] | None,
-                            max_size: int) -> TransportEvent:
-        """One single-frame message as an event: decoded straight by the codec's
-        fast decoder when it is within the size limit and decodes, else through
-        :meth:`_event` (which gives the typed verdict for anything else)."""
-        if fast is not None:
-            size = len(data)
-            if size <= max_size:
-                try:
-                    return Received(fast(data), None, None, size)
-                except Exception:
-                    pass  # not an envelope: decode_event gives the verdict
-        return self._event([data])
-
     def receive_one(self) -> TransportEvent | None:
         """The next event that can be received now, without blocking (None when
-        none is queued): :meth:`receive_ready` of one, without the list, for a
-        poll that takes a lone request first."""
-        if self._direct and not self._closed and threading.get_ident() == self._owner:
-            return self._receive_one_direct()
-        events = self.receive_ready(1)
-        return events[0] if events else None
-
-    def _receive_one_direct(self) -> TransportEvent | None:
-        """:meth:`receive_one` on the raw socket (see :meth:`_enable_direct`): the
-        parts of a message read while the socket says more follow (``RCVMORE``)."""
-        recv, more = self._raw_recv, self._raw_more
-        assert recv is not None and more is not None
+        none is queued): :meth:`try_receive`, on the raw socket from the owner
+        thread of a sync engine (see :meth:`_enable_direct`)."""
+        if not (self._direct and not self._closed and threading.get_ident() == self._owner):
+            return self.try_receive()
+        recv = self._raw_recv
+        assert recv is not None
         try:
-            # a copy, not a zmq.Frame: a Frame per message costs the engine more than
-            # copying a small message
-            try:
-                data = recv(_NOBLOCK)
-            except zmq.Again:
-                return None
-            if more():  # the parts of a message arrive together
-                parts = [data]
-                while more():
-                    parts.append(recv(_NOBLOCK))
+            # a Frame says whether more parts follow (reading RCVMORE costs more)
+            frame = recv(_NOBLOCK, copy=False)
+            if frame.more:  # the parts of a message arrive together
+                parts = [frame.bytes]
+                while frame.more:
+                    frame = recv(_NOBLOCK, copy=False)
+                    parts.append(frame.bytes)
                 return self._event(parts)
+        except zmq.Again:
+            return None
         except zmq.ZMQError:
             if not self._recv_sock().closed:
                 raise
             raise TransportClosed("engine transport is closed") from None
-        return self._single_frame_event(data, None if self.routed else self._fast_decode,
-                                        self._max_size)
+        data = frame.bytes
+        fast = self._fast_decode
+        if fast is not None and not self.routed and len(data) <= self._max_size:
+            try:
+                return Received(fast(data), None, None, len(data))
+            except Exception:
+                pass  # not an envelope: decode_event gives the verdict
+        return self._event([data])
 
-    def _receive_direct(self, limit: int) -> list[TransportEvent]:
-        """:meth:`receive_ready` on the raw socket (see :meth:`_enable_direct`)."""
-        one = self._receive_one_direct
-        events: list[TransportEvent] = []
-        append = events.append
+    def readable(self) -> bool:
+        """Whether a message can be received now, by the socket's ``EVENTS``
+        (raises nothing; False once closed). Direct path only: through the
+        wrapper (tasks may wait on the socket's fd, whose edge a read of
+        ``EVENTS`` may consume) it says True, and :meth:`receive_one` finds out."""
+        if not (self._direct and not self._closed and threading.get_ident() == self._owner):
+            return not self._closed
+        events = self._raw_events
+        assert events is not None
         try:
-            while len(events) < limit:
-                event = one()
-                if event is None:
-                    break
-                append(event)
-        except TransportClosed:
-            if not events:
-                raise
-        return events
+            return bool(events(_EVENTS) & _POLLIN)
+        except zmq.ZMQError:
+            return False
 
     def wait_readable(self, timeout: float) -> bool:
         """Block this thread up to ``timeout`` s until a message can be received."""
@@ -405,55 +362,43 @@ class ZmqEngineBase:
         which a burst of replies outruns when ``SNDHWM`` is small
         (:meth:`ZmqOptions.effective_sndhwm`); reading ``EVENTS`` processes them
         now. :class:`WouldBlock` then means the peer really is not reading."""
-        try:
-            self._send_encoded_once(route, data)
-        except WouldBlock:
-            sock = self._send
-            if sock is None or self._closed:
-                raise
+        if self.routed and not isinstance(route, bytes):
+            raise Unroutable(self.rank, f"no client route {route!r}")
+        direct = self._direct and not self._closed and threading.get_ident() == self._owner
+        for retry in (False, True):
+            if retry:
+                sock = self._send
+                if sock is None or self._closed:
+                    raise WouldBlock("high-water mark reached")
+                try:
+                    sock.socket.getsockopt(zmq.EVENTS)
+                except zmq.ZMQError:
+                    raise TransportClosed("engine transport is closed") from None
             try:
-                sock.socket.getsockopt(zmq.EVENTS)
-            except zmq.ZMQError:
-                raise TransportClosed("engine transport is closed") from None
-            self._send_encoded_once(route, data)
-
-    def _send_encoded_once(self, route: Route, data: bytes) -> None:
-        if self._direct and not self._closed and threading.get_ident() == self._owner:
-            send = self._raw_send
-            assert send is not None
-            try:
-                if self.routed:
-                    if not isinstance(route, bytes):
-                        raise Unroutable(self.rank, f"no client route {route!r}")
-                    # libzmq takes all parts or, at the first, none
-                    send(route, _NOBLOCK_SNDMORE)
-                send(data, _NOBLOCK)
+                if direct:
+                    send = self._raw_send
+                    assert send is not None
+                    if self.routed:
+                        # libzmq takes all parts or, at the first, none
+                        send(route, _NOBLOCK_SNDMORE)
+                    send(data, _NOBLOCK)
+                    return
+                sock = self._send
+                if sock is None or self._closed:
+                    raise TransportClosed("engine transport is not open")
+                sock.send_multipart_nowait([route, data] if self.routed and isinstance(route, bytes)
+                                           else [data])
+                return
             except zmq.Again:
-                raise WouldBlock("high-water mark reached") from None
+                if retry:
+                    raise WouldBlock("high-water mark reached") from None
             except zmq.ZMQError as exc:
                 self._raise_unroutable(route, exc)
                 if self._send_sock().closed:
                     raise TransportClosed("engine transport is closed") from None
                 raise
-            return
-        if self.routed:
-            if not isinstance(route, bytes):
-                raise Unroutable(self.rank, f"no client route {route!r}")
-            frames = [route, data]
-        else:
-            frames = [data]
-        sock = self._send
-        if sock is None or self._closed:
-            raise TransportClosed("engine transport is not open")
-        try:
-            sock.send_multipart_nowait(frames)
-        except zmq.Again:
-            raise WouldBlock("high-water mark reached") from None
-        except zmq.ZMQError as exc:
-            self._raise_unroutable(route, exc)
-            raise
-        except SocketClosed:
-            raise TransportClosed("engine transport is closed") from None
+            except SocketClosed:
+                raise TransportClosed("engine transport is closed") from None
 
     async def send(self, route: Route, envelope: Envelope) -> None:
         self._direct = False  # a task may be suspended on the socket from now on

@@ -138,16 +138,19 @@ class AsyncZmqSocket:
         :raises SocketClosed: if the socket is closed.
         :raises anyio.BusyResourceError: if a task is suspended in :meth:`recv_multipart`.
         """
-        self._check_usable()
+        if threading.get_ident() != self._owner:
+            self._raise_foreign()
         if self._receiving:
             raise anyio.BusyResourceError("receiving from")
         try:
-            return recv_frames(self._socket, self._meta)
+            msg: list[bytes] | None = recv_frames(self._socket, self._meta)
         except zmq.Again:
-            return None
-        finally:
-            if self._waiting[_POLLOUT]:
-                self._recheck()
+            msg = None
+        except zmq.ZMQError as exc:
+            raise self._closed_error(exc) from None
+        if self._waiting[_POLLOUT]:
+            self._recheck()
+        return msg
 
     async def recv_multipart(self) -> list[bytes]:
         """Receive the next message, suspending until one arrives.
@@ -199,12 +202,20 @@ class AsyncZmqSocket:
         :raises ForeignThreadError: if called from a thread other than the owner.
         :raises SocketClosed: if the socket is closed.
         """
-        self._check_usable()
+        if threading.get_ident() != self._owner:
+            self._raise_foreign()
         try:
             send_frames(self._socket, frames)
+        except zmq.ZMQError as exc:
+            raise self._closed_error(exc) from None
         finally:
+            # the call may have taken the fd's edge that would wake the others:
+            # re-check for them now, or at the end of the batched_sends() block
             if self._waiting[_POLLIN] or self._waiting[_POLLOUT]:
-                self._after_send()
+                if self._batch:
+                    self._recheck_owed = True
+                elif not self.closed:
+                    self._recheck()
 
     @contextlib.contextmanager
     def batched_sends(self) -> Iterator[None]:
@@ -360,9 +371,12 @@ class AsyncZmqSocket:
                 raise
         finally:
             self._watch = None
-            # hand the watch over: the others re-check, one of them watches next
-            self._wake(_POLLIN)
-            self._wake(_POLLOUT)
+            # hand the watch over: the others (if any) re-check, one of them watches next
+            events = self._events
+            if events[_POLLIN] is not None:
+                self._wake(_POLLIN)
+            if events[_POLLOUT] is not None:
+                self._wake(_POLLOUT)
         return fired
 
     def _recheck(self) -> int:
@@ -374,14 +388,6 @@ class AsyncZmqSocket:
         if events & _POLLOUT and self._waiting[_POLLOUT]:
             self._wake(_POLLOUT)
         return events
-
-    def _after_send(self) -> None:
-        """After a send made while others wait: re-check for them now, or at the end of
-        the :meth:`batched_sends` block."""
-        if self._batch:
-            self._recheck_owed = True
-        elif not self._closed:
-            self._recheck()
 
     def _wake(self, flag: int) -> None:
         """Make the tasks waiting for ``flag`` re-check."""
@@ -398,6 +404,13 @@ class AsyncZmqSocket:
             self._raise_foreign()
         if self._closed or self._socket.closed:
             raise SocketClosed(f"{self._type_name} socket is closed")
+
+    def _closed_error(self, exc: zmq.ZMQError) -> Exception:
+        """What a socket call that raised ``exc`` raises: SocketClosed when the socket
+        is closed (libzmq's ``ENOTSOCK``), else ``exc`` itself."""
+        if exc.errno == zmq.ENOTSOCK:
+            return SocketClosed(f"{self._type_name} socket is closed")
+        return exc
 
     def _raise_foreign(self) -> None:
         raise ForeignThreadError(

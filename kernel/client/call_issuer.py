@@ -3,13 +3,15 @@
 :class:`CallIssuer` drives the sans-IO request map
 (:class:`~ctlwire.kernel.core.request_registry.RequestRegistry`) directly, with
 the awaits between its steps. A call to one rank is a fan-out to one rank:
-``ControlClient.call`` (:meth:`CallIssuer.call`), every fan-out mode and the
-:class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox` go through the
-same :meth:`send_all` and :meth:`wait_outcome`::
+``ControlClient.call`` (:meth:`CallIssuer.call`) and every fan-out mode
+(:meth:`CallIssuer.fan_out`, admitted first by the method's
+:class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox` when queueing)
+go through the same :meth:`send_all` and :meth:`wait_outcome`::
 
     entry = issuer.register("pause", (0, 1), Policy.ALL, budget=5.0)
     try:
-        await issuer.exchange(entry, raw)     # raw: issuer.encode_payload(...)
+        await issuer.send_all(entry, raw)     # raw: issuer.encode_payload(...)
+        await issuer.wait_outcome(entry, entry.deadline)
         return issuer.outcomes.fan_out_outcome(entry, result_type)
     finally:
         issuer.registry.release(entry)
@@ -55,6 +57,7 @@ import msgspec
 
 from ctlwire.kernel.client.call_outcome import CallOutcomes
 from ctlwire.kernel.client.deadline_reaper import DeadlineReaper
+from ctlwire.kernel.client.fan_out_mailbox import FanOutMailbox
 from ctlwire.kernel.client.progress_callbacks import ProgressCallback, ProgressCallbacks
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
@@ -435,14 +438,6 @@ class CallIssuer:
         if blocked is not None:
             blocked[0].cancel()
 
-    async def exchange(self, entry: PendingRequest, raw: msgspec.Raw,
-                       deadline: float | None = None, key: str = "",
-                       fence: int | None = None) -> None:
-        """Send ``entry``'s request to every rank, then wait until it is decided or
-        ``deadline`` (default: the request's) passes."""
-        await self.send_all(entry, raw, key, fence)
-        await self.wait_outcome(entry, (entry.deadline or 0.0) if deadline is None else deadline)
-
     async def call(self, method: str, raw: msgspec.Raw, rank: int, budget: float,
                    deadline: float, result_type: Any, key: str = "",
                    fence: int | None = None, on_progress: ProgressCallback | None = None
@@ -453,7 +448,8 @@ class CallIssuer:
         if on_progress is not None:
             self.progress_callbacks.by_id[entry.id] = on_progress
         try:
-            await self.exchange(entry, raw, deadline, key, fence)
+            await self.send_all(entry, raw, key, fence)
+            await self.wait_outcome(entry, deadline)
             return self.outcomes.single_outcome(entry, rank, result_type)
         finally:
             if on_progress is not None:
@@ -462,15 +458,26 @@ class CallIssuer:
 
     async def fan_out(self, method: str, raw: msgspec.Raw, ranks: tuple[int, ...],
                       policy: Policy, budget: float, deadline: float,
-                      result_type: Any, key: str = "", fence: int | None = None
-                      ) -> FanOutResult:
-        """One fan-out without admission (mode ``concurrent``)."""
-        entry = self.register(method, ranks, policy, budget, deadline)
+                      result_type: Any, key: str = "", fence: int | None = None,
+                      mailbox: FanOutMailbox | None = None) -> FanOutResult:
+        """One fan-out, its outcome returned or raised; admitted first by ``mailbox``
+        (first come, first served, one in flight) when given (mode ``queueing``),
+        at once without (``concurrent``)."""
+        ticket = waiter = None
+        if mailbox is not None:
+            ticket = await mailbox.admit(deadline, budget)
+            waiter = mailbox.hand_off(ticket)
+        entry: PendingRequest | None = None
         try:
-            await self.exchange(entry, raw, deadline, key, fence)
+            entry = self.register(method, ranks, policy, budget, deadline, waiter)
+            await self.send_all(entry, raw, key, fence)
+            await self.wait_outcome(entry, deadline)
             return self.outcomes.fan_out_outcome(entry, result_type)
         finally:
-            self.registry.release(entry)
+            if entry is not None:
+                self.registry.release(entry)
+            if mailbox is not None and ticket is not None:
+                mailbox.leave(ticket)
 
     def fail_rank(self, rank: int, detail: str) -> None:
         """``rank`` is lost (or restarted): its requests fail, typed by whether each

@@ -41,18 +41,14 @@ Guarantees:
   (NotDelivered or OutcomeUnknown); a fan-out already started or queued keeps
   its ranks (a removed one fails NotDelivered, unsent), and the mailboxes'
   FIFO order is unchanged.
-* **Fan-out admission.** ``mode="queueing"`` admits concurrent callers of one
-  method strictly first come, first served, one in flight
-  (:class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox`);
-  ``mode="watching"`` lets callers with the same request share one in-flight
-  request, each receiving its own copy of the result.
+* **Fan-out admission** (:class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox`):
+  ``queueing`` admits callers of one method first come, first served, one in
+  flight; ``watching`` shares an identical in-flight request.
 
-One client runs inside one event loop thread; its tasks live in the client's
-``async with`` block. Its parts: the rank set
-(:class:`~ctlwire.kernel.client.rank_roster.RankRoster`), the IO of each call
-(:class:`~ctlwire.kernel.client.call_issuer.CallIssuer`, over the request map),
-the receive loop (:class:`~ctlwire.kernel.client.receiver.ClientReceiver`) and
-the liveness monitor.
+One client runs in one event loop thread, its tasks in its ``async with``
+block. Its parts: the ranks (:class:`~ctlwire.kernel.client.rank_roster.RankRoster`),
+the calls' IO (:class:`~ctlwire.kernel.client.call_issuer.CallIssuer`, over the
+request map), the receive loop and the liveness monitor.
 """
 
 from __future__ import annotations
@@ -69,6 +65,7 @@ from ctlwire.kernel.builtin_methods import BUILTIN_METHODS
 from ctlwire.kernel.client.call_arguments import check_method, checked_timeout
 from ctlwire.kernel.client.call_issuer import CallIssuer
 from ctlwire.kernel.client.fan_out_mailbox import FanOutMailbox, FanOutMailboxes, FanOutMode
+from ctlwire.kernel.client.loop_clock import loop_clock
 from ctlwire.kernel.client.progress_callbacks import ProgressCallback
 from ctlwire.kernel.client.rank_roster import RankRoster
 from ctlwire.kernel.client.receiver import ClientReceiver
@@ -176,10 +173,8 @@ class ControlClient:
             # highest they accepted, so a replaced controller cannot act after its successor
             fence=new_fence() if fence is True else int(fence) if fence else 0,
             first_contact_retry=heartbeat_interval or 0.25)
-        #: the ``on_progress`` callbacks of the calls in flight
-        self.progress_callbacks = self.issuer.progress_callbacks
-        #: one fan-out mailbox per method (queueing and watching admission)
-        self.mailboxes = FanOutMailboxes(self.issuer)
+        self.progress_callbacks = self.issuer.progress_callbacks  # of the calls in flight
+        self.mailboxes = FanOutMailboxes(self.issuer)  # one per method: admission, watching
         #: the ranks: present, alive, admissible, and their changes at run time
         self.roster = RankRoster(initial, transport, self.liveness, self._fail_rank,
                                     admission_condition=admission_condition,
@@ -230,6 +225,7 @@ class ControlClient:
         if self._tg is not None or self._closed:
             raise RuntimeError("a ControlClient can be entered once")
         await self.transport.__aenter__()
+        self.issuer.now = self.liveness.now = loop_clock()
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -420,33 +416,39 @@ class ControlClient:
             pol = policy if isinstance(policy, Policy) else Policy(policy)
         targets, left_out = self.roster.targets(method, ranks)
         budget = self.timeout_for(method, timeout)
-        raw = self.issuer.encode_payload(payload, method)
+        issuer = self.issuer
+        raw = issuer.encode_payload(payload, method)
         key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
         if mode is None:
             mode = self.method_kinds.default_mode(method)
+        box = self.mailboxes.for_mode(mode, method)  # None: concurrent
+        watch = box.watching if box is not None and mode == "watching" else None
         if on_progress is not None:
             self.progress_callbacks.add_method(method, on_progress)
-        deadline = self.issuer.now() + budget
+        deadline = issuer.now() + budget
+        result: FanOutResult | None = None
         try:
-            try:
-                result = await self.mailboxes.fan_out(mode, method, raw, targets, pol, budget,
-                                                      result_type, key, fence)
-                failed = None
-            except FanOutFailed as exc:
-                result, failed = exc.result, exc
-            while retry > 0 and pol is Policy.ALL:
-                again = tuple(r for r, e in sorted(result.errors.items())
-                              if self.retry_policy.retryable(e, method, key))
-                if not again or not await self.retry_policy.before_retry(again, deadline):
+            while True:
+                try:
+                    more = await (issuer.fan_out(method, raw, targets, pol, budget, deadline,
+                                                 result_type, key, fence, box) if watch is None
+                                  else watch(raw, targets, pol, budget, deadline, result_type,
+                                             key, fence))
+                    error = None
+                except FanOutFailed as exc:
+                    more, error = exc.result, exc
+                if result is None:
+                    result, failed = more, error
+                else:  # a retry: its ranks' outcomes replace their failures
+                    failed = merge_retried(result, targets, more, method, pol)
+                if retry <= 0 or pol is not Policy.ALL:
+                    break
+                targets = tuple(r for r, e in sorted(result.errors.items())
+                                if self.retry_policy.retryable(e, method, key))
+                if not targets or not await self.retry_policy.before_retry(targets, deadline):
                     break
                 retry -= 1
-                try:
-                    more = await self.mailboxes.fan_out(mode, method, raw, again, pol,
-                                                        deadline - self.issuer.now(),
-                                                        result_type, key, fence)
-                except FanOutFailed as exc:
-                    more = exc.result
-                failed = merge_retried(result, again, more, method, pol)
+                budget = deadline - issuer.now()
             if left_out:
                 result.left_out = left_out
             if failed is not None:
@@ -473,8 +475,8 @@ class ControlClient:
         await self.liveness.wait_ready(tuple(ranks) if ranks is not None else self.ranks,
                                        timeout)
 
-    def _fail_rank(self, rank: int, detail: str) -> None:
-        self.issuer.fail_rank(rank, detail)  # the liveness monitor lost ``rank``
+    def _fail_rank(self, rank: int, detail: str) -> None:  # the liveness monitor lost it
+        self.issuer.fail_rank(rank, detail)
 
     # -- observability ---------------------------------------------------------
     def metrics(self) -> dict[str, Any]:

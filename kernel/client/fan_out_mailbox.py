@@ -1,19 +1,20 @@
-"""One method's fan-out mailbox: FIFO queueing or shared watching (anyio shell).
+"""One method's fan-out mailbox: a FIFO admission gate, or shared watching (anyio shell).
 
-Queueing mode (:meth:`FanOutMailbox.queueing`): concurrent callers are
-admitted strictly in arrival order, one undecided request in flight at a time,
-through the :class:`~ctlwire.kernel.core.admission_queue.AdmissionQueue` core.
-Admission is a hand-off: done by the holder's request the moment it is decided
-(its :class:`HandOffWaiter` wakes the next caller
-before the holder), or by the holder leaving undecided. A caller arriving in
-the wake-up window queues behind, a queued caller's cancellation or timeout
-removes only its own ticket, and an exception or cancellation in the holder
-still passes the mailbox on. The whole call,
-queueing included, is bounded by its timeout; a caller still queued at its
-deadline gets RequestTimedOut with ``admission=True`` ("timed out waiting for
-admission", nothing sent), and a caller still queued when the client closes
-gets ClientClosed at once. A caller cancelled after being handed the mailbox
-but before it resumed sends nothing and passes the mailbox on.
+Queueing mode: a fan-out's issuer consults the method's mailbox
+(:meth:`FanOutMailbox.admit` before it registers, :meth:`FanOutMailbox.leave`
+in its ``finally``); concurrent callers are admitted strictly in arrival order,
+one undecided request in flight at a time, through the
+:class:`~ctlwire.kernel.core.admission_queue.AdmissionQueue` core. Admission is
+a hand-off: done by the holder's request the moment it is decided (its
+:class:`HandOffWaiter` wakes the next caller before the holder), or by the
+holder leaving undecided. A caller arriving in the wake-up window queues
+behind, a queued caller's cancellation or timeout removes only its own ticket,
+and an exception or cancellation in the holder still passes the mailbox on.
+The whole call, queueing included, is bounded by its deadline; a caller still
+queued at its deadline gets RequestTimedOut with ``admission=True`` ("timed
+out waiting for admission", nothing sent), and a caller still queued when the
+client closes gets ClientClosed at once. A caller cancelled after being handed
+the mailbox but before it resumed sends nothing and passes the mailbox on.
 
 Watching mode (:meth:`FanOutMailbox.watching`): a caller whose request
 (same payload, ranks and policy) is already in flight joins it instead of
@@ -22,8 +23,8 @@ result. The shared request lives until its last watcher leaves, so the
 first caller's cancellation does not take the answer away from the others.
 
 The mailbox talks to the client only through :class:`FanOutSender`, the
-narrow interface of what it needs to run one fan-out (registration, the exchange,
-the outcome, the deadline reaper); the client's
+narrow interface of what it needs (the clock, the deadline reaper, and for
+watching the steps of one fan-out); the client's
 :class:`~ctlwire.kernel.client.call_issuer.CallIssuer` provides it.
 """
 
@@ -78,17 +79,6 @@ class FanOutSender(Protocol):
                  deadline: float | None = None, waiter: Any = None) -> PendingRequest:
         """One caller's entry in the request map (woken through ``waiter``)."""
 
-    async def exchange(self, entry: PendingRequest, raw: msgspec.Raw,
-                       deadline: float | None = None, key: str = "",
-                       fence: int | None = None) -> None:
-        """Send to every rank (``key``, ``fence``: the envelopes'), then wait."""
-
-    async def fan_out(self, method: str, raw: msgspec.Raw, ranks: tuple[int, ...],
-                      policy: Policy, budget: float, deadline: float,
-                      result_type: Any, key: str = "", fence: int | None = None
-                      ) -> FanOutResult:
-        """One fan-out without admission (mode ``concurrent``)."""
-
     async def send_all(self, entry: PendingRequest, raw: msgspec.Raw, key: str = "",
                        fence: int | None = None) -> None:
         """Hand the frames to the transport for each rank the request map releases."""
@@ -117,52 +107,57 @@ class FanOutMailbox:
         """Shared requests in flight in watching mode."""
         return len(self._watched)
 
-    async def queueing(self, raw: msgspec.Raw, ranks: tuple[int, ...], policy: Policy,
-                       budget: float, result_type: Any, key: str = "",
-                       fence: int | None = None) -> FanOutResult:
-        """One fan-out, admitted first come, first served; see the module docstring.
-        ``key`` and ``fence`` go in its envelopes (``fence`` None: the client's)."""
+    async def admit(self, deadline: float, budget: float) -> Ticket:
+        """Wait for this caller's turn (first come, first served), by ``deadline``;
+        the admitted ticket's request registers :meth:`hand_off` as its waiter
+        and the caller calls :meth:`leave` on every path out. Raises ClientClosed,
+        or RequestTimedOut (``admission=True``) when still queued at ``deadline``."""
         sender = self.sender
         if sender.closed:
             raise ClientClosed("client is closed")
-        deadline = sender.now() + budget
-        queue = self.queue
-        ticket = queue.arrive()
-        entry: PendingRequest | None = None
+        ticket = self.queue.arrive()
+        if ticket.state is TicketState.ADMITTED:
+            self.queue.resumed(ticket)
+            return ticket
         try:
-            if ticket.state is not TicketState.ADMITTED:
-                waiter = ticket.waiter = anyio.Event()
-                reaper = sender.reaper
-                if reaper.running:
-                    reaper.arm(ticket, deadline)  # woken by hand-off or deadline
+            waiter = ticket.waiter = anyio.Event()
+            reaper = sender.reaper
+            if reaper.running:
+                reaper.arm(ticket, deadline)  # woken by hand-off or deadline
+                await waiter.wait()
+            else:
+                with anyio.move_on_after(deadline - sender.now()):
                     await waiter.wait()
-                else:
-                    with anyio.move_on_after(deadline - sender.now()):
-                        await waiter.wait()
-                if sender.closed:
-                    raise ClientClosed("client closed")  # woken by aclose(): nothing sent
-                if sender.now() >= deadline or _queued_still(ticket):
-                    # timed out in the queue (possibly at the very moment of hand-off:
-                    # then nothing is sent, and leaving passes the mailbox on)
-                    raise RequestTimedOut(self.method, budget, admission=True)
-            queue.resumed(ticket)
-            # the decision itself passes the mailbox on (the next caller is woken first)
-            entry = sender.register(self.method, ranks, policy, budget, deadline,
-                                    HandOffWaiter(queue, ticket, anyio.Event()))
-            await sender.exchange(entry, raw, deadline, key, fence)
-            return sender.outcomes.fan_out_outcome(entry, result_type)
-        finally:
-            if entry is not None:
-                sender.registry.release(entry)
-            admitted = queue.leave(ticket)
-            if admitted is not None:
-                admitted.waiter.set()
+            if sender.closed:
+                raise ClientClosed("client closed")  # woken by aclose(): nothing sent
+            if self.queue.holder is not ticket or sender.now() >= deadline:
+                # timed out in the queue (possibly at the very moment of hand-off:
+                # then nothing is sent, and leaving passes the mailbox on)
+                raise RequestTimedOut(self.method, budget, admission=True)
+        except BaseException:
+            self.leave(ticket)
+            raise
+        self.queue.resumed(ticket)
+        return ticket
+
+    def hand_off(self, ticket: Ticket) -> HandOffWaiter:
+        """The waiter of admitted ``ticket``'s request: its decision passes the
+        mailbox on (the next caller is woken first)."""
+        return HandOffWaiter(self.queue, ticket, anyio.Event())
+
+    def leave(self, ticket: Ticket) -> None:
+        """``ticket``'s caller is done, however it ended (a no-op the second time):
+        the caller admitted next is woken."""
+        admitted = self.queue.leave(ticket)
+        if admitted is not None:
+            admitted.waiter.set()
 
     async def watching(self, raw: msgspec.Raw, ranks: tuple[int, ...], policy: Policy,
-                       budget: float, result_type: Any, key: str = "",
+                       budget: float, deadline: float, result_type: Any, key: str = "",
                        fence: int | None = None) -> FanOutResult:
-        """Join an identical in-flight request, or start one; own copy of the result.
-        ``key`` and ``fence`` go in the envelopes of a request this caller starts."""
+        """Join an identical in-flight request, or start one, and wait for it by
+        ``deadline``; own copy of the result. ``key`` and ``fence`` go in the
+        envelopes of a request this caller starts."""
         sender = self.sender
         registry = sender.registry
         shared: _WatchKey = (bytes(raw), ranks, policy)
@@ -175,10 +170,9 @@ class FanOutMailbox:
             self.watch_joins += 1
             leader = False
         else:
-            entry = sender.register(self.method, ranks, policy, budget)
+            entry = sender.register(self.method, ranks, policy, budget, deadline)
             self._watched[shared] = entry
             leader = True
-        deadline = sender.now() + budget
         try:
             if leader:
                 await sender.send_all(entry, raw, key, fence)
@@ -206,21 +200,13 @@ class FanOutMailboxes:
             box = self.by_method[method] = FanOutMailbox(self.sender, method)
         return box
 
-    async def fan_out(self, mode: FanOutMode, method: str, raw: msgspec.Raw,
-                      targets: tuple[int, ...], policy: Policy, budget: float,
-                      result_type: Any, key: str, fence: int | None) -> FanOutResult:
-        """One fan-out admitted by ``mode``: ``queueing``, ``watching`` or
-        ``concurrent`` (no admission); ValueError for another."""
-        if mode == "queueing":
-            return await self.get(method).queueing(raw, targets, policy, budget, result_type,
-                                                   key, fence)
-        if mode == "watching":
-            return await self.get(method).watching(raw, targets, policy, budget, result_type,
-                                                   key, fence)
+    def for_mode(self, mode: FanOutMode, method: str) -> FanOutMailbox | None:
+        """The mailbox a fan-out of ``method`` in ``mode`` consults (None for
+        ``concurrent``: no admission); ValueError for an unknown mode."""
+        if mode == "queueing" or mode == "watching":
+            return self.get(method)
         if mode == "concurrent":
-            sender = self.sender
-            return await sender.fan_out(method, raw, targets, policy, budget,
-                                        sender.now() + budget, result_type, key, fence)
+            return None
         raise ValueError(f"unknown mode {mode!r}: expected queueing, watching or concurrent")
 
     def close(self) -> None:
@@ -229,11 +215,6 @@ class FanOutMailboxes:
             for ticket in box.queue.queued():
                 if ticket.waiter is not None:
                     ticket.waiter.set()
-
-
-def _queued_still(ticket: Ticket) -> bool:
-    """Not admitted (a function: the wait before it may have admitted ``ticket``)."""
-    return ticket.state is not TicketState.ADMITTED
 
 
 class HandOffWaiter:

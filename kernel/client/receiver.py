@@ -2,7 +2,7 @@
 
 :class:`ClientReceiver` is one task of a
 :class:`~ctlwire.kernel.client.control_client.ControlClient`: it awaits the
-transport's ``receive()`` and hands each event on, without awaiting in between:
+transport's ``receive_many()`` and hands each event on, without awaiting in between:
 
 * a reply to the request map (after the peer table saw its rank), and the
   request's waiters are woken when the reply decided it;
@@ -50,27 +50,32 @@ class ClientReceiver:
         self.on_closed = on_closed
 
     async def run(self) -> None:
-        """The receive loop (the client's task)."""
-        receive = self.transport.receive
+        """The receive loop (the client's task): every event queued at a wake-up is
+        handed on in order, the loop's clock read once for them."""
+        receive_many = self.transport.receive_many
         on_event = self.on_event
+        now = self.issuer.now
         while True:
             try:
-                event = await receive()
+                events = await receive_many()
             except TransportClosed:
                 # the transport closed under us: pending calls fail now, typed
                 await self.on_closed()
                 return
-            try:
-                on_event(event)
-            except Exception:  # pragma: no cover - a bug must not kill the receiver
-                log.exception("ctlwire client: failed to handle %r", event)
+            received_at = now()
+            for event in events:
+                try:
+                    on_event(event, received_at)
+                except Exception:  # pragma: no cover - a bug must not kill the receiver
+                    log.exception("ctlwire client: failed to handle %r", event)
 
-    def on_event(self, event: Any) -> None:
-        """Hand one transport event on (never awaits)."""
+    def on_event(self, event: Any, now: float) -> None:
+        """Hand one transport event, received at ``now`` (the loop's clock), on
+        (never awaits)."""
         if type(event) is Received:
             env = event.envelope
             if type(env) is Reply:
-                self.on_reply(env, event.peer)
+                self.on_reply(env, event.peer, now)
             elif type(env) is Heartbeat:
                 rank = env.rank if event.peer is None else event.peer
                 progress = self.liveness.heartbeat(rank, env)
@@ -85,9 +90,9 @@ class ClientReceiver:
         elif type(event) is PeerDisconnected and event.rank is not None:
             self.liveness.disconnected(event.rank, event.detail or "disconnected")
 
-    def on_reply(self, reply: Reply, peer: int | None) -> None:
+    def on_reply(self, reply: Reply, peer: int | None, now: float) -> None:
         rank = reply.rank if peer is None else peer
-        if not self.peers.reply_seen(rank, reply.incarnation, self.issuer.now()):
+        if not self.peers.reply_seen(rank, reply.incarnation, now):
             # not the common case (Connected, its admitted incarnation): the general path
             if self.peers.is_stale(rank, reply.incarnation):
                 self.counters["stale_incarnation"] += 1

@@ -94,34 +94,32 @@ class MethodSpec:
     """The codec's shortcut value encoder (None: ``encode_value``)."""
 
 
-# INBOUND_REQUEST_TABLE as nested dicts, read on the per-request path
-_NEXT: dict[InboundState, dict[InboundEvent, InboundState]] = {}
-for (_state, _event), _to in INBOUND_REQUEST_TABLE:
-    _NEXT.setdefault(_state, {})[_event] = _to
+# INBOUND_REQUEST_TABLE as one dict, read on the per-request path:
+# (state, event) -> state; a pair it lacks is an illegal move (InboundRequest.go raises)
+_MOVES: dict[tuple[InboundState, InboundEvent], InboundState] = {
+    (state, event): to for (state, event), to in INBOUND_REQUEST_TABLE}
+_START, _REPLY = InboundEvent.START, InboundEvent.REPLY
 
 
-class InboundRequest:
+class InboundRequest(msgspec.Struct):
     """One received request: its route, when it was received, its state, and
     once admitted (Running) its method and handler arguments."""
 
-    __slots__ = ("args", "received", "request", "route", "spec", "state")
-
-    def __init__(self, request: Request, route: Route, received: float) -> None:
-        self.request = request
-        self.route = route
-        self.received = received
-        self.state = InboundState.RECEIVED
-        self.spec: MethodSpec | None = None
-        self.args: tuple[Any, ...] = ()
+    request: Request
+    route: Route
+    received: float
+    state: InboundState = InboundState.RECEIVED
+    spec: MethodSpec | None = None
+    args: tuple[Any, ...] = ()
 
     def go(self, event: InboundEvent) -> InboundState:
         """Move through the table (the only way a request's state changes)."""
-        try:
-            self.state = _NEXT[self.state][event]
-        except KeyError:
+        to = _MOVES.get((self.state, event))
+        if to is None:
             INBOUND_REQUEST_TABLE.apply(self.state, event, self.request.id)  # IllegalTransition
-            raise
-        return self.state
+            raise AssertionError("unreachable: the table refused the move")
+        self.state = to
+        return to
 
 
 @dataclass(frozen=True)
@@ -274,7 +272,7 @@ class InboundCore:
         if fence:
             self.fences.accept(fence)
         item.spec, item.args = spec, args
-        item.go(InboundEvent.START)
+        item.state = _MOVES.get((item.state, _START)) or item.go(_START)
         return None
 
     def _fence_refusal(self, item: InboundRequest, fence: int) -> Reply | None:
@@ -343,7 +341,8 @@ class InboundCore:
         reply = Reply(req.id, self.rank, self.incarnation, True, raw)
         if req.key:
             return self._done(item, reply)
-        self.states[item.go(InboundEvent.REPLY)] += 1
+        item.state = state = _MOVES.get((item.state, _REPLY)) or item.go(_REPLY)
+        self.states[state] += 1
         return reply
 
     def error(self, item: InboundRequest, exc: BaseException, *, record: bool = True) -> Reply:

@@ -243,14 +243,15 @@ class RequestRegistry:
 
     def _decide(self, entry: PendingRequest) -> bool:
         """Apply the policy; True when the entry just reached Done or Failed."""
+        answered = entry.answered
+        settled = answered + len(entry.errors)
         if entry.state is _S.REGISTERED:
             # nothing was sent yet: only a complete failure can be decided here
-            if entry.settled < len(entry.ranks):
+            if settled < len(entry.ranks):
                 return False
             self._go(entry, _E.FAIL)
             return True
-        decision = decide(entry.policy, len(entry.ranks), entry.ok, entry.answered,
-                          entry.settled)
+        decision = decide(entry.policy, len(entry.ranks), entry.ok, answered, settled)
         if decision is Decision.PENDING:
             return False
         self._go(entry, _E.COMPLETE if decision is Decision.COMPLETE else _E.FAIL)

@@ -44,9 +44,8 @@ class HandlerRunner:
         trace = req.trace
         trace_token = (current_trace.set(trace)
                        if trace is not None or current_trace.get() is not None else None)
-        token = self.liveness.begin(req.id, req.method, item.route)
         try:
-            value = spec.handler(*item.args)
+            value = self.liveness.run(req.id, req.method, item.route, spec.handler, item.args)
         except Exception as exc:
             return core.error(item, exc)
         except BaseException:
@@ -55,7 +54,6 @@ class HandlerRunner:
         else:
             return core.result(item, value)
         finally:
-            self.liveness.end(req.id, token)
             if trace_token is not None:
                 current_trace.reset(trace_token)
 

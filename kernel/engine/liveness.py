@@ -13,9 +13,12 @@ cannot be sent is skipped (the next one follows an interval later).
 from __future__ import annotations
 
 import contextvars
+import math
 import secrets
 import threading
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ctlwire.kernel.core.peer_table import INCARNATION_TIME_SHIFT
 from ctlwire.transports.envelope import Heartbeat
@@ -24,6 +27,8 @@ from ctlwire.transports.transport import EngineTransport, Route
 
 __all__ = ["STEP_METHOD", "EngineLiveness", "current_request_id", "new_incarnation",
            "report_progress"]
+
+T = TypeVar("T")
 
 STEP_METHOD = "(step)"
 """The method a heartbeat names while the engine's own step keeps it from polling."""
@@ -123,7 +128,25 @@ class EngineLiveness:
             self.progress.pop(request_id, None)
         if self._routes:
             self._routes.pop(request_id, None)
-        self.last_loop = time.monotonic()
+
+    def run(self, request_id: int, method: str, route: Route, fn: Callable[..., T],
+            args: tuple[Any, ...]) -> T:
+        """``fn(*args)`` on this thread, as request ``request_id`` running
+        (:meth:`begin` and :meth:`end` around it, however it ends)."""
+        running = self.running
+        running[request_id] = (method, time.monotonic())
+        if self.shared_heartbeats:
+            self._routes[request_id] = route
+        token = _current_request.set((self, request_id))
+        try:
+            return fn(*args)
+        finally:
+            _current_request.reset(token)
+            running.pop(request_id, None)
+            if self.progress:
+                self.progress.pop(request_id, None)
+            if self._routes:
+                self._routes.pop(request_id, None)
 
     def report_progress(self, request_id: int, fraction: float, note: str = "") -> bool:
         """Record the progress of running request ``request_id`` (see
@@ -141,9 +164,12 @@ class EngineLiveness:
         return True
 
     def loop_came_round(self, now: float | None = None) -> None:
-        """The engine's loop made progress (``now``: ``time.monotonic()`` if read)."""
+        """The engine's loop made progress (``now``: ``time.monotonic()`` if read);
+        a poll loop's (:attr:`polling`) in-band heartbeat goes out if due."""
         self.loops += 1
-        self.last_loop = time.monotonic() if now is None else now
+        self.last_loop = now = time.monotonic() if now is None else now
+        if now >= self._next_heartbeat and self.polling:
+            self.heartbeat_if_due(now)
 
     # -- heartbeats ----------------------------------------------------------------
     def status_heartbeat(self) -> Heartbeat | None:
@@ -179,7 +205,10 @@ class EngineLiveness:
 
     def heartbeat_if_due(self, now: float) -> None:
         """In-band heartbeats (no beacon): one every interval (``now``: monotonic)."""
-        if not self.heartbeat_interval or self.beacon_active or now < self._next_heartbeat:
+        if not self.heartbeat_interval or self.beacon_active:
+            self._next_heartbeat = math.inf  # none due, ever: the beacon sends them
+            return
+        if now < self._next_heartbeat:
             return
         self._next_heartbeat = now + self.heartbeat_interval
         self.send_heartbeat()

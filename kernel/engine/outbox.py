@@ -57,7 +57,8 @@ class ReplyOutbox:
         self.log = log or logging.getLogger("ctlwire.engine")
         #: replies that could not be sent: one line per kind of failure per interval
         self.unsent_log = RateLimitedLog(self.log)
-        self._queues: OrderedDict[Route, deque[tuple[Reply | bytes, int]]] = OrderedDict()
+        #: replies waiting for room, per route (poll mode; empty: none wait)
+        self.queues: OrderedDict[Route, deque[tuple[Reply | bytes, int]]] = OrderedDict()
         self._route_bytes: dict[Route, int] = {}
         self.stalled: OrderedDict[Route, None] = OrderedDict()
         # replies go out encoded where the transport takes bytes and the codec has
@@ -72,22 +73,28 @@ class ReplyOutbox:
     @property
     def pending(self) -> bool:
         """Replies wait for room (poll mode)."""
-        return bool(self._queues)
+        return bool(self.queues)
 
     @property
     def replies(self) -> int:
         """Replies waiting for room (poll mode)."""
-        return sum(len(q) for q in self._queues.values())
+        return sum(len(q) for q in self.queues.values())
 
     @property
     def routes(self) -> int:
-        return len(self._queues)
+        return len(self.queues)
 
     # -- poll mode -----------------------------------------------------------------
     def send(self, route: Route, reply: Reply) -> None:
         """Send now, or queue behind ``route``'s waiting replies (bounded, see above)."""
-        item = self._prepare(reply)
-        if route in self._queues:
+        encode = self._encode
+        if encode is None:
+            item: Reply | bytes = self._fit(reply)
+        else:
+            item = encode(reply)
+            if len(item) > self._max_size:
+                item = encode(self._fit(reply))
+        if self.queues and route in self.queues:
             self._enqueue(route, item)
             self._flush_route(route)
             return
@@ -105,12 +112,12 @@ class ReplyOutbox:
 
     def flush(self) -> None:
         """Send every route's waiting replies that have room now."""
-        for route in list(self._queues):
+        for route in list(self.queues):
             self._flush_route(route)
 
     def _enqueue(self, route: Route, item: Reply | bytes) -> None:
         size = len(item) if type(item) is bytes else _reply_size(item)  # type: ignore[arg-type]
-        queue = self._queues.get(route)
+        queue = self.queues.get(route)
         held = self._route_bytes.get(route, 0)
         if ((queue is not None and len(queue) >= self.max_unread_replies)
                 or held + size > self.max_unread_bytes
@@ -118,14 +125,14 @@ class ReplyOutbox:
             self.counters["replies_dropped_unread"] += 1
             return
         if queue is None:
-            queue = self._queues[route] = deque()
+            queue = self.queues[route] = deque()
         queue.append((item, size))
         self._route_bytes[route] = held + size
         self.bytes += size
         self.peak_bytes = max(self.peak_bytes, self.bytes)
 
     def _flush_route(self, route: Route) -> None:
-        queue = self._queues.get(route)
+        queue = self.queues.get(route)
         while queue:
             item, size = queue[0]
             try:
@@ -138,7 +145,7 @@ class ReplyOutbox:
             queue.popleft()
             self.bytes -= size
             self._route_bytes[route] -= size
-        self._queues.pop(route, None)
+        self.queues.pop(route, None)
         self._route_bytes.pop(route, None)
 
     # -- serve mode ----------------------------------------------------------------

@@ -1,5 +1,5 @@
 """``receive_or_handle(handle, until)`` and ``interrupt_receive()`` on the ZeroMQ
-router client transport and on the fault-injecting wrapper around it: the
+router client transport: the
 receive ends empty as soon as ``until()`` holds, takes nothing more, and a
 suspended one ends when interrupted."""
 
@@ -16,7 +16,6 @@ import pytest
 import zmq
 
 from ctlwire.transports.envelope import Reply
-from ctlwire.transports.testing import FaultPlan, FaultyClientTransport
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 from ctlwire.transports.zmq_config import rank_identity
 
@@ -24,26 +23,23 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
 
 @asynccontextmanager
-async def _client(tmp_path: Path, faulty: bool) -> AsyncIterator[tuple[Any, zmq.Socket[bytes]]]:
+async def _client(tmp_path: Path) -> AsyncIterator[tuple[Any, zmq.Socket[bytes]]]:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     engine = ctx.socket(zmq.DEALER)
     engine.setsockopt(zmq.LINGER, 0)
     engine.setsockopt(zmq.IDENTITY, rank_identity(0))
     try:
         inner = ZmqRouterClientTransport(f"ipc://{tmp_path}/c.sock")
-        transport: Any = FaultyClientTransport(inner, FaultPlan()) if faulty else inner
-        async with transport:
+        async with inner:
             engine.connect(inner.address)
-            yield transport, engine
+            yield inner, engine
     finally:
         engine.close(0)
         ctx.term()
 
 
-@pytest.mark.parametrize("faulty", [False, True], ids=["zmq", "faulty"])
-async def test_until_stops_at_a_message_boundary_and_takes_nothing_more(
-        tmp_path: Path, faulty: bool) -> None:
-    async with _client(tmp_path, faulty) as (client, engine):
+async def test_until_stops_at_a_message_boundary_and_takes_nothing_more(tmp_path: Path) -> None:
+    async with _client(tmp_path) as (client, engine):
         codec = client.codec
         handled: list[int] = []
         stop_after = {3}
@@ -60,15 +56,10 @@ async def test_until_stops_at_a_message_boundary_and_takes_nothing_more(
         time.sleep(0.2)  # all queued at the client
         with anyio.fail_after(5):
             assert await client.receive_or_handle(handle, until) is None
-        if faulty:
-            # the wrapper hands events over where they arrive whenever nothing is
-            # buffered, after the receive too (documented): only the order is kept
-            assert handled[:3] == [1, 2, 3]
-        else:
-            assert handled == [1, 2, 3]  # ended right after the message that made it True
-            with anyio.fail_after(5):
-                assert await client.receive_or_handle(handle, lambda: True) is None
-            assert handled == [1, 2, 3]  # already True: nothing taken
+        assert handled == [1, 2, 3]  # ended right after the message that made it True
+        with anyio.fail_after(5):
+            assert await client.receive_or_handle(handle, lambda: True) is None
+        assert handled == [1, 2, 3]  # already True: nothing taken
         stop_after.clear()
         stop_after.add(6)
         with anyio.fail_after(5):
@@ -76,10 +67,8 @@ async def test_until_stops_at_a_message_boundary_and_takes_nothing_more(
         assert handled == [1, 2, 3, 4, 5, 6]  # the rest, in order, nothing lost
 
 
-@pytest.mark.parametrize("faulty", [False, True], ids=["zmq", "faulty"])
-async def test_interrupt_ends_a_suspended_receive_whose_until_holds(
-        tmp_path: Path, faulty: bool) -> None:
-    async with _client(tmp_path, faulty) as (client, engine):
+async def test_interrupt_ends_a_suspended_receive_whose_until_holds(tmp_path: Path) -> None:
+    async with _client(tmp_path) as (client, engine):
         codec = client.codec
         handled: list[int] = []
         stop = False

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Awaitable, Callable
-from functools import partial
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any, cast
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -27,20 +25,6 @@ from ctlwire.transports.transport import (
 
 __all__ = ["FaultyClientTransport"]
 
-_RAISED = cast(Any, object())
-"""Buffered in place of an event whose handler raised where it arrived."""
-_INTERRUPTED = cast(Any, object())
-"""Buffered by interrupt_receive(): the suspended receive asks its ``until`` again."""
-
-
-class _Declined:
-    """Buffered in place of an event the handler declined where it arrived."""
-
-    __slots__ = ("event",)
-
-    def __init__(self, event: TransportEvent) -> None:
-        self.event = event
-
 
 class FaultyClientTransport(_FaultyBase):
     """A :class:`ClientTransport` that injects the faults of ``plan`` (a
@@ -49,13 +33,6 @@ class FaultyClientTransport(_FaultyBase):
     ``send`` direction: client to engines; ``receive``: engines to client.
     Received events are pumped by a task of the wrapper into an unbounded
     buffer. :meth:`partition`, :meth:`heal` and :meth:`close` inject by hand.
-
-    :meth:`receive_or_handle` is forwarded: the pump takes events from the
-    wrapped transport's own ``receive_or_handle`` when it has one (on asyncio the
-    ZeroMQ transport's reader callback), and once a receiver has registered its
-    ``handle``, an event that reaches the client while nothing is buffered is
-    handed to it where it arrives (the pump, or the delay line for a delayed
-    frame), as the real transport does; buffered events keep their order.
     """
 
     def __init__(self, inner: ClientTransport, plan: FaultPlan | FaultInjector | None = None
@@ -67,15 +44,6 @@ class FaultyClientTransport(_FaultyBase):
         self._epochs: dict[int, int] = {}
         self._out: MemoryObjectSendStream[TransportEvent] = send
         self._in: MemoryObjectReceiveStream[TransportEvent] = recv
-        # the receiver's handler (receive_or_handle), and what it raised when the
-        # pump called it: raised by the receive that finds _RAISED in the buffer
-        self._handle: Callable[[TransportEvent], bool] | None = None
-        self._handle_errors: list[BaseException] = []
-        self.handled_inline = 0
-        """Events handed to the receiver's handler where they arrived."""
-        #: the ``until`` of the receive suspended now, if it has one
-        self._receiving_until: Callable[[], bool] | None = None
-        self._interrupt_queued = False
 
     async def __aenter__(self) -> FaultyClientTransport:
         await self._enter(self.inner)
@@ -180,81 +148,22 @@ class FaultyClientTransport(_FaultyBase):
         return deliver
 
     async def receive(self) -> TransportEvent:
-        got = await self._next()
-        assert got is not None  # only a receive with ``until`` ends empty
-        return got[0]
-
-    async def _next(self, until: Callable[[], bool] | None = None
-                    ) -> tuple[TransportEvent, bool] | None:
-        """The next buffered event, and whether the handler already declined it
-        (None: ``until()`` became True first)."""
         self._check()
-        while True:
-            if until is not None and until():
-                return None
-            self._receiving_until = until
-            try:
-                event: Any = await self._in.receive()  # or a _Declined, _RAISED, _INTERRUPTED
-            except (anyio.EndOfStream, anyio.ClosedResourceError):
-                raise TransportClosed("transport is closed") from None
-            finally:
-                self._receiving_until = None
-            if event is not _INTERRUPTED:
-                break
-            self._interrupt_queued = False
-        if event is _RAISED:
-            raise self._handle_errors.pop(0)
-        if type(event) is _Declined:
-            return event.event, True
-        return event, False
+        try:
+            return await self._in.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise TransportClosed("transport is closed") from None
 
-    async def receive_or_handle(self, handle: Callable[[TransportEvent], bool],
-                                until: Callable[[], bool] | None = None
-                                ) -> TransportEvent | None:
-        """:meth:`receive`, except that each event is first passed to ``handle(event)``,
-        in order, which returns True when it handled it; returns the first event
-        ``handle`` declines. Events that arrive while nothing is buffered are handed
-        to ``handle`` where they arrive, without waking this task; an exception it
-        raises there is raised here. ``until`` as for the ZeroMQ client transport:
-        None as soon as ``until()`` is True, asked before each event, before the
-        receive suspends and after each event handed over where it arrived;
-        :meth:`interrupt_receive` makes a suspended one ask again. (Unlike the ZeroMQ
-        transport's, this hand-over goes on after a receive returned: events that
-        arrive while nothing is buffered reach ``handle`` once it is registered.)"""
-        self._handle = handle
-        while True:
-            got = await self._next(until)
-            if got is None:
-                return None
-            event, declined = got
-            if declined or not handle(event):
-                return event
-
-    def interrupt_receive(self) -> None:
-        """Make a suspended :meth:`receive_or_handle` with ``until`` ask it again
-        (a marker through the buffer: nothing buffered is passed over)."""
-        if (self._receiving_until is not None and not self._interrupt_queued
-                and not self._closed):
-            self._interrupt_queued = True
-            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-                self._out.send_nowait(_INTERRUPTED)
+    async def receive_many(self, limit: int = 64) -> list[TransportEvent]:
+        """The next event (waiting for one) and those buffered behind it, up to ``limit``."""
+        events = [await self.receive()]
+        with contextlib.suppress(anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+            while len(events) < limit:
+                events.append(self._in.receive_nowait())
+        return events
 
     # -- the receive side ---------------------------------------------------------------
     def _put(self, event: TransportEvent) -> None:
-        handle = self._handle
-        if (handle is not None and not self._closed
-                and not self._out.statistics().current_buffer_used):
-            try:
-                if handle(event):
-                    self.handled_inline += 1
-                    until = self._receiving_until
-                    if until is not None and until():
-                        self.interrupt_receive()  # the suspended receive ends now
-                    return
-                event = cast(Any, _Declined(event))  # returned, not handed over again
-            except Exception as exc:  # the receiver raises it (its event was received)
-                self._handle_errors.append(exc)
-                event = _RAISED
         try:
             self._out.send_nowait(event)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -273,25 +182,15 @@ class FaultyClientTransport(_FaultyBase):
         return deliver
 
     async def _pump(self) -> None:
-        inner = self.inner
-        if hasattr(type(inner), "receive_or_handle"):
-            # the wrapped transport's own hand-over path (its reader callback on
-            # asyncio): every event goes through the faults from there
-            def take(event: TransportEvent) -> bool:
-                self._pump_one(event)
-                return True
-
-            receive: Callable[[], Awaitable[TransportEvent]] = partial(
-                inner.receive_or_handle, take)  # type: ignore[attr-defined]
-        else:
-            receive = inner.receive
+        receive_many = self.inner.receive_many
         while True:
             try:
-                event = await receive()
+                events = await receive_many()
             except TransportClosed:
                 self._out.close()
                 return
-            self._pump_one(event)
+            for event in events:
+                self._pump_one(event)
 
     def _pump_one(self, event: TransportEvent) -> None:
         """One event from the wrapped transport, through the receive-side faults."""

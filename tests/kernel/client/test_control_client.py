@@ -472,7 +472,7 @@ async def test_transport_event_types_are_exhaustive() -> None:
     # guards the client's dispatch on event types: an unexpected event is ignored, not fatal
     async with EngineHarness(ranks=1, setup=basic_methods) as h:
         weird: TransportEvent = object()  # type: ignore[assignment]
-        h.client.receiver.on_event(weird)
+        h.client.receiver.on_event(weird, 0.0)
         assert (await h.client.call("resume")) is True
 
 

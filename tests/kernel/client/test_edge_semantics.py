@@ -99,6 +99,9 @@ class BlockingSends:
     async def receive(self) -> TransportEvent:
         return await self.inner.receive()
 
+    async def receive_many(self, limit: int = 64) -> list[TransportEvent]:
+        return await self.inner.receive_many(limit)
+
 
 async def _flush(h: EngineHarness, ranks: tuple[int, ...] = (0,)) -> None:
     """A call each rank must answer after everything sent before it (serial engine)."""

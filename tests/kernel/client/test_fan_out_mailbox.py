@@ -366,3 +366,14 @@ async def test_a_thousand_concurrent_callers_keep_arrival_order() -> None:
         assert results == {i: i for i in range(1000)}
         assert box.queue.admitted_total == 1000
         assert c.registry.live_count == 0 and box.depth == 0
+
+
+async def test_an_unknown_mode_is_refused_before_anything_is_registered_or_sent() -> None:
+    gated = Gated()
+    async with await harness(gated) as h:
+        c = h.client
+        with pytest.raises(ValueError, match="unknown mode 'fifo'"):
+            await c.fan_out("instant", "A", mode="fifo")  # type: ignore[arg-type]
+        assert h.network._client.sent == []  # type: ignore[union-attr]
+        assert c.registry.stats.registered == 0 and gated.order == []
+        assert (await c.fan_out("instant", "B", mode="concurrent")).results == {0: "B"}

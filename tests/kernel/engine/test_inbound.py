@@ -17,12 +17,24 @@ from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import Fenced, RemoteError, RequestTimedOut
 from ctlwire.kernel.testing import EngineHarness
 from ctlwire.transports.envelope import Reply, Request
-from ctlwire.transports.memory import MemoryNetwork
+from ctlwire.transports.memory import MemoryEngineTransport, MemoryNetwork
 from ctlwire.transports.transport import Received
 
 pytestmark = pytest.mark.anyio
 
 FAR = 2**64 - 1
+
+
+class _Inbox(MemoryEngineTransport):
+    """A memory engine transport whose received events are handed in as they are
+    (any route), through :attr:`inbox`."""
+
+    def __init__(self, network: MemoryNetwork) -> None:
+        super().__init__(network, 0)
+        self.inbox: list[Any] = []
+
+    def try_receive(self) -> Any:
+        return self.inbox.pop(0) if self.inbox else None
 
 
 def setup(ep: EngineEndpoint) -> None:
@@ -193,13 +205,15 @@ def test_keys_can_be_scoped_by_the_claimed_client_to_survive_a_new_route() -> No
     for scope, routes in (("route", (b"a", b"b")), ("client", (b"a", b"b")),
                           ("no routes", (None, None))):
         net = MemoryNetwork()
-        ep = EngineEndpoint(net.engine_transport(0), heartbeat_interval=None,
+        transport = _Inbox(net)
+        ep = EngineEndpoint(transport, heartbeat_interval=None,
                             key_scope="client" if scope == "client" else "route")
         setup(ep)
         ep.open()
         for n, client, route in ((1, 5, routes[0]), (2, 5, routes[1]), (3, 6, routes[1])):
             req = Request(n, 0, "apply", net.codec.encode_value(n), client=client, key="k")
-            assert ep._handle(Received(req, route=route)) == 1
+            transport.inbox.append(Received(req, route=route))
+            assert ep.poll() == 1
         ran[scope] = [n for _, n in ep.__dict__["ran"]]
     # a transport without routes cannot tell its senders apart: by the claimed client
     assert ran == {"route": [1, 2], "client": [1, 3], "no routes": [1, 3]}

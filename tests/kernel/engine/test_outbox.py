@@ -101,7 +101,7 @@ def test_a_reply_too_large_for_the_codec_becomes_reply_too_large() -> None:
     outbox = ReplyOutbox(transport)  # type: ignore[arg-type]
     transport.full.add(b"a")
     outbox.send(b"a", reply(1, 10_000))
-    item, _ = outbox._queues[b"a"][0]
+    item, _ = outbox.queues[b"a"][0]
     queued = transport.codec.decode(item) if isinstance(item, bytes) else item
     assert isinstance(queued, Reply) and queued.error is not None
     assert queued.error.type == "ReplyTooLarge" and outbox.counters["replies_too_large"] == 1

@@ -103,7 +103,7 @@ def test_outbox_total_across_several_full_routes_stays_under_max_outbox_bytes() 
     for _ in range(20):
         _flood(ep, transport, [*routes, b"reader"], 1, "y" * 5_000)
         peak_seen = max(peak_seen, ep.outbox_bytes)
-    per_route = {r: sum(size for _, size in q) for r, q in ep.outbox._queues.items()}
+    per_route = {r: sum(size for _, size in q) for r, q in ep.outbox.queues.items()}
     print(f"\ntotal {ep.outbox_bytes} B over {len(per_route)} routes, peak "
           f"{ep.outbox_peak_bytes} B, dropped {ep.counters['replies_dropped_unread']}")
     assert peak_seen <= 250_000 and ep.outbox_peak_bytes <= 250_000

@@ -1,11 +1,11 @@
 """The engine's per-wake-up batch and its encoded replies.
 
-* ``poll()`` takes the first queued event alone and handles it, then every
-  other queued event in one ``receive_ready`` call of a ZMQ engine transport
-  (up to ``max_messages`` in all), in arrival order, bad frames included: the
-  receive that finds the queue empty follows the first reply instead of
-  delaying it. A transport without ``receive_ready`` is read with
-  ``try_receive`` in a loop.
+* ``poll()`` takes queued events one at a time, in arrival order, bad frames
+  included, and handles each (its reply sent) before taking the next, up to
+  ``max_messages``. After the first it asks whether another is queued (a ZMQ
+  engine transport's ``readable``: the socket's ``EVENTS``), so a lone request
+  costs no receive that fails; a burst ends with one. A transport without
+  ``receive_one`` is read with ``try_receive`` until it finds nothing.
 * Over a real ZMQ transport (where replies go out as encoded bytes) every
   kind of request gets its one reply.
 * The trace carrier a handler sees, and that it is restored.
@@ -78,42 +78,14 @@ def _settle(pair: _Pair) -> None:
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["raw-socket", "wrapper"])
-def test_receive_ready_takes_everything_queued_in_order_up_to_the_limit(direct: bool) -> None:
+def test_receive_one_takes_each_queued_message_as_its_typed_event_in_order(
+        direct: bool) -> None:
+    """``receive_one`` hands over each queued message as its typed event, in
+    order, then None; a message of several parts is one framing drop, not a
+    request. ``readable`` says whether one is queued (on the raw socket; through
+    the wrapper it cannot tell, and says True)."""
     pair = _Pair()
     assert pair.transport._direct  # opened by this thread, no async use yet
-    pair.transport._direct = direct
-    try:
-        codec = pair.codec
-        for i in range(1, 6):
-            pair.send(codec.encode(Request(i, 0, "flush", codec.encode_value(None))))
-        pair.send(b"\xc1junk")                                   # malformed
-        pair.send(codec.encode(Request(9, 0, "flush", codec.encode_value(None))), b"x")
-        pair.send(codec.encode(Heartbeat(0, 1)))
-        _settle(pair)
-        first = pair.transport.receive_ready(3)
-        rest = pair.transport.receive_ready(64)
-        assert pair.transport.receive_ready(64) == []
-        assert len(first) == 3 and len(rest) == 5
-        events = first + rest
-        ids = [e.envelope.id for e in events[:5] if isinstance(e, Received)
-               and isinstance(e.envelope, Request)]
-        assert ids == [1, 2, 3, 4, 5]
-        assert isinstance(events[5], Dropped) and events[5].reason == "malformed"
-        assert isinstance(events[6], Dropped) and events[6].reason == "framing"
-        assert isinstance(events[7], Received) and isinstance(events[7].envelope, Heartbeat)
-    finally:
-        pair.close()
-    with pytest.raises(TransportClosed):
-        pair.transport.receive_ready(1)
-
-
-@pytest.mark.parametrize("direct", [True, False], ids=["raw-socket", "wrapper"])
-def test_receive_one_gives_the_same_events_as_receive_ready_one_at_a_time(
-        direct: bool) -> None:
-    """``receive_one`` (poll's first take) hands over each queued message as the
-    same typed event ``receive_ready`` would, in order, then None; a message of
-    several parts is one framing drop, not a request."""
-    pair = _Pair()
     pair.transport._direct = direct
     try:
         codec = pair.codec
@@ -122,120 +94,121 @@ def test_receive_one_gives_the_same_events_as_receive_ready_one_at_a_time(
         pair.send(codec.encode(Request(9, 0, "flush", codec.encode_value(None))), b"x")
         pair.send(b"\xc1junk")
         pair.send(codec.encode(Request(3, 0, "flush", codec.encode_value(None))))
+        pair.send(codec.encode(Heartbeat(0, 1)))
         _settle(pair)
         events = []
-        while (event := pair.transport.receive_one()) is not None:
+        while pair.transport.readable() and (event := pair.transport.receive_one()) is not None:
             events.append(event)
         assert pair.transport.receive_one() is None
-        assert [type(e) for e in events] == [Received, Received, Dropped, Dropped, Received]
-        assert [e.envelope.id for e in events if isinstance(e, Received)] == [1, 2, 3]
+        assert pair.transport.readable() is not direct
+        assert [type(e) for e in events] == [Received, Received, Dropped, Dropped, Received,
+                                             Received]
+        assert [e.envelope.id for e in events if isinstance(e, Received)
+                and isinstance(e.envelope, Request)] == [1, 2, 3]
+        assert isinstance(events[-1], Received) and isinstance(events[-1].envelope, Heartbeat)
         assert [e.reason for e in events if isinstance(e, Dropped)] == ["framing", "malformed"]
     finally:
         pair.close()
     with pytest.raises(TransportClosed):
         pair.transport.receive_one()
+    assert not pair.transport.readable()
 
 
-def _count_takes(monkeypatch: pytest.MonkeyPatch, ep: EngineEndpoint,
-                 record: Any) -> None:
-    """Call ``record(limit, events taken)`` at every receive ``poll()`` makes: the
-    first event's (``_take_one``, limit 1) and the batch's (``_take_ready``)."""
-    take_one, take = ep._take_one, ep._take_ready
+def _record_receives(monkeypatch: pytest.MonkeyPatch, ep: EngineEndpoint,
+                     record: Any) -> None:
+    """Call ``record(what, result)`` at every receive ``poll()`` makes: ``take``
+    (an event, or None) and ``readable`` (whether another is queued)."""
+    take_one, readable = ep._take_one, ep._readable
 
     def one() -> Any:
         event = take_one()
-        record(1, 0 if event is None else 1)
+        record("take", event is not None)
         return event
 
-    def many(limit: int) -> list[Any]:
-        events = take(limit)
-        record(limit, len(events))
-        return events
+    def more() -> bool:
+        ready = readable()
+        record("readable", ready)
+        return ready
 
     monkeypatch.setattr(ep, "_take_one", one)
-    monkeypatch.setattr(ep, "_take_ready", many)
+    monkeypatch.setattr(ep, "_readable", more)
 
 
-def test_poll_takes_the_first_event_alone_then_the_rest_in_one_batch(
+def _request(codec: Any, i: int) -> bytes:
+    return codec.encode(Request(i, 0, "flush", codec.encode_value(None), 0.0, i, 9))
+
+
+def test_poll_takes_up_to_max_messages_and_stops_when_nothing_more_is_queued(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A poll takes events up to ``max_messages``: after the first, it asks
+    whether another is queued (``readable``: the socket's EVENTS), then takes
+    the rest of a burst until a receive finds the queue empty (one failing
+    receive per burst, not an EVENTS read per event)."""
     pair = _Pair()
     try:
-        calls: list[int] = []
-        _count_takes(monkeypatch, pair.ep, lambda limit, taken: calls.append(limit))
-        codec = pair.codec
+        calls: list[tuple[str, bool]] = []
+        _record_receives(monkeypatch, pair.ep, lambda what, got: calls.append((what, got)))
         for i in range(1, 11):
-            pair.send(codec.encode(Request(i, 0, "flush", codec.encode_value(None), 0.0, i, 9)))
+            pair.send(_request(pair.codec, i))
         _settle(pair)
         assert pair.ep.poll(max_messages=4) == 4
+        assert calls == [("take", True), ("readable", True)] + [("take", True)] * 3
+        calls.clear()
         assert pair.ep.poll() == 6
-        assert calls == [1, 3, 1, 63]
+        assert calls == [("take", True), ("readable", True)] + [("take", True)] * 5 + [
+            ("take", False)]
         assert pair.ep.__dict__["ran"] == [("flush", None)] * 10
         calls.clear()
-        assert pair.ep.poll() == 0  # nothing queued: one empty take, no second
-        assert pair.ep.poll(max_messages=1) == 0
+        assert pair.ep.poll() == 0  # nothing queued: one empty take
         assert pair.ep.poll(max_messages=0) == 0  # takes nothing
-        assert calls == [1, 1]
+        assert calls == [("take", False)]
     finally:
         pair.close()
 
 
-def test_poll_replies_to_a_lone_request_before_the_receive_that_finds_the_queue_empty(
+def test_poll_replies_to_a_lone_request_before_asking_whether_more_is_queued(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The receive that ends a batch (a miss: zmq.Again) comes after the first
-    request's reply, not between its arrival and its reply; and it is made, not
-    replaced by an EVENTS probe: the engine then goes back to waiting right after
-    its reply, which measured ~9 % slower per sequential round trip."""
+    """A lone request is answered before the transport is asked whether another
+    is queued, and the poll ends on that answer, without a receive that finds
+    the queue empty."""
     pair = _Pair()
     try:
-        seen: list[tuple[int, int, int]] = []  # (limit, events taken, replies sent before)
-        _count_takes(monkeypatch, pair.ep, lambda limit, taken: seen.append(
-            (limit, taken, pair.ep.counters["replied"])))
+        seen: list[tuple[str, bool, int]] = []  # (what, result, replies sent before)
+        _record_receives(monkeypatch, pair.ep, lambda what, got: seen.append(
+            (what, got, pair.ep.counters["replied"])))
         assert pair.transport._direct
-        codec = pair.codec
-        pair.send(codec.encode(Request(1, 0, "flush", codec.encode_value(None), 0.0, 1, 9)))
+        pair.send(_request(pair.codec, 1))
         _settle(pair)
         assert pair.ep.poll() == 1
-        # taken alone, answered, then the batch's receive finds the queue empty
-        assert seen == [(1, 1, 0), (63, 0, 1)]
+        assert seen == [("take", True, 0), ("readable", False, 1)]
         assert len(pair.replies(1)) == 1
     finally:
         pair.close()
 
 
-def test_poll_takes_what_queued_behind_the_first_event_in_the_same_poll(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """What is queued behind the first event is taken by the batch receive of the
-    same poll, in order; a request arriving after that receive found the queue
-    empty is taken by the next poll."""
+def test_poll_takes_what_queued_behind_the_first_event_in_the_same_poll() -> None:
+    """What is queued behind the first event is taken by the same poll, in
+    order; a request arriving after the poll ended is taken by the next one."""
     pair = _Pair()
     try:
-        calls: list[tuple[int, int]] = []
-        _count_takes(monkeypatch, pair.ep, lambda limit, taken: calls.append((limit, taken)))
         codec = pair.codec
-
-        def request(i: int) -> bytes:
-            return codec.encode(Request(i, 0, "flush", codec.encode_value(None), 0.0, i, 9))
-
         for i in (1, 2, 3):
-            pair.send(request(i))
+            pair.send(_request(codec, i))
         _settle(pair)
         assert pair.ep.poll() == 3
-        assert calls == [(1, 1), (63, 2)]
         assert pair.ep.__dict__["ran"] == [("flush", None)] * 3
         assert [codec.decode(r).id for r in pair.replies(3)] == [1, 2, 3]
-        calls.clear()
-        pair.send(request(4))
+        pair.send(_request(codec, 4))
         _settle(pair)
         assert pair.ep.poll() == 1 and pair.ep.counters["replied"] == 4
-        assert calls == [(1, 1), (63, 0)]
     finally:
         pair.close()
 
 
-def test_poll_without_receive_ready_reads_try_receive_in_a_loop() -> None:
+def test_poll_without_receive_one_reads_try_receive_until_it_finds_nothing() -> None:
     net = MemoryNetwork()
     transport = net.engine_transport(0)
-    assert not hasattr(transport, "receive_ready")
+    assert not hasattr(transport, "receive_one") and not hasattr(transport, "readable")
     ep = EngineEndpoint(transport, heartbeat_interval=None)
     methods(ep)
     client = net.client_transport()
@@ -389,5 +362,5 @@ def test_encoded_reply_to_a_full_or_gone_route_is_queued_or_counted() -> None:
     assert ep.poll() == 10
     assert transport.sent == [(b"legit", i) for i in (1, 4, 7, 10)]
     assert ep.outbox_replies == 3  # 3, 6, 9 wait for room (bound 4)
-    assert [codec.decode(r).id for r, _ in ep.outbox._queues[b"hostile"]] == [3, 6, 9]
+    assert [codec.decode(r).id for r, _ in ep.outbox.queues[b"hostile"]] == [3, 6, 9]
     assert ep.counters["reply_send_failures"] == 3 and ep.counters["replied"] == 4

@@ -16,6 +16,7 @@ from ctlwire.kernel.errors import ClientClosed, CtlwireError, EngineDead, Reques
 from ctlwire.kernel.testing import EngineHarness, virtual_backend
 from ctlwire.states import PeerState
 from ctlwire.transports.envelope import Heartbeat, Reply, Request
+from ctlwire.transports.errors import TransportClosed
 from ctlwire.transports.memory import MemoryNetwork
 from ctlwire.transports.testing import (
     Fault,
@@ -480,3 +481,19 @@ async def test_a_disconnection_loses_what_the_link_still_carried() -> None:
         assert h.client.counters["engine_lost"] == 1
         assert t.faults.count("lost", "receive", "heartbeat") >= 1
         assert_clean(h)
+
+
+async def test_receive_many_takes_what_is_buffered_in_order_up_to_the_limit() -> None:
+    net = MemoryNetwork()
+    async with (FaultyClientTransport(net.client_transport(), FaultPlan()) as client,
+                net.engine_transport(0) as engine):
+        for i in range(5):
+            engine.send_nowait(None, Reply(i, 0, 1, True, msgspec.Raw(b"\xc0")))
+        with anyio.fail_after(5):
+            first = await client.receive_many(3)
+            rest = await client.receive_many(3)
+        ids = [e.envelope.id for e in first + rest if isinstance(e, Received)]
+        assert (len(first), len(rest), ids) == (3, 2, [0, 1, 2, 3, 4])
+        client.close()
+        with pytest.raises(TransportClosed):
+            await client.receive_many()
