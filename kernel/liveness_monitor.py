@@ -6,6 +6,7 @@ which ranks to give up on::
 
     monitor = LivenessMonitor(transport, ranks, interval=0.25, misses_allowed=4,
                               fail_rank=client_fail_rank, counters=client.counters)
+    monitor.now = loop_clock()                # once the event loop runs
     tg.start_soon(monitor.run, incarnation)   # heartbeats (when interval is set)
     ...
     monitor.seen(rank, reply.incarnation, authoritative=False)   # on every reply
@@ -47,7 +48,6 @@ calls in flight is the client's ``fail_rank``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import math
@@ -56,7 +56,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
-import sniffio
 
 from ctlwire.kernel.core.peer_table import PeerTable, Progress
 from ctlwire.kernel.errors import ClientClosed, RequestTimedOut
@@ -76,16 +75,6 @@ default interval); a rank not live, every interval. An engine's loss is not foun
 through them (missed beacon heartbeats and the socket monitor find it), and an engine
 only counts them; they keep this client's route fresh in a binding engine, which
 replaces a route only once it has been silent for 10 s."""
-
-
-def loop_clock() -> Callable[[], float]:
-    """The running event loop's clock, the one :func:`anyio.current_time` reads, as one
-    call instead of a lookup of the backend at each reading."""
-    if sniffio.current_async_library() == "trio":
-        import trio
-
-        return trio.lowlevel.current_clock().current_time
-    return asyncio.get_running_loop().time
 
 
 class LivenessMonitor:
@@ -117,7 +106,7 @@ class LivenessMonitor:
         self.wall: Callable[[], float] = time.time
         self._warned_implausible: set[int] = set()
         self._fail_rank = fail_rank
-        #: the event loop's clock (:meth:`run` takes it from the running loop, one call a reading)
+        #: the clock (the client sets the event loop's own once it runs)
         self.now: Callable[[], float] = anyio.current_time
         #: set, then replaced, whenever a rank becomes live or is lost, and on close
         self.peer_changed = anyio.Event()
@@ -247,8 +236,6 @@ class LivenessMonitor:
         was stalled) and send each rank a heartbeat of ``incarnation``."""
         interval = self.interval
         assert interval
-        if self.now is anyio.current_time:
-            self.now = loop_clock()
         peers = self.peers
         transport = self.transport
         # a heartbeat is encoded once a tick when the transport's class takes encoded

@@ -369,16 +369,3 @@ async def test_a_thawed_old_incarnation_never_takes_its_rank_back(ipc_dir: str) 
             print(f"\nthawed old incarnation: {len(answered)} calls, all answered by the "
                   f"new process; fenced frames {c.peers.fenced}")
     assert old_fleet.engines[0].proc.returncode is not None
-
-
-async def test_the_monitor_reads_the_event_loops_own_clock() -> None:
-    """The clock the monitor takes from the running loop is the one anyio reads (trio's
-    has a random offset: another clock would be far off)."""
-    from ctlwire.kernel.liveness_monitor import loop_clock
-
-    clock = loop_clock()
-    for _ in range(3):
-        before = anyio.current_time()
-        reading = clock()
-        assert before <= reading <= anyio.current_time()
-        await anyio.sleep(0.01)
