@@ -60,7 +60,7 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> No
 
 
 async def test_membership_changes_during_queued_fan_outs_keep_fifo_and_every_outcome(
-        fleet: tuple[str, EngineFleet]) -> None:
+        fleet: tuple[str, EngineFleet], tmp_path: Path) -> None:
     address, _ = fleet
     tag = uuid.uuid4().hex[:8]
     outcomes: dict[int, FanOutResult] = {}
@@ -71,9 +71,10 @@ async def test_membership_changes_during_queued_fan_outs_keep_fifo_and_every_out
         async def mark(i: int) -> None:
             outcomes[i] = await c.fan_out("mark", f"{tag}-{i}")
 
-        # the engines' threads block for a while: the first fan-out stays in flight
-        # and the next ones queue behind it in the mailbox
-        await c.fan_out("block_next_step", 3.0, mode="concurrent")
+        # the engines' threads block until released: the first fan-out stays in
+        # flight and the next ones queue behind it in the mailbox
+        release = tmp_path / "release"
+        await c.fan_out("block_next_step_until", str(release), mode="concurrent")
         async with anyio.create_task_group() as tg:
             for i in range(6):
                 tg.start_soon(mark, i)
@@ -88,6 +89,7 @@ async def test_membership_changes_during_queued_fan_outs_keep_fifo_and_every_out
             for i in range(6, 9):
                 tg.start_soon(mark, i)
                 await wait_until(lambda i=i: box.depth == i)
+            release.touch()
         assert sorted(outcomes) == list(range(9))  # every caller got its outcome
         for i in range(6):
             res = outcomes[i]

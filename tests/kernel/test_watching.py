@@ -32,8 +32,7 @@ VICTIM = RANKS - 1
 INTERVAL = 0.25
 
 
-@pytest.fixture
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, EngineFleet]]:
+def _fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, EngineFleet]]:
     d = tmp_path_factory.mktemp("watch")
     os.chmod(d, 0o700)
     address = f"ipc://{d}/client.sock"
@@ -49,13 +48,39 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Engin
 
 
 @pytest.fixture
-async def watching(fleet: tuple[str, EngineFleet]
-                   ) -> AsyncIterator[tuple[ControlClient, EngineFleet]]:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, EngineFleet]]:
+    """A fleet of its own, for a test that kills a process."""
+    yield from _fleet(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def shared_fleet(tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[tuple[str, EngineFleet]]:
+    """One fleet for the tests that leave every process serving (each its own client)."""
+    yield from _fleet(tmp_path_factory)
+
+
+async def _watch(fleet: tuple[str, EngineFleet]
+                 ) -> AsyncIterator[tuple[ControlClient, EngineFleet]]:
     address, f = fleet
     async with ControlClient(ZmqRouterClientTransport(address), ranks=RANKS,
                              heartbeat_interval=INTERVAL, default_timeout=30.0) as ctl:
         await ctl.wait_ready(timeout=30)
         yield ctl, f
+
+
+@pytest.fixture
+async def watching(shared_fleet: tuple[str, EngineFleet]
+                   ) -> AsyncIterator[tuple[ControlClient, EngineFleet]]:
+    async for watched in _watch(shared_fleet):
+        yield watched
+
+
+@pytest.fixture
+async def watching_own(fleet: tuple[str, EngineFleet]
+                       ) -> AsyncIterator[tuple[ControlClient, EngineFleet]]:
+    async for watched in _watch(fleet):
+        yield watched
 
 
 async def _until(ctl: ControlClient, rank: int, lost: bool, limit: float) -> float:
@@ -73,8 +98,8 @@ def _others_live(ctl: ControlClient) -> bool:
 @pytest.mark.anyio
 @pytest.mark.timeout(120)
 async def test_a_killed_rank_among_many_is_lost_and_no_other(
-        watching: tuple[ControlClient, EngineFleet]) -> None:
-    ctl, f = watching
+        watching_own: tuple[ControlClient, EngineFleet]) -> None:
+    ctl, f = watching_own
     os.kill(f.engines[f.ranks[-1]].pid, signal.SIGKILL)
     await _until(ctl, VICTIM, True, 10.0)
     await anyio.sleep(3 * INTERVAL)
