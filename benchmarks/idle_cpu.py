@@ -6,7 +6,9 @@ ranks, hosted 64 a process by :mod:`ctlwire.benchmarks.multi_rank_engine`
 of its own per size (``python -m ctlwire.benchmarks.idle_cpu client ...``)
 waits until every rank is heard from, settles, then reports its process CPU
 time (every thread: the event loop's and libzmq's) over ``seconds`` of wall
-time, and the heartbeats it received meanwhile. Then it kills the last rank
+time, and the heartbeats it received meanwhile; then counts its Python calls per
+heartbeat received for a second (:mod:`.call_counter`: exact, whatever the load,
+and slowing the loop, so after the timing). Then it kills the last rank
 (``SIGKILL``) and times until it is Lost, freezes the rank before it
 (``SIGSTOP``: its connections stay up, only its heartbeats stop), times until
 it is Lost, and thaws it (``SIGCONT``).
@@ -32,6 +34,8 @@ from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
+from .call_counter import CallCounter
+
 __all__ = ["GROUPS", "IdlePoint", "main", "run_group"]
 
 GROUPS = ("idle_cpu",)
@@ -45,6 +49,7 @@ class IdlePoint:
     processes: int
     cpu_pct: float
     heartbeats_per_s: float
+    py_calls_per_heartbeat: float
     frozen_s: float | None
     killed_s: float | None
     others_lost: int
@@ -72,6 +77,10 @@ async def _client(address: str, ranks: int, seconds: float, killed_pid: int,
         await anyio.sleep(seconds)
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         received = ctl.counters.get("heartbeats_received", 0) - received0
+        counted0 = ctl.counters.get("heartbeats_received", 0)
+        with CallCounter() as counter:  # after the timing: counting slows the loop down
+            await anyio.sleep(1.0)
+        counted = ctl.counters.get("heartbeats_received", 0) - counted0
         lost0 = ctl.counters.get("engine_lost", 0)
         os.kill(killed_pid, signal.SIGKILL)
         killed = await _wait_state(ctl, ranks - 1, True, 10.0)
@@ -84,6 +93,7 @@ async def _client(address: str, ranks: int, seconds: float, killed_pid: int,
         await anyio.sleep(0.3)
         lost = ctl.counters.get("engine_lost", 0) - lost0
         return {"cpu_pct": 100.0 * cpu / wall, "heartbeats_per_s": received / wall,
+                "py_calls_per_heartbeat": counter.counts.py_calls / max(counted, 1),
                 "frozen_s": frozen, "killed_s": killed,
                 "others_lost": max(0, lost - (frozen is not None) - (killed is not None))}
 
@@ -131,7 +141,8 @@ def rows(points: Sequence[IdlePoint]) -> list[Any]:
             Target("<=", 2.0, "<= 2 %") if pt.ranks >= 256 else Target("info"),
             {"heartbeats_received_per_s": round(pt.heartbeats_per_s),
              "cpu_us_per_heartbeat": round(pt.cpu_pct * 1e4 / pt.heartbeats_per_s, 1)
-             if pt.heartbeats_per_s else None}, ratio_unit=" %"))
+             if pt.heartbeats_per_s else None,
+             "py_calls_per_heartbeat": round(pt.py_calls_per_heartbeat, 1)}, ratio_unit=" %"))
         for what, value in (("kill -9", pt.killed_s), ("SIGSTOP", pt.frozen_s)):
             seconds = math.inf if value is None else value
             out.append(Row(
@@ -153,7 +164,8 @@ def run_group(pool: Any, p: Any) -> list[Any]:
         data = measure(pool.address(name), ranks, f.engines[f.ranks[-1]].pid,
                        f.engines[f.ranks[-2]].pid, seconds)
         points.append(IdlePoint(ranks, len(f.ranks), data["cpu_pct"], data["heartbeats_per_s"],
-                                data["frozen_s"], data["killed_s"], data["others_lost"]))
+                                data["py_calls_per_heartbeat"], data["frozen_s"],
+                                data["killed_s"], data["others_lost"]))
         pool.stop(name)
     return rows(points)
 

@@ -6,7 +6,7 @@ which ranks to give up on::
 
     monitor = LivenessMonitor(transport, ranks, interval=0.25, misses_allowed=4,
                               fail_rank=client_fail_rank, counters=client.counters)
-    monitor.now = loop_clock                  # once the event loop runs
+    monitor.now = loop_clock()                # once the event loop runs
     tg.start_soon(monitor.run, incarnation)   # heartbeats (when interval is set)
     ...
     monitor.seen(rank, reply.incarnation, authoritative=False)   # on every reply
@@ -48,6 +48,7 @@ calls in flight is the client's ``fail_rank``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -68,9 +69,12 @@ __all__ = ["LIVE_HEARTBEAT_EVERY", "LivenessMonitor"]
 log = logging.getLogger("ctlwire.client")
 _LIVE = LIVE_PEER_STATES
 
-LIVE_HEARTBEAT_EVERY = 4
-"""A live rank gets this client's heartbeat every this many intervals (one a second
-at the default interval); a rank not live, every interval."""
+LIVE_HEARTBEAT_EVERY = 8
+"""A live rank gets this client's heartbeat every this many intervals (every 2 s at the
+default interval); a rank not live, every interval. An engine's loss is not found
+through them (missed beacon heartbeats and the socket monitor find it), and an engine
+only counts them; they keep this client's route fresh in a binding engine, which
+replaces a route only once it has been silent for 10 s."""
 
 
 class LivenessMonitor:
@@ -154,7 +158,8 @@ class LivenessMonitor:
         self.counters["heartbeats_received"] += 1
         if not hb.method:
             # idle from the admitted incarnation of a Connected rank (nearly every
-            # heartbeat): a refresh; that incarnation was judged when it was admitted
+            # heartbeat): a refresh, no state change; that incarnation was judged when
+            # it was admitted
             if not self.peers.reply_seen(rank, hb.incarnation, self.now()):
                 self.seen(rank, hb.incarnation, authoritative=True)
             return None
@@ -232,6 +237,14 @@ class LivenessMonitor:
         interval = self.interval
         assert interval
         peers = self.peers
+        transport = self.transport
+        # a heartbeat is encoded once a tick when the transport's class takes encoded
+        # bytes (a wrapper that intercepts send_nowait is not bypassed), and its sends
+        # re-check the socket's readiness once a tick, not once per rank
+        send: Callable[[int, Any], None] = transport.send_nowait
+        send_encoded = (getattr(transport, "send_encoded_nowait", None)
+                        if hasattr(type(transport), "send_encoded_nowait") else None)
+        batched = getattr(transport, "batched_sends", contextlib.nullcontext)
         hb_seq = 0
         last = self.now()
         while True:
@@ -250,21 +263,24 @@ class LivenessMonitor:
                     self.rank_lost(rank, f"no heartbeat for {peers.misses_allowed} intervals")
             hb_seq += 1
             live = set(peers.live_ranks())
-            heartbeat = Heartbeat(-1, incarnation, hb_seq)
+            heartbeat: Any = Heartbeat(-1, incarnation, hb_seq)
+            if send_encoded is not None:
+                heartbeat, send = transport.codec.encode(heartbeat), send_encoded
             # a live rank needs only to know we are there: at the first tick, then less often
             to_live = (hb_seq - 1) % LIVE_HEARTBEAT_EVERY == 0
-            for rank in self.ranks:
-                if not to_live and rank in live:
-                    continue
-                try:
-                    self.transport.send_nowait(rank, heartbeat)
-                    self.counters["heartbeats_sent"] += 1
-                except Unroutable:
-                    # unroutable and silent: gone. (Unroutable while its beacon is
-                    # heard: the request connection is being re-established.)
-                    peer = peers.peers[rank]
-                    if (rank in live and now - peer.last_seen > interval
-                            and peers.disconnected(rank, now)):
-                        self.rank_lost(rank, "unroutable")
-                except (WouldBlock, TransportError):
-                    pass
+            with batched():
+                for rank in self.ranks:
+                    if not to_live and rank in live:
+                        continue
+                    try:
+                        send(rank, heartbeat)
+                        self.counters["heartbeats_sent"] += 1
+                    except Unroutable:
+                        # unroutable and silent: gone. (Unroutable while its beacon is
+                        # heard: the request connection is being re-established.)
+                        peer = peers.peers[rank]
+                        if (rank in live and now - peer.last_seen > interval
+                                and peers.disconnected(rank, now)):
+                            self.rank_lost(rank, "unroutable")
+                    except (WouldBlock, TransportError):
+                        pass

@@ -50,6 +50,7 @@ from ctlwire.transports.errors import (
     WouldBlock,
 )
 from ctlwire.transports.memory import decode_event
+from ctlwire.transports.protocol_version import PROTOCOL_VERSION
 from ctlwire.transports.transport import Dropped, PeerDisconnected, Received, TransportEvent
 from ctlwire.transports.zmq_client_base import _ZmqClientBase
 from ctlwire.transports.zmq_config import (
@@ -141,6 +142,8 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         self._identity_of: dict[int, bytes] = {}
         self._learned_routes_only = curve is not None and curve.binds_ranks
         self._rank_of: dict[bytes, int] = {}
+        # beacon identity -> rank: an identity is parsed once per connection, not per heartbeat
+        self._beacon_rank_of: dict[bytes, int] = {}
         self._fast_decode = self.codec.fast_envelope_decoder()
 
     def _open(self) -> None:
@@ -198,8 +201,9 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         again learns it afresh from its frames)."""
         self._identity_of.pop(rank, None)
         self._known.discard(rank)
-        for identity in [i for i, r in self._rank_of.items() if r == rank]:
-            del self._rank_of[identity]
+        for cache in (self._rank_of, self._beacon_rank_of):
+            for identity in [i for i, r in cache.items() if r == rank]:
+                del cache[identity]
 
     @contextlib.contextmanager
     def batched_sends(self) -> Iterator[None]:
@@ -352,31 +356,47 @@ class ZmqRouterClientTransport(_ZmqClientBase):
             return Dropped("framing", f"expected 2 frames, got {len(msg)}",
                            sum(len(f) for f in msg))
         identity, data = msg
-        named = self._rank_of.get(identity)
-        if named is not None and self.curve is None:
-            # a rank's request identity seen before, no key binding to check
-            self._known.add(named)
-            fast = self._fast_decode
-            if fast is not None and len(data) <= self.codec.max_message_size:
+        fast = self._fast_decode
+        if self.curve is None and fast is not None and len(data) <= self.codec.max_message_size:
+            # an identity seen before, no key binding to check: one lookup, one decode
+            beat = self._beacon_rank_of.get(identity)
+            if beat is not None:
                 try:
                     env = fast(data)
                 except Exception:
-                    pass  # not an envelope: decode_event gives the verdict
+                    pass  # not an envelope: the general path gives the verdict
                 else:
-                    if type(env) is Heartbeat:
-                        return self._versioned(Received(env, named, identity, len(data)))
-                    return Received(env, named, identity, len(data))
-            return self._versioned(decode_event(self.codec, data, named, identity))
-        named = rank_from_identity(identity)
-        if named is not None and len(self._rank_of) < _CACHE_LIMIT:
-            self._rank_of[identity] = named
+                    if (type(env) is Heartbeat and env.version == PROTOCOL_VERSION
+                            and not self._refused_versions):
+                        return Received(env, beat, identity, len(data))
+            else:
+                named = self._rank_of.get(identity)
+                if named is not None:
+                    self._known.add(named)
+                    try:
+                        env = fast(data)
+                    except Exception:
+                        pass  # not an envelope: decode_event gives the verdict
+                    else:
+                        if type(env) is Heartbeat:
+                            return self._versioned(Received(env, named, identity, len(data)))
+                        return Received(env, named, identity, len(data))
+        named = self._rank_of.get(identity)
+        if named is None:
+            named = rank_from_identity(identity)
+            if named is not None and len(self._rank_of) < _CACHE_LIMIT:
+                self._rank_of[identity] = named
         beacon = named is None
         if named is None:
-            named = rank_from_beacon_identity(identity)
+            named = self._beacon_rank_of.get(identity)
             if named is None:
-                self.counters["unknown_peer"] += 1
-                return Dropped("unknown_peer", f"identity {identity[:32]!r} is not a rank",
-                               len(data))
+                named = rank_from_beacon_identity(identity)
+                if named is None:
+                    self.counters["unknown_peer"] += 1
+                    return Dropped("unknown_peer", f"identity {identity[:32]!r} is not a rank",
+                                   len(data))
+                if len(self._beacon_rank_of) < _CACHE_LIMIT:
+                    self._beacon_rank_of[identity] = named
         rank: int = named
         curve = self.curve
         if curve is not None and curve.rank_keys:

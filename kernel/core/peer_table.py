@@ -211,15 +211,11 @@ class PeerTable:
 
         ``authoritative`` is True for heartbeats (which announce the
         incarnation and carry ``progress``); replies only refresh liveness."""
+        if progress is None and self.reply_seen(rank, incarnation, now):
+            return []  # the common case, Connected --idle--> Connected: no state change
         p = self.peers.get(rank)
         if p is None:
             self.foreign += 1
-            return []
-        if (progress is None and p.state is PeerState.CONNECTED
-                and (incarnation == p.incarnation or not incarnation)):
-            # the common case, Connected --idle--> Connected: no state change
-            p.last_seen = now
-            p.misses = 0
             return []
         lost: list[int] = []
         if incarnation and p.incarnation and incarnation != p.incarnation:

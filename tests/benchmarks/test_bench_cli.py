@@ -204,14 +204,16 @@ def test_fanout_profile_counts_both_sides_on_both_backends(tmp_path: Path) -> No
 
 @pytest.mark.timeout(400)
 def test_idle_cpu_reports_cpu_and_detection_at_each_size(tmp_path: Path) -> None:
-    """An idle client's CPU at 8, 64 and 256 ranks, each with its heartbeat rate, and
-    a frozen and a killed rank detected at each size (times are not judged)."""
+    """An idle client's CPU at 8, 64 and 256 ranks, each with its heartbeat rate and
+    Python calls per heartbeat, and a frozen and a killed rank detected at each size
+    (times are not judged)."""
     report = _run_alone(tmp_path, "idle_cpu")
     rows = {r["scenario"]: r for r in report["rows"]}
     for ranks, processes in ((8, 3), (64, 3), (256, 6)):
         cpu = rows[f"idle client CPU, {ranks} ranks ({processes} processes)"]
         assert 0 < cpu["ctlwire"] < 100
         assert cpu["details"]["heartbeats_received_per_s"] > 0
+        assert cpu["details"]["py_calls_per_heartbeat"] > 0
         for what in ("kill -9", "SIGSTOP"):
             row = rows[f"{what} of 1 rank among {ranks}: time to Lost"]
             assert row["details"]["other_ranks_lost"] == 0

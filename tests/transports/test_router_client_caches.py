@@ -90,6 +90,10 @@ async def test_router_client_caches_are_bounded_and_batched_sends_deliver() -> N
                 ev = transport._event([b"rank-%d" % (1000 + i), data])
                 assert isinstance(ev, Received) and ev.peer == 1000 + i
             assert len(transport._rank_of) <= zmq_client._CACHE_LIMIT
+            for i in range(zmq_client._CACHE_LIMIT + 100):
+                ev = transport._event([b"beat-%d" % (1000 + i), data])
+                assert isinstance(ev, Received) and ev.peer == 1000 + i
+            assert len(transport._beacon_rank_of) <= zmq_client._CACHE_LIMIT
             # a cached identity still decodes, and a junk frame from it is still Dropped
             ev = transport._event([b"rank-1", b"\xc1junk"])
             assert not isinstance(ev, Received) and ev.reason == "malformed"  # type: ignore[union-attr]
@@ -99,3 +103,46 @@ async def test_router_client_caches_are_bounded_and_batched_sends_deliver() -> N
         ctx.term()
 
 
+
+
+async def test_a_beacon_heard_before_keeps_every_verdict() -> None:
+    """A beacon identity is parsed once; what its later frames say is judged as the
+    first: heartbeats of its rank, anything else dropped, versions checked both ways."""
+    from ctlwire.transports.envelope import Heartbeat
+    from ctlwire.transports.errors import ProtocolVersionRefused, Unroutable
+    from ctlwire.transports.protocol_version import PROTOCOL_VERSION
+    from ctlwire.transports.transport import Dropped
+    from ctlwire.transports.zmq_client import ZmqRouterClientTransport
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        async with ZmqRouterClientTransport("inproc://beacon-verdicts", context=ctx) as t:
+            codec = t.codec
+            hb = codec.encode(Heartbeat(3, 7))
+
+            def verdict(data: bytes, identity: bytes = b"beat-3") -> Any:
+                return t._event([identity, data])
+
+            for _ in range(3):  # parsed, then from the cache
+                ev = verdict(hb)
+                assert isinstance(ev, Received) and ev.peer == 3
+                assert ev.envelope == Heartbeat(3, 7) and ev.route == b"beat-3"
+            request = codec.encode(Request(1, 3, "m", codec.encode_value(None)))
+            ev = verdict(request)
+            assert isinstance(ev, Dropped) and (ev.reason, ev.peer) == ("wrong_type", 3)
+            ev = verdict(b"\xc1junk")
+            assert isinstance(ev, Dropped) and ev.reason == "malformed"
+            newer_minor = codec.encode(Heartbeat(3, 7, version=PROTOCOL_VERSION + 1))
+            assert isinstance(verdict(newer_minor), Received)
+            ev = verdict(codec.encode(Heartbeat(3, 7, version=PROTOCOL_VERSION + 0x100)))
+            assert isinstance(ev, Dropped) and (ev.reason, ev.peer) == ("protocol_version", 3)
+            with pytest.raises(ProtocolVersionRefused):
+                t.send_nowait(3, Heartbeat(-1, 1))
+            assert isinstance(verdict(hb), Received)  # a supported version lifts the refusal
+            with pytest.raises(Unroutable) as info:
+                t.send_nowait(3, Heartbeat(-1, 1))
+            assert not isinstance(info.value, ProtocolVersionRefused)  # no engine: unroutable
+            ev = verdict(hb, b"beat-3x")
+            assert isinstance(ev, Dropped) and ev.reason == "unknown_peer"
+    finally:
+        ctx.term()
