@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -297,19 +297,6 @@ class ZmqRouterClientTransport(_ZmqClientBase):
             events.append(self._event(msg))
         return events
 
-    async def receive_or_handle(self, handle: Callable[[TransportEvent], bool],
-                                until: Callable[[], bool] | None = None
-                                ) -> TransportEvent | None:
-        """:meth:`receive` until ``handle(event)`` declines an event (returned) or
-        ``until()`` holds (None; asked before each event). ``handle`` must not use this
-        transport; an exception it raises is raised here. :meth:`interrupt_receive`
-        makes a suspended call ask ``until`` again."""
-        while until is None or not until():
-            event = await self._next()
-            if event is not None and not handle(event):
-                return event
-        return None
-
     async def _next(self) -> TransportEvent | None:
         """The next event, or None when :meth:`_wake_receiver` ended the wait for it."""
         sock = self._sock
@@ -338,11 +325,6 @@ class ZmqRouterClientTransport(_ZmqClientBase):
             self._woken = False
             return self._pending.popleft() if self._pending else None
         return self._event(msg)
-
-    def interrupt_receive(self) -> None:
-        """Make a suspended :meth:`receive_or_handle` ask its ``until`` again; nothing
-        queued is lost. No effect when nothing is received."""
-        self._wake_receiver()
 
     def _wake_receiver(self) -> None:
         """End the wait of a receive in progress (or the next one's, before it waits)."""
