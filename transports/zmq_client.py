@@ -133,6 +133,9 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         self._receive_waits = False  # a receive waits in sock.wait_readable()
         self._woken = False  # _wake_receiver() was called since the last receive took it
         self._streak = 0  # events taken in a row without suspending (fairness)
+        # the last receive found the queue empty: the next one waits at once (the wait
+        # reads EVENTS first) instead of asking libzmq again for a zmq.Again
+        self._drained = False
         self._known: set[int] = set()
         self._probe_hb = b""
         # hot path caches, bounded: rank -> identity (sends), identity -> rank (replies).
@@ -293,6 +296,7 @@ class ZmqRouterClientTransport(_ZmqClientBase):
             except SocketClosed:
                 break  # the next call raises TransportClosed
             if msg is None:
+                self._drained = True
                 break
             events.append(self._event(msg))
         return events
@@ -309,7 +313,8 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         if self._pending:
             return self._pending.popleft()
         try:
-            msg = sock.recv_multipart_nowait()
+            msg = None if self._drained else sock.recv_multipart_nowait()
+            self._drained = False
             while msg is None and not self._woken:
                 self._streak = 0
                 self._receive_waits = True
