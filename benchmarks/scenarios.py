@@ -32,7 +32,6 @@ from .stats import median, percentile, rss_bytes
 
 __all__ = [
     "PAYLOAD",
-    "BackendResult",
     "BackendRound",
     "FanOutResult",
     "LiveResult",
@@ -46,7 +45,6 @@ __all__ = [
     "live_requests",
     "memory",
     "single_engine",
-    "trio_vs_asyncio",
 ]
 
 PAYLOAD: dict[str, Any] = {"step": 123_456, "paused": False, "weights_version": 7,
@@ -91,12 +89,6 @@ class Params:
     def fan_callers(self) -> tuple[int, ...]:
         """Callers queued at once on one fan-out mailbox."""
         return (100, 500) if self.quick else (100, 1_000, 4_000)
-
-    @property
-    def trio_rounds(self) -> int:
-        # per backend; the blocks are split over them (see trio_vs_asyncio): one round
-        # in a slow spell of the machine moves a pooled p50 less when there are more
-        return 1 if self.quick else 6
 
     @property
     def floor_calls(self) -> int:
@@ -200,8 +192,10 @@ class SingleEngineResult:
 
 
 def single_engine(ctl_address: str, base_address: str, floor_address: str | None,
-                  p: Params, *, latency: bool, throughput: bool) -> SingleEngineResult:
-    """ctlwire vs the raw pyzmq baseline against one engine process each."""
+                  p: Params, *, latency: bool, throughput: bool,
+                  backend: str = "asyncio") -> SingleEngineResult:
+    """ctlwire vs the raw pyzmq baseline against one engine process each, both clients
+    on ``backend``."""
     result = SingleEngineResult()
 
     async def run(floor: FloorPinger | None) -> None:
@@ -249,7 +243,7 @@ def single_engine(ctl_address: str, base_address: str, floor_address: str | None
 
     floor = FloorPinger(floor_address) if floor_address is not None and latency else None
     try:
-        anyio.run(run, floor, backend="asyncio")
+        anyio.run(run, floor, backend=backend)
     finally:
         if floor is not None:
             floor.close()
@@ -330,14 +324,6 @@ def fan_out(ctl_address: str, base_address: str, engines: int, p: Params,
 
 # -- trio vs asyncio ------------------------------------------------------------------------
 @dataclass
-class BackendResult:
-    seq_us: dict[str, list[float]] = field(default_factory=lambda: {"asyncio": [], "trio": []})
-    rate: dict[str, list[float]] = field(default_factory=lambda: {"asyncio": [], "trio": []})
-    fan_rate: dict[str, list[float]] = field(
-        default_factory=lambda: {"asyncio": [], "trio": []})
-
-
-@dataclass
 class BackendRound:
     """One round of :func:`backend_round`: sequential round trips (µs), the rate of 64
     concurrent callers, the queueing fan-out rate (0.0 without engines to fan out to),
@@ -354,7 +340,7 @@ def backend_round(one_address: str, fan_address: str | None, fan_engines: int,
                   p: Params, backend: str) -> BackendRound:
     """One ``anyio.run`` on ``backend``: fresh clients bound at the addresses (the
     engines reconnect), warm-up, then the sequential, 64-concurrent and queueing
-    fan-out scenarios of :func:`trio_vs_asyncio`."""
+    fan-out scenarios (the rounds of ``python -m ctlwire.benchmarks.backend_pairs``)."""
     seq_n = p.seq_block * 2 if p.quick else p.seq_block
     tput_n = p.tput_block
     fan_n = p.fan_block
@@ -391,26 +377,6 @@ def backend_round(one_address: str, fan_address: str | None, fan_engines: int,
             return BackendRound(seq, rate, fan_rate, cpu_call, cpu_fan)
 
     return anyio.run(round_, backend=backend)
-
-
-def trio_vs_asyncio(one_address: str, fan_address: str | None, fan_engines: int,
-                    p: Params) -> BackendResult:
-    """The same ctlwire scenarios on both anyio backends, one ``anyio.run`` per round
-    (ABBA order, :func:`backend_round`); each round binds fresh clients, the engines
-    reconnect. The full run's sizes add up to 6,000 sequential calls, 38,400
-    concurrent calls and 2,400 fan-outs per backend, in 6 rounds each (a round's rate
-    is taken over ~0.3-0.4 s: over half that, one round's rate moved ±20 % between
-    rounds of one backend)."""
-    result = BackendResult()
-    backends = ["asyncio", "trio"]
-    for i in range(p.trio_rounds * 2):
-        backend = backends[(i + i // 2) % 2]  # asyncio, trio, trio, asyncio, ...
-        r = backend_round(one_address, fan_address, fan_engines, p, backend)
-        result.seq_us[backend] += r.seq_us
-        result.rate[backend].append(r.rate)
-        if fan_address is not None:
-            result.fan_rate[backend].append(r.fan_rate)
-    return result
 
 
 # -- cost per request as live requests grow -------------------------------------------------

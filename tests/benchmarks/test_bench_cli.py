@@ -83,6 +83,11 @@ def test_quick_bench_writes_every_row_with_ratio_and_target(
             f"missing row {group}: {scenario}")
     for row in rows:
         _check_row(row)
+    # each comparison on trio is against the hand-written baseline on trio, not ctlwire
+    for row in rows:
+        if row["group"] == "trio" or row["scenario"].endswith(", trio"):
+            assert row["baseline_name"].endswith("on trio"), row["scenario"]
+            assert not row["baseline_name"].startswith("ctlwire"), row["scenario"]
     summary = report["summary"]
     assert summary["rows"] == len(rows)
     assert summary["pass"] + summary["miss"] + summary["info"] == len(rows)
