@@ -16,7 +16,7 @@ from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.transports.codec import _RANK_MARK as RANK_MARK
 from ctlwire.transports.codec import JsonCodec, MsgpackCodec, PickleCodec
-from ctlwire.transports.envelope import Envelope, Request
+from ctlwire.transports.envelope import Envelope, Heartbeat, Request
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
 
@@ -92,10 +92,11 @@ async def test_fan_out_hands_encoded_frames_over_in_rank_order(
             client_t.encoded.clear()
             res = await c.fan_out("echo", {"n": n}, idempotency_key=f"k{n}")
             assert res.results == {r: {"n": n} for r in range(ranks)}
-            assert [r for r, _ in client_t.encoded] == list(range(ranks))
-            sent = [codec.decode(data) for _, data in client_t.encoded]
-            assert all(type(s) is Request for s in sent)
-            reqs: list[Request] = sent  # type: ignore[assignment]
+            # the client's own heartbeats go the same way: the requests are the rest
+            sent = [(r, codec.decode(data)) for r, data in client_t.encoded]
+            assert all(type(s) in (Request, Heartbeat) for _, s in sent)
+            assert [r for r, s in sent if type(s) is Request] == list(range(ranks))
+            reqs = [s for _, s in sent if type(s) is Request]
             assert [(q.rank, q.seq, q.key) for q in reqs] == [(r, n, f"k{n}")
                                                                for r in range(ranks)]
             assert len({(q.id, q.method, bytes(q.payload), q.deadline) for q in reqs}) == 1
