@@ -36,6 +36,7 @@ from ctlwire.transports.errors import (
     Unroutable,
     WouldBlock,
 )
+from ctlwire.transports.event_stream import receive_event, receive_events
 from ctlwire.transports.memory import decode_event
 from ctlwire.transports.transport import Dropped, PeerDisconnected, Received, TransportEvent
 from ctlwire.transports.zmq_client_base import _ZmqClientBase
@@ -252,18 +253,11 @@ class _PerRankClient(_ZmqClientBase):
         self.counters["sent"] += 1
 
     async def receive(self) -> TransportEvent:
-        try:
-            return await self._events_out.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise TransportClosed("transport is closed") from None
+        return await receive_event(self._events_out)
 
     async def receive_many(self, limit: int = 64) -> list[TransportEvent]:
-        """The next event (waiting for one) and those queued behind it, up to ``limit``."""
-        events = [await self.receive()]
-        with contextlib.suppress(anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-            while len(events) < limit:
-                events.append(self._events_out.receive_nowait())
-        return events
+        """The next event (waiting for one) and those buffered behind it, up to ``limit``."""
+        return await receive_events(self._events_out, limit)
 
     async def aclose(self) -> None:
         self._events_in.close()

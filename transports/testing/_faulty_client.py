@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable
 from types import TracebackType
@@ -13,6 +12,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from ctlwire.transports.codec import Codec
 from ctlwire.transports.envelope import Envelope, Request
 from ctlwire.transports.errors import TransportClosed, TransportError, Unroutable
+from ctlwire.transports.event_stream import receive_event, receive_events
 from ctlwire.transports.testing._faults import _PASS, FaultPlan
 from ctlwire.transports.testing._faulty_base import _FaultyBase
 from ctlwire.transports.testing._injector import FaultInjector
@@ -149,18 +149,12 @@ class FaultyClientTransport(_FaultyBase):
 
     async def receive(self) -> TransportEvent:
         self._check()
-        try:
-            return await self._in.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise TransportClosed("transport is closed") from None
+        return await receive_event(self._in)
 
     async def receive_many(self, limit: int = 64) -> list[TransportEvent]:
         """The next event (waiting for one) and those buffered behind it, up to ``limit``."""
-        events = [await self.receive()]
-        with contextlib.suppress(anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-            while len(events) < limit:
-                events.append(self._in.receive_nowait())
-        return events
+        self._check()
+        return await receive_events(self._in, limit)
 
     # -- the receive side ---------------------------------------------------------------
     def _put(self, event: TransportEvent) -> None:
