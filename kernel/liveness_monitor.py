@@ -62,7 +62,7 @@ from ctlwire.kernel.errors import ClientClosed, RequestTimedOut
 from ctlwire.states import LIVE_PEER_STATES
 from ctlwire.transports.envelope import Heartbeat
 from ctlwire.transports.errors import TransportError, Unroutable, WouldBlock
-from ctlwire.transports.transport import ClientTransport
+from ctlwire.transports.transport import ClientTransport, encoded_sender
 
 __all__ = ["LIVE_HEARTBEAT_EVERY", "LivenessMonitor"]
 
@@ -238,12 +238,10 @@ class LivenessMonitor:
         assert interval
         peers = self.peers
         transport = self.transport
-        # a heartbeat is encoded once a tick when the transport's class takes encoded
-        # bytes (a wrapper that intercepts send_nowait is not bypassed), and its sends
-        # re-check the socket's readiness once a tick, not once per rank
+        # a heartbeat is encoded once a tick when the transport takes encoded bytes, and
+        # its sends re-check the socket's readiness once a tick, not once per rank
         send: Callable[[int, Any], None] = transport.send_nowait
-        send_encoded = (getattr(transport, "send_encoded_nowait", None)
-                        if hasattr(type(transport), "send_encoded_nowait") else None)
+        send_encoded = encoded_sender(transport)
         batched = getattr(transport, "batched_sends", contextlib.nullcontext)
         hb_seq = 0
         last = self.now()

@@ -21,7 +21,7 @@ Guarantees every implementation gives:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
@@ -38,6 +38,7 @@ __all__ = [
     "Received",
     "Route",
     "TransportEvent",
+    "encoded_sender",
 ]
 
 Route = Hashable
@@ -109,6 +110,17 @@ class ClientTransport(Protocol):
     async def receive_many(self, limit: int = 64) -> list[TransportEvent]:
         """The next event (waiting for one) and those already queued behind it, up
         to ``limit``, in order; raises TransportClosed once closed."""
+
+
+def encoded_sender(transport: Any) -> Callable[[int, bytes], None] | None:
+    """``transport.send_nowait`` for bytes already encoded with its codec
+    (``send_encoded_nowait``), when the transport's class defines one, else None.
+    Asked of the class: a wrapper that forwards attributes but intercepts
+    ``send_nowait`` is never bypassed."""
+    if not hasattr(type(transport), "send_encoded_nowait"):
+        return None
+    send: Callable[[int, bytes], None] = transport.send_encoded_nowait
+    return send
 
 
 @runtime_checkable

@@ -50,7 +50,6 @@ from ctlwire.transports.errors import (
     WouldBlock,
 )
 from ctlwire.transports.memory import decode_event
-from ctlwire.transports.protocol_version import PROTOCOL_VERSION
 from ctlwire.transports.transport import Dropped, PeerDisconnected, Received, TransportEvent
 from ctlwire.transports.zmq_client_base import _ZmqClientBase
 from ctlwire.transports.zmq_config import (
@@ -353,9 +352,8 @@ class ZmqRouterClientTransport(_ZmqClientBase):
                 except Exception:
                     pass  # not an envelope: the general path gives the verdict
                 else:
-                    if (type(env) is Heartbeat and env.version == PROTOCOL_VERSION
-                            and not self._refused_versions):
-                        return Received(env, beat, identity, len(data))
+                    if type(env) is Heartbeat:
+                        return self._versioned(Received(env, beat, identity, len(data)))
             else:
                 named = self._rank_of.get(identity)
                 if named is not None:

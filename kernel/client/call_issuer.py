@@ -83,7 +83,7 @@ from ctlwire.transports.errors import (
     Unroutable,
     WouldBlock,
 )
-from ctlwire.transports.transport import ClientTransport
+from ctlwire.transports.transport import ClientTransport, encoded_sender
 
 __all__ = ["CallIssuer"]
 
@@ -133,10 +133,7 @@ class CallIssuer:
             getattr(transport, "batched_sends", None))
         #: the transport's encoded-bytes send and the codec's encoder without size check,
         #: when both exist (else None: envelopes go through ``send_nowait``)
-        # (defined by the transport's class: a wrapper that forwards attributes but
-        # intercepts send_nowait must not be bypassed)
-        encoded = (getattr(transport, "send_encoded_nowait", None)
-                   if hasattr(type(transport), "send_encoded_nowait") else None)
+        encoded = encoded_sender(transport)
         encode = self.codec.fast_envelope_encoder()
         self._send_encoded: Callable[[int, bytes], None] | None = (
             encoded if encoded is not None and encode is not None else None)
