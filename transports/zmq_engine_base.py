@@ -31,6 +31,7 @@ from ctlwire.transports.zmq_config import (
     bind_socket,
     remove_ipc_file,
 )
+from ctlwire.transports.zmq_frames import recv_frames
 from ctlwire.transports.zmq_socket import AsyncZmqSocket
 
 _NOBLOCK = int(zmq.NOBLOCK)
@@ -75,7 +76,7 @@ class ZmqEngineBase:
         # used from the owner thread until the first async receive or send
         self._direct = False
         self._owner = 0
-        self._raw_recv: Callable[..., Any] | None = None
+        self._raw_recv_sock: zmq.Socket[bytes] | None = None
         self._raw_send: Callable[..., Any] | None = None
         self._raw_events: Callable[[int], Any] | None = None
 
@@ -140,7 +141,7 @@ class ZmqEngineBase:
             return
         recv_raw, send_raw = self._recv.socket, self._send.socket
         self._owner = threading.get_ident()
-        self._raw_recv = recv_raw.recv
+        self._raw_recv_sock = recv_raw
         self._raw_send = send_raw.send
         self._raw_events = recv_raw.get
         self._direct = True
@@ -278,31 +279,25 @@ class ZmqEngineBase:
         thread of a sync engine (see :meth:`_enable_direct`)."""
         if not (self._direct and not self._closed and threading.get_ident() == self._owner):
             return self.try_receive()
-        recv = self._raw_recv
-        assert recv is not None
+        sock = self._raw_recv_sock
+        assert sock is not None
         try:
-            # a Frame says whether more parts follow (reading RCVMORE costs more)
-            frame = recv(_NOBLOCK, copy=False)
-            if frame.more:  # the parts of a message arrive together
-                parts = [frame.bytes]
-                while frame.more:
-                    frame = recv(_NOBLOCK, copy=False)
-                    parts.append(frame.bytes)
-                return self._event(parts)
+            parts = recv_frames(sock)
         except zmq.Again:
             return None
         except zmq.ZMQError:
             if not self._recv_sock().closed:
                 raise
             raise TransportClosed("engine transport is closed") from None
-        data = frame.bytes
         fast = self._fast_decode
-        if fast is not None and not self.routed and len(data) <= self._max_size:
-            try:
-                return Received(fast(data), None, None, len(data))
-            except Exception:
-                pass  # not an envelope: decode_event gives the verdict
-        return self._event([data])
+        if fast is not None and len(parts) == 1 and not self.routed:
+            data = parts[0]
+            if len(data) <= self._max_size:
+                try:
+                    return Received(fast(data), None, None, len(data))
+                except Exception:
+                    pass  # not an envelope: decode_event gives the verdict
+        return self._event(parts)
 
     def readable(self) -> bool:
         """Whether a message can be received now, by the socket's ``EVENTS``

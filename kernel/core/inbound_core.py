@@ -98,7 +98,6 @@ class MethodSpec:
 # (state, event) -> state; a pair it lacks is an illegal move (InboundRequest.go raises)
 _MOVES: dict[tuple[InboundState, InboundEvent], InboundState] = {
     (state, event): to for (state, event), to in INBOUND_REQUEST_TABLE}
-_START, _REPLY = InboundEvent.START, InboundEvent.REPLY
 
 
 class InboundRequest(msgspec.Struct):
@@ -272,7 +271,7 @@ class InboundCore:
         if fence:
             self.fences.accept(fence)
         item.spec, item.args = spec, args
-        item.state = _MOVES.get((item.state, _START)) or item.go(_START)
+        item.go(InboundEvent.START)
         return None
 
     def _fence_refusal(self, item: InboundRequest, fence: int) -> Reply | None:
@@ -341,8 +340,7 @@ class InboundCore:
         reply = Reply(req.id, self.rank, self.incarnation, True, raw)
         if req.key:
             return self._done(item, reply)
-        item.state = state = _MOVES.get((item.state, _REPLY)) or item.go(_REPLY)
-        self.states[state] += 1
+        self.states[item.go(InboundEvent.REPLY)] += 1
         return reply
 
     def error(self, item: InboundRequest, exc: BaseException, *, record: bool = True) -> Reply:

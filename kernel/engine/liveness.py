@@ -133,20 +133,11 @@ class EngineLiveness:
             args: tuple[Any, ...]) -> T:
         """``fn(*args)`` on this thread, as request ``request_id`` running
         (:meth:`begin` and :meth:`end` around it, however it ends)."""
-        running = self.running
-        running[request_id] = (method, time.monotonic())
-        if self.shared_heartbeats:
-            self._routes[request_id] = route
-        token = _current_request.set((self, request_id))
+        token = self.begin(request_id, method, route)
         try:
             return fn(*args)
         finally:
-            _current_request.reset(token)
-            running.pop(request_id, None)
-            if self.progress:
-                self.progress.pop(request_id, None)
-            if self._routes:
-                self._routes.pop(request_id, None)
+            self.end(request_id, token)
 
     def report_progress(self, request_id: int, fraction: float, note: str = "") -> bool:
         """Record the progress of running request ``request_id`` (see

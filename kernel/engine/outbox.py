@@ -87,13 +87,7 @@ class ReplyOutbox:
     # -- poll mode -----------------------------------------------------------------
     def send(self, route: Route, reply: Reply) -> None:
         """Send now, or queue behind ``route``'s waiting replies (bounded, see above)."""
-        encode = self._encode
-        if encode is None:
-            item: Reply | bytes = self._fit(reply)
-        else:
-            item = encode(reply)
-            if len(item) > self._max_size:
-                item = encode(self._fit(reply))
+        item = self._prepare(reply)
         if self.queues and route in self.queues:
             self._enqueue(route, item)
             self._flush_route(route)
