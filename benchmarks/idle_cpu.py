@@ -2,7 +2,9 @@
 
 An idle client (no calls: heartbeats only) connected to 8, 64 and 256 engine
 ranks, hosted 64 a process by :mod:`ctlwire.benchmarks.multi_rank_engine`
-(the last two ranks alone in a process each). A fresh client process
+(the last two ranks alone in a process each), each process's ranks sharing one
+beacon (one message a beat); and 256 ranks again with a beacon per rank (the
+heartbeat traffic of 256 single-rank engine processes). A fresh client process
 of its own per size (``python -m ctlwire.benchmarks.idle_cpu client ...``)
 waits until every rank is heard from, settles, then reports its process CPU
 time (every thread: the event loop's and libzmq's) over ``seconds`` of wall
@@ -39,7 +41,8 @@ from .call_counter import CallCounter
 __all__ = ["GROUPS", "IdlePoint", "main", "run_group"]
 
 GROUPS = ("idle_cpu",)
-SIZES = (8, 64, 256)
+POINTS = ((8, True), (64, True), (256, True), (256, False))
+"""(ranks, whether a process's ranks share one beacon)"""
 RANKS_PER_PROCESS = 64
 
 
@@ -47,9 +50,11 @@ RANKS_PER_PROCESS = 64
 class IdlePoint:
     ranks: int
     processes: int
+    shared_beacon: bool
     cpu_pct: float
     heartbeats_per_s: float
     py_calls_per_heartbeat: float
+    heartbeats_per_message: float
     frozen_s: float | None
     killed_s: float | None
     others_lost: int
@@ -68,15 +73,17 @@ async def _wait_state(client: ControlClient, rank: int, lost: bool, limit: float
 
 async def _client(address: str, ranks: int, seconds: float, killed_pid: int,
                   frozen_pid: int) -> dict[str, Any]:
-    async with ControlClient(ZmqRouterClientTransport(address), ranks=ranks,
-                             default_timeout=30.0) as ctl:
+    transport = ZmqRouterClientTransport(address)
+    async with ControlClient(transport, ranks=ranks, default_timeout=30.0) as ctl:
         await ctl.wait_ready(timeout=60)
         await anyio.sleep(1.0)
         received0 = ctl.counters.get("heartbeats_received", 0)
+        messages0 = transport.counters["received"]
         cpu0, wall0 = time.process_time(), time.perf_counter()
         await anyio.sleep(seconds)
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         received = ctl.counters.get("heartbeats_received", 0) - received0
+        messages = transport.counters["received"] - messages0
         counted0 = ctl.counters.get("heartbeats_received", 0)
         with CallCounter() as counter:  # after the timing: counting slows the loop down
             await anyio.sleep(1.0)
@@ -93,6 +100,7 @@ async def _client(address: str, ranks: int, seconds: float, killed_pid: int,
         await anyio.sleep(0.3)
         lost = ctl.counters.get("engine_lost", 0) - lost0
         return {"cpu_pct": 100.0 * cpu / wall, "heartbeats_per_s": received / wall,
+                "heartbeats_per_message": received / max(messages, 1),
                 "py_calls_per_heartbeat": counter.counts.py_calls / max(counted, 1),
                 "frozen_s": frozen, "killed_s": killed,
                 "others_lost": max(0, lost - (frozen is not None) - (killed is not None))}
@@ -107,13 +115,14 @@ def layout(ranks: int) -> list[tuple[int, int]]:
     return [*out, (ranks - 2, 1), (ranks - 1, 1)]
 
 
-def fleet(address: str, ranks: int) -> EngineFleet:
+def fleet(address: str, ranks: int, shared_beacon: bool = True) -> EngineFleet:
     from .fleets import ModuleFleet
 
     procs = layout(ranks)
+    beacon = "shared" if shared_beacon else "per-rank"
     return ModuleFleet("ctlwire.benchmarks.multi_rank_engine", len(procs), lambda i: [
-        "--first", str(procs[i][0]), "--count", str(procs[i][1]), "--connect", address],
-        ready_timeout=90.0)
+        "--first", str(procs[i][0]), "--count", str(procs[i][1]), "--connect", address,
+        "--beacon", beacon], ready_timeout=90.0)
 
 
 def measure(address: str, ranks: int, killed_pid: int, frozen_pid: int, seconds: float,
@@ -135,18 +144,22 @@ def rows(points: Sequence[IdlePoint]) -> list[Any]:
 
     out = []
     for pt in points:
+        per_rank = "" if pt.shared_beacon else ", a beacon per rank"
         out.append(Row(
-            "idle_cpu", f"idle client CPU, {pt.ranks} ranks ({pt.processes} processes)", "%",
-            pt.cpu_pct, None, "-", pt.cpu_pct, "process CPU time / wall time, in % of a core",
-            Target("<=", 2.0, "<= 2 %") if pt.ranks >= 256 else Target("info"),
+            "idle_cpu", f"idle client CPU, {pt.ranks} ranks ({pt.processes} processes{per_rank})",
+            "%", pt.cpu_pct, None, "-", pt.cpu_pct, "process CPU time / wall time, in % of a core",
+            Target("<=", 2.0, "<= 2 %") if pt.ranks >= 256 and pt.shared_beacon
+            else Target("info"),
             {"heartbeats_received_per_s": round(pt.heartbeats_per_s),
              "cpu_us_per_heartbeat": round(pt.cpu_pct * 1e4 / pt.heartbeats_per_s, 1)
              if pt.heartbeats_per_s else None,
-             "py_calls_per_heartbeat": round(pt.py_calls_per_heartbeat, 1)}, ratio_unit=" %"))
+             "py_calls_per_heartbeat": round(pt.py_calls_per_heartbeat, 1),
+             "heartbeats_per_message": round(pt.heartbeats_per_message, 1)}, ratio_unit=" %"))
         for what, value in (("kill -9", pt.killed_s), ("SIGSTOP", pt.frozen_s)):
             seconds = math.inf if value is None else value
             out.append(Row(
-                "idle_cpu", f"{what} of 1 rank among {pt.ranks}: time to Lost", "s", seconds,
+                "idle_cpu", f"{what} of 1 rank among {pt.ranks}{per_rank}: time to Lost", "s",
+                seconds,
                 None, "-", seconds, f"seconds from {what} to Lost",
                 Target("<=", 1.5, "<= 1.5 s"), {"other_ranks_lost": pt.others_lost},
                 ratio_unit=" s"))
@@ -157,14 +170,16 @@ def run_group(pool: Any, p: Any) -> list[Any]:
     """Each size in turn: its fleet, one client process, the fleet stopped."""
     seconds = 3.0 if p.quick else 10.0
     points = []
-    for ranks in SIZES:
-        name = f"idle{ranks}"
-        f = pool.custom(name, lambda address, n=ranks: fleet(address, n))
+    for ranks, shared in POINTS:
+        name = f"idle{ranks}{'' if shared else 'r'}"
+        f = pool.custom(name, lambda address, n=ranks, s=shared: fleet(address, n, s))
         pool.start(name)
         data = measure(pool.address(name), ranks, f.engines[f.ranks[-1]].pid,
                        f.engines[f.ranks[-2]].pid, seconds)
-        points.append(IdlePoint(ranks, len(f.ranks), data["cpu_pct"], data["heartbeats_per_s"],
-                                data["py_calls_per_heartbeat"], data["frozen_s"],
+        points.append(IdlePoint(ranks, len(f.ranks), shared, data["cpu_pct"],
+                                data["heartbeats_per_s"],
+                                data["py_calls_per_heartbeat"],
+                                data["heartbeats_per_message"], data["frozen_s"],
                                 data["killed_s"], data["others_lost"]))
         pool.stop(name)
     return rows(points)

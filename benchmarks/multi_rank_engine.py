@@ -7,9 +7,12 @@ machine (e.g. 4 processes of 64). Every rank is a full
 :class:`~ctlwire.kernel.engine.endpoint.EngineEndpoint` with its own request
 socket and routing identity (``rank-N``, a DEALER dialling the client's ROUTER
 at ``--connect``) and its own liveness beacon (a thread and a socket of its
-own, as in production: the beacons are *not* turned off, so the client sees
-exactly the heartbeat traffic of K real engines). The K endpoints share one
-``zmq.Context`` (one libzmq IO thread per process instead of K).
+own, as in production: the beacons are *not* turned off). By default the K
+ranks share one beacon (:func:`~ctlwire.kernel.engine.shared_beacon.start_shared_beacon`:
+one message a beat carrying K heartbeats); ``--beacon per-rank`` gives each
+rank a beacon thread and socket of its own, the heartbeat traffic of K
+single-rank engine processes. The K endpoints share one ``zmq.Context`` (one
+libzmq IO thread per process instead of K).
 
 Poll mode, one thread: a ``zmq.Poller`` waits on the K request sockets, and
 each endpoint whose socket is readable (or whose heartbeat is due) gets
@@ -37,6 +40,8 @@ import zmq
 
 from ctlwire.kernel.app.engine_process import diagnostic_methods
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
+from ctlwire.kernel.engine.shared_beacon import start_shared_beacon
+from ctlwire.transports.zmq_beacon import LivenessBeacon
 from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
 
 from .call_counter import serve_counting_signals
@@ -45,20 +50,28 @@ __all__ = ["main", "serve_ranks"]
 
 
 def serve_ranks(address: str, ranks: Sequence[int], stop: threading.Event, *,
-                process_index: int = 0, heartbeat: float = 0.25) -> None:
+                process_index: int = 0, heartbeat: float = 0.25,
+                shared_beacon: bool = True) -> None:
     """Open one endpoint per rank on ``address`` and serve them all from this thread."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     endpoints: list[EngineEndpoint] = []
     poller = zmq.Poller()
     by_socket: dict[Any, EngineEndpoint] = {}
+    beacon: LivenessBeacon | None = None
     try:
         for rank in ranks:
             transport = ZmqDealerEngineTransport(address, rank, context=ctx)
-            endpoint = EngineEndpoint(transport, rank=rank, heartbeat_interval=heartbeat)
+            endpoint = EngineEndpoint(transport, rank=rank, heartbeat_interval=heartbeat,
+                                      beacon=not shared_beacon)
             diagnostic_methods(endpoint)
-            endpoint.open()
             endpoints.append(endpoint)
-            raw = transport._recv_sock().socket  # this thread owns it; poll it with the rest
+        if shared_beacon:
+            beacon = start_shared_beacon(endpoints)
+        for endpoint in endpoints:
+            endpoint.open()
+            dealer = endpoint.transport
+            assert isinstance(dealer, ZmqDealerEngineTransport)
+            raw = dealer._recv_sock().socket  # this thread owns it; poll it with the rest
             poller.register(raw, zmq.POLLIN)
             by_socket[raw] = endpoint
         print(f"READY {process_index} {endpoints[0].incarnation}", flush=True)
@@ -74,6 +87,8 @@ def serve_ranks(address: str, ranks: Sequence[int], stop: threading.Event, *,
             for raw, _ in ready:
                 by_socket[raw].poll()
     finally:
+        if beacon is not None:
+            beacon.stop()
         for endpoint in endpoints:
             endpoint.close()
         ctx.term()
@@ -86,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--count", type=int, required=True, help="how many ranks to host")
     p.add_argument("--connect", required=True, help="the client's ROUTER address")
     p.add_argument("--heartbeat", type=float, default=0.25)
+    p.add_argument("--beacon", choices=("shared", "per-rank"), default="shared",
+                   help="one beacon for the process's ranks (default) or one per rank")
     p.add_argument("--count-calls", metavar="PATH",
                    help="count this process's calls between SIGUSR1 and SIGUSR2, into PATH")
     args = p.parse_args(argv)
@@ -99,7 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     serve_ranks(args.connect, range(args.first, args.first + args.count), stop,
-                process_index=args.rank, heartbeat=args.heartbeat)
+                process_index=args.rank, heartbeat=args.heartbeat,
+                shared_beacon=args.beacon == "shared")
     return 0
 
 

@@ -52,9 +52,10 @@ from ctlwire.transports.envelope import Heartbeat
 
 __all__ = ["BeaconStatus", "LivenessBeacon", "configure_beacon_socket"]
 
-BeaconStatus = Callable[[], "Heartbeat | None"]
-"""Builds the next heartbeat (None: send nothing this time). Called from the
-beacon's thread: it must only read the engine's state."""
+BeaconStatus = Callable[[], "Heartbeat | list[Heartbeat] | None"]
+"""Builds the next heartbeat (None: send nothing this time), or, for a group
+beacon, the heartbeats of its ranks (sent as one message, a frame each). Called
+from the beacon's thread: it must only read the engine's state."""
 
 
 def configure_beacon_socket(sock: zmq.Socket[bytes]) -> None:
@@ -120,10 +121,14 @@ class LivenessBeacon:
         except Exception:  # a status bug must not silence the beacon
             hb = None
             self.dropped += 1
-        if hb is None:
+        if not hb:
             return
         try:
-            sock.send(self._codec.encode(hb), zmq.NOBLOCK)
+            if isinstance(hb, list):
+                encode = self._codec.encode
+                sock.send_multipart([encode(one) for one in hb], zmq.NOBLOCK)
+            else:
+                sock.send(self._codec.encode(hb), zmq.NOBLOCK)
             self.sent += 1
         except zmq.Again:
             self.dropped += 1  # the peer is not reading, or not connected yet

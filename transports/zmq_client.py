@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -49,6 +49,7 @@ from ctlwire.transports.errors import (
     Unroutable,
     WouldBlock,
 )
+from ctlwire.transports.group_beacon import GroupBeaconReader, request_route_in_group
 from ctlwire.transports.memory import decode_event
 from ctlwire.transports.transport import Dropped, PeerDisconnected, Received, TransportEvent
 from ctlwire.transports.zmq_client_base import _ZmqClientBase
@@ -146,6 +147,7 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         self._rank_of: dict[bytes, int] = {}
         # beacon identity -> rank: an identity is parsed once per connection, not per heartbeat
         self._beacon_rank_of: dict[bytes, int] = {}
+        self._groups = GroupBeaconReader(self.codec, self.counters)
         self._fast_decode = self.codec.fast_envelope_decoder()
 
     def _open(self) -> None:
@@ -339,6 +341,8 @@ class ZmqRouterClientTransport(_ZmqClientBase):
     def _event(self, msg: list[bytes]) -> TransportEvent:
         self.counters["received"] += 1
         if len(msg) != 2:
+            if len(msg) > 2 and GroupBeaconReader.speaks(msg[0]):
+                return self._group_event(msg)
             return Dropped("framing", f"expected 2 frames, got {len(msg)}",
                            sum(len(f) for f in msg))
         identity, data = msg
@@ -377,6 +381,8 @@ class ZmqRouterClientTransport(_ZmqClientBase):
             if named is None:
                 named = rank_from_beacon_identity(identity)
                 if named is None:
+                    if GroupBeaconReader.speaks(identity):
+                        return self._group_event(msg)
                     self.counters["unknown_peer"] += 1
                     return Dropped("unknown_peer", f"identity {identity[:32]!r} is not a rank",
                                    len(data))
@@ -407,6 +413,26 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         if curve is not None and type(event) is Received:
             self._learn_route(rank, identity)
         return event
+
+    def _group_event(self, msg: list[bytes]) -> TransportEvent:
+        """A group beacon's message: an event per heartbeat, in order
+        (:class:`~ctlwire.transports.group_beacon.GroupBeaconReader`), the first
+        returned and the rest queued next."""
+        curve = self.curve
+        bound: Callable[[int], bool] | None = None
+        if curve is not None and curve.rank_keys:
+            user = self._sock.last_user_id if self._sock is not None else None
+
+            def bound(rank: int) -> bool:  # the sender's key is bound to the rank
+                return user is not None and user in curve.keys_for_rank(rank)
+        events, tag = self._groups.events(msg, bound)
+        for i, event in enumerate(events):
+            if type(event) is Received and event.peer is not None:
+                events[i] = event = self._versioned(event)
+                if curve is not None and type(event) is Received and event.peer is not None:
+                    self._learn_route(event.peer, request_route_in_group(event.peer, tag))
+        self._pending.extend(events[1:])
+        return events[0]
 
     def _versioned(self, event: TransportEvent) -> TransportEvent:
         event = super()._versioned(event)

@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import zmq
 
 from ctlwire.transports.codec import Codec, check_pickle_allowed
 from ctlwire.transports.curve import CurveAuthenticator, CurveClientConfig, CurveServerConfig
 from ctlwire.transports.envelope import Heartbeat, Request
+from ctlwire.transports.group_beacon import group_beacon_identity
 from ctlwire.transports.transport import Received, Route, TransportEvent
+from ctlwire.transports.zmq_beacon import BeaconStatus, LivenessBeacon, configure_beacon_socket
 from ctlwire.transports.zmq_config import (
     ZmqOptions,
     beacon_address_for,
@@ -38,6 +40,7 @@ from ctlwire.transports.zmq_config import (
     check_tcp_address,
     connect_socket,
     new_identity_tag,
+    rank_from_identity,
     rank_identity,
 )
 from ctlwire.transports.zmq_engine_base import ZmqEngineBase
@@ -48,6 +51,7 @@ __all__ = [
     "ZmqPairEngineTransport",
     "ZmqPushPullEngineTransport",
     "ZmqRouterEngineTransport",
+    "group_beacon",
 ]
 
 
@@ -68,15 +72,20 @@ class ZmqDealerEngineTransport(ZmqEngineBase):
     def __init__(self, address: str, rank: int, *, codec: Codec | None = None,
                  options: ZmqOptions | None = None, curve: CurveClientConfig | None = None,
                  context: zmq.Context[zmq.Socket[bytes]] | None = None,
-                 allow_insecure_tcp: bool = False) -> None:
+                 allow_insecure_tcp: bool = False, identity_tag: bytes | None = None) -> None:
         super().__init__(rank, codec=codec, options=options, context=context)
         self.address = address
         self.curve = curve
         check_tcp_address(address, curve=curve is not None,
                           allow_insecure_tcp=allow_insecure_tcp)
         check_pickle_allowed(self.codec, address, curve is not None)
-        #: the routing identities' tag (under CURVE; empty otherwise)
-        self.identity_tag = new_identity_tag() if curve is not None else b""
+        if (identity_tag is not None and curve is not None
+                and rank_from_identity(rank_identity(rank, identity_tag)) != rank):
+            raise ValueError("identity_tag: 1 to 32 lowercase hex digits")
+        #: the routing identities' tag (under CURVE: random unless given, shared by
+        #: the ranks of a group beacon; empty otherwise)
+        self.identity_tag = (b"" if curve is None
+                             else new_identity_tag() if identity_tag is None else identity_tag)
 
     def _setup(self) -> None:
         raw = self._socket(zmq.DEALER)
@@ -96,6 +105,46 @@ class ZmqDealerEngineTransport(ZmqEngineBase):
             return raw
 
         return make
+
+
+def group_beacon(transports: Sequence[ZmqDealerEngineTransport], interval: float,
+                 status: BeaconStatus) -> LivenessBeacon:
+    """One liveness beacon (not started) for several ranks of one process that dial
+    the same client: a DEALER with identity ``beats-F-C`` (``beats-F-C.TAG`` under
+    CURVE) sending, every ``interval``, one message of ``status()``'s heartbeats,
+    a frame each. A client then reads one message a beat for the group instead of
+    one per rank; what each heartbeat says, and how a rank is judged, is unchanged.
+
+    ``transports``: ranks ``F .. F+C-1`` in order (``C`` at most
+    :data:`~ctlwire.transports.group_beacon.MAX_BEACON_GROUP`), one address, kind of
+    codec, curve and identity tag (give each the same ``identity_tag`` under CURVE), whose
+    own beacons are not started. Raises ValueError otherwise."""
+    if not transports:
+        raise ValueError("a group beacon needs at least one rank")
+    head = transports[0]
+    first = head.rank
+    for i, t in enumerate(transports):
+        if t.rank != first + i:
+            raise ValueError("a group beacon's ranks are consecutive, in order")
+        if (t.address, type(t.codec), t.curve, t.identity_tag) != (
+                head.address, type(head.codec), head.curve, head.identity_tag):
+            raise ValueError("a group beacon's ranks share one address, kind of codec, "
+                             "curve and identity tag")
+        if t.beacon is not None:
+            raise ValueError(f"rank {t.rank} runs a beacon of its own")
+    identity = group_beacon_identity(first, len(transports), head.identity_tag)
+
+    def make() -> zmq.Socket[bytes]:
+        raw: zmq.Socket[bytes] = head.context.socket(zmq.DEALER)
+        configure_beacon_socket(raw)
+        raw.setsockopt(zmq.IDENTITY, identity)
+        if head.curve is not None:
+            head.curve.apply(raw)
+        raw.connect(head.address)
+        return raw
+
+    return LivenessBeacon(make, head.codec, interval, status,
+                          name=f"ctlwire-beacon-{first}+{len(transports)}")
 
 
 class ZmqRouterEngineTransport(ZmqEngineBase):

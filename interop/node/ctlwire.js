@@ -135,6 +135,14 @@ function rankOf(identity, prefix) {
   const m = new RegExp(`^${prefix}-(0|[1-9][0-9]{0,9})(\\.[A-Za-z0-9]+)?$`).exec(s);
   return m ? Number(m[1]) : null;
 }
+// a group beacon (docs/protocol.md): `beats-F-C` speaks for ranks F .. F+C-1
+const MAX_BEACON_GROUP = 1024;
+function groupOf(identity) {
+  const s = Buffer.from(identity).toString('latin1');
+  const m = /^beats-(0|[1-9][0-9]{0,8})-([1-9][0-9]{0,8})(\.[0-9a-f]{1,32})?$/.exec(s);
+  if (!m || Number(m[2]) > MAX_BEACON_GROUP) return null;
+  return { first: Number(m[1]), count: Number(m[2]) };
+}
 let lastIncarnation = 0;
 function newIncarnation() {
   // milliseconds since the epoch << 12, plus 12 random bits (a Number until 2039)
@@ -181,7 +189,8 @@ class Client {
     this.peers = new Map(); // rank -> {incarnation, heard (ms), version}
     this.refused = new Map(); // rank -> announced version
     this.contactWaiters = [];
-    this.counters = { dropped_protocol_version: 0, dropped_malformed: 0, late_replies: 0, stale_incarnation: 0 };
+    this.counters = { dropped_protocol_version: 0, dropped_malformed: 0, late_replies: 0, stale_incarnation: 0,
+      dropped_framing: 0, dropped_wrong_type: 0, dropped_impersonation: 0 };
     this.hbSeq = 0;
   }
 
@@ -202,16 +211,37 @@ class Client {
 
   async _receive() {
     try {
-      for await (const [identity, data] of this.router) this._frame(identity, data);
+      for await (const [identity, ...frames] of this.router) {
+        const group = groupOf(identity);
+        if (group === null) {
+          if (frames.length === 1) this._frame(identity, frames[0], null);
+          else this.counters.dropped_framing++;
+        } else if (frames.length > group.count) {
+          this.counters.dropped_framing++; // more heartbeats than the ranks it speaks for
+        } else {
+          for (const data of frames) this._frame(identity, data, group);
+        }
+      }
     } catch (e) { /* closed */ }
   }
 
-  _frame(identity, data) {
-    let rank = rankOf(identity, 'rank');
-    if (rank === null) rank = rankOf(identity, 'beat');
-    if (rank === null || !this.ranks.includes(rank)) return;
+  // one frame from `identity`; `group`: a group beacon's {first, count}, whose frames
+  // are heartbeats of the ranks they name, within the group's ranks
+  _frame(identity, data, group) {
+    let rank = null;
+    if (group === null) {
+      rank = rankOf(identity, 'rank');
+      if (rank === null) rank = rankOf(identity, 'beat');
+      if (rank === null || !this.ranks.includes(rank)) return;
+    }
     let env;
     try { env = decodeEnvelope(data); } catch (e) { this.counters.dropped_malformed++; return; }
+    if (group !== null) {
+      if (env.kind !== 'heartbeat') { this.counters.dropped_wrong_type++; return; }
+      rank = Number(env.rank);
+      if (rank < group.first || rank >= group.first + group.count) { this.counters.dropped_impersonation++; return; }
+      if (!this.ranks.includes(rank)) return;
+    }
     if (env.kind === 'heartbeat') {
       if (!supported(env.version)) { this.counters.dropped_protocol_version++; this.refused.set(rank, env.version); this._contact(); return; }
       this.refused.delete(rank);

@@ -194,6 +194,14 @@ class EngineLiveness:
         if self.use_beacon and self.heartbeat_interval and start is not None:
             self.beacon_active = bool(start(self.heartbeat_interval, self.status_heartbeat))
 
+    def use_shared_beacon(self) -> None:
+        """Another beacon (:func:`~ctlwire.kernel.engine.shared_beacon.start_shared_beacon`)
+        sends this engine's :meth:`status_heartbeat`: no beacon of its own, no in-band
+        heartbeats."""
+        self.use_beacon = False
+        self.beacon_active = True
+        self._next_heartbeat = math.inf
+
     def heartbeat_if_due(self, now: float) -> None:
         """In-band heartbeats (no beacon): one every interval (``now``: monotonic)."""
         if not self.heartbeat_interval or self.beacon_active:

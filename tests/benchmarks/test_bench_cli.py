@@ -209,16 +209,24 @@ def test_fanout_profile_counts_both_sides_on_both_backends(tmp_path: Path) -> No
 
 @pytest.mark.timeout(400)
 def test_idle_cpu_reports_cpu_and_detection_at_each_size(tmp_path: Path) -> None:
-    """An idle client's CPU at 8, 64 and 256 ranks, each with its heartbeat rate and
-    Python calls per heartbeat, and a frozen and a killed rank detected at each size
-    (times are not judged)."""
+    """An idle client's CPU at 8, 64 and 256 ranks (a beacon per process), and at 256
+    with a beacon per rank, each with its heartbeat rate and Python calls per
+    heartbeat, and a frozen and a killed rank detected at each size (times are not
+    judged). A process's ranks sharing a beacon send their heartbeats in one message
+    a beat."""
     report = _run_alone(tmp_path, "idle_cpu")
     rows = {r["scenario"]: r for r in report["rows"]}
-    for ranks, processes in ((8, 3), (64, 3), (256, 6)):
-        cpu = rows[f"idle client CPU, {ranks} ranks ({processes} processes)"]
+    for ranks, processes, beacons in ((8, 3, ""), (64, 3, ""), (256, 6, ""),
+                                      (256, 6, ", a beacon per rank")):
+        cpu = rows[f"idle client CPU, {ranks} ranks ({processes} processes{beacons})"]
         assert 0 < cpu["ctlwire"] < 100
         assert cpu["details"]["heartbeats_received_per_s"] > 0
         assert cpu["details"]["py_calls_per_heartbeat"] > 0
         for what in ("kill -9", "SIGSTOP"):
-            row = rows[f"{what} of 1 rank among {ranks}: time to Lost"]
+            row = rows[f"{what} of 1 rank among {ranks}{beacons}: time to Lost"]
             assert row["details"]["other_ranks_lost"] == 0
+    shared, per_rank = (rows[f"idle client CPU, 256 ranks (6 processes{b})"]["details"]
+                        for b in ("", ", a beacon per rank"))
+    # 4 processes of 63-64 ranks and 2 of 1: 6 messages a beat for 256 heartbeats
+    assert shared["heartbeats_per_message"] > 20
+    assert per_rank["heartbeats_per_message"] < 1.5

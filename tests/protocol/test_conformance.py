@@ -152,6 +152,30 @@ def test_node_client_calls_a_python_engine() -> None:
 
 
 @needs_node
+def test_node_client_calls_ranks_sharing_a_beacon() -> None:
+    """Three Python engine ranks in one process send their heartbeats in one group
+    beacon message a beat (``beats-0-3``): the Node.js client takes each frame as its
+    rank's heartbeat, so it reaches every rank."""
+    directory = tempfile.mkdtemp(prefix="ctlwire-node-")
+    address = f"ipc://{directory}/control"
+    engine = subprocess.Popen([sys.executable, "-m", "ctlwire.benchmarks.multi_rank_engine",
+                               "--rank", "0", "--first", "0", "--count", "3", "--connect",
+                               address], stdout=subprocess.DEVNULL)
+    try:
+        for rank in (0, 2):
+            call = subprocess.run(["node", str(NODE_DIR / "cli.js"), "call", "--bind", address,
+                                   "--rank", str(rank), "--timeout", "20", "echo",
+                                   json.dumps(rank)], capture_output=True, text=True,
+                                  timeout=60)
+            assert call.returncode == 0, call.stderr
+            assert json.loads(call.stdout) == rank
+    finally:
+        engine.terminate()
+        engine.wait(10)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@needs_node
 def test_node_decodes_every_vector() -> None:
     """The Node.js decoder against the conformance vectors: every envelope decodes to
     its meaning's fields, every refused frame is refused with the same salvaged id."""
