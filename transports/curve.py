@@ -95,6 +95,9 @@ def load_public_key(public_file: str | os.PathLike[str]) -> bytes:
     return public
 
 
+_NO_KEYS: frozenset[str] = frozenset()
+
+
 class RanksUnbound(ValueError):
     """A CURVE server for engine ranks whose keys are not bound to ranks (``ranks=``),
     without the explicit ``any_rank=True``."""
@@ -110,6 +113,11 @@ class CurveServerConfig:
     rank_keys: tuple[tuple[int, frozenset[str]], ...] = ()
     #: explicitly: any allow-listed key may speak for any rank (no ``ranks=``)
     any_rank: bool = False
+    _by_rank: dict[int, frozenset[str]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # a lookup per frame received: one dict access, not a scan of every rank
+        object.__setattr__(self, "_by_rank", dict(self.rank_keys))
 
     @classmethod
     def allowing(cls, keys: KeyPair, clients: Iterable[bytes] = (), *,
@@ -146,10 +154,7 @@ class CurveServerConfig:
 
     def keys_for_rank(self, rank: int) -> frozenset[str]:
         """The z85 keys that may speak as ``rank`` (empty: none may)."""
-        for r, ks in self.rank_keys:
-            if r == rank:
-                return ks
-        return frozenset()
+        return self._by_rank.get(rank, _NO_KEYS)
 
     def apply(self, sock: zmq.Socket[bytes]) -> None:
         sock.curve_secretkey = self.keys.secret
