@@ -278,15 +278,15 @@ class ZmqRouterClientTransport(_ZmqClientBase):
     async def receive(self) -> TransportEvent:
         """The next event: a disconnection found by the probe, else the next message,
         decoded. Yields once every 64 events taken without suspending."""
-        while True:
-            event = await self._next()
-            if event is not None:
-                return event
+        return (await self.receive_many(1))[0]
 
     async def receive_many(self, limit: int = _FAIRNESS_BUDGET) -> list[TransportEvent]:
         """The next event (waiting for one) and those queued behind it, up to ``limit``,
         in order: one call per wake-up of a receive loop rather than one per event."""
-        events = [await self.receive()]
+        event = await self._next()
+        while event is None:  # woken with nothing to hand on: wait again
+            event = await self._next()
+        events = [event]
         sock = self._sock
         while len(events) < limit and sock is not None:
             if self._pending:
@@ -347,29 +347,31 @@ class ZmqRouterClientTransport(_ZmqClientBase):
                            sum(len(f) for f in msg))
         identity, data = msg
         fast = self._fast_decode
-        if self.curve is None and fast is not None and len(data) <= self.codec.max_message_size:
+        size = len(data)
+        if self.curve is None and fast is not None and size <= self.codec.max_message_size:
             # an identity seen before, no key binding to check: one lookup, one decode
-            beat = self._beacon_rank_of.get(identity)
-            if beat is not None:
+            # (a rank's request connection first: replies outnumber beacon heartbeats)
+            named = self._rank_of.get(identity)
+            if named is not None:
+                self._known.add(named)
                 try:
                     env = fast(data)
                 except Exception:
-                    pass  # not an envelope: the general path gives the verdict
+                    pass  # not an envelope: decode_event gives the verdict
                 else:
                     if type(env) is Heartbeat:
-                        return self._versioned(Received(env, beat, identity, len(data)))
+                        return self._versioned(Received(env, named, identity, size))
+                    return Received(env, named, identity, size)
             else:
-                named = self._rank_of.get(identity)
-                if named is not None:
-                    self._known.add(named)
+                beat = self._beacon_rank_of.get(identity)
+                if beat is not None:
                     try:
                         env = fast(data)
                     except Exception:
-                        pass  # not an envelope: decode_event gives the verdict
+                        pass  # not an envelope: the general path gives the verdict
                     else:
                         if type(env) is Heartbeat:
-                            return self._versioned(Received(env, named, identity, len(data)))
-                        return Received(env, named, identity, len(data))
+                            return self._versioned(Received(env, beat, identity, size))
         named = self._rank_of.get(identity)
         if named is None:
             named = rank_from_identity(identity)

@@ -321,9 +321,11 @@ class AsyncZmqSocket:
             self._waiting[flag] += 1
             try:
                 # the fd also fires for commands that change nothing for ``flag``
-                # (a send's own traffic): ask EVENTS and watch again, without a retry
+                # (a send's own traffic): ask EVENTS and watch again, without a retry.
+                # A plain read, not _recheck(): leaving the watch (_park) woke every
+                # other waiter already, so there is no one else to wake here
                 while await self._park(flag) and not self._closed and not (
-                        self._recheck() & flag):
+                        int(self._socket.get(_EVENTS)) & flag):
                     pass
             finally:
                 self._waiting[flag] -= 1

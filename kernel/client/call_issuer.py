@@ -427,7 +427,7 @@ class CallIssuer:
         waiter = entry.waiter
         if waiter is not None:
             waiter.set()
-        blocked = self._blocked_sends.get(entry.id)
+        blocked = self._blocked_sends.get(entry.id) if self._blocked_sends else None
         if blocked is not None:
             blocked[0].cancel()
 

@@ -68,8 +68,8 @@ class CallOutcomes:
         """``codec.decode_value(raw, result_type)``: a fresh object, or PayloadTypeError.
 
         Decodes with the codec's fast decoder for ``result_type`` (looked up once per
-        type, no copy of ``raw``); anything it refuses goes through ``decode_value``
-        for the typed verdict."""
+        type, no copy of ``raw``); anything it refuses (an empty ``raw`` included)
+        goes through ``decode_value`` for the typed verdict."""
         try:
             decode = self._decoders[result_type]
         except KeyError:
@@ -77,7 +77,7 @@ class CallOutcomes:
             decode = self._decoders[result_type] = fast[1] if fast is not None else None
         except TypeError:  # an unhashable type
             decode = None
-        if decode is not None and len(raw):
+        if decode is not None:
             try:
                 return decode(raw)
             except Exception:

@@ -311,11 +311,12 @@ class RequestRegistry:
         hands the frames over without suspending in between (it stops once the
         entry is decided, and :meth:`unmark_sent` a frame that must wait)."""
         ranks, start = entry.ranks, entry.cursor
-        if start >= len(ranks) or not entry.is_open:
+        end = len(ranks)
+        if start >= end or not entry.is_open:
             return []
         if is_lost is None or not any(map(is_lost, ranks[start:])):
             out = list(ranks[start:])  # the common case: one transition for the batch
-            entry.cursor = len(ranks)
+            entry.cursor = end
             if entry.state is _S.REGISTERED:
                 self._go(entry, _E.SEND)
             entry.sent_ranks.extend(out)
@@ -458,12 +459,11 @@ class RequestRegistry:
         rid = entry.id
         del self._live[rid]
         by_rank = self._by_rank
-        for rank in entry.ranks:
-            bucket = by_rank.get(rank)
-            if bucket is not None:
-                bucket.pop(rid, None)
-                if not bucket:
-                    del by_rank[rank]
+        for rank in entry.ranks:  # a live entry is indexed under each of its ranks
+            bucket = by_rank[rank]
+            del bucket[rid]
+            if not bucket:
+                del by_rank[rank]
         if self.max_tombstones:
             tombs = self._tombstones
             answered = set(entry.replies)
