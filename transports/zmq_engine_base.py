@@ -240,9 +240,10 @@ class ZmqEngineBase:
         fast = self._fast_decode
         if fast is not None and len(msg) == 1 and not self.routed:
             data = msg[0]
-            if len(data) <= self._max_size:
+            size = len(data)
+            if size <= self._max_size:
                 try:
-                    return Received(fast(data), None, None, len(data))
+                    return Received(fast(data), None, None, size)
                 except Exception:
                     pass  # not an envelope: decode_event gives the verdict
         if self.routed:
@@ -292,11 +293,13 @@ class ZmqEngineBase:
         fast = self._fast_decode
         if fast is not None and len(parts) == 1 and not self.routed:
             data = parts[0]
-            if len(data) <= self._max_size:
+            size = len(data)
+            if size <= self._max_size:
                 try:
-                    return Received(fast(data), None, None, len(data))
+                    return Received(fast(data), None, None, size)
                 except Exception:
                     pass  # not an envelope: decode_event gives the verdict
+            return decode_event(self.codec, data, None, None)  # not parsed a second time
         return self._event(parts)
 
     def readable(self) -> bool:

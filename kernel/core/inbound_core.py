@@ -113,11 +113,11 @@ class InboundRequest(msgspec.Struct):
 
     def go(self, event: InboundEvent) -> InboundState:
         """Move through the table (the only way a request's state changes)."""
-        to = _MOVES.get((self.state, event))
-        if to is None:
+        try:
+            to = self.state = _MOVES[self.state, event]
+        except KeyError:
             INBOUND_REQUEST_TABLE.apply(self.state, event, self.request.id)  # IllegalTransition
-            raise AssertionError("unreachable: the table refused the move")
-        self.state = to
+            raise AssertionError("unreachable: the table refused the move") from None
         return to
 
 

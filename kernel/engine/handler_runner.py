@@ -44,8 +44,10 @@ class HandlerRunner:
         trace = req.trace
         trace_token = (current_trace.set(trace)
                        if trace is not None or current_trace.get() is not None else None)
+        live = self.liveness
+        token = live.begin(req.id, req.method, item.route)
         try:
-            value = self.liveness.run(req.id, req.method, item.route, spec.handler, item.args)
+            value = spec.handler(*item.args)
         except Exception as exc:
             return core.error(item, exc)
         except BaseException:
@@ -54,6 +56,7 @@ class HandlerRunner:
         else:
             return core.result(item, value)
         finally:
+            live.end(req.id, token)
             if trace_token is not None:
                 current_trace.reset(trace_token)
 

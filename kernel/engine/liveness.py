@@ -17,8 +17,6 @@ import math
 import secrets
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
 
 from ctlwire.kernel.core.peer_table import INCARNATION_TIME_SHIFT
 from ctlwire.transports.envelope import Heartbeat
@@ -27,8 +25,6 @@ from ctlwire.transports.transport import EngineTransport, Route
 
 __all__ = ["STEP_METHOD", "EngineLiveness", "current_request_id", "new_incarnation",
            "report_progress"]
-
-T = TypeVar("T")
 
 STEP_METHOD = "(step)"
 """The method a heartbeat names while the engine's own step keeps it from polling."""
@@ -128,16 +124,6 @@ class EngineLiveness:
             self.progress.pop(request_id, None)
         if self._routes:
             self._routes.pop(request_id, None)
-
-    def run(self, request_id: int, method: str, route: Route, fn: Callable[..., T],
-            args: tuple[Any, ...]) -> T:
-        """``fn(*args)`` on this thread, as request ``request_id`` running
-        (:meth:`begin` and :meth:`end` around it, however it ends)."""
-        token = self.begin(request_id, method, route)
-        try:
-            return fn(*args)
-        finally:
-            self.end(request_id, token)
 
     def report_progress(self, request_id: int, fraction: float, note: str = "") -> bool:
         """Record the progress of running request ``request_id`` (see

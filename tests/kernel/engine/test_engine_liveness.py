@@ -75,36 +75,6 @@ def test_in_band_heartbeats_once_an_interval_skipping_unroutable_routes() -> Non
     assert live.heartbeats_sent == 1 and live.status_heartbeat() is None
 
 
-def test_run_reports_its_request_while_it_runs_and_forgets_it_however_it_ends() -> None:
-    live, stub = make()
-    seen: list[Any] = []
-
-    def work(n: int) -> int:
-        assert report_progress(0.25, "quarter")
-        live.send_progress_heartbeats()
-        seen.append(dict(live.running))
-        return n + 1
-
-    assert live.run(7, "work", b"sender", work, (1,)) == 2
-    assert seen[0][7][0] == "work"
-    assert [(r, hb.busy, hb.progress) for r, hb in stub.sent] == [(b"sender", 7, 0.25)]
-
-    def fails() -> None:
-        report_progress(0.5)
-        raise RuntimeError("no")
-
-    try:
-        live.run(8, "fails", b"sender", fails, ())
-    except RuntimeError:
-        pass
-    else:  # pragma: no cover
-        raise AssertionError("the handler's exception escapes run")
-    assert live.running == {} and live.progress == {} and not report_progress(0.1)
-    stub.sent.clear()
-    live.send_progress_heartbeats()  # no route left behind
-    assert stub.sent == []
-
-
 def test_a_poll_loop_coming_round_sends_an_in_band_heartbeat_when_one_is_due() -> None:
     live, stub = make(heartbeat_interval=10.0)
     now = time.monotonic()

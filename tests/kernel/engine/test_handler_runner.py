@@ -10,10 +10,10 @@ import pytest
 
 from ctlwire.kernel.core.inbound_core import InboundCore, InboundRequest
 from ctlwire.kernel.engine.handler_runner import HandlerRunner
-from ctlwire.kernel.engine.liveness import EngineLiveness, current_request_id
+from ctlwire.kernel.engine.liveness import EngineLiveness, current_request_id, report_progress
 from ctlwire.kernel.engine.method_table import MethodTable
 from ctlwire.transports.codec import MsgpackCodec
-from ctlwire.transports.envelope import Request
+from ctlwire.transports.envelope import Heartbeat, Request
 from ctlwire.transports.memory import MemoryNetwork
 
 CODEC = MsgpackCodec()
@@ -26,8 +26,9 @@ def parts() -> tuple[MethodTable, InboundCore, HandlerRunner]:
     return table, core, HandlerRunner(core, live)
 
 
-def admit(core: InboundCore, rid: int, method: str, key: str = "") -> InboundRequest:
-    item = core.accept(Request(rid, 0, method, CODEC.encode_value(None), key=key), b"r")
+def admit(core: InboundCore, rid: int, method: str, key: str = "", route: bytes = b"r"
+          ) -> InboundRequest:
+    item = core.accept(Request(rid, 0, method, CODEC.encode_value(None), key=key), route)
     assert item is not None and core.admit(item) is None
     return item
 
@@ -40,6 +41,57 @@ def test_a_sync_handler_runs_here_seen_as_running() -> None:
     reply = runner.run_sync(admit(core, 5, "work"))
     assert reply.ok and seen[0][0] == 5 and seen[0][1][5][0] == "work"
     assert runner.liveness.running == {}
+
+
+class RoutedStub:
+    """A routed transport that keeps the heartbeats sent to it."""
+
+    routed = True
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[Any, Heartbeat]] = []
+
+    def send_nowait(self, route: Any, hb: Heartbeat) -> None:
+        self.sent.append((route, hb))
+
+
+def test_a_sync_run_is_reported_with_its_progress_and_forgotten_however_it_ends() -> None:
+    table = MethodTable(CODEC)
+    core = InboundCore(table.specs, CODEC, rank=0, incarnation=1, clock=lambda: 1000.0)
+    stub = RoutedStub()
+    live = EngineLiveness(stub, rank=0, incarnation=1)  # type: ignore[arg-type]
+    runner = HandlerRunner(core, live)
+    seen: list[Any] = []
+
+    def work() -> int:
+        assert report_progress(0.25, "quarter")
+        live.send_progress_heartbeats()
+        seen.append(dict(live.running))
+        return 2
+
+    def fails() -> None:
+        report_progress(0.5)
+        raise RuntimeError("no")
+
+    def interrupted() -> None:
+        report_progress(0.5)
+        raise KeyboardInterrupt
+
+    table.register("work", work)
+    table.register("fails", fails)
+    table.register("stop", interrupted)
+    assert runner.run_sync(admit(core, 7, "work", route=b"sender")).ok
+    assert seen[0][7][0] == "work"
+    assert [(r, hb.busy, hb.progress) for r, hb in stub.sent] == [(b"sender", 7, 0.25)]
+    reply = runner.run_sync(admit(core, 8, "fails", route=b"sender"))
+    assert reply.error is not None and reply.error.type == "RuntimeError"
+    assert live.running == {} and live.progress == {} and not report_progress(0.1)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_sync(admit(core, 9, "stop", route=b"sender"))
+    assert live.running == {} and live.progress == {} and not report_progress(0.1)
+    stub.sent.clear()
+    live.send_progress_heartbeats()  # no route left behind
+    assert stub.sent == []
 
 
 def test_an_async_handler_is_refused_by_run_sync_and_its_key_not_kept() -> None:

@@ -114,6 +114,32 @@ def test_receive_one_takes_each_queued_message_as_its_typed_event_in_order(
     assert not pair.transport.readable()
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["raw-socket", "wrapper"])
+def test_a_frame_that_is_not_an_envelope_is_parsed_by_the_fast_decoder_once(
+        direct: bool) -> None:
+    """The shortcut decoder's refusal goes straight to the typed verdict: a
+    malformed frame (a peer's, up to the size limit) is not parsed twice."""
+    pair = _Pair()
+    pair.transport._direct = direct
+    fast = pair.transport._fast_decode
+    assert fast is not None
+    tried: list[bytes] = []
+
+    def counting(data: bytes) -> Any:
+        tried.append(data)
+        return fast(data)
+
+    pair.transport._fast_decode = counting
+    try:
+        pair.send(b"\xc1junk")
+        _settle(pair)
+        event = pair.transport.receive_one()
+        assert isinstance(event, Dropped) and event.reason == "malformed"
+        assert tried == [b"\xc1junk"]
+    finally:
+        pair.close()
+
+
 def _record_receives(monkeypatch: pytest.MonkeyPatch, ep: EngineEndpoint,
                      record: Any) -> None:
     """Call ``record(what, result)`` at every receive ``poll()`` makes: ``take``
