@@ -290,16 +290,6 @@ class ZmqEngineBase:
             if not self._recv_sock().closed:
                 raise
             raise TransportClosed("engine transport is closed") from None
-        fast = self._fast_decode
-        if fast is not None and len(parts) == 1 and not self.routed:
-            data = parts[0]
-            size = len(data)
-            if size <= self._max_size:
-                try:
-                    return Received(fast(data), None, None, size)
-                except Exception:
-                    pass  # not an envelope: decode_event gives the verdict
-            return decode_event(self.codec, data, None, None)  # not parsed a second time
         return self._event(parts)
 
     def readable(self) -> bool:
