@@ -16,6 +16,7 @@ from ctlwire.transports.codec import Codec
 from ctlwire.transports.envelope import Heartbeat
 from ctlwire.transports.memory import decode_event
 from ctlwire.transports.transport import Dropped, Received, TransportEvent
+from ctlwire.transports.zmq_config import split_identity
 
 __all__ = [
     "MAX_BEACON_GROUP",
@@ -29,7 +30,6 @@ MAX_BEACON_GROUP = 1024
 """The most ranks one group beacon may speak for."""
 
 _PREFIX = b"beats-"
-_TAG_CHARS = frozenset(b"0123456789abcdef")
 _CACHE_LIMIT = 4096
 
 
@@ -42,27 +42,19 @@ def group_beacon_identity(first: int, count: int, tag: bytes = b"") -> bytes:
     return b"beats-%d-%d" % (first, count) + (b"." + tag if tag else b"")
 
 
-def _number(digits: bytes) -> int | None:
-    """A decimal without sign or leading zeros, at most 9 digits; else None."""
-    if not digits.isdigit() or len(digits) > 9 or digits != b"%d" % int(digits):
-        return None
-    return int(digits)
-
-
 def ranks_of_group_beacon(identity: bytes) -> tuple[range, bytes] | None:
     """The ranks a group beacon identity speaks for and its tag (``b""`` or
-    ``b".TAG"``, TAG 1 to 32 lowercase hex digits), when ``identity`` is exactly
-    ``beats-F-C`` or ``beats-F-C.TAG`` with ``0 < C <= MAX_BEACON_GROUP``; else None."""
+    ``b".TAG"``), when ``identity`` is exactly ``beats-F-C`` or ``beats-F-C.TAG``
+    (numbers and tag spelled as in :func:`~ctlwire.transports.zmq_config.split_identity`)
+    with ``0 < C <= MAX_BEACON_GROUP``; else None."""
     if not identity.startswith(_PREFIX):
         return None
-    first, _, rest = identity[len(_PREFIX):].partition(b"-")
-    count, dot, tag = rest.partition(b".")
-    start, size = _number(first), _number(count)
-    if start is None or size is None or not 0 < size <= MAX_BEACON_GROUP:
+    first, dash, rest = identity[len(_PREFIX):].partition(b"-")
+    start = split_identity(first, b"")
+    count = split_identity(dash + rest, b"-")
+    if start is None or start[1] or count is None or not 0 < count[0] <= MAX_BEACON_GROUP:
         return None
-    if dot and not (0 < len(tag) <= 32 and _TAG_CHARS.issuperset(tag)):
-        return None
-    return range(start, start + size), dot + tag
+    return range(start[0], start[0] + count[0]), count[1]
 
 
 def request_route_in_group(rank: int, tag: bytes) -> bytes:

@@ -67,6 +67,7 @@ __all__ = [
     "remove_ipc_file",
     "request_route_of_beacon",
     "secure_ipc_file",
+    "split_identity",
 ]
 
 
@@ -201,7 +202,10 @@ def new_identity_tag() -> bytes:
 _TAG_CHARS = frozenset(b"0123456789abcdef")
 
 
-def _canonical_rank(identity: bytes, prefix: bytes) -> int | None:
+def split_identity(identity: bytes, prefix: bytes) -> tuple[int, bytes] | None:
+    """The number and tag (``b""`` or ``b".TAG"``) of an identity spelled exactly
+    ``PREFIX N`` or ``PREFIX N.TAG``: N in decimal, at most 9 digits, without sign or
+    leading zeros; TAG 1 to 32 lowercase hex digits. None for any other spelling."""
     if not identity.startswith(prefix):
         return None
     digits, dot, tag = identity[len(prefix):].partition(b".")
@@ -209,9 +213,14 @@ def _canonical_rank(identity: bytes, prefix: bytes) -> int | None:
         return None
     if dot and not (0 < len(tag) <= 32 and _TAG_CHARS.issuperset(tag)):
         return None
-    rank = int(digits)
-    # one spelling per rank: "rank-00" or "rank-+0" are not rank 0
-    return rank if digits == b"%d" % rank else None
+    number = int(digits)
+    # one spelling per number: "rank-00" or "rank-+0" are not rank 0
+    return (number, dot + tag) if digits == b"%d" % number else None
+
+
+def _canonical_rank(identity: bytes, prefix: bytes) -> int | None:
+    split = split_identity(identity, prefix)
+    return None if split is None else split[0]
 
 
 def rank_from_identity(identity: bytes) -> int | None:
