@@ -13,8 +13,9 @@ socket call (so a cancelled operation never took or queued a message):
   ``POLLOUT``).
 * Before waiting it reads ``EVENTS`` (which re-arms the fd's edge) and wakes every
   waiting direction ``EVENTS`` reports ready. So does every task after a socket call
-  made while others wait, because that call may have drained the edge that would have
-  woken them.
+  made while others wait if that call drained the edge that would have woken them:
+  if the fd is still readable (a zero-timeout ``poll``, which takes nothing), the
+  watcher wakes on it as usual.
 * One waiter at a time watches the fd (``anyio.wait_readable``, which allows one waiter
   per fd) inside a cancel scope that a wake-up of its direction cancels; the others
   wait on their direction's ``anyio.Event``. When the watcher leaves, for any reason,
@@ -24,6 +25,7 @@ socket call (so a cancelled operation never took or queued a message):
 from __future__ import annotations
 
 import contextlib
+import select
 import threading
 from collections.abc import Iterator
 from typing import Final
@@ -73,9 +75,9 @@ class AsyncZmqSocket:
     * After :meth:`close`, waiting and new operations raise :class:`SocketClosed`.
     """
 
-    __slots__ = ("_batch", "_closed", "_events", "_fd", "_meta", "_owner", "_receiving",
-                 "_recheck_owed", "_socket", "_streak", "_type_name", "_waiting", "_watch",
-                 "_watch_flag")
+    __slots__ = ("_batch", "_closed", "_events", "_fd", "_fd_poll", "_meta", "_owner",
+                 "_receiving", "_recheck_owed", "_socket", "_streak", "_type_name",
+                 "_waiting", "_watch", "_watch_flag")
 
     def __init__(self, socket: zmq.Socket[bytes]) -> None:
         """Wrap ``socket``; the calling thread becomes its owner.
@@ -93,6 +95,8 @@ class AsyncZmqSocket:
         fd = socket.get(zmq.FD)
         assert isinstance(fd, int)
         self._fd = fd
+        self._fd_poll = select.poll()  # is the fd readable now (see _after_call)
+        self._fd_poll.register(fd, select.POLLIN)
         self._closed = False
         self._receiving = False
         self._streak = 0  # operations in a row that did not suspend (fairness)
@@ -142,14 +146,18 @@ class AsyncZmqSocket:
             self._raise_foreign()
         if self._receiving:
             raise anyio.BusyResourceError("receiving from")
+        msg: list[bytes] | None = None
         try:
-            msg: list[bytes] | None = recv_frames(self._socket, self._meta)
+            # EVENTS first, as the FD technique does: a receive that finds nothing
+            # costs an EAGAIN exception, a read of EVENTS does not
+            if int(self._socket.get(_EVENTS)) & _POLLIN:
+                msg = recv_frames(self._socket, self._meta)
         except zmq.Again:
-            msg = None
+            pass
         except zmq.ZMQError as exc:
             raise self._closed_error(exc) from None
         if self._waiting[_POLLOUT]:
-            self._recheck()
+            self._after_call()
         return msg
 
     async def recv_multipart(self) -> list[bytes]:
@@ -173,7 +181,7 @@ class AsyncZmqSocket:
                     await self._wait(_POLLIN)
                     continue
                 if self._waiting[_POLLOUT]:
-                    self._recheck()
+                    self._after_call()
                 return msg
         finally:
             self._receiving = False
@@ -217,7 +225,7 @@ class AsyncZmqSocket:
                 if self._batch:
                     self._recheck_owed = True
                 elif not (self._closed or self._socket.closed):
-                    self._recheck()
+                    self._after_call()
 
     @contextlib.contextmanager
     def batched_sends(self) -> Iterator[None]:
@@ -237,7 +245,7 @@ class AsyncZmqSocket:
             if not self._batch and self._recheck_owed:
                 self._recheck_owed = False
                 if not self._closed:
-                    self._recheck()
+                    self._after_call()
 
     async def send_multipart(self, frames: Frames) -> None:
         """Queue one multipart message in libzmq, suspending while the high-water mark is
@@ -382,6 +390,14 @@ class AsyncZmqSocket:
             if events[_POLLOUT] is not None:
                 self._wake(_POLLOUT)
         return fired
+
+    def _after_call(self) -> None:
+        """After a socket call made while others wait: re-check for them if the call took
+        the fd's edge. While the fd is readable, the watcher wakes on it and reads
+        ``EVENTS`` itself: reading it here would take that edge and leave a cancelled
+        watch to re-park (a reply that arrived during a send, on a busy machine)."""
+        if not self._fd_poll.poll(0):
+            self._recheck()
 
     def _recheck(self) -> int:
         """Read ``EVENTS`` (re-arming the fd's edge) and wake each waiting direction it

@@ -265,6 +265,48 @@ async def test_a_burst_of_sends_rechecks_once_when_batched_and_strands_no_receiv
 
 
 @pytest.mark.anyio
+async def test_a_send_leaves_a_still_readable_fd_to_the_watcher(socks: Sockets) -> None:
+    """A reply arrives while the receiver watches the fd and a send follows before the
+    loop polls it (a busy machine). While the fd stays readable after the send, the
+    send reads no ``EVENTS``: that read would take the edge and force the receiver's
+    watch to be cancelled and parked again. The receiver wakes on the fd itself."""
+    peer = socks.raw_socket(zmq.ROUTER)
+    peer.bind("inproc://still-readable")
+    raw = socks.context.socket(zmq.DEALER, socket_class=EventsCountingSocket)
+    socks.raw.append(raw)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect("inproc://still-readable")
+    dealer = socks.wrap(raw)
+    dealer.send_multipart_nowait([b"hello"])
+    assert peer.poll(GUARD * 1000)
+    ident, _ = peer.recv_multipart()
+    got: list[list[bytes]] = []
+    left_readable = 0
+
+    async def receive() -> None:
+        got.append(await dealer.recv_multipart())
+
+    with anyio.fail_after(GUARD):
+        for i in range(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(receive)
+                await anyio.wait_all_tasks_blocked()  # the receiver waits on the fd
+                peer.send_multipart([ident, b"reply %d" % i])
+                assert fd_readable(dealer)
+                before = raw.events_reads
+                dealer.send_multipart_nowait([b"request %d" % i])
+                if fd_readable(dealer):  # libzmq's send did not process commands
+                    left_readable += 1
+                    assert raw.events_reads == before
+                else:
+                    assert raw.events_reads == before + 1
+            assert peer.poll(GUARD * 1000)
+            assert peer.recv_multipart() == [ident, b"request %d" % i]
+    assert got == [[b"reply %d" % i] for i in range(20)]
+    assert left_readable > 0
+
+
+@pytest.mark.anyio
 async def test_concurrent_senders_and_receiver_on_one_socket(socks: Sockets, endpoint: str) -> None:
     """One receiver task and 8 sender tasks share a DEALER; a ROUTER echoes in the same loop."""
     raw_router, raw_dealer = router_dealer(socks, endpoint)
