@@ -76,8 +76,8 @@ class AsyncZmqSocket:
     """
 
     __slots__ = ("_batch", "_closed", "_events", "_fd", "_fd_poll", "_meta", "_owner",
-                 "_receiving", "_recheck_owed", "_socket", "_streak", "_type_name",
-                 "_waiting", "_watch", "_watch_flag")
+                 "_poller", "_receiving", "_recheck_owed", "_socket", "_streak",
+                 "_type_name", "_waiting", "_watch", "_watch_flag")
 
     def __init__(self, socket: zmq.Socket[bytes]) -> None:
         """Wrap ``socket``; the calling thread becomes its owner.
@@ -97,6 +97,7 @@ class AsyncZmqSocket:
         self._fd = fd
         self._fd_poll = select.poll()  # is the fd readable now (see _after_call)
         self._fd_poll.register(fd, select.POLLIN)
+        self._poller: zmq.Poller | None = None  # poll_readable()'s
         self._closed = False
         self._receiving = False
         self._streak = 0  # operations in a row that did not suspend (fairness)
@@ -197,7 +198,11 @@ class AsyncZmqSocket:
         self._check_usable()
         if self._receiving:
             raise anyio.BusyResourceError("receiving from")
-        return bool(self._socket.poll(int(timeout * 1000), zmq.POLLIN))
+        poller = self._poller
+        if poller is None:  # one for the socket's life, not one per wait
+            poller = self._poller = zmq.Poller()
+            poller.register(self._socket, zmq.POLLIN)
+        return bool(poller.poll(int(timeout * 1000)))
 
     # --------------------------------------------------------------------- send
 
