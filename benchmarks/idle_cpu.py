@@ -168,7 +168,7 @@ def rows(points: Sequence[IdlePoint]) -> list[Any]:
 
 def run_group(pool: Any, p: Any) -> list[Any]:
     """Each size in turn: its fleet, one client process, the fleet stopped."""
-    seconds = 3.0 if p.quick else 10.0
+    seconds = 1.5 if p.quick else 10.0
     points = []
     for ranks, shared in POINTS:
         name = f"idle{ranks}{'' if shared else 'r'}"

@@ -79,7 +79,7 @@ class Params:
 
     @property
     def fan_rounds(self) -> int:
-        return 2 if self.quick else 4
+        return 1 if self.quick else 4
 
     @property
     def fan_block(self) -> int:
