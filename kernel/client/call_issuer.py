@@ -38,9 +38,10 @@ Guarantees:
 
 Mechanisms kept because they pay: a fan-out's frames are handed over inside the
 transport's ``batched_sends()`` (one readiness re-check for the burst instead of
-one per rank), and a fan-out to many ranks encodes its request once as a template
+one per rank); a fan-out to many ranks encodes its request once as a template
 into which each rank's ``rank`` and ``seq`` are spliced (one encode instead of
-one per rank).
+one per rank); a caller waiting alone receives its reply itself (the
+:class:`Receiver`: one task step per reply instead of two).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.lowlevel
@@ -95,6 +96,15 @@ _MAX_ID = 2**63 - 1
 _ENVELOPE_SLACK = 512
 
 
+class Receiver(Protocol):
+    """Where a call waits for its decision (the client's receiver)."""
+
+    holder: PendingRequest | None  # the request whose caller receives now
+
+    async def wait(self, entry: PendingRequest) -> None: ...
+    def decided(self, entry: PendingRequest) -> None: ...
+
+
 class CallIssuer:
     """Runs the IO of one client's calls; see the module docstring.
 
@@ -125,6 +135,9 @@ class CallIssuer:
         self.progress_callbacks = ProgressCallbacks()
         #: ends the waits of requests and admission tickets at their deadlines (one task)
         self.reaper = DeadlineReaper(registry, self.wake)
+        #: the client's receiver: a caller waiting alone receives its reply itself
+        #: (None: callers wait on their waiters only)
+        self.receiver: Receiver | None = None
         # request id -> (the scope of a send waiting for room or first contact, its rank)
         self._blocked_sends: dict[int, tuple[anyio.CancelScope, int]] = {}
         self._seq: dict[int, int] = {}
@@ -185,23 +198,14 @@ class CallIssuer:
     async def send_all(self, entry: PendingRequest, raw: msgspec.Raw, key: str = "",
                        fence: int | None = None) -> None:
         """Hand ``entry``'s request to the transport for each rank the request map
-        releases; ``key`` and ``fence`` go in its envelopes (``fence`` None: the
-        client's).
+        releases (registered and marked Sent first); ``key`` and ``fence`` go in
+        its envelopes (``fence`` None: the client's).
 
-        ``release_all`` only names ranks once the request is registered and
-        marked Sent: a reply can never beat the registration.
-
-        Nothing is sent on behalf of a caller whose scope is already cancelled
-        (its cancellation is raised here, before the first frame), nor after
-        the client was closed (ClientClosed). Frames are handed over in rank
-        order without suspending (inside the transport's ``batched_sends()``
-        when it has one and there are several ranks: one readiness re-check
-        for the batch) until one cannot be (a rank at its high-water mark, or
-        not connected yet): that send waits, bounded by the request's deadline
-        and abandoned when that rank is lost or the request decided, then the
-        rest follow, one by one. Until its frame is handed over a rank counts
-        as not sent (a loss means NotDelivered); the other ranks are still
-        sent to.
+        Frames are handed over in rank order without suspending until one cannot
+        be (a rank at its high-water mark, or not connected yet): that send waits,
+        bounded by the request's deadline and abandoned when that rank is lost or
+        the request decided, then the rest follow, one by one. Until its frame is
+        handed over a rank counts as not sent (a loss means NotDelivered).
         """
         # the only checkpoint before the first frame: a caller cancelled before it
         # got here (even one handed the mailbox, then cancelled before it resumed)
@@ -412,14 +416,15 @@ class CallIssuer:
         assert waiter is not None
         entry_deadline = entry.deadline if entry.deadline is not None else float("inf")
         reaper = self.reaper
+        receiver = self.receiver
         if deadline >= entry_deadline and reaper.scope is not None:
             # the request's own deadline ends this wait: the reaper expires it and
             # wakes us (no cancel scope and no timer per call)
             reaper.arm(entry, entry_deadline)
-            await waiter.wait()
+            await (waiter.wait() if receiver is None else receiver.wait(entry))
             return
         with anyio.CancelScope(deadline=deadline):
-            await waiter.wait()
+            await (waiter.wait() if receiver is None else receiver.wait(entry))
         if entry.is_open and self.now() >= entry_deadline:
             self.registry.expire(entry)
 
@@ -427,6 +432,9 @@ class CallIssuer:
         waiter = entry.waiter
         if waiter is not None:
             waiter.set()
+        receiver = self.receiver
+        if receiver is not None and receiver.holder is entry:
+            receiver.decided(entry)
         blocked = self._blocked_sends.get(entry.id) if self._blocked_sends else None
         if blocked is not None:
             blocked[0].cancel()

@@ -185,8 +185,8 @@ class ControlClient:
         #: a fan-out without explicit ``ranks`` leaves them out
         self.quarantine = self.roster.quarantine
         #: the receive loop: each frame to the request map or the peer table
-        self.receiver = ClientReceiver(transport, self.issuer, self.liveness, self.counters,
-                                       self.aclose)
+        self.receiver = self.issuer.receiver = ClientReceiver(
+            transport, self.issuer, self.liveness, self.counters, self.aclose)
 
     @property
     def ranks(self) -> tuple[int, ...]:

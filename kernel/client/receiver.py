@@ -10,11 +10,23 @@ transport's ``receive_many()`` and hands each event on, without awaiting in betw
   flight to that call's ``on_progress`` callbacks;
 * a drop (counted by reason) and a disconnection (to the liveness monitor).
 
-Guarantees: an event of a kind the client does not expect is counted
-(``dropped_wrong_type``), a reply from a stale incarnation is counted
-(``stale_incarnation``), and a bug in a handler is logged without ending the
-loop. When the transport closes under the loop, ``on_closed()`` is awaited
-(the client closes: pending calls fail ClientClosed) and the loop ends.
+**Whose turn it is to receive.** A caller that waits for its decision
+(:meth:`ClientReceiver.wait`) while no one receives and no other caller waits
+receives itself, handing on every event as the loop would, until its own
+request is decided: a reply then costs one task step (the caller's) instead
+of two (the loop's, then the caller's), and a sequential caller keeps the
+turn from one call to the next. The loop parks meanwhile and receives again as
+soon as the caller is done. Callers that wait while someone receives wait on
+their request's waiter. A decision that does not come from the receiving
+caller's own events (its deadline, a lost rank, close) ends its receive by
+cancelling it, which takes nothing off the transport.
+
+Guarantees: one task receives at a time; every event is handed on by
+whoever received it, in order; an event of a kind the client does not expect
+is counted (``dropped_wrong_type``), a reply from a stale incarnation is
+counted (``stale_incarnation``), and a bug in a handler is logged without
+ending the loop. When the transport closes under the loop, ``on_closed()`` is
+awaited (the client closes: pending calls fail ClientClosed) and the loop ends.
 """
 
 from __future__ import annotations
@@ -23,8 +35,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
+import anyio.lowlevel
+
 from ctlwire.kernel.client.call_issuer import CallIssuer
-from ctlwire.kernel.core.request_registry import ReplyDisposition
+from ctlwire.kernel.core.request_registry import PendingRequest, ReplyDisposition
 from ctlwire.kernel.liveness_monitor import LivenessMonitor
 from ctlwire.transports.envelope import Heartbeat, Reply
 from ctlwire.transports.errors import TransportClosed
@@ -48,26 +63,108 @@ class ClientReceiver:
         self.peers = liveness.peers
         self.counters = counters
         self.on_closed = on_closed
+        #: the request whose caller receives now (None: the loop receives, or no one)
+        self.holder: PendingRequest | None = None
+        self._holder_scope: anyio.CancelScope | None = None  # ends the holder's receive
+        self._holder_dispatching = False  # the holder hands events on (its own wake-ups)
+        self._loop_receiving = False
+        self._parked: anyio.Event | None = None  # the loop's, while a caller receives
+        self._waiting = 0  # callers in wait()
+        self._woken = 0  # callers woken by the loop's current batch
+        self._closed = False  # a holder saw the transport close
+        #: how many calls received their replies themselves (tests read it)
+        self.turns = 0
 
     async def run(self) -> None:
         """The receive loop (the client's task): every event queued at a wake-up is
-        handed on in order, the loop's clock read once for them."""
+        handed on in order, the loop's clock read once for them. It parks while a
+        caller receives (see :meth:`wait`)."""
         receive_many = self.transport.receive_many
-        on_event = self.on_event
-        now = self.issuer.now
+        dispatch = self._dispatch
         while True:
+            if self.holder is not None:
+                parked = self._parked = anyio.Event()
+                await parked.wait()
+                continue
+            self._loop_receiving = True
             try:
                 events = await receive_many()
             except TransportClosed:
                 # the transport closed under us: pending calls fail now, typed
                 await self.on_closed()
                 return
-            received_at = now()
-            for event in events:
+            finally:
+                self._loop_receiving = False
+            self._woken = 0
+            dispatch(events)
+            if self._woken == 1 and self._waiting == 1:
+                # the caller just woken is the only one waiting: let it run before this
+                # loop waits again, so that its next call may receive for itself
+                await anyio.lowlevel.checkpoint()
+
+    def _dispatch(self, events: list[Any]) -> None:
+        received_at = self.issuer.now()
+        on_event = self.on_event
+        for event in events:
+            try:
+                on_event(event, received_at)
+            except Exception:  # pragma: no cover - a bug must not kill the receiver
+                log.exception("ctlwire client: failed to handle %r", event)
+
+    async def wait(self, entry: PendingRequest) -> None:
+        """Return once ``entry`` is decided (its waiter set). A caller that waits
+        alone while the loop does not receive receives itself, for everyone, until
+        its own request is decided: its reply reaches it without a wake-up of the
+        loop in between. Others wait on their waiters. Cancelling the caller
+        loses nothing: a cancelled receive took nothing off the transport."""
+        waiter: Any = entry.waiter
+        self._waiting += 1
+        try:
+            if (self._waiting == 1 and self.holder is None and not self._loop_receiving
+                    and not self._closed):
+                self.holder = entry
+                self.turns += 1
                 try:
-                    on_event(event, received_at)
-                except Exception:  # pragma: no cover - a bug must not kill the receiver
-                    log.exception("ctlwire client: failed to handle %r", event)
+                    await self._receive_for(entry)
+                finally:
+                    self.holder = None
+                    parked = self._parked
+                    if parked is not None:
+                        self._parked = None
+                        parked.set()  # the loop receives again (unless a caller is first)
+                if not entry.is_open:
+                    return
+                # the transport closed: the loop closes the client, deciding the request
+            await waiter.wait()
+        finally:
+            self._waiting -= 1
+
+    async def _receive_for(self, entry: PendingRequest) -> None:
+        receive_many = self.transport.receive_many
+        scope = self._holder_scope = anyio.CancelScope()
+        try:
+            with scope:
+                while entry.is_open:
+                    try:
+                        events = await receive_many()
+                    except TransportClosed:
+                        self._closed = True
+                        return
+                    self._holder_dispatching = True
+                    try:
+                        self._dispatch(events)
+                    finally:
+                        self._holder_dispatching = False
+        finally:
+            self._holder_scope = None
+
+    def decided(self, entry: PendingRequest) -> None:
+        """``entry`` was decided: if its caller receives (and this is not its own
+        dispatch), its receive ends."""
+        if entry is self.holder and not self._holder_dispatching:
+            scope = self._holder_scope
+            if scope is not None:
+                scope.cancel()
 
     def on_event(self, event: Any, now: float) -> None:
         """Hand one transport event, received at ``now`` (the loop's clock), on
@@ -87,6 +184,7 @@ class ClientReceiver:
                 disposition, entry = self.registry.on_reply(env, event.peer)
                 if disposition is ReplyDisposition.COMPLETED and entry is not None:
                     self.issuer.wake(entry)
+                    self._woken += 1
             elif type(env) is Heartbeat:
                 rank = env.rank if event.peer is None else event.peer
                 progress = self.liveness.heartbeat(rank, env)
