@@ -7,7 +7,9 @@
 * :mod:`.call_outcome` -- each holder's decoded value or typed error.
 * :mod:`.fan_out_mailbox` -- per-method admission: queueing (FIFO) or watching.
 * :mod:`.deadline_reaper` -- one task that ends every wait at its deadline.
-* :mod:`.receiver` -- the receive loop: frames to the request map and peer table.
+* :mod:`.receiver` -- the receive loop: frames to the request map and peer table;
+  a caller waiting alone receives its own reply.
+* :mod:`.waiting` -- how a caller waits for its decision (its waiter, the receiver).
 * :mod:`.rank_roster` -- which ranks are present, alive, admissible.
 * :mod:`.retry_policy`, :mod:`.progress_callbacks`, :mod:`.call_arguments`.
 

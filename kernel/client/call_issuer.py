@@ -50,7 +50,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -60,6 +60,7 @@ from ctlwire.kernel.client.call_outcome import CallOutcomes
 from ctlwire.kernel.client.deadline_reaper import DeadlineReaper
 from ctlwire.kernel.client.fan_out_mailbox import FanOutMailbox
 from ctlwire.kernel.client.progress_callbacks import ProgressCallback, ProgressCallbacks
+from ctlwire.kernel.client.waiting import Receiver, waiter_of
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
@@ -94,15 +95,6 @@ _SPLICE_MIN_RANKS = 16
 # generous stand-ins for the header fields when sizing a request envelope
 _MAX_ID = 2**63 - 1
 _ENVELOPE_SLACK = 512
-
-
-class Receiver(Protocol):
-    """Where a call waits for its decision (the client's receiver)."""
-
-    holder: PendingRequest | None  # the request whose caller receives now
-
-    async def wait(self, entry: PendingRequest) -> None: ...
-    def decided(self, entry: PendingRequest) -> None: ...
 
 
 class CallIssuer:
@@ -187,13 +179,14 @@ class CallIssuer:
 
     def register(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
                  deadline: float | None = None, waiter: Any = None) -> PendingRequest:
-        """One call's entry in the request map, woken through ``waiter`` (default a
-        new ``anyio.Event``); whoever registers releases it on every path out."""
+        """One call's entry in the request map, woken through ``waiter`` (default: an
+        ``anyio.Event`` made when the caller first has to wait, see :func:`waiter_of`);
+        whoever registers releases it on every path out."""
         if self.closed:
             raise ClientClosed("client is closed")
         return self.registry.register(
             method, ranks, policy, deadline=self.now() + budget if deadline is None else deadline,
-            timeout=budget, waiter=anyio.Event() if waiter is None else waiter)
+            timeout=budget, waiter=waiter)
 
     async def send_all(self, entry: PendingRequest, raw: msgspec.Raw, key: str = "",
                        fence: int | None = None) -> None:
@@ -412,8 +405,6 @@ class CallIssuer:
         """
         if not (self.registry.mark_awaiting(entry) or entry.is_open):
             return  # decided already: a reply beat the wait, or every send failed
-        waiter: Any = entry.waiter  # set() and wait(): anyio.Event, or one wrapping it
-        assert waiter is not None
         entry_deadline = entry.deadline if entry.deadline is not None else float("inf")
         reaper = self.reaper
         receiver = self.receiver
@@ -421,10 +412,10 @@ class CallIssuer:
             # the request's own deadline ends this wait: the reaper expires it and
             # wakes us (no cancel scope and no timer per call)
             reaper.arm(entry, entry_deadline)
-            await (waiter.wait() if receiver is None else receiver.wait(entry))
+            await (waiter_of(entry).wait() if receiver is None else receiver.wait(entry))
             return
         with anyio.CancelScope(deadline=deadline):
-            await (waiter.wait() if receiver is None else receiver.wait(entry))
+            await (waiter_of(entry).wait() if receiver is None else receiver.wait(entry))
         if entry.is_open and self.now() >= entry_deadline:
             self.registry.expire(entry)
 
@@ -448,7 +439,7 @@ class CallIssuer:
         if self.closed:
             raise ClientClosed("client is closed")
         entry = self.registry.register(method, (rank,), Policy.ALL, deadline=deadline,
-                                       timeout=budget, waiter=anyio.Event())
+                                       timeout=budget)
         if on_progress is not None:
             self.progress_callbacks.by_id[entry.id] = on_progress
         try:

@@ -39,6 +39,7 @@ import anyio
 import anyio.lowlevel
 
 from ctlwire.kernel.client.call_issuer import CallIssuer
+from ctlwire.kernel.client.waiting import waiter_of
 from ctlwire.kernel.core.request_registry import PendingRequest, ReplyDisposition
 from ctlwire.kernel.liveness_monitor import LivenessMonitor
 from ctlwire.transports.envelope import Heartbeat, Reply
@@ -117,7 +118,6 @@ class ClientReceiver:
         its own request is decided: its reply reaches it without a wake-up of the
         loop in between. Others wait on their waiters. Cancelling the caller
         loses nothing: a cancelled receive took nothing off the transport."""
-        waiter: Any = entry.waiter
         self._waiting += 1
         try:
             if (self._waiting == 1 and self.holder is None and not self._loop_receiving
@@ -135,7 +135,7 @@ class ClientReceiver:
                 if not entry.is_open:
                     return
                 # the transport closed: the loop closes the client, deciding the request
-            await waiter.wait()
+            await waiter_of(entry).wait()
         finally:
             self._waiting -= 1
 
