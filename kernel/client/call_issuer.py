@@ -41,7 +41,8 @@ transport's ``batched_sends()`` (one readiness re-check for the burst instead of
 one per rank); a fan-out to many ranks encodes its request once as a template
 into which each rank's ``rank`` and ``seq`` are spliced (one encode instead of
 one per rank); a caller waiting alone receives its reply itself (the
-:class:`Receiver`: one task step per reply instead of two).
+:class:`Receiver`: the reply reaches its caller without waking the receive
+loop first).
 """
 
 from __future__ import annotations

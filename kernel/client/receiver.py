@@ -13,10 +13,10 @@ transport's ``receive_many()`` and hands each event on, without awaiting in betw
 **Whose turn it is to receive.** A caller that waits for its decision
 (:meth:`ClientReceiver.wait`) while no one receives and no other caller waits
 receives itself, handing on every event as the loop would, until its own
-request is decided: a reply then costs one task step (the caller's) instead
-of two (the loop's, then the caller's), and a sequential caller keeps the
-turn from one call to the next. The loop parks meanwhile and receives again as
-soon as the caller is done. Callers that wait while someone receives wait on
+request is decided: the reply reaches its caller without waking the loop
+first, and a sequential caller keeps the turn from one call to the next. The
+loop parks meanwhile and is woken when the caller is done (off the reply's
+path), to receive again unless the caller's next call took the turn first. Callers that wait while someone receives wait on
 their request's waiter. A decision that does not come from the receiving
 caller's own events (its deadline, a lost rank, close) ends its receive by
 cancelling it, which takes nothing off the transport.
