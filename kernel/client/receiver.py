@@ -16,8 +16,8 @@ receives itself, handing on every event as the loop would, until its own
 request is decided: the reply reaches its caller without waking the loop
 first, and a sequential caller keeps the turn from one call to the next. The
 loop parks meanwhile and is woken when the caller is done (off the reply's
-path), to receive again unless the caller's next call took the turn first. Callers that wait while someone receives wait on
-their request's waiter. A decision that does not come from the receiving
+path), to receive again unless the caller's next call took the turn first.
+Callers that wait while someone receives wait on their request's waiter. A decision that does not come from the receiving
 caller's own events (its deadline, a lost rank, close) ends its receive by
 cancelling it, which takes nothing off the transport.
 
