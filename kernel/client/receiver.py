@@ -17,9 +17,10 @@ request is decided: the reply reaches its caller without waking the loop
 first, and a sequential caller keeps the turn from one call to the next. The
 loop parks meanwhile and is woken when the caller is done (off the reply's
 path), to receive again unless the caller's next call took the turn first.
-Callers that wait while someone receives wait on their request's waiter. A decision that does not come from the receiving
-caller's own events (its deadline, a lost rank, close) ends its receive by
-cancelling it, which takes nothing off the transport.
+Callers that wait while someone receives wait on their request's waiter. A
+decision that does not come from the receiving caller's own events (its
+deadline, a lost rank, close) ends its receive by cancelling it, which takes
+nothing off the transport.
 
 Guarantees: one task receives at a time; every event is handed on by
 whoever received it, in order; an event of a kind the client does not expect
