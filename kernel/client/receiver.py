@@ -11,8 +11,8 @@ transport's ``receive_many()`` and hands each event on, without awaiting in betw
 * a drop (counted by reason) and a disconnection (to the liveness monitor).
 
 **Whose turn it is to receive.** A caller that waits for its decision
-(:meth:`ClientReceiver.wait`) while no one receives and no other caller waits
-receives itself, handing on every event as the loop would, until its own
+(:meth:`ClientReceiver.wait`) while no one receives and no other request is in
+flight receives itself, handing on every event as the loop would, until its own
 request is decided: the reply reaches its caller without waking the loop
 first, and a sequential caller keeps the turn from one call to the next. The
 loop parks meanwhile and is woken when the caller is done (off the reply's
@@ -71,7 +71,6 @@ class ClientReceiver:
         self._holder_dispatching = False  # the holder hands events on (its own wake-ups)
         self._loop_receiving = False
         self._parked: anyio.Event | None = None  # the loop's, while a caller receives
-        self._waiting = 0  # callers in wait()
         self._woken = 0  # callers woken by the loop's current batch
         self._closed = False  # a holder saw the transport close
         #: how many calls received their replies themselves (tests read it)
@@ -99,9 +98,10 @@ class ClientReceiver:
                 self._loop_receiving = False
             self._woken = 0
             dispatch(events)
-            if self._woken == 1 and self._waiting == 1:
-                # the caller just woken is the only one waiting: let it run before this
-                # loop waits again, so that its next call may receive for itself
+            if self._woken == 1 and self.registry.live_count == 1:
+                # the caller just woken has the only request in flight: let it run
+                # before this loop waits again, so that its next call may receive
+                # for itself
                 await anyio.lowlevel.checkpoint()
 
     def _dispatch(self, events: list[Any]) -> None:
@@ -113,32 +113,32 @@ class ClientReceiver:
             except Exception:  # pragma: no cover - a bug must not kill the receiver
                 log.exception("ctlwire client: failed to handle %r", event)
 
-    async def wait(self, entry: PendingRequest) -> None:
-        """Return once ``entry`` is decided (its waiter set). A caller that waits
-        alone while the loop does not receive receives itself, for everyone, until
-        its own request is decided: its reply reaches it without a wake-up of the
-        loop in between. Others wait on their waiters. Cancelling the caller
-        loses nothing: a cancelled receive took nothing off the transport."""
-        self._waiting += 1
+    def wait(self, entry: PendingRequest) -> Awaitable[Any]:
+        """Await the result to wait until ``entry`` is decided (its waiter set). A
+        caller whose request is the only one in flight, while the loop does not
+        receive, receives itself, for everyone, until its own request is decided:
+        its reply reaches it without a wake-up of the loop in between. Others wait
+        on their waiters. Cancelling the caller loses nothing: a cancelled receive
+        took nothing off the transport."""
+        if (self.holder is None and not self._loop_receiving and not self._closed
+                and self.registry.live_count == 1):
+            return self._take_turn(entry)
+        wait: Awaitable[Any] = waiter_of(entry).wait()
+        return wait
+
+    async def _take_turn(self, entry: PendingRequest) -> None:
+        self.holder = entry
+        self.turns += 1
         try:
-            if (self._waiting == 1 and self.holder is None and not self._loop_receiving
-                    and not self._closed):
-                self.holder = entry
-                self.turns += 1
-                try:
-                    await self._receive_for(entry)
-                finally:
-                    self.holder = None
-                    parked = self._parked
-                    if parked is not None:
-                        self._parked = None
-                        parked.set()  # the loop receives again (unless a caller is first)
-                if not entry.is_open:
-                    return
-                # the transport closed: the loop closes the client, deciding the request
-            await waiter_of(entry).wait()
+            await self._receive_for(entry)
         finally:
-            self._waiting -= 1
+            self.holder = None
+            parked = self._parked
+            if parked is not None:
+                self._parked = None
+                parked.set()  # the loop receives again (unless a caller is first)
+        if entry.is_open:  # the transport closed: the loop closes the client
+            await waiter_of(entry).wait()
 
     async def _receive_for(self, entry: PendingRequest) -> None:
         receive_many = self.transport.receive_many

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 import anyio
@@ -34,5 +35,5 @@ class Receiver(Protocol):
 
     holder: PendingRequest | None  # the request whose caller receives now
 
-    async def wait(self, entry: PendingRequest) -> None: ...
+    def wait(self, entry: PendingRequest) -> Awaitable[Any]: ...
     def decided(self, entry: PendingRequest) -> None: ...
