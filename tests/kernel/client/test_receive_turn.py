@@ -11,6 +11,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from anyio.abc import TaskGroup
 
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.request_registry import PendingRequest
@@ -69,6 +70,23 @@ async def receiving(client: ControlClient, method: str) -> PendingRequest:
     return holder
 
 
+async def start_slow_call_receiving(client: ControlClient, tg: TaskGroup,
+                                    results: list[str]) -> PendingRequest:
+    """Start a ``slow`` call (its result into ``results``) in ``tg``; return its
+    request once its caller receives."""
+    async def slow_call() -> None:
+        results.append(await call_receiving(client, "slow"))
+
+    tg.start_soon(slow_call)
+    return await receiving(client, "slow")
+
+
+async def answered(results: list[str]) -> None:
+    with anyio.fail_after(5):
+        while not results:
+            await anyio.sleep(0.001)
+
+
 async def test_a_lone_sequential_caller_receives_its_own_replies(tmp_path: Path) -> None:
     async with engine_and_client(tmp_path, anyio.Event()) as client:
         before = client.receiver.turns
@@ -86,20 +104,13 @@ async def test_a_receiving_caller_hands_other_callers_their_replies(tmp_path: Pa
     async with engine_and_client(tmp_path, release) as client, \
             anyio.create_task_group() as tg:
         results: list[str] = []
-
-        async def slow_call() -> None:
-            results.append(await call_receiving(client, "slow"))
-
-        tg.start_soon(slow_call)
-        holder = await receiving(client, "slow")
+        holder = await start_slow_call_receiving(client, tg, results)
         turns = client.receiver.turns
         for i in range(5):  # each waits on its waiter; the holder hands it its reply
             assert await client.call("echo", i) == i
         assert client.receiver.holder is holder and client.receiver.turns == turns
         release.set()
-        with anyio.fail_after(5):
-            while not results:
-                await anyio.sleep(0.001)
+        await answered(results)
         assert results == ["slow"] and client.receiver.holder is None
 
 
@@ -110,20 +121,13 @@ async def test_heartbeats_reach_liveness_while_a_caller_receives(tmp_path: Path)
     async with engine_and_client(tmp_path, release, heartbeat_interval=0.05) as client, \
             anyio.create_task_group() as tg:
         results: list[str] = []
-
-        async def slow_call() -> None:
-            results.append(await call_receiving(client, "slow"))
-
-        tg.start_soon(slow_call)
-        holder = await receiving(client, "slow")
+        holder = await start_slow_call_receiving(client, tg, results)
         await anyio.sleep(1.0)
         assert client.receiver.holder is holder
         # only the heartbeats say the rank is busy with the slow handler
         assert client.peers.snapshot() == {0: "BUSY"}
         release.set()
-        with anyio.fail_after(5):
-            while not results:
-                await anyio.sleep(0.001)
+        await answered(results)
         assert results == ["slow"]
 
 
