@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from ctlwire.kernel.errors import ActorStopped as ActorStopped
     from ctlwire.kernel.errors import AskTimeout as AskTimeout
     from ctlwire.kernel.errors import AuthenticationFailed as AuthenticationFailed
+    from ctlwire.kernel.errors import Busy as Busy
     from ctlwire.kernel.errors import ClientClosed as ClientClosed
     from ctlwire.kernel.errors import CtlwireError as CtlwireError
     from ctlwire.kernel.errors import EngineDead as EngineDead

@@ -21,6 +21,7 @@ __all__ = [
     "ActorStopped",
     "AskTimeout",
     "AuthenticationFailed",
+    "Busy",
     "ClientClosed",
     "CtlwireError",
     "EngineDead",
@@ -180,6 +181,15 @@ class Fenced(RemoteError):
     The request did not run."""
 
 
+class Busy(RemoteError):
+    """The engine had no room to queue the request (its method's queue, this
+    client's share of the waiting requests, or their byte budget is full: code
+    429) and refused it at once. The request did not run: **a retry later is
+    safe**."""
+
+    retry_safe = True
+
+
 class ResultTypeError(CtlwireError):
     """A result did not match the ``result_type`` the caller asked for (the
     engine answered; its answer had another shape). Also importable as
@@ -204,6 +214,7 @@ class AskTimeout(CtlwireError):
 
 
 FENCED_CODE = 409
+BUSY_CODE = 429
 
 
 def remote_error(info: ErrorInfo, *, rank: int | None = None,
@@ -211,7 +222,11 @@ def remote_error(info: ErrorInfo, *, rank: int | None = None,
     """The typed error of an engine's error reply."""
     if info.code == UnsupportedProtocolVersion.code and info.type == "UnsupportedProtocolVersion":
         return UnsupportedProtocolVersion(rank if rank is not None else -1, info.message)
-    cls = Fenced if info.code == FENCED_CODE and info.type == "Fenced" else RemoteError
+    cls: type[RemoteError] = RemoteError
+    if info.code == FENCED_CODE and info.type == "Fenced":
+        cls = Fenced
+    elif info.code == BUSY_CODE and info.type == "Busy":
+        cls = Busy
     return cls(info.type, info.message, info.code, rank=rank, method=method)
 
 

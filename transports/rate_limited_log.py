@@ -46,9 +46,11 @@ class RateLimitedLog:
         #: occurrences left out of the log (each counted in a later line where one came)
         self.suppressed = 0
 
-    def log(self, level: int, kind: str, msg: str, *args: object) -> bool:
+    def log(self, level: int, kind: str, msg: str, *args: object, exc_info: bool = False
+            ) -> bool:
         """Log ``msg % args`` at ``level`` unless a line of ``kind`` was written less
-        than ``interval`` s ago (then count it). True when a line was written."""
+        than ``interval`` s ago (then count it). True when a line was written
+        (``exc_info``: with the exception being handled, as ``logging`` does)."""
         now = self._clock()
         with self._lock:
             self.total += 1
@@ -68,7 +70,7 @@ class RateLimitedLog:
         if left_out:
             msg += " (and %d more like it in the last %.0f s)"
             args = (*args, left_out, since)
-        self.logger.log(level, msg, *args)
+        self.logger.log(level, msg, *args, exc_info=exc_info)
         return True
 
     def warning(self, kind: str, msg: str, *args: object) -> bool:

@@ -3,8 +3,9 @@
 ``ControlClient.call(..., retry=n)`` and ``fan_out(..., retry=n)`` retry only
 failures that cannot run the work twice: :class:`~ctlwire.kernel.errors.NotDelivered`
 always, :class:`~ctlwire.kernel.errors.OutcomeUnknown` only with an idempotency
-key or for a method declared idempotent, and an engine's "in progress" answer
-(code 425) to a keyed request. Before each retry the policy waits, within the
+key or for a method declared idempotent, an engine's "in progress" answer
+(code 425) to a keyed request, and its :class:`~ctlwire.kernel.errors.Busy`
+(429: refused before it ran). Before each retry the policy waits, within the
 call's deadline, for the ranks to be live again (:meth:`RetryPolicy.before_retry`).
 """
 
@@ -16,7 +17,7 @@ import anyio
 
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
-from ctlwire.kernel.errors import EngineDead, FanOutFailed, RemoteError
+from ctlwire.kernel.errors import Busy, EngineDead, FanOutFailed, RemoteError
 from ctlwire.kernel.liveness_monitor import LivenessMonitor
 
 __all__ = ["RetryPolicy", "merge_retried"]
@@ -43,7 +44,8 @@ class RetryPolicy:
         """May ``error`` be retried without risking a second run?"""
         if isinstance(error, EngineDead):
             return error.retry_safe or bool(key) or method in self.idempotent_methods
-        return isinstance(error, RemoteError) and error.code == _IN_PROGRESS
+        return isinstance(error, Busy) or (isinstance(error, RemoteError)
+                                           and error.code == _IN_PROGRESS)
 
     async def before_retry(self, ranks: Sequence[int], deadline: float) -> bool:
         """Wait (until ``deadline``) for ``ranks`` to be live again; False when time ran out."""

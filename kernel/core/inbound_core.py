@@ -18,12 +18,21 @@ Guarantees:
 * **Admission**, in this order: protocol major, rank, method (allow-list),
   deadline, fence, idempotency key, payload type. A request moves the fence and
   records its key only once fully validated, and only for a state-changing
-  method (read-only ones ignore fences and keys).
+  method (read-only ones ignore fences and keys). :meth:`InboundCore.admit`
+  does it all at once; a request that waits before it starts is validated as
+  it arrives (:meth:`InboundCore.check`) and checked again as it starts
+  (:meth:`InboundCore.start`: deadline, fence, key), so nothing it was refused
+  for waits in a queue, and nothing that changed while it waited is missed.
 * **Idempotency keys** are scoped by ``(route, method, key)`` (``key_scope=
   "route"``) or by the client incarnation a request claims (``"client"``, and
   always where there is no route). A repeat gets the first run's outcome,
-  result or error; a run that ends with no outcome (:meth:`InboundCore.cancelled`)
-  forgets its key, so a retry runs.
+  result or error; a run that ends with no outcome (:meth:`InboundCore.cancelled`),
+  or that its handler refused (:class:`Refused`), forgets its key, so a retry
+  is judged again. A new key is charged to its sender (:meth:`InboundCore.peer`:
+  the connection, or under CURVE its key), whose share of the cache is bounded
+  (:class:`~ctlwire.kernel.core.result_cache.ResultCache`).
+* **Busy** (:meth:`InboundCore.busy`): a request its engine has no room to
+  queue is refused ``Busy`` (429) and counted; it did not run.
 * **Bad frames** whose id can be read get a typed error reply; others are counted.
 """
 
@@ -38,7 +47,7 @@ import msgspec
 from ctlwire.kernel.core.duplicate_filter import DuplicateFilter
 from ctlwire.kernel.core.fence_guard import FenceGuard, FenceVerdict
 from ctlwire.kernel.core.result_cache import RUNNING, RecordedOutcome, ResultCache
-from ctlwire.kernel.errors import FENCED_CODE, error_info
+from ctlwire.kernel.errors import BUSY_CODE, FENCED_CODE, error_info
 from ctlwire.states import INBOUND_REQUEST_TABLE, InboundEvent, InboundState
 from ctlwire.transports.codec import Codec, PayloadTypeError
 from ctlwire.transports.envelope import ErrorInfo, Heartbeat, Reply, Request
@@ -50,7 +59,7 @@ from ctlwire.transports.protocol_version import (
 )
 from ctlwire.transports.transport import Dropped, Received, Route
 
-__all__ = ["BadFrame", "ErrorCode", "InboundCore", "InboundRequest", "MethodSpec"]
+__all__ = ["BadFrame", "ErrorCode", "InboundCore", "InboundRequest", "MethodSpec", "Refused"]
 
 
 class ErrorCode:
@@ -66,10 +75,18 @@ class ErrorCode:
     ASYNC_HANDLER_IN_POLL = 501
     FENCED = FENCED_CODE
     IN_PROGRESS = 425
+    BUSY = BUSY_CODE
     FENCE_OUT_OF_RANGE = 416
     KEY_TOO_LONG = 414
     CACHE_FULL = 507
     UNSUPPORTED_PROTOCOL_VERSION = UNSUPPORTED_VERSION_CODE
+
+
+class Refused(Exception):
+    """Raised by a handler to refuse its request before changing anything (an
+    operation step out of order, say): the reply is this error, like any
+    handler's, but it is not recorded under the request's idempotency key, so
+    a retry is judged again and a refused request never holds a key."""
 
 
 @dataclass(frozen=True)
@@ -134,7 +151,7 @@ _REQUEST_COUNTERS = ("received", "rejected", "expired", "handler_errors", "dupli
                      "dropped_wrong_type", "error_replies_for_bad_frames", "heartbeats_received",
                      "fenced", "fence_out_of_range", "idempotent_replays",
                      "idempotent_in_progress", "idempotency_key_too_long",
-                     "idempotency_cache_full")
+                     "idempotency_cache_full", "busy", "internal_errors")
 
 
 class InboundCore:
@@ -144,7 +161,8 @@ class InboundCore:
                  incarnation: int, clock: Callable[[], float],
                  duplicates: DuplicateFilter | None = None, fences: FenceGuard | None = None,
                  results: ResultCache | None = None,
-                 key_scope: Literal["route", "client"] = "route") -> None:
+                 key_scope: Literal["route", "client"] = "route",
+                 key_of: Callable[[Route], str | None] | None = None) -> None:
         if key_scope not in ("route", "client"):
             raise ValueError(f"key_scope must be 'route' or 'client', not {key_scope!r}")
         self.methods = methods
@@ -156,6 +174,8 @@ class InboundCore:
         self.fences = fences if fences is not None else FenceGuard()
         self.results = results if results is not None else ResultCache()
         self.key_scope = key_scope
+        #: the authenticated key of a route's connection (a CURVE engine that binds), if any
+        self.key_of = key_of
         self.client_last_seen: float | None = None
         self.counters: dict[str, int] = dict.fromkeys(_REQUEST_COUNTERS, 0)
         self.states: dict[InboundState, int] = dict.fromkeys(InboundState, 0)
@@ -207,10 +227,25 @@ class InboundCore:
         """Received → Running (None: run ``item.spec.handler(*item.args)``), or the
         reply that ends it here: Rejected, Expired, or Replied with a recorded
         outcome (a repeated idempotency key). ``now``: the clock, when the caller
-        has just read it (the deadline is checked against the time it starts)."""
-        req = item.request
+        has just read it (the deadline is checked against the time it starts).
+        :meth:`check` then :meth:`start`, for a request that starts as it arrives."""
         if now is None:
             now = self.clock()
+        refused = self._check(item, now, True)
+        if refused is not None:
+            return refused
+        return self._begin(item, now)
+
+    def check(self, item: InboundRequest, now: float | None = None) -> Reply | None:
+        """Validate ``item`` as it arrives, changing nothing (no key recorded, the
+        fence not moved): None when it may run (``item.spec`` and ``item.args``
+        set, still Received; :meth:`start` it), else the reply that ends it here,
+        as :meth:`admit`. A key whose first request still runs is left for
+        :meth:`start` to judge (it may have finished by then)."""
+        return self._check(item, self.clock() if now is None else now, False)
+
+    def _check(self, item: InboundRequest, now: float, running_refused: bool) -> Reply | None:
+        req = item.request
         spec = self.methods.get(req.method)
         if req.version >> 8 != PROTOCOL_MAJOR:
             self._count("protocol_version_refused")
@@ -226,11 +261,7 @@ class InboundCore:
                                 f"no control method {req.method!r} on this engine",
                                 ErrorCode.UNKNOWN_METHOD)
         if req.deadline and now > req.deadline:
-            self.counters["expired"] += 1
-            return self._end(item, InboundEvent.EXPIRE, self.error_reply(
-                req.id, "DeadlineExpired",
-                f"{req.method!r} arrived {now - req.deadline:.3f} s after its deadline",
-                ErrorCode.DEADLINE_EXPIRED))
+            return self._expire(item, now)
         read_only = spec.read_only
         fence = 0 if read_only else req.fence
         if fence:
@@ -239,7 +270,7 @@ class InboundCore:
                 return refused
         key = "" if read_only else req.key
         if key:
-            replayed = self._replay(item, key)
+            replayed = self._replay(item, key, running_refused=running_refused)
             if replayed is not None:
                 return replayed
         raw = req.payload
@@ -263,16 +294,78 @@ class InboundCore:
                                     ErrorCode.INVALID_PAYLOAD)
             else:
                 args = ()
-        if key and not self.results.start(self._scope(item), req.method, key, now):
-            self.counters["idempotency_cache_full"] += 1
-            return self._reject(item, "CacheFull", f"{req.method!r}: the idempotency cache has "
-                                "no room for a new key (every entry is within its retry "
-                                "window); not run, retry later", ErrorCode.CACHE_FULL)
-        if fence:
-            self.fences.accept(fence)
         item.spec, item.args = spec, args
+        return None
+
+    def start(self, item: InboundRequest, now: float | None = None) -> Reply | None:
+        """A request :meth:`check` passed starts: Running (None), or the reply that
+        ends it now -- Expired (its deadline passed while it waited), Fenced (a newer
+        token was accepted meanwhile), its key's recorded outcome, ``InProgress``
+        (the key's first request still runs), ``CacheFull``."""
+        req, spec = item.request, item.spec
+        assert spec is not None, "start() a request check() passed"
+        if now is None:
+            now = self.clock()
+        if req.deadline and now > req.deadline:
+            return self._expire(item, now)
+        if not spec.read_only:
+            if req.fence:
+                refused = self._fence_refusal(item, req.fence)
+                if refused is not None:
+                    return refused
+            if req.key:
+                replayed = self._replay(item, req.key)
+                if replayed is not None:
+                    return replayed
+        return self._begin(item, now)
+
+    def _begin(self, item: InboundRequest, now: float) -> Reply | None:
+        """Received → Running, once validated: the key recorded (``CacheFull`` when
+        its sender's share, or the cache, has no room), the fence moved."""
+        req, spec = item.request, item.spec
+        assert spec is not None
+        if not spec.read_only:
+            key = req.key
+            if key and not self.results.start(self._scope(item), req.method, key, now,
+                                              owner=self.peer(item.route, req.id)):
+                self.counters["idempotency_cache_full"] += 1
+                return self._reject(item, "CacheFull", f"{req.method!r}: no room for a new "
+                                    "idempotency key (this connection's share of the cache, or "
+                                    "the cache, holds only entries within their retry window); "
+                                    "not run, retry later", ErrorCode.CACHE_FULL)
+            if req.fence:
+                self.fences.accept(req.fence)
         item.go(InboundEvent.START)
         return None
+
+    def busy(self, item: InboundRequest, why: str) -> Reply:
+        """Received → Rejected with ``Busy`` (429, counted): no room to queue
+        ``item`` (``why``); it did not run, a retry later is safe."""
+        self.counters["busy"] += 1
+        return self._reject(item, "Busy", f"{item.request.method!r}: {why}; not run, retry "
+                            "later", ErrorCode.BUSY)
+
+    def peer(self, route: Route, request_id: int) -> Hashable:
+        """Who sent a request, as far as this engine can tell and no other peer can
+        claim: the authenticated key of its connection (a CURVE engine that
+        binds), else its connection (``route``); a transport without routes has one
+        peer, the client it dialed, named by the client incarnation of the id."""
+        if route is None:
+            return ("client", request_id >> 32)
+        key_of = self.key_of
+        if key_of is not None:
+            key = key_of(route)
+            if key:
+                return ("key", key)
+        return route
+
+    def _expire(self, item: InboundRequest, now: float) -> Reply:
+        req = item.request
+        self.counters["expired"] += 1
+        return self._end(item, InboundEvent.EXPIRE, self.error_reply(
+            req.id, "DeadlineExpired",
+            f"{req.method!r} arrived {now - req.deadline:.3f} s after its deadline",
+            ErrorCode.DEADLINE_EXPIRED))
 
     def _fence_refusal(self, item: InboundRequest, fence: int) -> Reply | None:
         req = item.request
@@ -290,8 +383,11 @@ class InboundCore:
                             f"since the epoch, at most {self.fences.window:g} s ahead of this "
                             "engine's clock)", ErrorCode.FENCE_OUT_OF_RANGE)
 
-    def _replay(self, item: InboundRequest, key: str) -> Reply | None:
-        """The reply to a key already recorded (or refused), else None: run it."""
+    def _replay(self, item: InboundRequest, key: str, *, running_refused: bool = True
+                ) -> Reply | None:
+        """The reply to a key already recorded (or refused), else None: run it. A
+        key whose first request still runs is refused ``InProgress``, unless
+        ``running_refused`` is False (then None: judged when it starts)."""
         req = item.request
         results = self.results
         if not results.key_fits(key):
@@ -302,6 +398,8 @@ class InboundCore:
         if recorded is None:
             return None
         if recorded is RUNNING:
+            if not running_refused:
+                return None
             self.counters["idempotent_in_progress"] += 1
             return self._reject(item, "InProgress", f"{req.method!r} with idempotency key "
                                 f"{key[:64]!r} is still running", ErrorCode.IN_PROGRESS)

@@ -21,11 +21,15 @@ Guarantees:
   (cancelled) forgets its key (:meth:`ResultCache.abandon`): a retry runs.
 * The first run's error is recorded like a result: a repeat gets the same error.
 * Bounded in entries and in bytes (keys, method names, results and error
-  texts, plus a fixed overhead per entry). A recorded outcome is kept at least
+  texts, plus a fixed overhead per entry), in all and **per owner**: each new key
+  is charged to the peer that sent it (the engine passes its connection, or
+  under CURVE its key), which holds at most ``owner_share`` of the entries and
+  of the bytes (a quarter by default), so one peer can fill only its own share. A recorded outcome is kept at least
   ``retention`` seconds (the retry window): it is never evicted younger than
-  that. When there is no room for a new key without evicting a younger entry,
-  :meth:`ResultCache.start` refuses it (counted in :attr:`refused_full`) and
-  the engine answers ``CacheFull`` without running the handler. A result too
+  that. When there is no room for a new key -- in its owner's share, or in the
+  cache without evicting a younger entry -- :meth:`ResultCache.start` refuses it
+  (counted in :attr:`refused_full`) and the engine answers ``CacheFull`` without
+  running the handler. A result too
   large to fit is replaced by a ``ResultNotRetained`` error (counted in
   :attr:`results_not_kept`): a retry learns that the call ran, and it does not
   run twice. Entries past their retention are evicted oldest first when room
@@ -80,25 +84,36 @@ NOT_RETAINED: Final = RecordedOutcome(False, b"", ErrorInfo(
 
 
 class _Entry:
-    __slots__ = ("outcome", "since", "size")
+    __slots__ = ("outcome", "owner", "since", "size")
 
-    def __init__(self, outcome: RecordedOutcome, size: int, since: float) -> None:
+    def __init__(self, outcome: RecordedOutcome, size: int, since: float,
+                 owner: Hashable) -> None:
         self.outcome = outcome
         self.size = size
         self.since = since
+        self.owner = owner
 
 
 class ResultCache:
     """``(peer, method, key) -> outcome``, bounded; see the module docstring."""
 
     def __init__(self, max_entries: int = 4096, max_bytes: int = 64 * 1024 * 1024, *,
-                 max_key_bytes: int = 256, retention: float = 600.0) -> None:
+                 max_key_bytes: int = 256, retention: float = 600.0,
+                 owner_share: float = 0.25) -> None:
         if max_entries < 1 or max_bytes < 1 or max_key_bytes < 1:
             raise ValueError("max_entries, max_bytes and max_key_bytes must be >= 1")
         if not retention >= 0:
             raise ValueError("retention must be >= 0 seconds")
+        if not 0 < owner_share <= 1:
+            raise ValueError("owner_share must be in (0, 1]")
         self.max_entries = max_entries
         self.max_bytes = max_bytes
+        self.owner_share = owner_share
+        #: what one owner may hold: ``owner_share`` of the entries and of the bytes
+        self.max_entries_per_owner = max(1, int(max_entries * owner_share))
+        self.max_bytes_per_owner = max(1, int(max_bytes * owner_share))
+        #: owner -> [entries, bytes] it holds (owners holding none are forgotten)
+        self._owners: dict[Hashable, list[int]] = {}
         self.max_key_bytes = max_key_bytes
         self.retention = retention
         self._running: dict[CacheKey, _Entry] = {}
@@ -128,19 +143,25 @@ class ResultCache:
         self.hits += 1
         return found.outcome
 
-    def start(self, peer: Hashable, method: str, key: str, now: float) -> bool:
-        """The first request with this key starts running. False (counted in
-        :attr:`refused_full`, nothing recorded) when there is no room for it
-        without evicting an entry younger than :attr:`retention`."""
+    def start(self, peer: Hashable, method: str, key: str, now: float, *,
+              owner: Hashable = None) -> bool:
+        """The first request with this key starts running, charged to ``owner``
+        (default: ``peer``). False (counted in :attr:`refused_full`, nothing
+        recorded) when there is no room for it: the owner's share is full (of
+        entries younger than :attr:`retention`: its older ones are evicted first),
+        or the cache is, without evicting an entry younger than that."""
         k = (peer, method, key)
         if k in self._running or k in self._done:
             raise ValueError(f"key {key!r} of {method!r} is already recorded")
+        if owner is None:
+            owner = peer
         # room for the outcome that always fits: a result too large becomes NOT_RETAINED
         size = _base_size(k) + NOT_RETAINED.size
-        if not self._make_room(size, 1, now):
+        if not (self._owner_room(owner, size, now) and self._make_room(size, 1, now)):
             self.refused_full += 1
             return False
-        self._running[k] = _Entry(RUNNING, size, now)
+        self._running[k] = _Entry(RUNNING, size, now, owner)
+        self._charge(owner, 1, size)
         self.bytes += size
         return True
 
@@ -151,12 +172,16 @@ class ResultCache:
         entry = self._running.pop(k, None)
         if entry is None:
             return  # never started here: nothing to record
+        owner = entry.owner
         self.bytes -= entry.size
+        self._charge(owner, 0, -entry.size)
         size = _base_size(k) + outcome.size
-        if size > entry.size and not self._make_room(size, 0, now):
+        if size > entry.size and not (self._owner_room(owner, size, now, entries=0)
+                                      and self._make_room(size, 0, now)):
             self.results_not_kept += 1
             outcome, size = NOT_RETAINED, entry.size  # the room start() reserved
-        self._done[k] = _Entry(outcome, size, now)
+        self._done[k] = _Entry(outcome, size, now, owner)
+        self._charge(owner, 0, size)
         self.bytes += size
 
     def abandon(self, peer: Hashable, method: str, key: str) -> None:
@@ -164,6 +189,46 @@ class ResultCache:
         entry = self._running.pop((peer, method, key), None)
         if entry is not None:
             self.bytes -= entry.size
+            self._charge(entry.owner, -1, -entry.size)
+
+    def owned(self, owner: Hashable) -> tuple[int, int]:
+        """The entries and bytes ``owner`` holds."""
+        held = self._owners.get(owner)
+        return (held[0], held[1]) if held is not None else (0, 0)
+
+    @property
+    def owners(self) -> int:
+        """Owners holding at least one entry."""
+        return len(self._owners)
+
+    def _charge(self, owner: Hashable, entries: int, size: int) -> None:
+        held = self._owners.get(owner)
+        if held is None:
+            held = self._owners[owner] = [0, 0]
+        held[0] += entries
+        held[1] += size
+        if not held[0]:
+            del self._owners[owner]
+
+    def _owner_room(self, owner: Hashable, size: int, now: float, *, entries: int = 1) -> bool:
+        """Whether ``owner``'s share takes ``entries`` more entries and ``size`` more
+        bytes, once outcomes past their retention are evicted (oldest first, any
+        owner's: each is evicted once, so this costs no more than their number)."""
+        done = self._done
+        while True:
+            held = self._owners.get(owner, _NONE_HELD)
+            if (held[0] + entries <= self.max_entries_per_owner
+                    and held[1] + size <= self.max_bytes_per_owner):
+                return True
+            if not done:
+                return False
+            oldest = next(iter(done.values()))
+            if now - oldest.since < self.retention:
+                return False
+            done.popitem(last=False)
+            self.bytes -= oldest.size
+            self.evicted += 1
+            self._charge(oldest.owner, -1, -oldest.size)
 
     def _make_room(self, size: int, entries: int, now: float) -> bool:
         """Evict outcomes past their retention, oldest first, until ``size`` more
@@ -179,7 +244,11 @@ class ResultCache:
             done.popitem(last=False)
             self.bytes -= oldest.size
             self.evicted += 1
+            self._charge(oldest.owner, -1, -oldest.size)
         return True
+
+
+_NONE_HELD: Final = (0, 0)
 
 
 def _base_size(k: CacheKey) -> int:

@@ -31,9 +31,19 @@ Guarantees:
   (default 1, so each method stays serial)**, and different methods run
   concurrently — ``get_server_info`` is answered while a long
   ``update_weights`` runs, and a hung handler blocks only its own method.
-  Across methods there is no ordering. The deadline is checked when a request
-  starts, not when it is queued. :attr:`EngineEndpoint.running` maps each
-  request id being handled to its method and start time (``time.monotonic``).
+  Across methods there is no ordering; read-only sync handlers (and the
+  built-ins) run as they arrive. A request that waits is validated as it
+  arrives and checked again (deadline, fence, key) when it starts.
+  :attr:`EngineEndpoint.running` maps each request id being handled to its
+  method and start time (``time.monotonic``).
+* **Busy, not deaf.** Under :meth:`serve` the engine never stops receiving
+  because requests wait: a request that finds its method's lane full
+  (``mailbox_size`` waiting), its connection's share full
+  (``max_queued_per_route`` waiting, all methods together) or the waiting
+  requests' byte budget full (``max_queued_request_bytes``) is refused at once
+  with ``Busy`` (429, counted ``busy``; it did not run, a retry later is safe),
+  so one busy method, or one flooding peer, never delays another method or a
+  read-only call (:mod:`~ctlwire.kernel.engine.serve`).
 * **At most once.** A request id already seen on the same route (a
   duplicated frame) is dropped and counted, never run twice. Ids are
   remembered per route (the connection a frame came from, not the client id
@@ -57,7 +67,11 @@ Guarantees:
   the handler runs once. A key longer than the cache's ``max_key_bytes`` is
   refused with ``KeyTooLong`` (414); a new key that does not fit the cache's
   byte budget without evicting an entry inside its retry window is refused
-  with ``CacheFull`` (507) and not run. Keys are scoped by route by default,
+  with ``CacheFull`` (507) and not run; each connection (under CURVE, each
+  client key) may hold only its share of the cache, so one peer cannot fill it
+  for the others; a request refused by the engine or by its handler
+  (:class:`~ctlwire.kernel.core.inbound_core.Refused`) holds no key. Keys are
+  scoped by route by default,
   so no other connection can read or pre-empt them; a client whose connection
   was re-established has a new route, and a retry over it runs again. With
   ``key_scope="client"`` keys are scoped by the client incarnation a request
@@ -88,14 +102,25 @@ Guarantees:
   marked stalled and further replies to it are dropped at once (counted)
   until it takes one again, so the dispatcher keeps serving other clients.
 * **What peers send is bounded in bytes.** Under :meth:`serve`, requests taken
-  and not yet started hold at most ``max_queued_request_bytes`` (plus one
-  request): beyond, the engine takes no more until some start, and libzmq's
-  byte-sized high-water marks hold the rest (see
+  and not yet started hold at most ``max_queued_request_bytes`` (or one
+  request): beyond, a request is refused ``Busy``; what is not yet received
+  waits in libzmq, whose high-water marks are sized in bytes (see
   :class:`~ctlwire.transports.zmq_config.ZmqOptions`).
+* **Another peer's request ids are nobody's business.** ``ctlwire.metrics``
+  lists the ids of running requests only to the route that sent them (it counts
+  the others); an operation step is owned by its connection (under CURVE its
+  key), never by a number a peer could read
+  (:mod:`~ctlwire.kernel.engine.operation_ledger`).
+* **The engine's own guards never end it.** An unexpected exception while
+  receiving, dispatching, sending a reply or a heartbeat is counted
+  (``internal_errors``, ``heartbeat_failures``) and logged, and the next request
+  is served, in :meth:`poll`, :meth:`serve` and a
+  :class:`~ctlwire.kernel.busy_loop.BusyLoop`.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -124,7 +149,7 @@ from ctlwire.kernel.engine.liveness import (
 )
 from ctlwire.kernel.engine.method_table import NO_PAYLOAD, MethodTable
 from ctlwire.kernel.engine.outbox import ReplyOutbox
-from ctlwire.kernel.engine.serve import EngineServer, QueuedRequestBytes
+from ctlwire.kernel.engine.serve import EngineServer, QueuedRequests
 from ctlwire.states import InboundState
 from ctlwire.transports.envelope import Heartbeat, Request
 from ctlwire.transports.errors import TransportClosed
@@ -173,6 +198,7 @@ class EngineEndpoint:
         max_outbox_bytes: int = 32 << 20,
         reply_send_timeout: float = 1.0,
         max_queued_request_bytes: int = 64 << 20,
+        max_queued_per_route: int = 64,
     ) -> None:
         self.transport = transport
         self.codec = transport.codec
@@ -186,16 +212,17 @@ class EngineEndpoint:
                                 incarnation=self.incarnation, clock=clock,
                                 duplicates=DuplicateFilter(dedup_window, dedup_peers),
                                 fences=FenceGuard(fence_window), results=result_cache,
-                                key_scope=key_scope)
+                                key_scope=key_scope, key_of=getattr(transport, "peer_key", None))
         self.liveness = EngineLiveness(transport, rank=self.rank, incarnation=self.incarnation,
-                                       heartbeat_interval=heartbeat_interval, beacon=beacon)
+                                       heartbeat_interval=heartbeat_interval, beacon=beacon,
+                                       peer_of=self.core.peer)
         self.runner = HandlerRunner(self.core, self.liveness)
         self.outbox = ReplyOutbox(transport, max_unread_replies=max_unread_replies,
                                   max_unread_bytes=max_unread_bytes,
                                   max_outbox_bytes=max_outbox_bytes,
                                   reply_send_timeout=reply_send_timeout)
-        #: serve mode: bytes of requests taken and not started, against their budget
-        self.queued_requests = QueuedRequestBytes(max_queued_request_bytes)
+        #: serve mode: requests taken and not started, against their budgets
+        self.queued_requests = QueuedRequests(max_queued_request_bytes, max_queued_per_route)
         self._opened = False
         self._closed = False
         # poll(): the next event that can be received now (None: none), and whether
@@ -280,6 +307,9 @@ class EngineEndpoint:
             event = take()
         except TransportClosed:
             return 0
+        except Exception:  # never let the transport end the loop: the next poll() asks again
+            self._internal_error("receiving")
+            return 0
         while event is not None:
             taken += 1
             try:
@@ -300,9 +330,8 @@ class EngineEndpoint:
                 elif work is not None:
                     assert type(work) is BadFrame
                     outbox.send(work.route, work.reply)
-            except Exception:  # pragma: no cover - never let one frame end the loop
-                core.counters["internal_errors"] += 1
-                outbox.log.exception("engine %d: internal error handling %r", self.rank, event)
+            except Exception:  # never let one frame end the loop
+                self._internal_error(f"handling {event!r:.200}")
             # after the first event, whether a second is queued: EVENTS, cheaper than
             # a receive that fails, for a lone request; a burst's remaining events are
             # then received until one receive finds the queue empty (one failure per
@@ -313,11 +342,20 @@ class EngineEndpoint:
                 event = take()
             except TransportClosed:
                 break
+            except Exception:
+                self._internal_error("receiving")
+                break
         if handled:
             live.last_loop = time.monotonic()  # what ran is done: the loop came round
         if outbox.queues:  # a burst's replies that found the pipe full: room now, likely
             outbox.flush()
         return handled
+
+    def _internal_error(self, doing: str) -> None:
+        """An unexpected exception while ``doing``: counted and logged (rate-limited)."""
+        self.core.counters["internal_errors"] += 1
+        self.outbox.unsent_log.log(logging.ERROR, "internal", "engine %d: internal error %s",
+                                   self.rank, doing, exc_info=True)
 
     def idle_wait(self, timeout: float) -> float:
         """How long a poll loop may block waiting for input: ``timeout``, or at most
@@ -398,8 +436,10 @@ class EngineEndpoint:
     @property
     def counters(self) -> dict[str, int]:
         """Every part's counters, one dict (a copy)."""
+        live = self.liveness
         return {**self.core.counters, **self.outbox.counters,
-                "heartbeats_sent": self.liveness.heartbeats_sent}
+                "heartbeats_sent": live.heartbeats_sent,
+                "heartbeat_failures": live.heartbeat_failures}
 
     @property
     def outbox_bytes(self) -> int:
@@ -420,18 +460,20 @@ class EngineEndpoint:
         the same); also served to clients as the built-in ``ctlwire.metrics``
         method (``await client.engine_metrics(rank)``)."""
         counters = self.counters
-        running = list(self.running.items())
+        live = self.liveness
         core, cache, outbox, transport = self.core, self.core.results, self.outbox, self.transport
+        queued = self.queued_requests
         return {
             "role": "engine",
             "rank": self.rank,
             "incarnation": self.incarnation,
-            "live_requests": len(running),
+            "live_requests": len(live.running),
             "outcomes": {s.name: n for s, n in core.states.items() if n},
             "frames_dropped": {k.removeprefix("dropped_"): counters.get(k, 0)
                                for k in _ENGINE_DROPS},
             "methods": self.methods,
-            "running": {rid: m for rid, (m, _) in running},
+            # ids of running requests: the caller's own (a peer never reads another's)
+            "running": live.visible_running(),
             "beacon": self.liveness.beacon_active,
             "loops": self.liveness.loops,
             "fence_high": core.fences.high,
@@ -442,11 +484,17 @@ class EngineEndpoint:
             "idempotency_cache": {"entries": len(cache), "bytes": cache.bytes,
                                   "max_bytes": cache.max_bytes, "hits": cache.hits,
                                   "evicted": cache.evicted, "refused_full": cache.refused_full,
-                                  "results_not_kept": cache.results_not_kept},
-            # serve mode: requests taken and not started, in bytes, against their budget
-            "queued_requests": {"bytes": self.queued_requests.held,
-                                "peak_bytes": self.queued_requests.peak,
-                                "limit_bytes": self.queued_requests.limit},
+                                  "results_not_kept": cache.results_not_kept,
+                                  # each sender's share (connection, or CURVE key)
+                                  "owners": cache.owners,
+                                  "max_entries_per_owner": cache.max_entries_per_owner,
+                                  "max_bytes_per_owner": cache.max_bytes_per_owner},
+            # serve mode: requests taken and not started, against their budgets
+            "queued_requests": {"bytes": queued.held, "peak_bytes": queued.peak,
+                                "limit_bytes": queued.limit, "requests": queued.count,
+                                "routes": len(queued.routes),
+                                "limit_per_route": queued.per_route,
+                                "refused_busy": counters["busy"]},
             # replies waiting for clients that do not read, bounded per route and in total
             "outbox": {"replies": outbox.replies, "bytes": outbox.bytes,
                        "peak_bytes": outbox.peak_bytes, "routes": outbox.routes,

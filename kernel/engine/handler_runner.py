@@ -5,7 +5,8 @@ Guarantees: while a handler runs, its request is in the liveness part's
 ``running`` table (what heartbeats report) and :func:`report_progress` reaches
 it; its trace carrier is current; every outcome goes through the inbound core
 (a result or an exception gives the one ``Replied`` reply; a run that ends with
-neither, cancelled, forgets its idempotency key). A handler's exception never
+neither, cancelled, or that the handler refused (:class:`Refused`) forgets its
+idempotency key). A handler's exception never
 escapes; a ``BaseException`` (cancellation, KeyboardInterrupt) does, after the
 bookkeeping.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import anyio
 import anyio.to_thread
 
-from ctlwire.kernel.core.inbound_core import ErrorCode, InboundCore, InboundRequest
+from ctlwire.kernel.core.inbound_core import ErrorCode, InboundCore, InboundRequest, Refused
 from ctlwire.kernel.engine.liveness import EngineLiveness
 from ctlwire.kernel.tracing import current_trace
 from ctlwire.transports.envelope import Reply
@@ -48,6 +49,8 @@ class HandlerRunner:
         token = live.begin(req.id, req.method, item.route)
         try:
             value = spec.handler(*item.args)
+        except Refused as exc:
+            return core.error(item, exc, record=False)
         except Exception as exc:
             return core.error(item, exc)
         except BaseException:
@@ -76,6 +79,8 @@ class HandlerRunner:
                 value = await anyio.to_thread.run_sync(spec.handler, *item.args)
             else:
                 value = spec.handler(*item.args)
+        except Refused as exc:
+            return core.error(item, exc, record=False)
         except Exception as exc:
             return core.error(item, exc)
         except BaseException:

@@ -5,34 +5,41 @@ start and the in-band heartbeats.
 Guarantees: a heartbeat says who the engine is (rank, incarnation) and what it
 is doing; on a transport whose heartbeats reach every peer
 (``shared_heartbeats``) it names no request -- a running request's id and
-progress go only to the route that sent it. A sync engine that has not polled
+progress go only to the route that sent it, and :meth:`EngineLiveness.visible_running`
+shows a handler only its own route's. A sync engine that has not polled
 for two intervals is reported busy in :data:`STEP_METHOD`. A heartbeat that
-cannot be sent is skipped (the next one follows an interval later).
+cannot be sent is skipped (the next one follows an interval later); one whose
+send raised anything else is skipped too, counted (:attr:`EngineLiveness.heartbeat_failures`)
+and logged (rate-limited): it never ends the engine's loop.
 """
 
 from __future__ import annotations
 
 import contextvars
+import logging
 import math
 import secrets
 import threading
 import time
+from collections.abc import Callable, Hashable
 
 from ctlwire.kernel.core.peer_table import INCARNATION_TIME_SHIFT
 from ctlwire.transports.envelope import Heartbeat
 from ctlwire.transports.errors import TransportError, WouldBlock
+from ctlwire.transports.rate_limited_log import RateLimitedLog
 from ctlwire.transports.transport import EngineTransport, Route
 
-__all__ = ["STEP_METHOD", "EngineLiveness", "current_request_id", "new_incarnation",
-           "report_progress"]
+__all__ = ["STEP_METHOD", "EngineLiveness", "current_peer", "current_request_id",
+           "new_incarnation", "report_progress"]
 
 STEP_METHOD = "(step)"
 """The method a heartbeat names while the engine's own step keeps it from polling."""
 
-_current_request: contextvars.ContextVar[tuple[EngineLiveness, int] | None] = (
+# the request the calling handler runs: its engine's liveness, its id, its route
+_current_request: contextvars.ContextVar[tuple[EngineLiveness, int, Route] | None] = (
     contextvars.ContextVar("ctlwire_current_request", default=None))
 
-RunningToken = contextvars.Token[tuple["EngineLiveness", int] | None]
+RunningToken = contextvars.Token[tuple["EngineLiveness", int, Route] | None]
 
 
 def report_progress(fraction: float, note: str = "") -> bool:
@@ -43,7 +50,7 @@ def report_progress(fraction: float, note: str = "") -> bool:
     current = _current_request.get()
     if current is None:
         return False
-    endpoint, request_id = current
+    endpoint, request_id, _ = current
     return endpoint.report_progress(request_id, fraction, note)
 
 
@@ -52,6 +59,18 @@ def current_request_id() -> int | None:
     async handlers); None outside a handler."""
     current = _current_request.get()
     return None if current is None else current[1]
+
+
+def current_peer() -> Hashable | None:
+    """Who sent the request the calling handler runs, as no other peer can claim:
+    its connection, or under CURVE its key
+    (:meth:`~ctlwire.kernel.core.inbound_core.InboundCore.peer`); None outside a
+    handler."""
+    current = _current_request.get()
+    if current is None:
+        return None
+    live, request_id, route = current
+    return live.peer_of(route, request_id)
 
 
 _incarnation_lock = threading.Lock()
@@ -81,8 +100,11 @@ class EngineLiveness:
     """What an engine is doing, and the heartbeats that say it; see the module docstring."""
 
     def __init__(self, transport: EngineTransport, *, rank: int, incarnation: int,
-                 heartbeat_interval: float | None = 0.25, beacon: bool = True) -> None:
+                 heartbeat_interval: float | None = 0.25, beacon: bool = True,
+                 peer_of: Callable[[Route, int], Hashable] | None = None) -> None:
         self.transport = transport
+        #: who sent a request, from its route and id (:func:`current_peer`)
+        self.peer_of: Callable[[Route, int], Hashable] = peer_of or _route_or_client
         self.rank = rank
         self.incarnation = incarnation
         self.heartbeat_interval = heartbeat_interval
@@ -103,6 +125,9 @@ class EngineLiveness:
         #: the thread that uses the transport (serve's or poll's)
         self.io_thread: int | None = None
         self.heartbeats_sent = 0
+        #: heartbeats whose send raised an unexpected error (skipped, logged)
+        self.heartbeat_failures = 0
+        self._failure_log = RateLimitedLog(logging.getLogger("ctlwire.engine"))
         self._routes: dict[int, Route] = {}  # shared_heartbeats: a running request's route
         self._seq = 0
         self._next_heartbeat = 0.0
@@ -114,7 +139,7 @@ class EngineLiveness:
         self.running[request_id] = (method, time.monotonic())
         if self.shared_heartbeats:
             self._routes[request_id] = route
-        return _current_request.set((self, request_id))
+        return _current_request.set((self, request_id, route))
 
     def end(self, request_id: int, token: RunningToken) -> None:
         """It ended, with or without an outcome."""
@@ -124,6 +149,23 @@ class EngineLiveness:
             self.progress.pop(request_id, None)
         if self._routes:
             self._routes.pop(request_id, None)
+
+    def visible_running(self) -> dict[int, str]:
+        """Running request ids and their methods, as the calling handler may see
+        them: only those its own route sent on a transport shared by several
+        clients (``shared_heartbeats``), so no peer reads another's ids; all of
+        them outside a handler (the engine's own code) or where every request
+        comes from the one client the engine dialed."""
+        try:
+            running = list(self.running.items())
+        except RuntimeError:  # pragma: no cover - changed size while copied
+            running = []
+        current = _current_request.get()
+        if current is None or not self.shared_heartbeats:
+            return {rid: method for rid, (method, _) in running}
+        caller = current[2]
+        routes = self._routes
+        return {rid: method for rid, (method, _) in running if routes.get(rid) == caller}
 
     def report_progress(self, request_id: int, fraction: float, note: str = "") -> bool:
         """Record the progress of running request ``request_id`` (see
@@ -228,3 +270,12 @@ class EngineLiveness:
             self.heartbeats_sent += 1
         except (WouldBlock, TransportError):
             pass
+        except Exception as exc:  # never let a heartbeat end the engine's loop
+            self.heartbeat_failures += 1
+            self._failure_log.warning(type(exc).__name__, "engine %d: heartbeat not sent: %r",
+                                      self.rank, exc)
+
+
+def _route_or_client(route: Route, request_id: int) -> Hashable:
+    """A request's peer without an inbound core: its route, else its client incarnation."""
+    return ("client", request_id >> 32) if route is None else route

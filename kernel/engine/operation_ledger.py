@@ -25,10 +25,13 @@ The ledger guarantees, per engine:
   :class:`~ctlwire.kernel.errors.Fenced` (``type "Fenced"``, code 409).
 * **An operation belongs to the controller that began it.** An operation is
   begun by its first step (position 0) and bound to that step's token and
-  peer (the client incarnation of its request id). A step of it carrying the
-  same token from another peer is refused (:class:`OperationOwned`); a newer
-  token takes the operation over (a successor finishing it) and fences the
-  old controller out.
+  peer: the connection it came on, or under CURVE the client's key
+  (:func:`~ctlwire.kernel.engine.liveness.current_peer`) -- nothing a request
+  carries, so no peer can claim it by copying numbers it read. A step of it
+  carrying the same token from another peer is refused (:class:`OperationOwned`);
+  a newer token takes the operation over (a successor finishing it, or a
+  controller whose connection was re-established without CURVE: a new
+  connection is a new peer) and fences the old controller out.
 * **Plan order.** A forward step runs only at the next position of its
   operation here (:class:`StepOutOfOrder` otherwise); a step already applied
   at that position answers its recorded result and does not run again.
@@ -38,7 +41,9 @@ The ledger guarantees, per engine:
   its recorded result. Once a compensation ran, forward steps of the
   operation are refused (:class:`OperationAborted`).
 * **Recorded after success only.** A step is recorded once its handler
-  returned; a step that raised is not recorded and its retry runs it.
+  returned; a step that raised is not recorded and its retry runs it. A refused
+  step's error is a :class:`~ctlwire.kernel.core.inbound_core.Refused`: the
+  engine does not record it under the request's idempotency key either.
   ``async def`` handlers are awaited (the ledger's step is then served by
   :meth:`~ctlwire.kernel.engine.endpoint.EngineEndpoint.serve`); with
   ``threaded=True`` sync handlers run in a worker thread, so the engine
@@ -62,16 +67,17 @@ from __future__ import annotations
 import inspect
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
 import anyio.to_thread
 import msgspec
 
+from ctlwire.kernel.core.inbound_core import Refused
 from ctlwire.kernel.core.operation_plan import step_key
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
-from ctlwire.kernel.engine.liveness import current_request_id
+from ctlwire.kernel.engine.liveness import current_peer, current_request_id
 from ctlwire.kernel.errors import FENCED_CODE
 from ctlwire.transports.codec import Codec, PayloadTypeError
 
@@ -130,49 +136,49 @@ class LastOperation(msgspec.Struct, frozen=True):
     ranks: list[int] = msgspec.field(default_factory=list)
 
 
-class Fenced(Exception):
+class Fenced(Refused):
     """Engine side: a step of an older operation, refused (client: errors.Fenced)."""
 
     code = FENCED_CODE
 
 
-class UnknownStepMethod(Exception):
+class UnknownStepMethod(Refused):
     """A step named a method the ledger was not given."""
 
     code = 404
 
 
-class OperationAborted(Exception):
+class OperationAborted(Refused):
     """A forward step of an operation whose compensation already ran here."""
 
     code = 410
 
 
-class InvalidStep(Exception):
+class InvalidStep(Refused):
     """A malformed step: unknown phase, missing or implausible fence, wrong key or position."""
 
     code = 422
 
 
-class OperationOwned(Exception):
+class OperationOwned(Refused):
     """A step of an operation bound to another controller (same token, another peer)."""
 
     code = 403
 
 
-class StepOutOfOrder(Exception):
+class StepOutOfOrder(Refused):
     """A forward step that is not the next one of its operation here."""
 
     code = 425
 
 
-class StepInFlight(Exception):
+class StepInFlight(Refused):
     """A take-over while a step runs here: ask again once it returned."""
 
     code = 409
 
 
-class StepNotApplied(Exception):
+class StepNotApplied(Refused):
     """A compensation for a step this ledger did not apply: nothing to undo, nothing ran."""
 
     code = 412
@@ -206,7 +212,7 @@ class _OpRecord:
 
     op: str
     fence: int
-    owner: int
+    owner: Hashable
     ranks: list[int]
     steps: list[str] = field(default_factory=list)       # forward steps, plan order
     methods: list[str] = field(default_factory=list)     # the method each ran
@@ -222,13 +228,13 @@ class _Admitted:
     req: StepRequest
     handler: _Handler
     args: tuple[Any, ...]
-    owner: int
+    owner: Hashable
 
 
-def _peer() -> int:
-    """The peer of the step being handled: its request id's client incarnation (0: none)."""
-    rid = current_request_id()
-    return rid >> 32 if rid else 0
+def _peer() -> Hashable:
+    """The peer of the step being handled (its connection, or under CURVE its key;
+    None outside a request)."""
+    return current_peer()
 
 
 class OperationLedger:
@@ -436,7 +442,7 @@ class OperationLedger:
         self.counters["replayed"] += 1
         return (rec.results.get(name),)
 
-    def _take_over(self, rec: _OpRecord, fence: int, owner: int) -> None:
+    def _take_over(self, rec: _OpRecord, fence: int, owner: Hashable) -> None:
         if (fence, owner) != (rec.fence, rec.owner):
             self.counters["taken_over"] += 1
             rec.fence, rec.owner = fence, owner

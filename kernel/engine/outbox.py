@@ -1,19 +1,22 @@
-"""Replies on their way out of an engine.
+"""Replies on their way out of an engine: sent now, or waiting for room in their
+client's queue; nothing that sends a reply ever waits.
 
 Guarantees:
 
 * A reply that would not fit the codec becomes a small ``ReplyTooLarge`` error
   (counted in ``replies_too_large``): the caller gets an answer, not a timeout.
-* **Poll mode** (:meth:`ReplyOutbox.send`): a reply that finds its client's pipe
-  full waits in a queue of that client's route only, behind that route's earlier
-  replies. A route's queue holds at most ``max_unread_replies`` replies and
+* :meth:`ReplyOutbox.send` sends now or, when the client's pipe is full, queues
+  the reply for that client's route only, behind that route's earlier replies:
+  a route's queue holds at most ``max_unread_replies`` replies and
   ``max_unread_bytes`` bytes, all queues together at most ``max_outbox_bytes``;
   a reply beyond is dropped and counted (``replies_dropped_unread``).
   :meth:`ReplyOutbox.flush` sends what each route has room for; a full route
-  does not hold up the others.
-* **Serve mode** (:meth:`ReplyOutbox.send_async`): a reply waits at most
-  ``reply_send_timeout`` for room; a route that timed out is marked stalled and
-  its further replies are dropped at once (counted) until it takes one again.
+  does not hold up the others. A poll loop flushes as it polls; a serving engine
+  in a task of its own.
+* **A client that stopped reading** (:meth:`ReplyOutbox.expire`): a route whose
+  waiting replies made no progress for ``reply_send_timeout`` is marked stalled,
+  its queue dropped (counted); a later reply to it that finds its pipe full is
+  dropped at once, until it takes one again.
 * A reply to a departed client, or one the transport fails to send, is counted
   (``reply_send_failures``) and logged at most once per kind per interval.
 """
@@ -21,10 +24,9 @@ Guarantees:
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-
-import anyio
 
 from ctlwire.kernel.core.inbound_core import ErrorCode
 from ctlwire.transports.envelope import ErrorInfo, Reply
@@ -60,6 +62,8 @@ class ReplyOutbox:
         #: replies waiting for room, per route (poll mode; empty: none wait)
         self.queues: OrderedDict[Route, deque[tuple[Reply | bytes, int]]] = OrderedDict()
         self._route_bytes: dict[Route, int] = {}
+        #: route -> when its queue last made progress (``time.monotonic``)
+        self._since: dict[Route, float] = {}
         self.stalled: OrderedDict[Route, None] = OrderedDict()
         # replies go out encoded where the transport takes bytes and the codec has
         # an encoder without the size check (the check is made here, once)
@@ -84,9 +88,10 @@ class ReplyOutbox:
     def routes(self) -> int:
         return len(self.queues)
 
-    # -- poll mode -----------------------------------------------------------------
+    # -- sending -------------------------------------------------------------------
     def send(self, route: Route, reply: Reply) -> None:
-        """Send now, or queue behind ``route``'s waiting replies (bounded, see above)."""
+        """Send now, or queue behind ``route``'s waiting replies (bounded, see above);
+        a stalled route's reply that finds its pipe full is dropped (counted)."""
         item = self._prepare(reply)
         if self.queues and route in self.queues:
             self._enqueue(route, item)
@@ -98,11 +103,16 @@ class ReplyOutbox:
             else:
                 self.transport.send_nowait(route, item)  # type: ignore[arg-type]
         except WouldBlock:
-            self._enqueue(route, item)
+            if self.stalled and route in self.stalled:  # it stopped reading: nobody waits
+                self.counters["replies_dropped_unread"] += 1
+            else:
+                self._enqueue(route, item)
         except (Unroutable, TransportError) as exc:
             self._unsent(exc)
         else:
             self.counters["replied"] += 1
+            if self.stalled:
+                self.stalled.pop(route, None)
 
     def flush(self) -> None:
         """Send every route's waiting replies that have room now."""
@@ -120,6 +130,7 @@ class ReplyOutbox:
             return
         if queue is None:
             queue = self.queues[route] = deque()
+            self._since[route] = time.monotonic()
         queue.append((item, size))
         self._route_bytes[route] = held + size
         self.bytes += size
@@ -127,60 +138,51 @@ class ReplyOutbox:
 
     def _flush_route(self, route: Route) -> None:
         queue = self.queues.get(route)
+        sent = False
         while queue:
             item, size = queue[0]
             try:
                 self._transmit(route, item)
                 self.counters["replied"] += 1
+                sent = True
             except WouldBlock:
+                if sent:
+                    self._since[route] = time.monotonic()
+                    self.stalled.pop(route, None)
                 return
             except (Unroutable, TransportError) as exc:
                 self._unsent(exc)
             queue.popleft()
             self.bytes -= size
             self._route_bytes[route] -= size
+        self._forget(route)
+        if sent:
+            self.stalled.pop(route, None)
+
+    def _forget(self, route: Route) -> None:
         self.queues.pop(route, None)
         self._route_bytes.pop(route, None)
+        self._since.pop(route, None)
 
-    # -- serve mode ----------------------------------------------------------------
-    def send_now(self, route: Route, reply: Reply) -> bool:
-        """Send if the client's pipe has room, drop (counted) if it is stalled, or
-        count a failure; False when it has to wait for room (:meth:`send_async`)."""
-        item = self._prepare(reply)
-        try:
-            if type(item) is bytes:
-                self._send_encoded(route, item)
-            else:
-                self.transport.send_nowait(route, item)  # type: ignore[arg-type]
-        except WouldBlock:
-            if route in self.stalled:  # this client stopped reading: nobody waits for it
-                self.counters["replies_dropped_unread"] += 1
-                return True
-            return False
-        except (Unroutable, TransportError) as exc:
-            self._unsent(exc)
-            return True
-        if self.stalled:
-            self.stalled.pop(route, None)
-        self.counters["replied"] += 1
-        return True
-
-    async def send_async(self, route: Route, reply: Reply) -> None:
-        """Send, waiting at most ``reply_send_timeout`` for room (see above)."""
-        if self.send_now(route, reply):
-            return
-        try:
-            with anyio.move_on_after(self.reply_send_timeout):
-                await self.transport.send(route, self._fit(reply))
-                self.stalled.pop(route, None)
-                self.counters["replied"] += 1
-                return
-            self.counters["replies_dropped_unread"] += 1
+    def expire(self, now: float | None = None) -> int:
+        """Mark stalled every route whose waiting replies made no progress for
+        ``reply_send_timeout`` (``now``: ``time.monotonic()``), dropping them
+        (counted); how many routes."""
+        if now is None:
+            now = time.monotonic()
+        timeout = self.reply_send_timeout
+        expired = [route for route, since in self._since.items() if now - since >= timeout]
+        for route in expired:
+            queue = self.queues.get(route)
+            if queue:
+                self.counters["replies_dropped_unread"] += len(queue)
+                self.bytes -= sum(size for _, size in queue)
+            self._forget(route)
             self.stalled[route] = None
+            self.stalled.move_to_end(route)
             while len(self.stalled) > _MAX_STALLED:
                 self.stalled.popitem(last=False)
-        except (Unroutable, TransportError) as exc:
-            self._unsent(exc)
+        return len(expired)
 
     # -- encoding --------------------------------------------------------------------
     def _prepare(self, reply: Reply) -> Reply | bytes:

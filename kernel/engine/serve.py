@@ -1,82 +1,122 @@
 """An engine served by an event loop (:meth:`EngineEndpoint.serve`): the receive
-loop, the dispatcher that takes requests in arrival order, and the lanes (one per
-async or threaded method, at most ``concurrency`` requests of a method at a time).
+loop, the lanes requests wait in before they start (one per async or threaded
+method, at most ``concurrency`` of its requests running at a time), and the task
+that sends replies that waited for room.
 
-Guarantees: requests are admitted through the inbound core in arrival order per
-method; a sync inline handler runs on the loop, one at a time; a full lane or a
-busy dispatcher holds requests back (backpressure), and requests taken and not
-started hold at most ``max_queued_request_bytes`` plus one request
-(:class:`QueuedRequestBytes`). A request's deadline is checked when it starts.
+Guarantees:
+
+* **The receive loop never waits** on a lane, a budget or a client. A request
+  is validated as it arrives (:meth:`InboundCore.check`: method, deadline,
+  fence, key, payload) and answered at once when refused. A valid one for a
+  sync handler runs at once, on the loop, one at a time, in arrival order; one
+  for an async or threaded handler waits in its method's lane -- unless that
+  lane is full, its connection's share is, or the byte budget of waiting
+  requests is: then it is refused ``Busy`` (429, counted ``busy``), did not
+  run, and a retry later is safe. So a busy method, or a peer flooding one,
+  delays no other method, no read-only call or built-in, and no other
+  connection's requests of other methods.
+* **Bounded.** Requests taken and not started: at most ``mailbox_size`` per
+  lane, ``max_queued_per_route`` per connection (all lanes together), and
+  ``max_queued_request_bytes`` in all, or one request (:class:`QueuedRequests`).
+  Replies that wait for room: the outbox's bounds, per route and in all
+  (:class:`~ctlwire.kernel.engine.outbox.ReplyOutbox`); neither the receive
+  loop nor a lane waits for a client to read.
+* **Ordering.** Per method, requests start in arrival order, at most its
+  ``concurrency`` at a time. A request that waited in a lane is checked again
+  as it starts (:meth:`InboundCore.start`: its deadline, a fence accepted
+  meanwhile, its key). A route's replies leave in the order they were sent.
+* **The loop outlives its errors.** An unexpected exception while receiving,
+  dispatching or replying is counted (``internal_errors``), logged
+  (rate-limited) and the next request served.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Hashable
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ctlwire.kernel.actor import Actor
-from ctlwire.kernel.core.inbound_core import BadFrame, InboundCore, InboundRequest
+from ctlwire.kernel.core.inbound_core import BadFrame, InboundCore, InboundRequest, MethodSpec
 from ctlwire.kernel.engine.handler_runner import HandlerRunner
 from ctlwire.kernel.engine.liveness import EngineLiveness
 from ctlwire.kernel.engine.outbox import ReplyOutbox
-from ctlwire.transports.envelope import Request
+from ctlwire.transports.envelope import Reply, Request
 from ctlwire.transports.errors import TransportClosed
-from ctlwire.transports.transport import EngineTransport
+from ctlwire.transports.rate_limited_log import RateLimitedLog
+from ctlwire.transports.transport import EngineTransport, Route
 
-__all__ = ["EngineServer", "QueuedRequestBytes"]
+__all__ = ["EngineServer", "QueuedRequests"]
 
 log = logging.getLogger("ctlwire.engine")
 
 
 def request_bytes(req: Request) -> int:
-    """What a received request holds in memory, for :class:`QueuedRequestBytes`."""
+    """What a received request holds in memory, for :class:`QueuedRequests`."""
     return 64 + len(req.payload) + len(req.method) + len(req.key)
 
 
-class QueuedRequestBytes:
-    """Bytes of requests taken from the transport and not yet started, against a
-    budget: the receive loop takes no further request while more than ``limit``
-    are held (:meth:`wait_for_room`), so the rest waits in libzmq, bounded by its
-    high-water marks."""
+class QueuedRequests:
+    """Requests taken from the transport and not yet started, against two budgets:
+    ``limit`` bytes in all (or one request, however large) and ``per_route``
+    requests per route. :meth:`add` refuses one beyond either (its sender is
+    answered ``Busy``); nothing waits for room."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, per_route: int) -> None:
+        if limit < 0 or per_route < 1:
+            raise ValueError("the byte budget must be >= 0 and per_route >= 1")
         self.limit = limit
+        self.per_route = per_route
         self.held = 0
         self.peak = 0
-        self._room: anyio.Event | None = None
+        #: route -> its requests waiting (routes with none are forgotten)
+        self.routes: dict[Hashable, int] = {}
 
-    def add(self, req: Request) -> None:
-        self.held += request_bytes(req)
-        if self.held > self.peak:
-            self.peak = self.held
+    @property
+    def count(self) -> int:
+        """Requests waiting."""
+        return sum(self.routes.values())
 
-    def release(self, req: Request) -> None:
+    def add(self, req: Request, route: Route) -> str:
+        """Count ``req`` as waiting: ``""``, or why it does not fit (nothing counted)."""
+        size = request_bytes(req)
+        held = self.held + size
+        if held > self.limit and self.held:
+            return f"requests waiting to start hold {self.held} bytes of {self.limit}"
+        routes = self.routes
+        waiting = routes.get(route, 0)
+        if waiting >= self.per_route:
+            return f"this connection has {waiting} requests waiting to start"
+        routes[route] = waiting + 1
+        self.held = held
+        if held > self.peak:
+            self.peak = held
+        return ""
+
+    def release(self, req: Request, route: Route) -> None:
+        """``req`` (counted by :meth:`add`) starts, or will not."""
         self.held -= request_bytes(req)
-        room = self._room
-        if room is not None and self.held <= self.limit:
-            self._room = None
-            room.set()
-
-    async def wait_for_room(self) -> None:
-        """Return once at most ``limit`` bytes are held."""
-        while self.held > self.limit:
-            if self._room is None:
-                self._room = anyio.Event()
-            await self._room.wait()
+        routes = self.routes
+        waiting = routes[route] - 1
+        if waiting:
+            routes[route] = waiting
+        else:
+            del routes[route]
 
 
-Work = InboundRequest | BadFrame
+_FLUSH_MIN = 0.001
+_FLUSH_MAX = 0.005  # the longest a reply waits after its client's pipe has room
 
 
 class EngineServer:
     """Serves one endpoint's parts on an event loop; see the module docstring."""
 
     def __init__(self, transport: EngineTransport, core: InboundCore, outbox: ReplyOutbox,
-                 liveness: EngineLiveness, runner: HandlerRunner, queued: QueuedRequestBytes,
+                 liveness: EngineLiveness, runner: HandlerRunner, queued: QueuedRequests,
                  *, mailbox_size: int) -> None:
         self.transport = transport
         self.core = core
@@ -85,88 +125,143 @@ class EngineServer:
         self.runner = runner
         self.queued = queued
         self.mailbox_size = mailbox_size
+        #: method name -> its lane (async and threaded methods, opened on first use)
+        self.lanes: dict[str, MemoryObjectSendStream[InboundRequest]] = {}
+        self._lanes_tg: anyio.abc.TaskGroup | None = None
+        self._replies_wait: anyio.Event | None = None  # set: the flusher has work
+        self._error_log = RateLimitedLog(log)
 
     async def serve(self, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with self.transport, anyio.create_task_group() as lanes:
-            dispatcher = _Dispatcher(self, lanes)
-            async with dispatcher:
-                await self._serve_loop(dispatcher, lanes, task_status)
+            self._lanes_tg = lanes
+            try:
+                await self._serve_loop(task_status)
+            finally:
+                lanes.cancel_scope.cancel()
+                for send in self.lanes.values():
+                    send.close()
 
-    async def _serve_loop(self, dispatcher: _Dispatcher, lanes: anyio.abc.TaskGroup,
-                          task_status: anyio.abc.TaskStatus[None]) -> None:
-        live, core, queued = self.liveness, self.core, self.queued
+    async def _serve_loop(self, task_status: anyio.abc.TaskStatus[None]) -> None:
+        live, core = self.liveness, self.core
         live.polling = False
         live.io_thread = threading.get_ident()
         live.start_beacon()
         if not live.beacon_active:
             live.send_heartbeat()
+        receive, take, reply = self.transport.receive, self._take, self.reply
         async with anyio.create_task_group() as tg:
             if live.heartbeat_interval:
                 tg.start_soon(self._heartbeat_loop)
+            tg.start_soon(self._flush_loop)
             task_status.started()
             try:
                 while True:
                     try:
-                        event = await self.transport.receive()
+                        event = await receive()
                     except TransportClosed:
                         break
+                    except Exception:
+                        self.internal_error("receiving")
+                        await anyio.lowlevel.checkpoint()  # a transport that keeps failing
+                        continue
                     try:
                         work = core.receive(event)
-                        if work is None:
-                            continue
-                        if type(work) is BadFrame:
-                            await self.outbox.send_async(work.route, work.reply)
-                            continue
-                        assert type(work) is InboundRequest
-                        if not dispatcher.inflight and self._dispatch_now(dispatcher, work):
-                            if queued.held > queued.limit:  # a lane may have taken it
-                                await queued.wait_for_room()
-                            continue
-                    except Exception:  # pragma: no cover - never let one frame end the loop
-                        core.counters["internal_errors"] += 1
-                        log.exception("engine %d: cannot handle %r", core.rank, event)
-                        continue
-                    queued.add(work.request)  # released when the request starts
-                    try:
-                        await dispatcher.told(work)
-                    except BaseException:
-                        queued.release(work.request)
-                        raise
-                    if queued.held > queued.limit:
-                        await queued.wait_for_room()
+                        if type(work) is InboundRequest:
+                            take(work)
+                        elif type(work) is BadFrame:
+                            reply(work.route, work.reply)
+                    except Exception:  # never let one frame end the loop
+                        self.internal_error(f"handling {event!r:.200}")
             finally:
                 tg.cancel_scope.cancel()
-                lanes.cancel_scope.cancel()
-                dispatcher.close_lanes()
 
-    def _dispatch_now(self, dispatcher: _Dispatcher, item: InboundRequest) -> bool:
-        """With nothing queued at the dispatcher, do its work for ``item`` here (the
-        same order, without the hop through its mailbox): admit and run a sync
-        inline handler, or pass to its method's open lane when that has room.
-        False, having changed nothing, when the dispatcher has to take it."""
-        spec = self.core.methods.get(item.request.method)
+    def _take(self, item: InboundRequest) -> None:
+        """Run, queue or refuse a request as it arrives; never waits."""
+        core = self.core
+        spec = core.methods.get(item.request.method)
         if spec is not None and (spec.is_async or spec.threaded):
-            lane = dispatcher.lanes.get(spec.name)
-            if lane is None:
-                return False
-            self.queued.add(item.request)  # released when the request starts
-            try:
-                lane.send_nowait(item)
-            except anyio.WouldBlock:
-                self.queued.release(item.request)
-                return False
-            return True
-        reply = self.core.admit(item, item.received)
+            refused = core.check(item, item.received)
+            if refused is None:
+                lane = self.lanes.get(spec.name)
+                if lane is None:
+                    lane = self._open_lane(spec)
+                refused = self._queue(item, lane)
+            if refused is not None:
+                self.reply(item.route, refused)
+            return
+        reply = core.admit(item, item.received)
         if reply is None:
             reply = self.runner.run_sync(item)
-        if not self.outbox.send_now(item.route, reply):
-            dispatcher.inflight += 1  # the dispatcher waits for room, in turn
+        self.reply(item.route, reply)
+
+    def _queue(self, item: InboundRequest, lane: MemoryObjectSendStream[InboundRequest]
+               ) -> Reply | None:
+        """Queue a checked request in ``lane``: None, or its ``Busy`` refusal."""
+        req, route = item.request, item.route
+        why = self.queued.add(req, route)
+        if why:
+            return self.core.busy(item, why)
+        try:
+            lane.send_nowait(item)
+        except anyio.WouldBlock:
+            self.queued.release(req, route)
+            return self.core.busy(item, f"{self.mailbox_size} requests of {req.method!r} "
+                                  "wait to start")
+        return None
+
+    def reply(self, route: Route, reply: Reply) -> None:
+        """Send ``reply`` now, or leave it in the outbox for the flusher."""
+        outbox = self.outbox
+        outbox.send(route, reply)
+        if outbox.queues and self._replies_wait is not None:
+            self._replies_wait.set()
+
+    async def _flush_loop(self) -> None:
+        """Send the replies that wait for room, each route as soon as it has some
+        (polled, backing off to 5 ms); mark stalled a route that takes none for
+        ``reply_send_timeout``."""
+        outbox = self.outbox
+        pause = _FLUSH_MIN
+        while True:
+            if not outbox.queues:
+                self._replies_wait = wait = anyio.Event()
+                await wait.wait()
+                self._replies_wait = None
+                pause = _FLUSH_MIN
+            await anyio.sleep(pause)
+            waiting = outbox.replies
             try:
-                dispatcher.tell_nowait(BadFrame(item.route, reply))
-            except BaseException:
-                dispatcher.inflight -= 1
-                raise
-        return True
+                outbox.flush()
+                outbox.expire()
+            except Exception:
+                self.internal_error("sending replies")
+            pause = _FLUSH_MIN if outbox.replies < waiting else min(pause * 2, _FLUSH_MAX)
+
+    def _open_lane(self, spec: MethodSpec) -> MemoryObjectSendStream[InboundRequest]:
+        assert self._lanes_tg is not None
+        send, recv = anyio.create_memory_object_stream[InboundRequest](self.mailbox_size)
+        with recv:
+            for i in range(spec.concurrency):
+                self._lanes_tg.start_soon(self._lane_worker, recv.clone(),
+                                          name=f"engine-{self.core.rank}.{spec.name}.{i}")
+        self.lanes[spec.name] = send
+        return send
+
+    async def _lane_worker(self, recv: MemoryObjectReceiveStream[InboundRequest]) -> None:
+        with recv:
+            async for item in recv:  # workers take items in arrival order
+                try:
+                    await self.run(item)
+                except Exception:  # never let one request end the lane
+                    self.internal_error(f"handling {item.request!r:.200}")
+
+    async def run(self, item: InboundRequest) -> None:
+        """Start a request that waited (checked again), run its handler, send its reply."""
+        self.queued.release(item.request, item.route)
+        reply = self.core.start(item)
+        if reply is None:
+            reply = await self.runner.run_async(item)
+        self.reply(item.route, reply)
 
     async def _heartbeat_loop(self) -> None:
         live = self.liveness
@@ -179,74 +274,8 @@ class EngineServer:
                 live.send_heartbeat()
             live.send_progress_heartbeats()
 
-    async def run(self, item: InboundRequest) -> None:
-        """Admit ``item`` as it starts, run its handler, send its reply."""
-        self.queued.release(item.request)
-        reply = self.core.admit(item)
-        if reply is None:
-            reply = await self.runner.run_async(item)
-        await self.outbox.send_async(item.route, reply)
-
-
-class _Dispatcher(Actor[Work, None]):
-    """Takes requests in arrival order: sync inline handlers run here, one at a
-    time; async and threaded ones go to their method's lane. A reply handed over
-    as a :class:`BadFrame` (one whose client's pipe was full) is sent from here.
-    :attr:`inflight` counts messages told and not yet handled."""
-
-    def __init__(self, server: EngineServer, lanes: anyio.abc.TaskGroup) -> None:
-        super().__init__(mailbox_size=server.mailbox_size, name=f"engine-{server.core.rank}")
-        self.server = server
-        self.lanes_tg = lanes
-        self.lanes: dict[str, MemoryObjectSendStream[InboundRequest]] = {}
-        self.inflight = 0
-
-    async def told(self, message: Work) -> None:
-        self.inflight += 1
-        try:
-            await self.tell(message)
-        except BaseException:
-            self.inflight -= 1
-            raise
-
-    async def handle(self, message: Work) -> None:
-        try:
-            server = self.server
-            if type(message) is BadFrame:
-                await server.outbox.send_async(message.route, message.reply)
-                return
-            assert type(message) is InboundRequest
-            spec = server.core.methods.get(message.request.method)
-            if spec is None or not (spec.is_async or spec.threaded):
-                await server.run(message)
-                return
-            lane = self.lanes.get(spec.name)
-            if lane is None:
-                lane = self.lanes[spec.name] = self._open_lane(spec.name, spec.concurrency)
-            await lane.send(message)  # waits while the lane is full (backpressure)
-        finally:
-            self.inflight -= 1
-
-    def _open_lane(self, name: str, concurrency: int
-                   ) -> MemoryObjectSendStream[InboundRequest]:
-        send, recv = anyio.create_memory_object_stream[InboundRequest](self.server.mailbox_size)
-        with recv:
-            for i in range(concurrency):
-                self.lanes_tg.start_soon(self._lane_worker, recv.clone(),
-                                         name=f"engine-{self.server.core.rank}.{name}.{i}")
-        return send
-
-    def close_lanes(self) -> None:
-        for send in self.lanes.values():
-            send.close()
-
-    async def _lane_worker(self, recv: MemoryObjectReceiveStream[InboundRequest]) -> None:
-        server = self.server
-        with recv:
-            async for item in recv:  # workers take items in arrival order
-                try:
-                    await server.run(item)
-                except Exception:  # pragma: no cover - never let one request end the lane
-                    server.core.counters["internal_errors"] += 1
-                    log.exception("engine %d: internal error handling %r", server.core.rank,
-                                  item)
+    def internal_error(self, doing: str) -> None:
+        """An unexpected exception while ``doing``: counted and logged (rate-limited)."""
+        self.core.counters["internal_errors"] += 1
+        self._error_log.log(logging.ERROR, "internal", "engine %d: internal error %s",
+                            self.core.rank, doing, exc_info=True)

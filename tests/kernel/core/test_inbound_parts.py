@@ -152,7 +152,7 @@ def test_bytes_count_keys_results_and_errors() -> None:
 
 
 def test_an_entry_inside_its_retention_is_never_evicted_new_keys_are_refused() -> None:
-    c = ResultCache(max_entries=3, retention=60.0)
+    c = ResultCache(max_entries=3, retention=60.0, owner_share=1.0)
     for k in "abc":
         assert c.start(None, "m", k, NOW)
         c.finish(None, "m", k, ok(), NOW)
@@ -164,7 +164,7 @@ def test_an_entry_inside_its_retention_is_never_evicted_new_keys_are_refused() -
 
 
 def test_the_byte_budget_holds_with_the_same_rule() -> None:
-    c = ResultCache(max_bytes=4 * ENTRY_OVERHEAD + 2000, retention=60.0)
+    c = ResultCache(max_bytes=4 * ENTRY_OVERHEAD + 2000, retention=60.0, owner_share=1.0)
     assert c.start(None, "m", "a", NOW)
     c.finish(None, "m", "a", ok(b"x" * 1500), NOW)
     refused = 0
@@ -176,7 +176,7 @@ def test_the_byte_budget_holds_with_the_same_rule() -> None:
 
 
 def test_a_result_too_large_to_keep_is_recorded_as_not_retained() -> None:
-    c = ResultCache(max_bytes=2 * ENTRY_OVERHEAD + 1000, retention=60.0)
+    c = ResultCache(max_bytes=2 * ENTRY_OVERHEAD + 1000, retention=60.0, owner_share=1.0)
     assert c.start(None, "m", "big", NOW)
     c.finish(None, "m", "big", ok(b"x" * 10_000), NOW)
     again = c.lookup(None, "m", "big")
@@ -185,7 +185,7 @@ def test_a_result_too_large_to_keep_is_recorded_as_not_retained() -> None:
 
 
 def test_running_keys_are_never_evicted() -> None:
-    c = ResultCache(max_entries=2, retention=0.0)
+    c = ResultCache(max_entries=2, retention=0.0, owner_share=1.0)
     assert c.start(None, "m", "a", NOW) and c.start(None, "m", "b", NOW)
     assert not c.start(None, "m", "c", NOW + 1e6)
     assert c.lookup(None, "m", "a") is RUNNING and c.lookup(None, "m", "b") is RUNNING

@@ -172,7 +172,8 @@ async def test_an_async_handler_refused_by_poll_leaves_no_key_behind() -> None:
 
 
 async def test_long_keys_and_a_full_cache_are_refused_without_running() -> None:
-    p = Pump(result_cache=ResultCache(max_entries=2, max_key_bytes=16, retention=3600.0))
+    p = Pump(result_cache=ResultCache(max_entries=2, max_key_bytes=16, retention=3600.0,
+                                      owner_share=1.0))
     assert error(p.call("apply", 1, key="k" * 17)) == "KeyTooLong"
     assert p.call("apply", 1, key="a").ok and p.call("apply", 2, key="b").ok
     refused = p.call("apply", 3, key="c")

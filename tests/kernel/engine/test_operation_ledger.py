@@ -313,25 +313,33 @@ def test_a_compensation_runs_once_and_only_for_what_applied() -> None:
     assert (last.steps, last.undone, last.applied) == (["a", "b"], ["b"], ["a", "b", "b:undo"])
 
 
-def test_an_operation_is_bound_to_its_controller_until_a_newer_fence_takes_it_over() -> None:
+def test_an_operation_is_bound_to_its_connection_until_a_newer_fence_takes_it_over() -> None:
+    """The owner is the connection a step came on (what the engine's inbound core
+    names as its peer), not the client incarnation its request id carries: a peer
+    that copies the controller's ids and fence is still another peer."""
+    from types import SimpleNamespace
+
     from ctlwire.kernel.engine.liveness import _current_request
 
     led, calls = ledger()
+    live = SimpleNamespace(peer_of=lambda route, rid: route)  # the inbound core's peer()
 
-    def as_peer(peer: int, req: StepRequest) -> Any:
-        token = _current_request.set((None, peer << 32 | 1))  # type: ignore[arg-type]
+    def as_peer(route: bytes, req: StepRequest, client: int = 7) -> Any:
+        token = _current_request.set((live, client << 32 | 1, route))  # type: ignore[arg-type]
         try:
             return led.step(req)
         finally:
             _current_request.reset(token)
 
-    as_peer(7, step("op", "a", 5))
+    as_peer(b"A", step("op", "a", 5))
+    with pytest.raises(OperationOwned):  # the controller's own client incarnation, copied
+        as_peer(b"B", step("op", "a", 5, phase="compensate", arg=Bump(-1)))
     with pytest.raises(OperationOwned):
-        as_peer(8, step("op", "a", 5, phase="compensate", arg=Bump(-1)))
-    assert as_peer(8, step("op", "a", 6)) == 1  # a successor: replays, takes it over
+        as_peer(b"C", step("op", "a", 5, phase="compensate", arg=Bump(-1)), client=8)
+    assert as_peer(b"B", step("op", "a", 6), client=8) == 1  # a successor: replays, takes over
     with pytest.raises(EngineFenced):
-        as_peer(7, step("op", "b", 5))  # the old controller is fenced out
-    assert as_peer(8, step("op", "b", 6)) == 2
+        as_peer(b"A", step("op", "b", 5))  # the old controller is fenced out
+    assert as_peer(b"B", step("op", "b", 6), client=8) == 2
     assert calls == [1, 1] and led.counters["taken_over"] == 1
 
 

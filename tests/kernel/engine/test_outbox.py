@@ -4,6 +4,7 @@ a route's replies, and oversized replies."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import anyio
@@ -107,13 +108,24 @@ def test_a_reply_too_large_for_the_codec_becomes_reply_too_large() -> None:
     assert queued.error.type == "ReplyTooLarge" and outbox.counters["replies_too_large"] == 1
 
 
-@pytest.mark.anyio
-async def test_serve_mode_waits_for_room_then_marks_the_route_stalled() -> None:
+def test_a_route_that_takes_no_reply_for_the_timeout_is_stalled_until_it_takes_one() -> None:
+    """Replies wait for a full route (nothing that sends them waits); once it took
+    none for ``reply_send_timeout`` they are dropped and counted, and so is every
+    later reply that finds it full -- until it takes one again."""
     transport = Routes()
     outbox = ReplyOutbox(transport, reply_send_timeout=0.05)  # type: ignore[arg-type]
-    await outbox.send_async(b"full", reply(1))
-    assert b"full" in outbox.stalled and outbox.counters["replies_dropped_unread"] == 1
-    assert outbox.send_now(b"full", reply(2))  # dropped at once, nobody waits
-    assert outbox.counters["replies_dropped_unread"] == 2
-    await outbox.send_async(b"ok", reply(3))
-    assert transport.sent == [(b"ok", 3)]
+    transport.full.add(b"r")
+    outbox.send(b"r", reply(1))
+    outbox.send(b"r", reply(2))
+    outbox.send(b"ok", reply(3))  # another route is not held up
+    assert outbox.replies == 2 and transport.sent == [(b"ok", 3)]
+    start = time.monotonic()
+    assert outbox.expire(start) == 0 and outbox.replies == 2  # not yet
+    assert outbox.expire(start + 0.05) == 1
+    assert b"r" in outbox.stalled and outbox.counters["replies_dropped_unread"] == 2
+    assert outbox.replies == 0 and outbox.bytes == 0 and not outbox.queues
+    outbox.send(b"r", reply(4))  # stalled and full: dropped at once, nothing waits
+    assert outbox.counters["replies_dropped_unread"] == 3 and not outbox.queues
+    transport.full.discard(b"r")
+    outbox.send(b"r", reply(5))  # it reads again
+    assert transport.sent[-1] == (b"r", 5) and b"r" not in outbox.stalled

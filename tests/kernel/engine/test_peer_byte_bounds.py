@@ -17,7 +17,7 @@ from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.transports.codec import MsgpackCodec
-from ctlwire.transports.envelope import Request
+from ctlwire.transports.envelope import Reply, Request
 from ctlwire.transports.errors import WouldBlock
 from ctlwire.transports.transport import Received
 from ctlwire.transports.zmq_client import ZmqDealerClientTransport
@@ -229,19 +229,22 @@ async def test_a_client_that_never_reads_cannot_grow_the_engine_past_its_byte_bo
 async def test_requests_waiting_to_start_stay_under_their_byte_budget(tmp_path: Any) -> None:
     """A peer sends 100 requests of 64 KiB to a method that is held (one at a
     time): the requests the engine has taken and not started never hold more
-    than ``max_queued_request_bytes`` plus one request (the rest wait in libzmq,
-    whose pipes are bounded in bytes); once the method runs again every request
-    is answered, none lost."""
+    than ``max_queued_request_bytes``; those beyond are refused ``Busy`` at once
+    (counted, never run) rather than left waiting; once the method runs again
+    every request has its one reply, none lost."""
     from ctlwire.transports.zmq_engine import ZmqRouterEngineTransport
 
     os.chmod(tmp_path, 0o700)
     transport = ZmqRouterEngineTransport(f"ipc://{tmp_path}/e.sock", 0)
     budget = 1 << 20
-    ep = EngineEndpoint(transport, max_queued_request_bytes=budget, heartbeat_interval=None)
+    ep = EngineEndpoint(transport, max_queued_request_bytes=budget, heartbeat_interval=None,
+                        max_queued_per_route=1000)
     gate = anyio.Event()
+    ran: list[int] = []
 
     @ep.method()
     async def held(value: str) -> int:
+        ran.append(len(value))
         await gate.wait()
         return len(value)
 
@@ -250,7 +253,14 @@ async def test_requests_waiting_to_start_stay_under_their_byte_budget(tmp_path: 
     ctx: zmq.Context[Any] = zmq.Context()
     sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    replies = 0
+    replies: list[Reply] = []
+
+    def read() -> None:
+        while sock.poll(0):
+            env = codec.decode(sock.recv())
+            if isinstance(env, Reply):
+                replies.append(env)
+
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(ep.serve)
@@ -258,25 +268,29 @@ async def test_requests_waiting_to_start_stay_under_their_byte_budget(tmp_path: 
             for i in range(100):
                 sock.send(codec.encode(Request(i + 1, 0, "held", payload, client=5)))
             with anyio.fail_after(60):
-                # until the engine has taken all it will take: the budget is full
-                while ep.queued_requests.held <= budget:
+                # until the engine has taken and decided every request: running,
+                # waiting or refused
+                while (len(ep.running) + ep.queued_requests.count + ep.counters["busy"]
+                       < 100):
+                    read()
                     await anyio.sleep(0.01)
-                await anyio.sleep(0.5)
             peak = ep.queued_requests.peak
             gate.set()
             with anyio.fail_after(60):
-                while replies < 100:
-                    while sock.poll(0):
-                        sock.recv()
-                        replies += 1
+                while len(replies) < 100:
+                    read()
                     await anyio.sleep(0.01)
             tg.cancel_scope.cancel()
     finally:
         sock.close(0)
         ctx.term()
-    print(f"\nqueued peak {peak} B (budget {budget} B), replies {replies}")
-    assert peak <= budget + 65536 + 1024
-    assert replies == 100
+    busy = [r for r in replies if not r.ok]
+    print(f"\nqueued peak {peak} B (budget {budget} B), replies {len(replies)}, "
+          f"busy {len(busy)}")
+    assert peak <= budget
+    assert len(replies) == 100 and len({r.id for r in replies}) == 100
+    assert busy and all(r.error is not None and r.error.type == "Busy" for r in busy)
+    assert len(busy) == ep.counters["busy"] and len(ran) == 100 - len(busy)
     assert ep.queued_requests.held == 0
 
 

@@ -1,7 +1,7 @@
 """Every kind of request through an endpoint, in poll mode and in serve mode:
 the one admission path gives each its one reply (a result, a refusal, a typed
-error), the same in both modes; serve never lets a request overtake one queued
-at the dispatcher; one clock read per request; replies to a ZMQ engine
+error), the same in both modes; serve refuses what a full lane cannot take
+(``Busy``) and runs a sync request at once meanwhile; one clock read per request; replies to a ZMQ engine
 transport go out as the bytes the outbox encoded, and an oversized one becomes
 ``ReplyTooLarge``.
 """
@@ -202,9 +202,13 @@ async def test_serve_gives_every_kind_of_request_the_same_reply_as_poll() -> Non
     assert sorted(replies, key=lambda r: r.id) == sorted(polled, key=lambda r: r.id)
 
 
-async def test_serve_never_overtakes_a_request_queued_at_the_dispatcher() -> None:
-    """While an async request waits for room in its (full) lane, the dispatcher is
-    busy: a later sync request must wait behind it rather than be run at once."""
+async def test_serve_refuses_what_a_full_lane_cannot_take_and_runs_a_sync_request_at_once(
+        ) -> None:
+    """slow1 runs (the lane's only worker), slow2 fills the lane's buffer
+    (``mailbox_size=1``): slow3 is refused ``Busy`` at once (it never runs), and
+    ``quick``, arriving after it, runs at once instead of waiting behind it.
+    Once the gate opens slow1 and slow2 finish, in order: every request got its
+    one reply."""
     net = MemoryNetwork()
     ep = EngineEndpoint(net.engine_transport(0), heartbeat_interval=None, mailbox_size=1)
     order: list[str] = []
@@ -223,26 +227,33 @@ async def test_serve_never_overtakes_a_request_queued_at_the_dispatcher() -> Non
 
     codec = net.codec
     client = net.client_transport()
-    replies: list[Reply] = []
+    replies: dict[int, Reply] = {}
+
+    async def read(n: int) -> None:
+        with anyio.fail_after(10):
+            while len(replies) < n:
+                ev = await client.receive()
+                if isinstance(ev, Received) and isinstance(ev.envelope, Reply):
+                    replies[ev.envelope.id] = ev.envelope
+
     async with anyio.create_task_group() as tg:
         await tg.start(ep.serve)
-        # slow1 runs (holds the lane's only worker), slow2 fills the lane's buffer,
-        # slow3 makes the dispatcher wait for lane room; quick arrives after slow3.
         for i in (1, 2, 3):
             client.send_nowait(0, Request(i, 0, "slow", codec.encode_value(i), 0.0, i, 9))
             await anyio.wait_all_tasks_blocked()
         client.send_nowait(0, Request(4, 0, "quick", codec.encode_value(None), 0.0, 4, 9))
-        await anyio.wait_all_tasks_blocked()
-        assert "quick" not in order  # queued behind slow3 at the dispatcher
+        await read(2)  # slow3's refusal and quick's result, while slow1 still runs
+        assert order == ["slow1", "quick"]
+        busy = replies[3]
+        assert not busy.ok and busy.error is not None
+        assert (busy.error.type, busy.error.code) == ("Busy", 429)
+        assert replies[4].ok
         gate.set()
-        with anyio.fail_after(10):
-            while len(replies) < 4:
-                ev = await client.receive()
-                if isinstance(ev, Received) and isinstance(ev.envelope, Reply):
-                    replies.append(ev.envelope)
+        await read(4)
         tg.cancel_scope.cancel()
-    assert order.index("quick") > order.index("slow2")
-    assert all(r.ok for r in replies)
+    assert order == ["slow1", "quick", "slow2"]
+    assert replies[1].ok and replies[2].ok
+    assert ep.counters["busy"] == 1 and ep.queued_requests.held == 0
 
 
 # -- the reply hot path on ZMQ engine transports ----------------------------------------
