@@ -21,19 +21,19 @@ Guarantees:
   (cancelled) forgets its key (:meth:`ResultCache.abandon`): a retry runs.
 * The first run's error is recorded like a result: a repeat gets the same error.
 * Bounded in entries and in bytes (keys, method names, results and error
-  texts, plus a fixed overhead per entry), in all and **per owner**: each new key
-  is charged to the peer that sent it (the engine passes its connection, or
-  under CURVE its key), which holds at most ``owner_share`` of the entries and
-  of the bytes (a quarter by default), so one peer can fill only its own share. A recorded outcome is kept at least
-  ``retention`` seconds (the retry window): it is never evicted younger than
-  that. When there is no room for a new key -- in its owner's share, or in the
-  cache without evicting a younger entry -- :meth:`ResultCache.start` refuses it
-  (counted in :attr:`refused_full`) and the engine answers ``CacheFull`` without
-  running the handler. A result too
-  large to fit is replaced by a ``ResultNotRetained`` error (counted in
-  :attr:`results_not_kept`): a retry learns that the call ran, and it does not
-  run twice. Entries past their retention are evicted oldest first when room
-  is needed (counted in :attr:`evicted`).
+  texts, plus a fixed overhead per entry), in all and **per owner**: each new
+  key is charged to the peer that sent it (the engine passes its connection,
+  or under CURVE its key), which holds at most ``owner_share`` of the entries
+  and of the bytes (a quarter by default), so one peer can fill only its own
+  share. A recorded outcome is kept at least ``retention`` seconds (the retry
+  window): it is never evicted younger than that. When there is no room for a
+  new key -- in its owner's share, or in the cache without evicting a younger
+  entry -- :meth:`ResultCache.start` refuses it (counted in
+  :attr:`refused_full`) and the engine answers ``CacheFull`` without running
+  the handler. A result too large to fit is replaced by a ``ResultNotRetained``
+  error (counted in :attr:`results_not_kept`): a retry learns that the call
+  ran, and it does not run twice. Entries past their retention are evicted
+  oldest first when room is needed (counted in :attr:`evicted`).
 * The cache lives as long as the engine process (its incarnation): it survives
   client restarts, not an engine restart.
 """

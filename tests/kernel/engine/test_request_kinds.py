@@ -1,9 +1,9 @@
 """Every kind of request through an endpoint, in poll mode and in serve mode:
 the one admission path gives each its one reply (a result, a refusal, a typed
 error), the same in both modes; serve refuses what a full lane cannot take
-(``Busy``) and runs a sync request at once meanwhile; one clock read per request; replies to a ZMQ engine
-transport go out as the bytes the outbox encoded, and an oversized one becomes
-``ReplyTooLarge``.
+(``Busy``) and runs a sync request at once meanwhile; one clock read per
+request; replies to a ZMQ engine transport go out as the bytes the outbox
+encoded, and an oversized one becomes ``ReplyTooLarge``.
 """
 
 from __future__ import annotations
