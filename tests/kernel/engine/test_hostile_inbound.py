@@ -7,107 +7,31 @@ cache past its bounds. Counts and outcomes are asserted, never durations."""
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
-import msgspec
 import pytest
 import zmq
+from raw_peer import (
+    CODEC,
+    METRICS,
+    RawPeer,
+    attacker,
+    engine,
+    error_type,
+    ipc,
+    value,
+)
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.fencing import new_fence
 from ctlwire.kernel.core.peer_table import Progress
 from ctlwire.kernel.errors import Fenced, RequestTimedOut
-from ctlwire.transports.codec import MsgpackCodec
-from ctlwire.transports.envelope import Heartbeat, Reply, Request
+from ctlwire.transports.envelope import Heartbeat, Reply
 from ctlwire.transports.zmq_client import ZmqDealerClientTransport
 
 pytestmark = [pytest.mark.timeout(240)]
-
-CODEC = MsgpackCodec()
-NIL = CODEC.encode_value(None)
-METRICS = "ctlwire.metrics"
-
-
-def value(v: Any) -> msgspec.Raw:
-    return CODEC.encode_value(v)
-
-
-class RawPeer:
-    """A DEALER that speaks the wire format and nothing else."""
-
-    def __init__(self, address: str) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(address)
-        self.next_id = 1
-
-    def send(self, method: str, payload: msgspec.Raw = NIL, **fields: Any) -> int:
-        rid = fields.pop("id", None) or self.next_id
-        self.next_id = max(self.next_id, rid) + 1
-        self.sock.send(CODEC.encode(Request(rid, 0, method, payload, **fields)))
-        return rid
-
-    def replies(self, ids: set[int], timeout: float = 60.0) -> dict[int, Reply]:
-        """The replies to ``ids`` (heartbeats skipped); fails on a timeout."""
-        got: dict[int, Reply] = {}
-        end = time.monotonic() + timeout
-        while not ids <= got.keys():
-            left = end - time.monotonic()
-            assert left > 0, f"no reply to {sorted(ids - got.keys())[:5]}..."
-            if self.sock.poll(int(left * 1000)):
-                env = CODEC.decode(self.sock.recv())
-                if type(env) is Reply:
-                    got[env.id] = env
-        return got
-
-    def call(self, method: str, payload: msgspec.Raw = NIL, **fields: Any) -> Reply:
-        rid = self.send(method, payload, **fields)
-        return self.replies({rid})[rid]
-
-    def metrics(self) -> dict[str, Any]:
-        reply = self.call(METRICS)
-        assert reply.ok, reply.error
-        out: dict[str, Any] = CODEC.decode_value(reply.result)
-        return out
-
-    def close(self) -> None:
-        self.sock.close(0)
-        self.ctx.term()
-
-
-def ipc(tmp_path: Any) -> str:
-    os.chmod(tmp_path, 0o700)
-    return f"ipc://{tmp_path}/e.sock"
-
-
-def engine(address: str, mode: str) -> EngineFleet:
-    return EngineFleet(1, lambda r: ["--bind", address, "--mode", mode])
-
-
-@pytest.fixture
-def raw_peer() -> Iterator[list[RawPeer]]:
-    peers: list[RawPeer] = []
-    yield peers
-    for p in peers:
-        p.close()
-
-
-def attacker(peers: list[RawPeer], address: str) -> RawPeer:
-    p = RawPeer(address)
-    peers.append(p)
-    return p
-
-
-def error_type(reply: Reply) -> str:
-    assert not reply.ok and reply.error is not None, reply
-    return reply.error.type
-
 
 # -- fences -----------------------------------------------------------------------------
 
