@@ -25,6 +25,14 @@ OLD, NEW = 0, 1
 CODEC = MsgpackCodec()
 
 
+
+class _ByController:
+    """Who sent a simulated step: the controller it names (its "connection")."""
+
+    @staticmethod
+    def peer_of(route: Any, request_id: int) -> Any:
+        return route
+
 class Version(msgspec.Struct, frozen=True):
     version: int
 
@@ -151,7 +159,9 @@ class SimEngine:
             self.crash()
             return None
         self.current = req
-        token = _current_request.set(cast(Any, (None, msg["peer"] << 32 | msg["seq"])))
+        # the step runs as if its controller's connection (``peer``) had sent it
+        token = _current_request.set(cast(Any, (_ByController, msg["peer"] << 32 | msg["seq"],
+                                                msg["peer"])))
         try:
             result = self.ledger.step(req)
             reply: dict[str, Any] = {"ok": True, "result": result}
