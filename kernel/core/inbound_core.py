@@ -19,10 +19,12 @@ Guarantees:
   deadline, fence, idempotency key, payload type. A request moves the fence and
   records its key only once fully validated, and only for a state-changing
   method (read-only ones ignore fences and keys). :meth:`InboundCore.admit`
-  does it all at once; a request that waits before it starts is validated as
-  it arrives (:meth:`InboundCore.check`) and checked again as it starts
-  (:meth:`InboundCore.start`: deadline, fence, key), so nothing it was refused
-  for waits in a queue, and nothing that changed while it waited is missed.
+  does it all at once; a request that waits before it starts is validated,
+  and its key recorded as running, as it arrives (:meth:`InboundCore.check`),
+  and checked again as it starts (:meth:`InboundCore.start`: deadline, fence),
+  so nothing it was refused for waits in a queue, a repeat of its key is
+  answered ``InProgress`` at once, and nothing that changed while it waited is
+  missed; refused after it arrived, it forgets its key.
 * **Idempotency keys** are scoped by ``(route, method, key)`` (``key_scope=
   "route"``) or by the client incarnation a request claims (``"client"``, and
   always where there is no route). A repeat gets the first run's outcome,
@@ -45,41 +47,21 @@ from typing import Any, Literal
 import msgspec
 
 from ctlwire.kernel.core.duplicate_filter import DuplicateFilter
+from ctlwire.kernel.core.error_codes import ErrorCode
 from ctlwire.kernel.core.fence_guard import FenceGuard, FenceVerdict
 from ctlwire.kernel.core.result_cache import RUNNING, RecordedOutcome, ResultCache
-from ctlwire.kernel.errors import BUSY_CODE, FENCED_CODE, error_info
+from ctlwire.kernel.errors import error_info
 from ctlwire.states import INBOUND_REQUEST_TABLE, InboundEvent, InboundState
 from ctlwire.transports.codec import Codec, PayloadTypeError
 from ctlwire.transports.envelope import ErrorInfo, Heartbeat, Reply, Request
 from ctlwire.transports.protocol_version import (
     PROTOCOL_MAJOR,
     PROTOCOL_VERSION,
-    UNSUPPORTED_VERSION_CODE,
     version_text,
 )
 from ctlwire.transports.transport import Dropped, Received, Route
 
 __all__ = ["BadFrame", "ErrorCode", "InboundCore", "InboundRequest", "MethodSpec", "Refused"]
-
-
-class ErrorCode:
-    """``code`` values of the errors the endpoint itself produces."""
-
-    UNKNOWN_METHOD = 404
-    INVALID_PAYLOAD = 422
-    DEADLINE_EXPIRED = 408
-    MALFORMED_FRAME = 400
-    OVERSIZED_FRAME = 413
-    WRONG_RANK = 421
-    RESULT_NOT_ENCODABLE = 500
-    ASYNC_HANDLER_IN_POLL = 501
-    FENCED = FENCED_CODE
-    IN_PROGRESS = 425
-    BUSY = BUSY_CODE
-    FENCE_OUT_OF_RANGE = 416
-    KEY_TOO_LONG = 414
-    CACHE_FULL = 507
-    UNSUPPORTED_PROTOCOL_VERSION = UNSUPPORTED_VERSION_CODE
 
 
 class Refused(Exception):
@@ -127,6 +109,8 @@ class InboundRequest(msgspec.Struct):
     state: InboundState = InboundState.RECEIVED
     spec: MethodSpec | None = None
     args: tuple[Any, ...] = ()
+    #: its idempotency key is recorded as running (taken as it arrived, or as it started)
+    key_held: bool = False
 
     def go(self, event: InboundEvent) -> InboundState:
         """Move through the table (the only way a request's state changes)."""
@@ -231,20 +215,28 @@ class InboundCore:
         :meth:`check` then :meth:`start`, for a request that starts as it arrives."""
         if now is None:
             now = self.clock()
-        refused = self._check(item, now, True)
+        refused = self._check(item, now)
         if refused is not None:
             return refused
         return self._begin(item, now)
 
     def check(self, item: InboundRequest, now: float | None = None) -> Reply | None:
-        """Validate ``item`` as it arrives, changing nothing (no key recorded, the
-        fence not moved): None when it may run (``item.spec`` and ``item.args``
-        set, still Received; :meth:`start` it), else the reply that ends it here,
-        as :meth:`admit`. A key whose first request still runs is left for
-        :meth:`start` to judge (it may have finished by then)."""
-        return self._check(item, self.clock() if now is None else now, False)
+        """Validate ``item`` as it arrives, for a request that waits before it
+        starts: None when it may run (``item.spec`` and ``item.args`` set, still
+        Received; :meth:`start` it), else the reply that ends it here, as
+        :meth:`admit` -- ``InProgress`` at once for a key whose first request runs
+        or waits to start. Its key is recorded as running now, so a repeat that
+        arrives while it waits is refused at once too; the fence is not moved.
+        A request checked and then refused (:meth:`busy`, or by :meth:`start`)
+        forgets its key."""
+        if now is None:
+            now = self.clock()
+        refused = self._check(item, now)
+        if refused is None:
+            refused = self._take_key(item, now)
+        return refused
 
-    def _check(self, item: InboundRequest, now: float, running_refused: bool) -> Reply | None:
+    def _check(self, item: InboundRequest, now: float) -> Reply | None:
         req = item.request
         spec = self.methods.get(req.method)
         if req.version >> 8 != PROTOCOL_MAJOR:
@@ -270,7 +262,7 @@ class InboundCore:
                 return refused
         key = "" if read_only else req.key
         if key:
-            replayed = self._replay(item, key, running_refused=running_refused)
+            replayed = self._replay(item, key)
             if replayed is not None:
                 return replayed
         raw = req.payload
@@ -300,23 +292,19 @@ class InboundCore:
     def start(self, item: InboundRequest, now: float | None = None) -> Reply | None:
         """A request :meth:`check` passed starts: Running (None), or the reply that
         ends it now -- Expired (its deadline passed while it waited), Fenced (a newer
-        token was accepted meanwhile), its key's recorded outcome, ``InProgress``
-        (the key's first request still runs), ``CacheFull``."""
+        token was accepted meanwhile); refused, it forgets its key."""
         req, spec = item.request, item.spec
         assert spec is not None, "start() a request check() passed"
         if now is None:
             now = self.clock()
         if req.deadline and now > req.deadline:
+            self._drop_key(item)
             return self._expire(item, now)
-        if not spec.read_only:
-            if req.fence:
-                refused = self._fence_refusal(item, req.fence)
-                if refused is not None:
-                    return refused
-            if req.key:
-                replayed = self._replay(item, req.key)
-                if replayed is not None:
-                    return replayed
+        if not spec.read_only and req.fence:
+            refused = self._fence_refusal(item, req.fence)
+            if refused is not None:
+                self._drop_key(item)
+                return refused
         return self._begin(item, now)
 
     def _begin(self, item: InboundRequest, now: float) -> Reply | None:
@@ -325,23 +313,43 @@ class InboundCore:
         req, spec = item.request, item.spec
         assert spec is not None
         if not spec.read_only:
-            key = req.key
-            if key and not self.results.start(self._scope(item), req.method, key, now,
-                                              owner=self.peer(item.route, req.id)):
-                self.counters["idempotency_cache_full"] += 1
-                return self._reject(item, "CacheFull", f"{req.method!r}: no room for a new "
-                                    "idempotency key (this connection's share of the cache, or "
-                                    "the cache, holds only entries within their retry window); "
-                                    "not run, retry later", ErrorCode.CACHE_FULL)
+            if req.key and not item.key_held:
+                refused = self._take_key(item, now)
+                if refused is not None:
+                    return refused
             if req.fence:
                 self.fences.accept(req.fence)
         item.go(InboundEvent.START)
         return None
 
+    def _take_key(self, item: InboundRequest, now: float) -> Reply | None:
+        """Record a validated request's key as running: None, or ``CacheFull`` when
+        its sender's share, or the cache, has no room (nothing recorded)."""
+        req, spec = item.request, item.spec
+        assert spec is not None
+        if not req.key or spec.read_only:
+            return None
+        if not self.results.start(self._scope(item), req.method, req.key, now,
+                                  owner=self.peer(item.route, req.id)):
+            self.counters["idempotency_cache_full"] += 1
+            return self._reject(item, "CacheFull", f"{req.method!r}: no room for a new "
+                                "idempotency key (this connection's share of the cache, or "
+                                "the cache, holds only entries within their retry window); "
+                                "not run, retry later", ErrorCode.CACHE_FULL)
+        item.key_held = True
+        return None
+
+    def _drop_key(self, item: InboundRequest) -> None:
+        """A request that held its key ends without running: the key is forgotten."""
+        if item.key_held:
+            item.key_held = False
+            self.cancelled(item)
+
     def busy(self, item: InboundRequest, why: str) -> Reply:
         """Received → Rejected with ``Busy`` (429, counted): no room to queue
         ``item`` (``why``); it did not run, a retry later is safe."""
         self.counters["busy"] += 1
+        self._drop_key(item)
         return self._reject(item, "Busy", f"{item.request.method!r}: {why}; not run, retry "
                             "later", ErrorCode.BUSY)
 
@@ -383,11 +391,10 @@ class InboundCore:
                             f"since the epoch, at most {self.fences.window:g} s ahead of this "
                             "engine's clock)", ErrorCode.FENCE_OUT_OF_RANGE)
 
-    def _replay(self, item: InboundRequest, key: str, *, running_refused: bool = True
-                ) -> Reply | None:
+    def _replay(self, item: InboundRequest, key: str) -> Reply | None:
         """The reply to a key already recorded (or refused), else None: run it. A
-        key whose first request still runs is refused ``InProgress``, unless
-        ``running_refused`` is False (then None: judged when it starts)."""
+        key whose first request still runs (or waits to start) is refused
+        ``InProgress``."""
         req = item.request
         results = self.results
         if not results.key_fits(key):
@@ -398,8 +405,6 @@ class InboundCore:
         if recorded is None:
             return None
         if recorded is RUNNING:
-            if not running_refused:
-                return None
             self.counters["idempotent_in_progress"] += 1
             return self._reject(item, "InProgress", f"{req.method!r} with idempotency key "
                                 f"{key[:64]!r} is still running", ErrorCode.IN_PROGRESS)

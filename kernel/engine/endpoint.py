@@ -140,6 +140,7 @@ from ctlwire.kernel.core.inbound_core import (
     MethodSpec,
 )
 from ctlwire.kernel.core.result_cache import ResultCache
+from ctlwire.kernel.engine.engine_snapshot import engine_snapshot
 from ctlwire.kernel.engine.handler_runner import HandlerRunner
 from ctlwire.kernel.engine.liveness import (
     STEP_METHOD,
@@ -161,8 +162,6 @@ __all__ = ["STEP_METHOD", "EngineEndpoint", "ErrorCode", "MethodSpec", "new_inca
 #: the longest a poll loop waits for input while replies wait for room
 _OUTBOX_RETRY = 0.005
 
-_ENGINE_DROPS = ("duplicates", "dropped_malformed", "dropped_oversized", "dropped_framing",
-                 "dropped_wrong_type", "reply_send_failures", "replies_too_large")
 
 
 def _more() -> bool:
@@ -459,60 +458,4 @@ class EngineEndpoint:
         README's metrics table; :func:`ctlwire.kernel.metrics.engine_metrics` returns
         the same); also served to clients as the built-in ``ctlwire.metrics``
         method (``await client.engine_metrics(rank)``)."""
-        counters = self.counters
-        live = self.liveness
-        core, cache, outbox, transport = self.core, self.core.results, self.outbox, self.transport
-        queued = self.queued_requests
-        return {
-            "role": "engine",
-            "rank": self.rank,
-            "incarnation": self.incarnation,
-            "live_requests": len(live.running),
-            "outcomes": {s.name: n for s, n in core.states.items() if n},
-            "frames_dropped": {k.removeprefix("dropped_"): counters.get(k, 0)
-                               for k in _ENGINE_DROPS},
-            "methods": self.methods,
-            # ids of running requests: the caller's own (a peer never reads another's)
-            "running": live.visible_running(),
-            "beacon": self.liveness.beacon_active,
-            "loops": self.liveness.loops,
-            "fence_high": core.fences.high,
-            "fence_window": core.fences.window,
-            # request ids remembered per route to drop duplicates, bounded
-            "duplicate_filter": {"ids": len(core.duplicates),
-                                 "peers_evicted": core.duplicates.peers_evicted},
-            "idempotency_cache": {"entries": len(cache), "bytes": cache.bytes,
-                                  "max_bytes": cache.max_bytes, "hits": cache.hits,
-                                  "evicted": cache.evicted, "refused_full": cache.refused_full,
-                                  "results_not_kept": cache.results_not_kept,
-                                  # each sender's share (connection, or CURVE key)
-                                  "owners": cache.owners,
-                                  "max_entries_per_owner": cache.max_entries_per_owner,
-                                  "max_bytes_per_owner": cache.max_bytes_per_owner},
-            # serve mode: requests taken and not started, against their budgets
-            "queued_requests": {"bytes": queued.held, "peak_bytes": queued.peak,
-                                "limit_bytes": queued.limit, "requests": queued.count,
-                                "routes": len(queued.routes),
-                                "limit_per_route": queued.per_route,
-                                "refused_busy": counters["busy"]},
-            # replies waiting for clients that do not read, bounded per route and in total
-            "outbox": {"replies": outbox.replies, "bytes": outbox.bytes,
-                       "peak_bytes": outbox.peak_bytes, "routes": outbox.routes,
-                       "stalled_routes": len(outbox.stalled),
-                       # what libzmq itself may hold per connection (both directions)
-                       "transport_bound_bytes_per_connection": int(
-                           bound() if (bound := getattr(transport, "queued_bytes_bound",
-                                                        None)) is not None else 0)},
-            # connections open on the transport's listening sockets, and those refused
-            # because max_connections were open (engines that bind)
-            "connections": {"open": int(getattr(transport, "open_connections", 0)),
-                            "refused": int(getattr(transport, "connections_refused", 0))},
-            # client routes refused because the route table was full of live ones
-            "routes_refused": int(getattr(transport, "routes_refused", 0)),
-            "counters": counters,
-            # client keys this engine's CURVE authenticator refused (engines that bind)
-            "auth_rejections": int(getattr(transport, "auth_rejections", 0)),
-            # deprecated aliases of the shape before 0.2: top-level counters, states
-            "states": {s.name: n for s, n in core.states.items()},
-            **counters,
-        }
+        return engine_snapshot(self)

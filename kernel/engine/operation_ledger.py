@@ -56,7 +56,10 @@ The ledger guarantees, per engine:
   (:class:`~ctlwire.kernel.busy_loop.BusyLoop`). ``ctlwire.take_over``
   (:class:`TakeOver`) first raises the fence to the successor's, so no older
   controller changes anything after the answer (refused with
-  :class:`StepInFlight` while a step runs).
+  :class:`StepInFlight` while a step runs). It is served apart from the steps
+  (``threaded``: a worker thread beside a busy loop's thread or an event loop),
+  so it sees a step that runs; a poll loop, one thread for both, reads it only
+  once the step returned.
   ``ctlwire.step_methods`` lists the methods this ledger runs as steps.
 
 Request-level checks (``Request.key``, ``Request.fence``) are the endpoint's own.
@@ -65,6 +68,7 @@ Request-level checks (``Request.key``, ``Request.fence``) are the endpoint's own
 from __future__ import annotations
 
 import inspect
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
@@ -74,11 +78,19 @@ from typing import Any, get_type_hints
 import anyio.to_thread
 import msgspec
 
-from ctlwire.kernel.core.inbound_core import Refused
 from ctlwire.kernel.core.operation_plan import step_key
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.engine.liveness import current_peer, current_request_id
-from ctlwire.kernel.errors import FENCED_CODE
+from ctlwire.kernel.engine.step_refusals import (
+    Fenced,
+    InvalidStep,
+    OperationAborted,
+    OperationOwned,
+    StepInFlight,
+    StepNotApplied,
+    StepOutOfOrder,
+    UnknownStepMethod,
+)
 from ctlwire.transports.codec import Codec, PayloadTypeError
 
 __all__ = ["LAST_OPERATION_METHOD", "PHASES", "STEP_METHOD", "STEP_METHODS_METHOD",
@@ -134,54 +146,6 @@ class LastOperation(msgspec.Struct, frozen=True):
     steps: list[str] = msgspec.field(default_factory=list)
     undone: list[str] = msgspec.field(default_factory=list)
     ranks: list[int] = msgspec.field(default_factory=list)
-
-
-class Fenced(Refused):
-    """Engine side: a step of an older operation, refused (client: errors.Fenced)."""
-
-    code = FENCED_CODE
-
-
-class UnknownStepMethod(Refused):
-    """A step named a method the ledger was not given."""
-
-    code = 404
-
-
-class OperationAborted(Refused):
-    """A forward step of an operation whose compensation already ran here."""
-
-    code = 410
-
-
-class InvalidStep(Refused):
-    """A malformed step: unknown phase, missing or implausible fence, wrong key or position."""
-
-    code = 422
-
-
-class OperationOwned(Refused):
-    """A step of an operation bound to another controller (same token, another peer)."""
-
-    code = 403
-
-
-class StepOutOfOrder(Refused):
-    """A forward step that is not the next one of its operation here."""
-
-    code = 425
-
-
-class StepInFlight(Refused):
-    """A take-over while a step runs here: ask again once it returned."""
-
-    code = 409
-
-
-class StepNotApplied(Refused):
-    """A compensation for a step this ledger did not apply: nothing to undo, nothing ran."""
-
-    code = 412
 
 
 def _payload_type(fn: Callable[..., Any]) -> tuple[bool, bool, Any]:
@@ -260,6 +224,7 @@ class OperationLedger:
         self.codec: Codec | None = None
         self._endpoint: EngineEndpoint | None = None
         self._in_flight = ""  # the step whose body runs now
+        self._lock = threading.Lock()  # admitting a step, recording it, a take-over
         self.counters: dict[str, int] = dict.fromkeys(
             ("applied", "replayed", "fenced", "step_errors", "refused", "taken_over",
              "take_overs"), 0)
@@ -282,34 +247,30 @@ class OperationLedger:
             endpoint.register(STEP_METHOD, self.step)
         endpoint.register(LAST_OPERATION_METHOD, self.last_operation, read_only=True)
         endpoint.register(STEP_METHODS_METHOD, self.step_methods, read_only=True)
-        endpoint.register(TAKE_OVER_METHOD, self.take_over)
+        # threaded: served apart from the steps (a busy loop's thread, a worker), so
+        # a take-over sees a step that runs and is refused StepInFlight
+        endpoint.register(TAKE_OVER_METHOD, self.take_over, threaded=True)
 
     # -- the step ------------------------------------------------------------------
     def step(self, req: StepRequest) -> Any:
         """Run one step inline (sync handlers): checked, then run, then recorded."""
-        admitted = self._admit(req)
+        admitted = self._start(req, inline=True)
         if not isinstance(admitted, _Admitted):
             return admitted[0]
-        if admitted.handler.is_async:
-            raise InvalidStep(f"{req.method!r} is async; serve the engine with serve()")
-        self._in_flight = req.step
         try:
             result = admitted.handler.fn(*admitted.args)
-        except Exception:
-            self.counters["step_errors"] += 1
+        except BaseException as exc:
+            self._stop(exc)
             raise
-        finally:
-            self._in_flight = ""
-        return self._record(admitted, result)
+        return self._finish(admitted, result)
 
     async def step_async(self, req: StepRequest) -> Any:
         """Run one step under ``serve()``: async handlers awaited, sync ones in a
         worker thread when the ledger is ``threaded``; recorded after they returned."""
-        admitted = self._admit(req)
+        admitted = self._start(req)
         if not isinstance(admitted, _Admitted):
             return admitted[0]
         fn = admitted.handler.fn
-        self._in_flight = req.step
         try:
             if admitted.handler.is_async:
                 result = await fn(*admitted.args)
@@ -317,12 +278,33 @@ class OperationLedger:
                 result = await anyio.to_thread.run_sync(fn, *admitted.args)
             else:
                 result = fn(*admitted.args)
-        except Exception:
-            self.counters["step_errors"] += 1
+        except BaseException as exc:
+            self._stop(exc)
             raise
-        finally:
+        return self._finish(admitted, result)
+
+    def _start(self, req: StepRequest, *, inline: bool = False) -> _Admitted | tuple[Any]:
+        """Admit ``req`` and mark its step running: one move, under the lock a
+        take-over (served on another thread) takes too."""
+        with self._lock:
+            admitted = self._admit(req)
+            if isinstance(admitted, _Admitted):
+                if inline and admitted.handler.is_async:
+                    raise InvalidStep(f"{req.method!r} is async; serve the engine with serve()")
+                self._in_flight = req.step
+            return admitted
+
+    def _stop(self, exc: BaseException) -> None:
+        """The step's body raised: nothing recorded."""
+        with self._lock:
             self._in_flight = ""
-        return self._record(admitted, result)
+        if isinstance(exc, Exception):
+            self.counters["step_errors"] += 1
+
+    def _finish(self, admitted: _Admitted, result: Any) -> Any:
+        with self._lock:
+            self._in_flight = ""
+            return self._record(admitted, result)
 
     def _refuse(self, exc: Exception) -> Exception:
         self.counters["refused"] += 1
@@ -346,16 +328,17 @@ class OperationLedger:
         Refused while a step runs here (:class:`StepInFlight`: ask again), so the
         answer is not overtaken by a step an older controller had started."""
         self._check_fence(req.fence, "take-over")
-        if req.fence < self.highest_fence:
-            self.counters["fenced"] += 1
-            raise Fenced(f"take-over with fence {req.fence} is older than fence "
-                         f"{self.highest_fence} already accepted by rank {self.rank}")
-        if self._in_flight:
-            raise StepInFlight(f"step {self._in_flight!r} is running on rank {self.rank}; "
-                               "ask again once it returned")
-        self.highest_fence = req.fence
-        self.counters["take_overs"] += 1
-        return self.last_operation()
+        with self._lock:
+            if req.fence < self.highest_fence:
+                self.counters["fenced"] += 1
+                raise Fenced(f"take-over with fence {req.fence} is older than fence "
+                             f"{self.highest_fence} already accepted by rank {self.rank}")
+            if self._in_flight:
+                raise StepInFlight(f"step {self._in_flight!r} is running on rank "
+                                   f"{self.rank}; ask again once it returned")
+            self.highest_fence = req.fence
+            self.counters["take_overs"] += 1
+            return self.last_operation()
 
     def _admit(self, req: StepRequest) -> _Admitted | tuple[Any]:
         """Every check, changing nothing but the fence; a recorded result as ``(result,)``."""

@@ -22,9 +22,12 @@ Guarantees:
   (:class:`~ctlwire.kernel.engine.outbox.ReplyOutbox`); neither the receive
   loop nor a lane waits for a client to read.
 * **Ordering.** Per method, requests start in arrival order, at most its
-  ``concurrency`` at a time. A request that waited in a lane is checked again
-  as it starts (:meth:`InboundCore.start`: its deadline, a fence accepted
-  meanwhile, its key). A route's replies leave in the order they were sent.
+  ``concurrency`` at a time. A request's idempotency key is taken as it
+  arrives: a repeat while the first waits or runs is answered ``InProgress``
+  (425) at once. A request that waited in a lane is checked again as it starts
+  (:meth:`InboundCore.start`: its deadline, a fence accepted meanwhile); refused
+  then, or ``Busy``, it forgets its key. A route's replies leave in the order
+  they were sent.
 * **The loop outlives its errors.** An unexpected exception while receiving,
   dispatching or replying is counted (``internal_errors``), logged
   (rate-limited) and the next request served.
@@ -254,6 +257,7 @@ class EngineServer:
                     await self.run(item)
                 except Exception:  # never let one request end the lane
                     self.internal_error(f"handling {item.request!r:.200}")
+                    self.core.cancelled(item)  # no outcome: its key is forgotten
 
     async def run(self, item: InboundRequest) -> None:
         """Start a request that waited (checked again), run its handler, send its reply."""

@@ -70,7 +70,8 @@ class _Endpoint:
         self.methods: dict[str, Callable[..., Any]] = {}
         self.running: dict[int, tuple[str, float]] = {}
 
-    def register(self, name: str, fn: Callable[..., Any], *, read_only: bool = False) -> None:
+    def register(self, name: str, fn: Callable[..., Any], *, read_only: bool = False,
+                 threaded: bool = False) -> None:
         self.methods[name] = fn
 
 

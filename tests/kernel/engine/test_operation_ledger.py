@@ -55,12 +55,16 @@ class FakeEndpoint:
         self.codec = CODEC
         self.methods: dict[str, Any] = {}
         self.read_only: set[str] = set()
+        self.threaded: set[str] = set()
         self.running: dict[int, tuple[str, float]] = {}
 
-    def register(self, name: str, fn: Any, *, read_only: bool = False) -> None:
+    def register(self, name: str, fn: Any, *, read_only: bool = False,
+                 threaded: bool = False) -> None:
         self.methods[name] = fn
         if read_only:
             self.read_only.add(name)
+        if threaded:
+            self.threaded.add(name)
 
 
 def ledger() -> tuple[OperationLedger, list[int]]:
@@ -93,6 +97,7 @@ def test_the_ledger_declares_its_reads_read_only_and_its_steps_not() -> None:
     OperationLedger({"bump": lambda arg: arg}).install(endpoint)  # type: ignore[arg-type]
     assert endpoint.read_only == {"ctlwire.last_operation", "ctlwire.step_methods"}
     assert {"ctlwire.step", "ctlwire.take_over"} <= set(endpoint.methods) - endpoint.read_only
+    assert endpoint.threaded == {"ctlwire.take_over"}  # served apart from the steps
 
 
 def test_a_key_runs_once_and_replays_its_result() -> None:
