@@ -31,7 +31,7 @@ Guarantees:
   result or error; a run that ends with no outcome (:meth:`InboundCore.cancelled`),
   or that its handler refused (:class:`Refused`), forgets its key, so a retry
   is judged again. A new key is charged to its sender (:meth:`InboundCore.peer`:
-  the connection, or under CURVE its key), whose share of the cache is bounded
+  its connection, or the key its transport names for it), whose share of the cache is bounded
   (:class:`~ctlwire.kernel.core.result_cache.ResultCache`).
 * **Busy** (:meth:`InboundCore.busy`): a request its engine has no room to
   queue is refused ``Busy`` (429) and counted; it did not run.
@@ -355,8 +355,9 @@ class InboundCore:
 
     def peer(self, route: Route, request_id: int) -> Hashable:
         """Who sent a request, as far as this engine can tell and no other peer can
-        claim: the authenticated key of its connection (a CURVE engine that
-        binds), else its connection (``route``); a transport without routes has one
+        claim: the authenticated key its transport names for the connection
+        (``transport.peer_key(route)``, where it has one), else its connection
+        (``route``); a transport without routes has one
         peer, the client it dialed, named by the client incarnation of the id."""
         if route is None:
             return ("client", request_id >> 32)

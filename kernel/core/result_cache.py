@@ -23,7 +23,7 @@ Guarantees:
 * Bounded in entries and in bytes (keys, method names, results and error
   texts, plus a fixed overhead per entry), in all and **per owner**: each new
   key is charged to the peer that sent it (the engine passes its connection,
-  or under CURVE its key), which holds at most ``owner_share`` of the entries
+  or the key its transport names for it), which holds at most ``owner_share`` of the entries
   and of the bytes (a quarter by default), so one peer can fill only its own
   share. A recorded outcome is kept at least ``retention`` seconds (the retry
   window): it is never evicted younger than that. When there is no room for a

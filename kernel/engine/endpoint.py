@@ -67,8 +67,8 @@ Guarantees:
   the handler runs once. A key longer than the cache's ``max_key_bytes`` is
   refused with ``KeyTooLong`` (414); a new key that does not fit the cache's
   byte budget without evicting an entry inside its retry window is refused
-  with ``CacheFull`` (507) and not run; each connection (under CURVE, each
-  client key) may hold only its share of the cache, so one peer cannot fill it
+  with ``CacheFull`` (507) and not run; each connection may hold only its
+  share of the cache, so one peer cannot fill it
   for the others; a request refused by the engine or by its handler
   (:class:`~ctlwire.kernel.core.inbound_core.Refused`) holds no key. Keys are
   scoped by route by default,
@@ -108,8 +108,8 @@ Guarantees:
   :class:`~ctlwire.transports.zmq_config.ZmqOptions`).
 * **Another peer's request ids are nobody's business.** ``ctlwire.metrics``
   lists the ids of running requests only to the route that sent them (it counts
-  the others); an operation step is owned by its connection (under CURVE its
-  key), never by a number a peer could read
+  the others); an operation step is owned by its connection, never by a
+  number a peer could read
   (:mod:`~ctlwire.kernel.engine.operation_ledger`).
 * **The engine's own guards never end it.** An unexpected exception while
   receiving, dispatching, sending a reply or a heartbeat is counted

@@ -70,7 +70,7 @@ def engine_snapshot(ep: Engine) -> dict[str, Any]:
                               "max_bytes": cache.max_bytes, "hits": cache.hits,
                               "evicted": cache.evicted, "refused_full": cache.refused_full,
                               "results_not_kept": cache.results_not_kept,
-                              # each sender's share (connection, or CURVE key)
+                              # each sender's share (its connection)
                               "owners": cache.owners,
                               "max_entries_per_owner": cache.max_entries_per_owner,
                               "max_bytes_per_owner": cache.max_bytes_per_owner},

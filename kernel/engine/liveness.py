@@ -63,7 +63,7 @@ def current_request_id() -> int | None:
 
 def current_peer() -> Hashable | None:
     """Who sent the request the calling handler runs, as no other peer can claim:
-    its connection, or under CURVE its key
+    its connection (or the key its transport names for it)
     (:meth:`~ctlwire.kernel.core.inbound_core.InboundCore.peer`); None outside a
     handler."""
     current = _current_request.get()

@@ -25,7 +25,7 @@ The ledger guarantees, per engine:
   :class:`~ctlwire.kernel.errors.Fenced` (``type "Fenced"``, code 409).
 * **An operation belongs to the controller that began it.** An operation is
   begun by its first step (position 0) and bound to that step's token and
-  peer: the connection it came on, or under CURVE the client's key
+  peer: the connection it came on (or the key its transport names for it)
   (:func:`~ctlwire.kernel.engine.liveness.current_peer`) -- nothing a request
   carries, so no peer can claim it by copying numbers it read. A step of it
   carrying the same token from another peer is refused (:class:`OperationOwned`);
@@ -196,8 +196,7 @@ class _Admitted:
 
 
 def _peer() -> Hashable:
-    """The peer of the step being handled (its connection, or under CURVE its key;
-    None outside a request)."""
+    """The peer of the step being handled (its connection; None outside a request)."""
     return current_peer()
 
 

@@ -160,3 +160,45 @@ def test_events_other_than_requests_are_counted_or_answered() -> None:
     assert core.receive(Dropped("framing", "x", 10, route=b"r")) is None
     assert core.counters["dropped_malformed"] == core.counters["dropped_framing"] == 1
     assert isinstance(core.receive(Received(request(1), route=b"r")), InboundRequest)
+
+
+def arrived(core: InboundCore, req: Request, route: Any = b"r") -> InboundRequest:
+    """A request checked as it arrives, to wait before it starts (serve mode)."""
+    item = core.accept(req, route)
+    assert item is not None
+    assert core.check(item) is None, "refused"
+    assert item.state is InboundState.RECEIVED
+    return item
+
+
+def test_a_key_is_taken_as_its_request_arrives_so_a_repeat_is_in_progress_at_once() -> None:
+    core = make_core()
+    first = arrived(core, request(1, key="k"))  # waits to start
+    repeat = core.accept(request(2, key="k"), b"r")
+    assert repeat is not None
+    in_progress = core.check(repeat)
+    assert in_progress is not None and in_progress.error is not None
+    assert (in_progress.error.type, in_progress.error.code) == ("InProgress", 425)
+    assert core.start(first) is None
+    core.result(first, 10)
+    replayed = refusal(core, request(3, key="k"))  # once it ran: its outcome
+    assert replayed.ok and CODEC.decode_value(replayed.result) == 10
+
+
+@pytest.mark.parametrize("refused_as", ["Busy", "DeadlineExpired", "Fenced"])
+def test_a_request_refused_after_it_took_its_key_forgets_it(refused_as: str) -> None:
+    """Refused before it ran -- no room to queue it, its deadline passed while it
+    waited, a newer fence accepted meanwhile -- it holds no key: a retry runs."""
+    core = make_core()
+    item = arrived(core, request(1, key="k", fence=500, deadline=NOW + 1))
+    if refused_as == "Busy":
+        reply = core.busy(item, "full")
+    elif refused_as == "DeadlineExpired":
+        reply = core.start(item, NOW + 2)
+    else:
+        admitted(core, request(2, "other", fence=600))
+        reply = core.start(item)
+    assert reply is not None and reply.error is not None and reply.error.type == refused_as
+    assert len(core.results) == 0
+    retry = admitted(core, request(3, key="k", fence=700))
+    assert retry.args == (1,)
