@@ -62,15 +62,20 @@ class FleetPool:
             addr = self._addresses[name] = f"ipc://{self.directory}/{name}.sock"
         return addr
 
-    def ctlwire(self, name: str, ranks: int, *, serve_ranks: Sequence[int] = ()) -> EngineFleet:
-        """Declare ctlwire engine processes (poll mode; ``serve_ranks`` in serve mode)."""
+    def ctlwire(self, name: str, ranks: int, *, serve_ranks: Sequence[int] = (),
+                max_queued: int | None = None) -> EngineFleet:
+        """Declare ctlwire engine processes (poll mode; ``serve_ranks`` in serve mode,
+        with room for ``max_queued`` requests waiting to start, if given)."""
         fleet = self._fleets.get(name)
         if fleet is None:
             address = self.address(name)
 
             def args_for(rank: int) -> list[str]:
-                mode = "serve" if rank in serve_ranks else "poll"
-                return ["--connect", address, "--mode", mode, "--methods", BENCH_METHODS]
+                if rank not in serve_ranks:
+                    return ["--connect", address, "--mode", "poll", "--methods", BENCH_METHODS]
+                room = [] if max_queued is None else ["--max-queued", str(max_queued)]
+                return ["--connect", address, "--mode", "serve", "--methods", BENCH_METHODS,
+                        *room]
 
             fleet = self._fleets[name] = EngineFleet(ranks, args_for)
         return fleet

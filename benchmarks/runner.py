@@ -244,7 +244,8 @@ def run_bench(*, quick: bool = False, only: Sequence[str] | None = None,
                 throughput=True, backend="trio")))
             pool.stop("base1")
         if "live" in selected:
-            pool.ctlwire("live", 2, serve_ranks=(1,))
+            # every pending call waits at rank 1 (its own budget would answer Busy)
+            pool.ctlwire("live", 2, serve_ranks=(1,), max_queued=max(p.live_levels) + 1)
             pool.start("live")
             step("live", lambda: _live_rows(scenarios.live_requests(pool.address("live"), p)))
             pool.stop("live")

@@ -209,6 +209,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-pickle", action="store_true")
     p.add_argument("--allow-insecure-tcp", action="store_true")
     p.add_argument("--heartbeat", type=float, default=0.25)
+    p.add_argument("--max-queued", type=int, default=None, metavar="N",
+                   help="serve mode: requests that may wait to start, per method and per "
+                        "connection (the endpoint's mailbox_size and max_queued_per_route; "
+                        "beyond, Busy)")
     p.add_argument("--exit-with-parent", type=int, metavar="PID",
                    help="stop (as on SIGTERM) once process PID is no longer this one's "
                         "parent: the launcher died without stopping its engines")
@@ -265,7 +269,10 @@ def _watch_parent(pid: int, stop: threading.Event, interval: float = 0.25) -> No
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     transport = build_transport(args)
-    endpoint = EngineEndpoint(transport, rank=args.rank, heartbeat_interval=args.heartbeat)
+    queued = {} if args.max_queued is None else {"mailbox_size": args.max_queued,
+                                                  "max_queued_per_route": args.max_queued}
+    endpoint = EngineEndpoint(transport, rank=args.rank, heartbeat_interval=args.heartbeat,
+                              **queued)
     loop = BusyLoop(endpoint, backend=args.backend) if args.mode == "loop" else None
     step = load_methods(args.methods)(endpoint)
     stop = threading.Event()
