@@ -157,9 +157,13 @@ def _mb(n: int) -> float:
     return n / (1 << 20)
 
 
-def fleet_for(address: str, engines: int, *, serve: bool = False) -> EngineFleet:
-    """``engines`` processes dialing ``address`` with the soak methods."""
+def fleet_for(address: str, engines: int, *, serve: bool = False,
+              max_queued: int | None = None) -> EngineFleet:
+    """``engines`` processes dialing ``address`` with the soak methods (serve mode:
+    room for ``max_queued`` requests waiting to start, per method, if given)."""
     mode = ["--mode", "serve"] if serve else []
+    if max_queued is not None:
+        mode += ["--max-queued", str(max_queued)]
     return EngineFleet(engines, lambda r: ["--connect", address, "--methods", METHODS, *mode])
 
 
@@ -345,7 +349,8 @@ def run_load(quick: bool = False, cfg: LoadConfig | None = None) -> LoadReport:
     cfg = cfg or (LoadConfig.quick() if quick else LoadConfig())
     with private_dir() as d:
         address = f"ipc://{d}/control.sock"
-        with fleet_for(address, cfg.engines, serve=True):
+        # every gated request waits at its engine (its own budget would answer Busy)
+        with fleet_for(address, cfg.engines, serve=True, max_queued=cfg.requests + 1):
             return anyio.run(load_on, address, cfg, d, backend=cfg.backend)
 
 
