@@ -76,23 +76,13 @@ from ctlwire.kernel.engine.operation_ledger import (
     StepRequest,
     TakeOver,
 )
-from ctlwire.kernel.errors import RemoteError, RequestTimedOut, RequestTooLarge
+from ctlwire.kernel.errors import ReleaseRefused, RemoteError, RequestTimedOut, RequestTooLarge
 from ctlwire.kernel.operation_recovery import Recovery, recovery_of
 from ctlwire.kernel.step_outcomes import Outcome, answers, classify, outcomes, refused
 from ctlwire.transports.codec import PayloadTypeError
 
 __all__ = ["OperationRunner", "Quarantine", "Recovery", "ReleaseRefused", "classify",
            "recovery_of"]
-
-
-class ReleaseRefused(Exception):
-    """A quarantined rank that does not meet its post-condition: it stays quarantined.
-    ``observed``: what the rank answered (or the error reading it)."""
-
-    def __init__(self, rank: int, reason: str, observed: Any = None) -> None:
-        self.rank, self.reason, self.observed = rank, reason, observed
-        super().__init__(f"rank {rank} stays quarantined: {reason} (release(force=True) "
-                         "to override)")
 
 
 class OperationRunner:

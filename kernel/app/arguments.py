@@ -10,11 +10,13 @@ import argparse
 from pathlib import Path
 from typing import NoReturn
 
+from ctlwire.kernel.errors import CtlwireError
+
 __all__ = ["ArgumentParser", "UsageError", "ensure_dir", "ensure_parent",
            "non_negative_float", "positive_int"]
 
 
-class UsageError(Exception):
+class UsageError(CtlwireError):
     """A problem with the command's input: reported in one line, exit code 2."""
 
 

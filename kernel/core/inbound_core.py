@@ -136,6 +136,9 @@ _REQUEST_COUNTERS = ("received", "rejected", "expired", "handler_errors", "dupli
                      "idempotent_in_progress", "idempotency_key_too_long",
                      "idempotency_cache_full")
 
+MAX_LISTED = 256
+"""At most this many method names (sorted) in an ``UnknownMethod`` reply's result."""
+
 
 class InboundCore:
     """Admission and completion of received requests; see the module docstring."""
@@ -221,10 +224,11 @@ class InboundCore:
         if req.rank != self.rank:
             return self._reject(item, "WrongRank", f"this is rank {self.rank}, not {req.rank}",
                                 ErrorCode.WRONG_RANK)
-        if spec is None:
+        if spec is None:  # the reply's result lists the methods this engine serves
             return self._reject(item, "UnknownMethod",
                                 f"no control method {req.method!r} on this engine",
-                                ErrorCode.UNKNOWN_METHOD)
+                                ErrorCode.UNKNOWN_METHOD,
+                                self.codec.encode_value(sorted(self.methods)[:MAX_LISTED]))
         if req.deadline and now > req.deadline:
             self.counters["expired"] += 1
             return self._end(item, InboundEvent.EXPIRE, self.error_reply(
@@ -369,14 +373,16 @@ class InboundCore:
         return self._end(item, InboundEvent.REPLY, reply)
 
     # -- replies -------------------------------------------------------------------
-    def error_reply(self, request_id: int, type_name: str, message: str, code: int) -> Reply:
-        return Reply(request_id, self.rank, self.incarnation, False, self._nil,
-                     ErrorInfo(type_name, message, code))
+    def error_reply(self, request_id: int, type_name: str, message: str, code: int,
+                    result: msgspec.Raw | None = None) -> Reply:
+        return Reply(request_id, self.rank, self.incarnation, False,
+                     self._nil if result is None else result, ErrorInfo(type_name, message, code))
 
-    def _reject(self, item: InboundRequest, type_name: str, message: str, code: int) -> Reply:
+    def _reject(self, item: InboundRequest, type_name: str, message: str, code: int,
+                result: msgspec.Raw | None = None) -> Reply:
         self.counters["rejected"] += 1
         return self._end(item, InboundEvent.REJECT,
-                         self.error_reply(item.request.id, type_name, message, code))
+                         self.error_reply(item.request.id, type_name, message, code, result))
 
     def _end(self, item: InboundRequest, event: InboundEvent, reply: Reply) -> Reply:
         self.states[item.go(event)] += 1

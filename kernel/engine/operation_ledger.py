@@ -72,7 +72,7 @@ import msgspec
 from ctlwire.kernel.core.operation_plan import step_key
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.engine.liveness import current_request_id
-from ctlwire.kernel.errors import FENCED_CODE
+from ctlwire.kernel.errors import FENCED_CODE, CtlwireError
 from ctlwire.transports.codec import Codec, PayloadTypeError
 
 __all__ = ["LAST_OPERATION_METHOD", "PHASES", "STEP_METHOD", "STEP_METHODS_METHOD",
@@ -130,49 +130,49 @@ class LastOperation(msgspec.Struct, frozen=True):
     ranks: list[int] = msgspec.field(default_factory=list)
 
 
-class Fenced(Exception):
+class Fenced(CtlwireError):
     """Engine side: a step of an older operation, refused (client: errors.Fenced)."""
 
     code = FENCED_CODE
 
 
-class UnknownStepMethod(Exception):
+class UnknownStepMethod(CtlwireError):
     """A step named a method the ledger was not given."""
 
     code = 404
 
 
-class OperationAborted(Exception):
+class OperationAborted(CtlwireError):
     """A forward step of an operation whose compensation already ran here."""
 
     code = 410
 
 
-class InvalidStep(Exception):
+class InvalidStep(CtlwireError):
     """A malformed step: unknown phase, missing or implausible fence, wrong key or position."""
 
     code = 422
 
 
-class OperationOwned(Exception):
+class OperationOwned(CtlwireError):
     """A step of an operation bound to another controller (same token, another peer)."""
 
     code = 403
 
 
-class StepOutOfOrder(Exception):
+class StepOutOfOrder(CtlwireError):
     """A forward step that is not the next one of its operation here."""
 
     code = 425
 
 
-class StepInFlight(Exception):
+class StepInFlight(CtlwireError):
     """A take-over while a step runs here: ask again once it returned."""
 
     code = 409
 
 
-class StepNotApplied(Exception):
+class StepNotApplied(CtlwireError):
     """A compensation for a step this ledger did not apply: nothing to undo, nothing ran."""
 
     code = 412

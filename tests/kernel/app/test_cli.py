@@ -147,9 +147,12 @@ def test_demo_torch_without_torch_names_the_extra(monkeypatch: pytest.MonkeyPatc
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     import sys
 
+    import ctlwire.kernel.app
+
     monkeypatch.setitem(sys.modules, "torch", None)  # as if not installed
     for name in [m for m in sys.modules if m.startswith("ctlwire.kernel.app.torch_")]:
-        monkeypatch.delitem(sys.modules, name)
+        monkeypatch.delitem(sys.modules, name)  # imported again, from the package too
+        monkeypatch.delattr(ctlwire.kernel.app, name.rsplit(".", 1)[1], raising=False)
     assert main(["demo", "--torch"]) == 2
     assert "pip install 'ctlwire[torch]'" in capsys.readouterr().err
 
