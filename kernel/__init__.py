@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ctlwire.kernel.client.control_client import ControlClient as ControlClient
     from ctlwire.kernel.core.fan_out_policy import Policy as Policy
     from ctlwire.kernel.core.fan_out_result import FanOutResult as FanOutResult
+    from ctlwire.kernel.core.fan_out_result import RankOutcome as RankOutcome
     from ctlwire.kernel.core.membership import Membership as Membership
     from ctlwire.kernel.core.membership import MembershipEvent as MembershipEvent
     from ctlwire.kernel.core.operation_plan import OperationPlan as OperationPlan

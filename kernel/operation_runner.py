@@ -185,12 +185,44 @@ class OperationRunner:
                                  fence, on_progress)
         return await self._drive(core)
 
+    async def catch_up(self, plan: OperationPlan, rank: int, *, op_id: str | None = None,
+                       fence: int | None = None,
+                       on_progress: Callable[[ProgressEvent], None] | None = None
+                       ) -> OperationResult:
+        """Bring quarantined ``rank`` to the fleet's state and back into routing:
+        ``plan`` (the one that brought the other ranks there, with its
+        post-condition) runs on that rank alone, and the rank is released when
+        the operation commits, that is once the post-condition held on it.
+
+        For a rank that restarted on old state (its ledger lost) after it was
+        quarantined: :meth:`release` refuses it (its post-condition does not
+        hold), later operations leave it out. Otherwise it stays quarantined,
+        held for this operation when this one quarantined it again. Raises
+        InvalidPlan (before anything is sent) for a plan without a
+        post-condition, a rank that is not quarantined, and as :meth:`run` does.
+        With a membership backend, a re-registered rank must also be admitted
+        (``client.admit(rank)``)."""
+        if plan.postcondition is None:
+            raise InvalidPlan([f"catch-up of rank {rank}: plan {plan.name!r} has no "
+                               "post-condition to release it by"])
+        if rank not in self.quarantined:
+            raise InvalidPlan([f"catch-up of rank {rank}: it is not quarantined (run() it)"])
+        fence = fence if fence is not None else new_fence()
+        core = await self._start(plan, (rank,), op_id or new_operation_id(plan.name, fence),
+                                 fence, on_progress, held_ok=True)
+        result = await self._drive(core)
+        if result.ok:
+            self.client.quarantine.remove(rank)
+            self.counters["released"] += 1
+        return result
+
     async def _start(self, plan: OperationPlan, targets: tuple[int, ...], op_id: str,
-                     fence: int, on_progress: Callable[[ProgressEvent], None] | None
-                     ) -> OperationCore:
-        """The core of a new run of ``plan`` on ``targets``, the plan checked first."""
+                     fence: int, on_progress: Callable[[ProgressEvent], None] | None,
+                     *, held_ok: bool = False) -> OperationCore:
+        """The core of a new run of ``plan`` on ``targets``, the plan checked first
+        (``held_ok``: quarantined ranks too, for a catch-up)."""
         held = sorted(set(targets) & set(self.quarantined))
-        if held:
+        if held and not held_ok:
             raise InvalidPlan([f"ranks {held} are quarantined; release() them first"])
         if op_id in self.active:
             raise ValueError(f"operation {op_id!r} is already running")
