@@ -213,7 +213,7 @@ async def test_a_peer_that_never_reads_cannot_grow_the_engine_or_stall_other_cli
                 flooder.join()
         print(f"\n{mode}: flood sent {flood.sent}/{count} (stuck={flood.stuck}), engine RSS "
               f"{base:.1f} MB -> peak {flood.peak_rss:.1f} MB; legit calls ok {ok}/20; "
-              f"replies_dropped_unread {metrics.get('counters', {}).get('replies_dropped_unread')}, "
+              f"dropped unread {metrics.get('counters', {}).get('replies_dropped_unread')}, "
               f"outbox {metrics.get('outbox')}")
     assert not failures, failures
     assert ok == 20
