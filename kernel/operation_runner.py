@@ -32,7 +32,9 @@ Guarantees, on top of the core's:
   later operation (naming it raises InvalidPlan) until :meth:`release`; shown
   by :meth:`metrics`, ``client.rank_status()`` and the client's metrics.
 * **Observable.** ``on_progress`` receives every per-rank, per-step change as it
-  happens; :meth:`progress` is a snapshot of the operations in flight.
+  happens, and each rank's progress reports (``fraction``, ``note``: what its
+  step says with ``report_progress``) as its heartbeats bring them;
+  :meth:`progress` is a snapshot of the operations in flight.
 * **Restart, honestly.** A run that is cancelled, or whose controller dies,
   leaves the operation undecided. A new controller calls :meth:`recover` (per
   rank, what its ledger applied and undid, and what remains) and
@@ -66,6 +68,7 @@ from ctlwire.kernel.core.operation_plan import (
     step_key,
 )
 from ctlwire.kernel.core.operation_result import OperationResult, ProgressEvent
+from ctlwire.kernel.core.peer_table import Progress
 from ctlwire.kernel.core.quarantine import Quarantine
 from ctlwire.kernel.engine.operation_ledger import (
     LAST_OPERATION_METHOD,
@@ -171,6 +174,9 @@ class OperationRunner:
         failure: it ends in compensation and a result. An exception
         raised by ``on_progress`` (or a cancellation) ends the run like a crash of
         the controller: the operation is left undecided (see :meth:`recover`).
+        ``on_progress`` is called in the task driving the run, except for the
+        ranks' progress reports, which the client's receive loop delivers as
+        they arrive: keep it short.
         """
         targets = tuple(ranks) if ranks is not None else self.routable_ranks()
         if not targets:
@@ -337,13 +343,32 @@ class OperationRunner:
         ranks = core.ranks if core is not None else d.ranks
         extra: dict[str, Any] = (
             {"idempotency_key": d.key, "fence": d.fence} if self._envelope_fields else {})
+        failed: list[BaseException] = []
+        scope = anyio.CancelScope()
+        if core is not None and core.observer is not None:
+
+            def report(rank: int, progress: Progress) -> None:
+                # called by the client's receive loop: an exception of the observer
+                # ends this run as it would in the runner's own task
+                if failed or progress.fraction < 0:
+                    return
+                try:
+                    core.report(rank, progress.fraction, progress.note)
+                except BaseException as exc:
+                    failed.append(exc)
+                    scope.cancel()
+
+            extra["on_progress"] = report
         try:
             payload = StepRequest(d.op_id, d.step, d.phase, d.fence, d.key, d.method,
                                   client.codec.encode_value(d.payload), d.index, list(ranks))
-            res = await answers(client, STEP_METHOD, payload, ranks=d.ranks,
-                                timeout=d.timeout, **extra)
+            with scope:
+                res = await answers(client, STEP_METHOD, payload, ranks=d.ranks,
+                                    timeout=d.timeout, **extra)
         except (PayloadTypeError, TypeError, ValueError) as exc:
             return refused(d.ranks, exc)
+        if failed:
+            raise failed[0]
         return outcomes(res, d.ranks, f"no outcome of {d.key!r} in time")
 
     async def _check_postcondition(self, d: Dispatch) -> dict[int, Outcome]:
