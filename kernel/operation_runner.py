@@ -89,7 +89,12 @@ __all__ = ["OperationRunner", "Quarantine", "Recovery", "ReleaseRefused", "class
 
 
 class OperationRunner:
-    """Runs operations over ``client``, keeps the quarantine set; see the module docstring."""
+    """Runs operations over ``client`` and keeps its quarantine, with the guarantees above.
+
+    ``history``: how many recent results :meth:`metrics` keeps. ``envelope_fields``:
+    also put each step's key and fence into the request envelope (checked by the
+    endpoint itself); off by default, as the endpoint keeps one highest fence for
+    every request and operation tokens must not share it with another scheme's."""
 
     def __init__(self, client: ControlClient, *, history: int = 32,
                  envelope_fields: bool = False) -> None:

@@ -95,7 +95,7 @@ _COUNTERS = ("dropped_malformed", "dropped_oversized", "dropped_framing", "dropp
 
 
 class ControlClient:
-    """Sends control requests over a :class:`ClientTransport`; see the module docstring.
+    """Sends control requests over a :class:`ClientTransport`, with the guarantees above.
 
     ``ranks`` is the number of engine ranks (``0..n-1``) or their ids (none, for
     a client whose ranks come from a membership backend such as
