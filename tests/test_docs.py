@@ -208,7 +208,7 @@ FIT = int((1280 - 2 * 12.1 * 20 - 2 * 1.2 * 20 - 2 * 1.1765 * 13.6) / (0.6 * 13.
 
 
 def test_code_blocks_fit_the_page_at_1280_px(site: Path) -> None:
-    assert FIT >= 80  # the arithmetic above: 86 characters
+    assert FIT >= 80  # the arithmetic above: 87 characters
     css = (ROOT / "docs" / "stylesheets" / "extra.css").read_text()
     assert ".md-grid" in css and "max-width" in css  # the layout the arithmetic assumes
     wide = []
