@@ -21,6 +21,7 @@ from ctlwire.kernel import EngineEndpoint, OperationLedger, report_progress
 class UpdateWeights(msgspec.Struct, frozen=True):
     version: int
     path: str = ""
+    load_seconds: float = 0.008  # how long "loading" the checkpoint takes
 
 
 class RestoreWeights(msgspec.Struct, frozen=True):
@@ -57,7 +58,7 @@ class Engine:
 
     def update_weights(self, req: UpdateWeights) -> dict[str, Any]:
         for i in range(4):  # "load" the checkpoint in shards, saying how far it got
-            time.sleep(0.002)
+            time.sleep(req.load_seconds / 4)
             report_progress((i + 1) / 4, f"shard {i + 1}/4 of {req.path or 'v' + str(req.version)}")
         self.version = max(self.version, req.version)  # an older version is a no-op
         return {"rank": self.rank, "version": self.version}

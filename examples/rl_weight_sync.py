@@ -3,9 +3,11 @@
     python examples/rl_weight_sync.py [--engines 2] [--iterations 5] [--backend trio]
 
 Each iteration "trains" (a sleep), then runs one coordinated operation on real
-engine processes: pause -> update_weights(version) -> resume, with live
-per-rank progress (``report_progress`` in the engine's handler shows up in
-the heartbeats), compensated on failure. At the end every rank must report
+engine processes: pause -> update_weights(version) -> resume, compensated on
+failure, printing each rank's progress live: the engine's ``update_weights``
+says how far its load got with ``report_progress``, the heartbeats carry it,
+and the runner's ``on_progress`` gets it as a ProgressEvent with ``fraction``
+and ``note``. At the end every rank must report
 the last version and be serving again; the engines' own metrics are read
 through the built-in ``ctlwire.metrics`` method.
 """
@@ -37,16 +39,26 @@ def weight_sync_plan(version: int, old: int) -> OperationPlan:
     return OperationPlan("weight-sync", (
         OperationStep("pause", "pause", Pause("drain"), timeout=10,
                       compensation=StepCall("resume")),
-        OperationStep("update", "update_weights", UpdateWeights(version, f"/ckpt/{version}"),
-                      timeout=60, compensation=StepCall("restore_weights", RestoreWeights(old))),
+        OperationStep("update", "update_weights",
+                      UpdateWeights(version, f"/ckpt/{version}", load_seconds=0.3), timeout=60,
+                      compensation=StepCall("restore_weights", RestoreWeights(old))),
         OperationStep("resume", "resume", timeout=10, compensation=StepCall("pause")),
     ), PostCondition("get_server_info", {"version": version, "paused": False}))
+
+
+def show(event: ProgressEvent, seen: list[ProgressEvent]) -> None:
+    """Every event is kept; a rank's progress report is printed as it arrives."""
+    seen.append(event)
+    if event.fraction is not None:  # a report, not a state change
+        print(f"  rank {event.rank} {event.step}: {event.fraction:4.0%} {event.note}",
+              flush=True)
 
 
 async def run(engines: int, iterations: int) -> int:
     router = ZmqRouterClientTransport()
     async with ControlClient(router, ranks=engines, default_timeout=10.0) as client:
-        fleet = engine_fleet(engines, router.address)
+        # heartbeats every 50 ms: the load's progress shows several times a load
+        fleet = engine_fleet(engines, router.address, "--heartbeat", "0.05")
         await anyio.to_thread.run_sync(fleet.start)
         try:
             await client.wait_ready(timeout=30)
@@ -57,10 +69,11 @@ async def run(engines: int, iterations: int) -> int:
                 events: list[ProgressEvent] = []
                 start = time.perf_counter()
                 result = await runner.run(weight_sync_plan(it, version),
-                                          on_progress=events.append)
+                                          on_progress=lambda e, seen=events: show(e, seen))
                 took = (time.perf_counter() - start) * 1e3
+                reports = sum(e.fraction is not None for e in events)
                 print(f"iteration {it}: {result.state.name} in {took:.1f} ms "
-                      f"({len(events)} progress events)")
+                      f"({len(events) - reports} state changes, {reports} progress reports)")
                 if result.state.name != "COMMITTED":
                     print(f"  failed ranks: {result.failed_ranks}", file=sys.stderr)
                     return 1

@@ -29,13 +29,12 @@ if TYPE_CHECKING:
     from ctlwire.kernel.client.control_client import ControlClient as ControlClient
     from ctlwire.kernel.core.fan_out_policy import Policy as Policy
     from ctlwire.kernel.core.fan_out_result import FanOutResult as FanOutResult
+    from ctlwire.kernel.core.fan_out_result import RankOutcome as RankOutcome
     from ctlwire.kernel.core.membership import Membership as Membership
     from ctlwire.kernel.core.membership import MembershipEvent as MembershipEvent
-    from ctlwire.kernel.core.operation_plan import InvalidPlan as InvalidPlan
     from ctlwire.kernel.core.operation_plan import OperationPlan as OperationPlan
     from ctlwire.kernel.core.operation_plan import OperationStep as OperationStep
     from ctlwire.kernel.core.operation_plan import PostCondition as PostCondition
-    from ctlwire.kernel.core.operation_plan import PostConditionFailed as PostConditionFailed
     from ctlwire.kernel.core.operation_plan import StepCall as StepCall
     from ctlwire.kernel.core.operation_plan import new_fence as new_fence
     from ctlwire.kernel.core.operation_plan import new_operation_id as new_operation_id
@@ -65,14 +64,18 @@ if TYPE_CHECKING:
     from ctlwire.kernel.errors import FanOutFailed as FanOutFailed
     from ctlwire.kernel.errors import Fenced as Fenced
     from ctlwire.kernel.errors import IllegalTransition as IllegalTransition
+    from ctlwire.kernel.errors import InvalidPlan as InvalidPlan
     from ctlwire.kernel.errors import MailboxFull as MailboxFull
     from ctlwire.kernel.errors import NoAdmissibleRanks as NoAdmissibleRanks
     from ctlwire.kernel.errors import NotDelivered as NotDelivered
     from ctlwire.kernel.errors import OutcomeUnknown as OutcomeUnknown
+    from ctlwire.kernel.errors import PostConditionFailed as PostConditionFailed
+    from ctlwire.kernel.errors import ReleaseRefused as ReleaseRefused
     from ctlwire.kernel.errors import RemoteError as RemoteError
     from ctlwire.kernel.errors import RequestTimedOut as RequestTimedOut
     from ctlwire.kernel.errors import RequestTooLarge as RequestTooLarge
     from ctlwire.kernel.errors import ResultTypeError as ResultTypeError
+    from ctlwire.kernel.errors import UnknownMethod as UnknownMethod
     from ctlwire.kernel.errors import UnsupportedProtocolVersion as UnsupportedProtocolVersion
     from ctlwire.kernel.metrics import EnginePrometheusExporter as EnginePrometheusExporter
     from ctlwire.kernel.metrics import PrometheusExporter as PrometheusExporter
@@ -81,7 +84,6 @@ if TYPE_CHECKING:
     from ctlwire.kernel.metrics import snapshot as snapshot
     from ctlwire.kernel.operation_recovery import Recovery as Recovery
     from ctlwire.kernel.operation_runner import OperationRunner as OperationRunner
-    from ctlwire.kernel.operation_runner import ReleaseRefused as ReleaseRefused
     from ctlwire.kernel.testing import EngineHarness as EngineHarness
     from ctlwire.kernel.testing import TransitionRecorder as TransitionRecorder
     from ctlwire.kernel.testing import virtual_backend as virtual_backend

@@ -62,11 +62,12 @@ from anyio.from_thread import start_blocking_portal
 
 from ctlwire.kernel.core.inbound_core import MethodSpec
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
+from ctlwire.kernel.errors import CtlwireError
 
 __all__ = ["BusyLoop", "LoopStopped"]
 
 
-class LoopStopped(RuntimeError):
+class LoopStopped(CtlwireError, RuntimeError):
     """The busy loop was closed before it ran the call."""
 
 

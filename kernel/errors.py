@@ -1,17 +1,25 @@
 """The typed outcomes a caller can see.
 
-Every failure of :class:`~ctlwire.kernel.client.control_client.ControlClient` is a
-:class:`CtlwireError` (or :class:`~ctlwire.states.IllegalTransition`, which
-only a kernel bug can raise). Remote failures keep the remote exception's class
-name, message and code.
+Every exception ctlwire raises on purpose is a :class:`CtlwireError`: the
+client's failures below, the transports' errors
+(:class:`~ctlwire.transports.errors.TransportError`), an operation's
+(``InvalidPlan``, ``PostConditionFailed``, ``ReleaseRefused``) and the errors an
+engine's built-in methods raise (which reach the client as :class:`RemoteError`
+by their class name). An argument error is also a ``ValueError`` (or
+``TypeError``); plain ``ValueError``/``TypeError`` mean a bad argument,
+``RuntimeError`` a misuse (a client entered twice). Only a kernel bug raises
+:class:`~ctlwire.states.IllegalTransition`, which is not one. Remote failures
+keep the remote exception's class name, message and code.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ctlwire.states import IllegalTransition
 from ctlwire.transports.envelope import ErrorInfo
+from ctlwire.transports.errors import CtlwireError
 from ctlwire.transports.protocol_version import UNSUPPORTED_VERSION_CODE
 
 if TYPE_CHECKING:
@@ -28,22 +36,22 @@ __all__ = [
     "FanOutFailed",
     "Fenced",
     "IllegalTransition",
+    "InvalidPlan",
     "MailboxFull",
     "NoAdmissibleRanks",
     "NotDelivered",
     "OutcomeUnknown",
+    "PostConditionFailed",
+    "ReleaseRefused",
     "RemoteError",
     "RequestTimedOut",
     "RequestTooLarge",
     "ResultTypeError",
+    "UnknownMethod",
     "UnsupportedProtocolVersion",
     "error_info",
     "remote_error",
 ]
-
-
-class CtlwireError(Exception):
-    """Base class of every typed failure ctlwire reports."""
 
 
 class RequestTimedOut(CtlwireError):
@@ -99,6 +107,19 @@ class RemoteError(CtlwireError):
         self.method = method
         where = f" from rank {rank}" if rank is not None else ""
         super().__init__(f"{type_name}: {message} (code {code}{where})")
+
+
+class UnknownMethod(RemoteError):
+    """The engine serves no method of that name (code 404); the request did not run.
+
+    ``methods``: the names the engine serves, when it sent them (a ctlwire
+    engine does), else None."""
+
+    def __init__(self, type_name: str, message: str, code: int = 0, *,
+                 rank: int | None = None, method: str = "",
+                 methods: tuple[str, ...] | None = None) -> None:
+        self.methods = methods
+        super().__init__(type_name, message, code, rank=rank, method=method)
 
 
 class EngineDead(CtlwireError):
@@ -213,15 +234,51 @@ class AskTimeout(CtlwireError):
     """An actor did not answer an ``ask`` in time."""
 
 
+class InvalidPlan(CtlwireError, ValueError):
+    """A plan that cannot run as declared, found before anything is sent.
+
+    ``problems`` lists every one found (a step, what is wrong with it)."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("; ".join(self.problems))
+
+
+class PostConditionFailed(CtlwireError):
+    """A rank's answer to a plan's post-condition does not match what it expects."""
+
+    def __init__(self, rank: int, method: str, expected: Mapping[str, Any],
+                 observed: Any) -> None:
+        self.rank, self.method, self.expected, self.observed = rank, method, expected, observed
+        super().__init__(f"rank {rank}: {method} answered {observed!r}, "
+                         f"expected {dict(expected)!r}")
+
+
+class ReleaseRefused(CtlwireError):
+    """A quarantined rank that does not meet its post-condition: it stays quarantined.
+    ``observed``: what the rank answered (or the error reading it)."""
+
+    def __init__(self, rank: int, reason: str, observed: Any = None) -> None:
+        self.rank, self.reason, self.observed = rank, reason, observed
+        super().__init__(f"rank {rank} stays quarantined: {reason} (release(force=True) "
+                         "to override)")
+
+
 FENCED_CODE = 409
 BUSY_CODE = 429
+UNKNOWN_METHOD_CODE = 404
 
 
-def remote_error(info: ErrorInfo, *, rank: int | None = None,
-                 method: str = "") -> RemoteError | UnsupportedProtocolVersion:
-    """The typed error of an engine's error reply."""
+def remote_error(info: ErrorInfo, *, rank: int | None = None, method: str = "",
+                 methods: tuple[str, ...] | None = None
+                 ) -> RemoteError | UnsupportedProtocolVersion:
+    """The typed error of an engine's error reply (``methods``: the names an
+    ``UnknownMethod`` reply listed)."""
     if info.code == UnsupportedProtocolVersion.code and info.type == "UnsupportedProtocolVersion":
         return UnsupportedProtocolVersion(rank if rank is not None else -1, info.message)
+    if info.code == UNKNOWN_METHOD_CODE and info.type == "UnknownMethod":
+        return UnknownMethod(info.type, info.message, info.code, rank=rank, method=method,
+                             methods=methods)
     cls: type[RemoteError] = RemoteError
     if info.code == FENCED_CODE and info.type == "Fenced":
         cls = Fenced

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ctlwire.kernel.core.membership import MembershipEvent
+from ctlwire.kernel.errors import CtlwireError
 
 if TYPE_CHECKING:
     import httpx
@@ -61,7 +62,7 @@ log = logging.getLogger("ctlwire.client")  # the client's view of the membership
 engine_log = logging.getLogger("ctlwire.engine")  # an engine's registration
 
 
-class EtcdError(Exception):
+class EtcdError(CtlwireError):
     """etcd could not be reached, or answered with an error (``code``: its gRPC
     status code, None when it could not be reached)."""
 

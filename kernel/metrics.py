@@ -253,12 +253,6 @@ def client_metrics(client: _ClientView) -> dict[str, Any]:
         "auth_failures": int(getattr(client.transport, "auth_failures", 0)),
         # CURVE handshakes this client refused (a key not allow-listed; the ROUTER client)
         "auth_rejections": int(getattr(client.transport, "auth_rejections", 0)),
-        # deprecated aliases of the shape before 0.2 (same numbers): registry ->
-        # outcomes/transitions/replies_dropped, mailboxes -> mailbox_depth,
-        # top-level counters -> counters
-        "registry": stats.snapshot(),
-        "mailboxes": dict(mailbox_depth),
-        **counters,
     }
 
 

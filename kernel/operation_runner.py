@@ -32,7 +32,9 @@ Guarantees, on top of the core's:
   later operation (naming it raises InvalidPlan) until :meth:`release`; shown
   by :meth:`metrics`, ``client.rank_status()`` and the client's metrics.
 * **Observable.** ``on_progress`` receives every per-rank, per-step change as it
-  happens; :meth:`progress` is a snapshot of the operations in flight.
+  happens, and each rank's progress reports (``fraction``, ``note``: what its
+  step says with ``report_progress``) as its heartbeats bring them;
+  :meth:`progress` is a snapshot of the operations in flight.
 * **Restart, honestly.** A run that is cancelled, or whose controller dies,
   leaves the operation undecided. A new controller calls :meth:`recover` (per
   rank, what its ledger applied and undid, and what remains) and
@@ -66,6 +68,7 @@ from ctlwire.kernel.core.operation_plan import (
     step_key,
 )
 from ctlwire.kernel.core.operation_result import OperationResult, ProgressEvent
+from ctlwire.kernel.core.peer_table import Progress
 from ctlwire.kernel.core.quarantine import Quarantine
 from ctlwire.kernel.engine.operation_ledger import (
     LAST_OPERATION_METHOD,
@@ -76,7 +79,7 @@ from ctlwire.kernel.engine.operation_ledger import (
     StepRequest,
     TakeOver,
 )
-from ctlwire.kernel.errors import RemoteError, RequestTimedOut, RequestTooLarge
+from ctlwire.kernel.errors import ReleaseRefused, RemoteError, RequestTimedOut, RequestTooLarge
 from ctlwire.kernel.operation_recovery import Recovery, recovery_of
 from ctlwire.kernel.step_outcomes import Outcome, answers, classify, outcomes, refused
 from ctlwire.transports.codec import PayloadTypeError
@@ -85,18 +88,13 @@ __all__ = ["OperationRunner", "Quarantine", "Recovery", "ReleaseRefused", "class
            "recovery_of"]
 
 
-class ReleaseRefused(Exception):
-    """A quarantined rank that does not meet its post-condition: it stays quarantined.
-    ``observed``: what the rank answered (or the error reading it)."""
-
-    def __init__(self, rank: int, reason: str, observed: Any = None) -> None:
-        self.rank, self.reason, self.observed = rank, reason, observed
-        super().__init__(f"rank {rank} stays quarantined: {reason} (release(force=True) "
-                         "to override)")
-
-
 class OperationRunner:
-    """Runs operations over ``client``, keeps the quarantine set; see the module docstring."""
+    """Runs operations over ``client`` and keeps its quarantine, with the guarantees above.
+
+    ``history``: how many recent results :meth:`metrics` keeps. ``envelope_fields``:
+    also put each step's key and fence into the request envelope (checked by the
+    endpoint itself); off by default, as the endpoint keeps one highest fence for
+    every request and operation tokens must not share it with another scheme's."""
 
     def __init__(self, client: ControlClient, *, history: int = 32,
                  envelope_fields: bool = False) -> None:
@@ -181,6 +179,9 @@ class OperationRunner:
         failure: it ends in compensation and a result. An exception
         raised by ``on_progress`` (or a cancellation) ends the run like a crash of
         the controller: the operation is left undecided (see :meth:`recover`).
+        ``on_progress`` is called in the task driving the run, except for the
+        ranks' progress reports, which the client's receive loop delivers as
+        they arrive: keep it short.
         """
         targets = tuple(ranks) if ranks is not None else self.routable_ranks()
         if not targets:
@@ -195,12 +196,44 @@ class OperationRunner:
                                  fence, on_progress)
         return await self._drive(core)
 
+    async def catch_up(self, plan: OperationPlan, rank: int, *, op_id: str | None = None,
+                       fence: int | None = None,
+                       on_progress: Callable[[ProgressEvent], None] | None = None
+                       ) -> OperationResult:
+        """Bring quarantined ``rank`` to the fleet's state and back into routing:
+        ``plan`` (the one that brought the other ranks there, with its
+        post-condition) runs on that rank alone, and the rank is released when
+        the operation commits, that is once the post-condition held on it.
+
+        For a rank that restarted on old state (its ledger lost) after it was
+        quarantined: :meth:`release` refuses it (its post-condition does not
+        hold), later operations leave it out. Otherwise it stays quarantined,
+        held for this operation when this one quarantined it again. Raises
+        InvalidPlan (before anything is sent) for a plan without a
+        post-condition, a rank that is not quarantined, and as :meth:`run` does.
+        With a membership backend, a re-registered rank must also be admitted
+        (``client.admit(rank)``)."""
+        if plan.postcondition is None:
+            raise InvalidPlan([f"catch-up of rank {rank}: plan {plan.name!r} has no "
+                               "post-condition to release it by"])
+        if rank not in self.quarantined:
+            raise InvalidPlan([f"catch-up of rank {rank}: it is not quarantined (run() it)"])
+        fence = fence if fence is not None else new_fence()
+        core = await self._start(plan, (rank,), op_id or new_operation_id(plan.name, fence),
+                                 fence, on_progress, held_ok=True)
+        result = await self._drive(core)
+        if result.ok:
+            self.client.quarantine.remove(rank)
+            self.counters["released"] += 1
+        return result
+
     async def _start(self, plan: OperationPlan, targets: tuple[int, ...], op_id: str,
-                     fence: int, on_progress: Callable[[ProgressEvent], None] | None
-                     ) -> OperationCore:
-        """The core of a new run of ``plan`` on ``targets``, the plan checked first."""
+                     fence: int, on_progress: Callable[[ProgressEvent], None] | None,
+                     *, held_ok: bool = False) -> OperationCore:
+        """The core of a new run of ``plan`` on ``targets``, the plan checked first
+        (``held_ok``: quarantined ranks too, for a catch-up)."""
         held = sorted(set(targets) & set(self.quarantined))
-        if held:
+        if held and not held_ok:
             raise InvalidPlan([f"ranks {held} are quarantined; release() them first"])
         if op_id in self.active:
             raise ValueError(f"operation {op_id!r} is already running")
@@ -315,13 +348,32 @@ class OperationRunner:
         ranks = core.ranks if core is not None else d.ranks
         extra: dict[str, Any] = (
             {"idempotency_key": d.key, "fence": d.fence} if self._envelope_fields else {})
+        failed: list[BaseException] = []
+        scope = anyio.CancelScope()
+        if core is not None and core.observer is not None:
+
+            def report(rank: int, progress: Progress) -> None:
+                # called by the client's receive loop: an exception of the observer
+                # ends this run as it would in the runner's own task
+                if failed or progress.fraction < 0:
+                    return
+                try:
+                    core.report(rank, progress.fraction, progress.note)
+                except BaseException as exc:
+                    failed.append(exc)
+                    scope.cancel()
+
+            extra["on_progress"] = report
         try:
             payload = StepRequest(d.op_id, d.step, d.phase, d.fence, d.key, d.method,
                                   client.codec.encode_value(d.payload), d.index, list(ranks))
-            res = await answers(client, STEP_METHOD, payload, ranks=d.ranks,
-                                timeout=d.timeout, **extra)
+            with scope:
+                res = await answers(client, STEP_METHOD, payload, ranks=d.ranks,
+                                    timeout=d.timeout, **extra)
         except (PayloadTypeError, TypeError, ValueError) as exc:
             return refused(d.ranks, exc)
+        if failed:
+            raise failed[0]
         return outcomes(res, d.ranks, f"no outcome of {d.key!r} in time")
 
     async def _check_postcondition(self, d: Dispatch) -> dict[int, Outcome]:

@@ -133,8 +133,9 @@ class ClientTracing:
 
         Each step (and each compensation, ``undo <step>``) gets its own span,
         current while its control request is sent, so that request and the
-        engines' handling of it are its children. Rank state changes are span
-        events. Enter and leave it in the task that awaits ``runner.run``.
+        engines' handling of it are its children. Rank state changes and the
+        ranks' progress reports are span events. Enter and leave it in the task
+        that awaits ``runner.run``.
         """
         from opentelemetry import context as otel_context
         from opentelemetry import trace
@@ -161,6 +162,10 @@ class ClientTracing:
                 step[:] = [key, span, otel_context.attach(trace.set_span_in_context(span))]
                 op_span.set_attribute("ctlwire.operation", ev.op_id)
             attributes: dict[str, Any] = {"ctlwire.rank": ev.rank, "ctlwire.state": ev.state.name}
+            if ev.fraction is not None:  # the rank's own report, while the step runs there
+                step[1].add_event("rank progress", {**attributes, "ctlwire.fraction": ev.fraction,
+                                                    "ctlwire.note": ev.note})
+                return
             if ev.detail:
                 attributes["ctlwire.detail"] = ev.detail
             step[1].add_event("rank state", attributes)

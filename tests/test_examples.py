@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import subprocess
@@ -42,6 +43,10 @@ def test_rl_weight_sync_example(backend: str) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("COMMITTED") == 4
     assert "versions {" in out.stdout and out.stdout.rstrip().endswith("OK")
+    # each rank's load progress, live: the engines' report_progress as ProgressEvents
+    shown = re.findall(r"^  rank (\d) update: +(\d+)% shard (\d)/4 of /ckpt/\d$", out.stdout, re.M)
+    assert {rank for rank, _, _ in shown} == {"0", "1"}, out.stdout
+    assert all(int(pct) == 25 * int(shard) for _, pct, shard in shown), shown
 
 
 def test_http_server_example_answers_200_concurrent_mixed_requests() -> None:

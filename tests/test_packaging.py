@@ -11,6 +11,7 @@ wheel. ``.ci/run`` builds that environment once and names it in
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -57,14 +58,28 @@ def _run(cmd: list[str], cwd: Path, timeout: float = 300) -> subprocess.Complete
 
 @pytest.fixture(scope="module")
 def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A wheel and an sdist built from this tree (setuptools' PEP 517 hooks)."""
+    """A wheel and an sdist built from this tree (setuptools' PEP 517 hooks), in a
+    copy of the files git sees: a ``build/`` folder left in the checkout would put
+    its stale copies of modules the configuration misses into the wheel."""
     out = tmp_path_factory.mktemp("dist")
+    tree = tmp_path_factory.mktemp("tree")
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                           check=True, capture_output=True, text=True).stdout.split("\0")
+    for name in filter(None, files):
+        source, copy = ROOT / name, tree / name
+        if not source.exists() and not source.is_symlink():
+            continue  # deleted in the work tree, not yet in git
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():
+            copy.symlink_to(os.readlink(source))
+        else:
+            shutil.copy2(source, copy)
     script = textwrap.dedent(f"""
         from setuptools import build_meta
         print(build_meta.build_sdist({str(out)!r}))
         print(build_meta.build_wheel({str(out)!r}))
     """)
-    _run([sys.executable, "-c", script], cwd=ROOT)
+    _run([sys.executable, "-c", script], cwd=tree)
     (sdist,) = out.glob("ctlwire-*.tar.gz")
     (wheel,) = out.glob("ctlwire-*.whl")
     return {"sdist": sdist, "wheel": wheel}
@@ -169,6 +184,26 @@ def test_the_pytest_plugin_loads_from_the_installed_wheel(
     done = _run([str(wheel_venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
                  "test_engine.py"], cwd=outside)
     assert "1 passed" in done.stdout
+
+
+def test_the_readmes_python_blocks_run_from_the_installed_wheel(
+        wheel_venv: Path, outside: Path) -> None:
+    """What a new user copies first: each README block that runs in the suite runs
+    from the wheel as well, outside the checkout."""
+    from test_readme import BLOCKS
+
+    ran = 0
+    for _, kind, code in BLOCKS:
+        if kind.startswith("skip"):
+            continue
+        name = "test_readme_block.py" if kind == "pytest" else "readme_block.py"
+        (outside / name).write_text(code)
+        cmd = ([str(wheel_venv / "bin" / "python"), "-m", "pytest", "-q", "-p",
+                "no:cacheprovider", name] if kind == "pytest"
+               else [str(wheel_venv / "bin" / "python"), name])
+        _run(cmd, cwd=outside, timeout=120)
+        ran += 1
+    assert ran >= 2, BLOCKS
 
 
 USER_CODE = '''

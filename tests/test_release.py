@@ -54,4 +54,19 @@ def test_the_deprecation_policy_is_written_and_names_what_is_deprecated() -> Non
     policy = (ROOT / "docs" / "versioning.md").read_text()
     assert "## Deprecation policy" in policy and "DeprecationWarning" in policy
     assert "## Currently deprecated" in policy
-    assert "`registry`, `mailboxes`" in policy  # the old metric keys, with a removal date
+
+
+def test_the_torch_extra_brings_numpy() -> None:
+    """torch imports numpy for tensor conversions and warns ("Failed to initialize
+    NumPy") in every engine process when it is missing."""
+    extra = PYPROJECT["project"]["optional-dependencies"]["torch"]
+    names = {re.split(r"[<>=\[ ;]", req, maxsplit=1)[0].lower() for req in extra}
+    assert {"torch", "numpy"} <= names, extra
+
+
+def test_nothing_is_deprecated_in_the_first_release() -> None:
+    """The metric keys of the shape before the first published release are gone:
+    the policy's table of deprecated names is empty, and the metrics carry no alias."""
+    policy = (ROOT / "docs" / "versioning.md").read_text()
+    deprecated = policy.split("## Currently deprecated", 1)[1]
+    assert "|---|" not in deprecated and "Nothing" in deprecated

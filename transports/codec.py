@@ -23,7 +23,7 @@ from typing import Any, ClassVar, TypeVar, cast
 import msgspec
 
 from ctlwire.transports.envelope import Envelope, Heartbeat, Reply, Request
-from ctlwire.transports.errors import MalformedFrame, OversizedFrame, PickleRefused
+from ctlwire.transports.errors import CtlwireError, MalformedFrame, OversizedFrame, PickleRefused
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",
@@ -88,7 +88,7 @@ def _msgpack_request_id(head: bytes) -> int:
     return int.from_bytes(raw, "big", signed=b >= 0xD0)
 
 
-class PayloadTypeError(ValueError):
+class PayloadTypeError(CtlwireError, ValueError):
     """A payload or result does not match the declared type."""
 
 

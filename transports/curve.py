@@ -38,6 +38,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+from ctlwire.transports.errors import CtlwireError
 from ctlwire.transports.rate_limited_log import RateLimitedLog
 
 __all__ = [
@@ -98,7 +99,7 @@ def load_public_key(public_file: str | os.PathLike[str]) -> bytes:
 _NO_KEYS: frozenset[str] = frozenset()
 
 
-class RanksUnbound(ValueError):
+class RanksUnbound(CtlwireError, ValueError):
     """A CURVE server for engine ranks whose keys are not bound to ranks (``ranks=``),
     without the explicit ``any_rank=True``."""
 

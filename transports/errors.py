@@ -1,9 +1,14 @@
-"""Errors of the transport layer. The kernel maps them to request outcomes."""
+"""Errors of the transport layer. The kernel maps them to request outcomes.
+
+:class:`CtlwireError`, the base class of every exception ctlwire raises on
+purpose, is defined here, in the lowest layer that raises one; the kernel
+re-exports it (``from ctlwire.kernel import CtlwireError``)."""
 
 from __future__ import annotations
 
 __all__ = [
     "AuthenticationFailed",
+    "CtlwireError",
     "EndpointError",
     "ForeignThreadError",
     "MalformedFrame",
@@ -18,7 +23,12 @@ __all__ = [
 ]
 
 
-class TransportError(Exception):
+class CtlwireError(Exception):
+    """Base class of every exception ctlwire raises on purpose (an argument error
+    is also a ``ValueError`` or ``TypeError``)."""
+
+
+class TransportError(CtlwireError):
     """Base class of every transport error."""
 
 
@@ -76,7 +86,7 @@ class PickleRefused(TransportError):
     """Pickle was asked for where it is not allowed (not enabled, or tcp without CURVE)."""
 
 
-class ForeignThreadError(RuntimeError):
+class ForeignThreadError(CtlwireError, RuntimeError):
     """A socket was used from a thread other than the one that owns it."""
 
 

@@ -21,7 +21,7 @@ Guarantees every implementation gives:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
@@ -38,6 +38,7 @@ __all__ = [
     "Received",
     "Route",
     "TransportEvent",
+    "batch_receiver",
     "encoded_sender",
 ]
 
@@ -89,6 +90,12 @@ class ClientTransport(Protocol):
 
     Use as an async context manager: entering binds or connects, exiting
     closes without hanging (bounded linger).
+
+    Optional, found on the transport's class when it defines them (a wrapper
+    that forwards other attributes is never bypassed): ``receive_many(limit)``
+    (the next event and those queued behind it, in order; see
+    :func:`batch_receiver`), ``send_encoded_nowait`` (:func:`encoded_sender`)
+    and ``batched_sends()``. A transport with only the methods below works.
     """
 
     codec: Codec
@@ -107,9 +114,25 @@ class ClientTransport(Protocol):
     async def receive(self) -> TransportEvent:
         """The next event; raises TransportClosed once closed."""
 
-    async def receive_many(self, limit: int = 64) -> list[TransportEvent]:
-        """The next event (waiting for one) and those already queued behind it, up
-        to ``limit``, in order; raises TransportClosed once closed."""
+
+def batch_receiver(transport: Any) -> Callable[[], Awaitable[list[TransportEvent]]]:
+    """What a receive loop awaits: ``transport.receive_many`` (the next event,
+    waiting for one, and those already queued behind it, in order) when the
+    transport's class defines it, else ``receive()`` as a list of one event.
+    Asked of the class, as :func:`encoded_sender` is. TypeError naming the
+    transport when it has no ``receive()`` either."""
+    if hasattr(type(transport), "receive_many"):
+        many: Callable[[], Awaitable[list[TransportEvent]]] = transport.receive_many
+        return many
+    receive = getattr(transport, "receive", None)
+    if not callable(receive):
+        raise TypeError(f"{type(transport).__name__} is not a ClientTransport: it has no "
+                        "receive() (nor receive_many())")
+
+    async def receive_one() -> list[TransportEvent]:
+        return [await receive()]
+
+    return receive_one
 
 
 def encoded_sender(transport: Any) -> Callable[[int, bytes], None] | None:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from ctlwire.transports.errors import EndpointError
+from ctlwire.transports.errors import CtlwireError, EndpointError
 from ctlwire.transports.ipc_path import (
     check_ipc_connect,
     ipc_path,
@@ -74,7 +74,7 @@ __all__ = [
 _FRAMING_SLACK = 64 * 1024
 
 
-class InsecureTcp(ValueError):
+class InsecureTcp(CtlwireError, ValueError):
     """tcp without CURVE that was not explicitly allowed (``allow_insecure_tcp=True``)."""
 
 

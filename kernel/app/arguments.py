@@ -10,11 +10,13 @@ import argparse
 from pathlib import Path
 from typing import NoReturn
 
-__all__ = ["ArgumentParser", "UsageError", "ensure_dir", "ensure_parent",
+from ctlwire.kernel.errors import CtlwireError
+
+__all__ = ["ArgumentParser", "UsageError", "check_new_dir", "ensure_dir", "ensure_parent",
            "non_negative_float", "positive_int"]
 
 
-class UsageError(Exception):
+class UsageError(CtlwireError):
     """A problem with the command's input: reported in one line, exit code 2."""
 
 
@@ -47,18 +49,36 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def _existing_folder(folder: Path, what: str) -> None:
+    """:class:`UsageError` unless ``folder`` is an existing folder (``what`` needs it)."""
+    if not folder.is_dir():
+        why = "is not a folder" if folder.exists() else "does not exist (create it first)"
+        raise UsageError(f"cannot {what}: {folder} {why}")
+
+
+def check_new_dir(path: Path) -> None:
+    """``path`` is a folder, or one that can be created in an existing folder: as
+    ``mkdir`` without ``-p``, the missing folders above it are not created (a typo
+    in a path creates nothing). :class:`UsageError` otherwise."""
+    if path.exists():
+        if not path.is_dir():
+            raise UsageError(f"{path} exists and is not a folder")
+        return
+    _existing_folder(path.absolute().parent, f"create the folder {path}")
+
+
 def ensure_dir(path: Path) -> Path:
-    """``path`` as a folder, created with its parents; :class:`UsageError` if impossible."""
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"{path} exists and is not a folder")
+    """``path`` as a folder, created if missing (see :func:`check_new_dir`)."""
+    check_new_dir(path)
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot create the folder {path}: {exc.strerror or exc}") from None
     return path
 
 
 def ensure_parent(path: str | None) -> None:
-    """Create the folder a file will be written into (before any work is done)."""
+    """The folder a file will be written into exists (checked before any work is
+    done; nothing is created)."""
     if path:
-        ensure_dir(Path(path).resolve().parent)
+        _existing_folder(Path(path).absolute().parent, f"write {path}")

@@ -16,6 +16,7 @@ from pathlib import Path
 from ctlwire.kernel.app.arguments import (
     ArgumentParser,
     UsageError,
+    check_new_dir,
     ensure_dir,
     ensure_parent,
     positive_int,
@@ -44,6 +45,7 @@ def _cmd_diagrams(args: argparse.Namespace) -> int:
     from ctlwire.states.diagram import DiagramUnavailable
 
     out = Path(args.out) if args.out else _default_diagrams_dir()
+    check_new_dir(out)
     try:
         written = write_diagrams(out, args.format)
     except DiagramUnavailable as exc:
@@ -101,7 +103,31 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if args.backend == "trio" and importlib.util.find_spec("trio") is None:
         raise UsageError("--backend trio needs trio installed: pip install trio")
     ensure_parent(args.json)
+    _check_connect(args.connect, args.allow_insecure_tcp)
     return demo.main(demo.from_args(args), json_path=args.json)
+
+
+def _check_connect(addresses: Sequence[str], allow_insecure_tcp: bool) -> None:
+    """``demo --connect``: each address names a transport the demo speaks and, for
+    ipc, a socket an engine has bound (checked at once: the demo would otherwise
+    wait for engines that cannot answer)."""
+    for address in addresses:
+        scheme, _, rest = address.partition("://")
+        if scheme == "tcp":
+            if not allow_insecure_tcp:
+                raise UsageError(f"--connect {address}: the demo speaks tcp without CURVE; "
+                                 "pass --allow-insecure-tcp to allow it (any process that "
+                                 "reaches the port could speak for a rank)")
+        elif scheme == "ipc":
+            path = Path(rest)
+            if not path.parent.is_dir():
+                raise UsageError(f"--connect {address}: the folder {path.parent} does not "
+                                 "exist (is the path the one the engine binds?)")
+            if not path.is_socket():
+                raise UsageError(f"--connect {address}: no engine socket at {path} (start "
+                                 "the engine that binds it first)")
+        else:
+            raise UsageError(f"--connect {address}: expected an ipc:// or tcp:// address")
 
 
 def _cmd_keys(args: argparse.Namespace) -> int:
@@ -169,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("diagrams", help="write the state diagram of every machine",
                        description="Write one diagram per state machine (and, for mermaid, "
-                       "a README.md embedding them all) into a folder, created if missing.")
+                       "a README.md embedding them all) into a folder, created if missing "
+                       "(in an existing folder).")
     p.add_argument("--out", metavar="DIR",
                    help="folder to write into (default: the checkout's diagrams/)")
     p.add_argument("--format", choices=["mermaid", "dot", "svg"], default="mermaid",
@@ -204,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     keys = p.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     g = keys.add_parser("generate", help="write NAME.key and NAME.key_secret into DIR",
                         description="Write NAME.key (public) and NAME.key_secret (secret, "
-                        "mode 0600) into DIR, created if missing. Refuses to overwrite "
+                        "mode 0600) into DIR, created if missing (in an existing folder). "
+                        "Refuses to overwrite "
                         "existing key files without --force.")
     g.add_argument("dir", metavar="DIR")
     g.add_argument("names", nargs="*", default=["server", "client"], metavar="NAME",

@@ -20,13 +20,14 @@ import anyio
 
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
+from ctlwire.kernel.errors import CtlwireError
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
 
 __all__ = ["ConformanceError", "conformance_engine", "main", "run_client_script"]
 
 
-class ConformanceError(Exception):
+class ConformanceError(CtlwireError):
     """What the conformance method ``fail`` raises."""
 
     code = 599

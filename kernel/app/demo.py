@@ -38,13 +38,13 @@ from typing import Any, TextIO
 
 import anyio
 
-from ctlwire.kernel.app.arguments import non_negative_float, positive_int
+from ctlwire.kernel.app.arguments import UsageError, non_negative_float, positive_int
 from ctlwire.kernel.app.demo_report import DemoConfig, DemoReport, format_report, report_data
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.app.operation_engine import Fault, weight_update_plan
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_result import ProgressEvent
-from ctlwire.kernel.errors import CtlwireError
+from ctlwire.kernel.errors import CtlwireError, RequestTimedOut
 from ctlwire.kernel.operation_runner import OperationRunner
 from ctlwire.states import RankState
 from ctlwire.transports.curve import (
@@ -130,7 +130,14 @@ async def run_demo(cfg: DemoConfig, out: TextIO = sys.stdout) -> DemoReport:
                 fleet = EngineFleet(n, lambda r: args_for(r, addr))
                 out.write(f"starting {n} engine processes over {addr} ...\n")
                 await anyio.to_thread.run_sync(fleet.start)
-            await client.wait_ready(timeout=30.0)
+            try:
+                await client.wait_ready(timeout=cfg.ready_timeout)
+            except RequestTimedOut as exc:
+                if not cfg.connect:
+                    raise
+                raise UsageError(f"--connect {' '.join(cfg.connect)}: no engine answered "
+                                 f"within {cfg.ready_timeout:g} s ({exc}); is an engine "
+                                 "serving there?") from None
             pids = list(fleet.pids().values()) if fleet else "-"
             out.write(f"{n} engines ready (pids {pids}); {cfg.cycles} weight-update cycles, "
                       f"{cfg.info_callers} get_server_info callers (queueing), "

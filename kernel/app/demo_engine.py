@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
+from ctlwire.kernel.errors import CtlwireError
 
 __all__ = ["Pause", "SimulatedEngine", "UpdateWeights", "WeightsUpdateRejected", "register"]
 
@@ -40,7 +41,7 @@ class UpdateWeights(msgspec.Struct, frozen=True):
     load_seconds: float = 0.0  # a real load blocks the engine's thread this long
 
 
-class WeightsUpdateRejected(RuntimeError):
+class WeightsUpdateRejected(CtlwireError, RuntimeError):
     code = 409
 
 

@@ -30,6 +30,7 @@ class DemoConfig:
     timeout: float = 5.0
     fault: str = ""  # "update": one rank's update_weights raises in the middle cycle
     slow_update: float = 2.0  # seconds the last cycle's update_weights blocks each engine
+    ready_timeout: float = 30.0  # seconds to wait for every engine's first heartbeat
 
 
 @dataclass

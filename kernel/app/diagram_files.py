@@ -29,7 +29,7 @@ def diagrams_readme() -> str:
 
 def write_diagrams(out: Path, fmt: Format = "mermaid") -> list[Path]:
     """Write one diagram per machine into ``out`` (plus README.md for mermaid),
-    creating ``out`` if it is missing.
+    creating ``out`` if it is missing (not the folders above it).
 
     Every diagram is rendered before anything is created, so a format that
     cannot be rendered (:class:`ctlwire.states.diagram.DiagramUnavailable`:
@@ -39,7 +39,7 @@ def write_diagrams(out: Path, fmt: Format = "mermaid") -> list[Path]:
                                      for spec in MACHINES}
     if fmt == "mermaid":
         files["README.md"] = diagrams_readme()
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(exist_ok=True)
     written: list[Path] = []
     for name, data in files.items():
         path = out / name

@@ -19,10 +19,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
+from ctlwire.kernel.errors import CtlwireError
+
 __all__ = ["EngineFleet", "EngineProcess", "EngineStartError"]
 
 
-class EngineStartError(RuntimeError):
+class EngineStartError(CtlwireError, RuntimeError):
     """An engine process exited or stayed silent instead of reporting READY."""
 
 

@@ -88,7 +88,7 @@ class MembershipDemoReport:
         return out
 
 
-class _Timeout(Exception):
+class _Timeout(CtlwireError):
     """A membership change or an engine did not show up in time."""
 
 

@@ -47,6 +47,7 @@ from ctlwire.kernel.core.operation_plan import (
 )
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.engine.operation_ledger import OperationLedger
+from ctlwire.kernel.errors import CtlwireError
 
 __all__ = ["Fault", "OperationEngine", "RestoreWeights", "register", "register_async",
            "register_threaded", "weight_update_plan"]
@@ -62,7 +63,7 @@ class RestoreWeights(msgspec.Struct, frozen=True):
     version: int
 
 
-class InjectedFault(RuntimeError):
+class InjectedFault(CtlwireError, RuntimeError):
     code = 500
 
 

@@ -10,6 +10,8 @@ from typing import Any
 import msgspec
 import torch.distributed as dist
 
+from ctlwire.kernel.errors import CtlwireError
+
 __all__ = ["DrainTimedOut", "Generate", "GroupSpec", "NoUpdateGroup", "Overloaded", "Pause",
            "Submit", "TensorMeta", "TorchFault", "UpdateFromDisk", "UpdateFromDistributed",
            "WeightTransferFailed", "WeightsRef", "WeightsRefused", "broadcast_options",
@@ -84,27 +86,27 @@ class TorchFault(msgspec.Struct, frozen=True):
 
 
 # -- errors (their ``code`` reaches the client) ---------------------------------------
-class WeightsRefused(Exception):
+class WeightsRefused(CtlwireError):
     """New weights were refused (checksum mismatch, unreadable file); old ones kept."""
 
     code = 422
 
 
-class WeightTransferFailed(Exception):
+class WeightTransferFailed(CtlwireError):
     """A collective failed or timed out; old weights kept, this rank's group destroyed."""
 
     code = 503
 
 
-class NoUpdateGroup(Exception):
+class NoUpdateGroup(CtlwireError):
     code = 409
 
 
-class Overloaded(Exception):
+class Overloaded(CtlwireError):
     code = 429
 
 
-class DrainTimedOut(Exception):
+class DrainTimedOut(CtlwireError):
     """``pause(drain)`` could not finish the sequences in time: not paused."""
 
     code = 504

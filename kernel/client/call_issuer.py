@@ -455,10 +455,12 @@ class CallIssuer:
     async def fan_out(self, method: str, raw: msgspec.Raw, ranks: tuple[int, ...],
                       policy: Policy, budget: float, deadline: float,
                       result_type: Any, key: str = "", fence: int | None = None,
-                      mailbox: FanOutMailbox | None = None) -> FanOutResult:
+                      mailbox: FanOutMailbox | None = None,
+                      on_progress: ProgressCallback | None = None) -> FanOutResult:
         """One fan-out, its outcome returned or raised; admitted first by ``mailbox``
         (first come, first served, one in flight) when given (mode ``queueing``),
-        at once without (``concurrent``)."""
+        at once without (``concurrent``). ``on_progress`` hears this request's
+        progress only."""
         ticket = waiter = None
         if mailbox is not None:
             ticket = await mailbox.admit(deadline, budget)
@@ -466,11 +468,15 @@ class CallIssuer:
         entry: PendingRequest | None = None
         try:
             entry = self.register(method, ranks, policy, budget, deadline, waiter)
+            if on_progress is not None:
+                self.progress_callbacks.by_id[entry.id] = on_progress
             await self.send_all(entry, raw, key, fence)
             await self.wait_outcome(entry, deadline)
             return self.outcomes.fan_out_outcome(entry, result_type)
         finally:
             if entry is not None:
+                if on_progress is not None:
+                    self.progress_callbacks.by_id.pop(entry.id, None)
                 self.registry.release(entry)
             if mailbox is not None and ticket is not None:
                 mailbox.leave(ticket)

@@ -27,7 +27,7 @@ from ctlwire.kernel.errors import (
 )
 from ctlwire.states import RequestState
 from ctlwire.transports.codec import Codec, PayloadTypeError
-from ctlwire.transports.envelope import ErrorInfo
+from ctlwire.transports.envelope import ErrorInfo, Reply
 
 __all__ = ["CallOutcomes"]
 
@@ -56,13 +56,27 @@ class CallOutcomes:
                 except PayloadTypeError as exc:
                     raise ResultTypeError(f"{entry.method!r} result from rank {rank}: {exc}"
                                           ) from None
-            raise remote_error(reply.error or _NO_ERROR_INFO, rank=rank, method=entry.method)
+            raise self.remote_error(reply, rank, entry.method)
         if state is _S.FAILED:
             error = entry.errors.get(rank)
             raise error if error is not None else OutcomeUnknown(rank, "failed")
         if state is _S.TIMED_OUT:
             raise RequestTimedOut(entry.method, entry.timeout, entry.id)
         raise RequestTimedOut(entry.method, entry.timeout, entry.id)  # still open: own deadline
+
+    def remote_error(self, reply: Reply, rank: int, method: str) -> Exception:
+        """The typed error of a failed ``reply``; an ``UnknownMethod`` one with the
+        method names the engine listed in the reply's result (None when it sent
+        none, or something else)."""
+        info = reply.error or _NO_ERROR_INFO
+        methods = None
+        if info.type == "UnknownMethod" and len(reply.result):
+            try:
+                names = self.codec.decode_value(reply.result, list[str] | None)
+            except PayloadTypeError:
+                names = None
+            methods = tuple(names) if names is not None else None
+        return remote_error(info, rank=rank, method=method, methods=methods)
 
     def decode_result(self, raw: msgspec.Raw, result_type: Any) -> Any:
         """``codec.decode_value(raw, result_type)``: a fresh object, or PayloadTypeError.
@@ -95,8 +109,7 @@ class CallOutcomes:
                     result.errors[rank] = ResultTypeError(
                         f"{entry.method!r} result from rank {rank}: {exc}")
             else:
-                result.errors[rank] = remote_error(reply.error or _NO_ERROR_INFO, rank=rank,
-                                                   method=entry.method)
+                result.errors[rank] = self.remote_error(reply, rank, entry.method)
         for rank, error in entry.errors.items():
             result.errors.setdefault(rank, error)
         result.pending = tuple(r for r in entry.ranks

@@ -95,7 +95,7 @@ _COUNTERS = ("dropped_malformed", "dropped_oversized", "dropped_framing", "dropp
 
 
 class ControlClient:
-    """Sends control requests over a :class:`ClientTransport`; see the module docstring.
+    """Sends control requests over a :class:`ClientTransport`, with the guarantees above.
 
     ``ranks`` is the number of engine ranks (``0..n-1``) or their ids (none, for
     a client whose ranks come from a membership backend such as
@@ -423,15 +423,17 @@ class ControlClient:
             mode = self.method_kinds.default_mode(method)
         box = self.mailboxes.for_mode(mode, method)  # None: concurrent
         watch = box.watching if box is not None and mode == "watching" else None
-        if on_progress is not None:
-            self.progress_callbacks.add_method(method, on_progress)
+        by_method = on_progress if watch is not None else None  # watchers share a request
+        if by_method is not None:
+            self.progress_callbacks.add_method(method, by_method)
         deadline = issuer.now() + budget
         result: FanOutResult | None = None
         try:
             while True:
                 try:
                     more = await (issuer.fan_out(method, raw, targets, pol, budget, deadline,
-                                                 result_type, key, fence, box) if watch is None
+                                                 result_type, key, fence, box, on_progress)
+                                  if watch is None
                                   else watch(raw, targets, pol, budget, deadline, result_type,
                                              key, fence))
                     error = None
@@ -459,8 +461,8 @@ class ControlClient:
                 exc.partial.left_out = left_out
             raise
         finally:
-            if on_progress is not None:
-                self.progress_callbacks.remove_method(method, on_progress)
+            if by_method is not None:
+                self.progress_callbacks.remove_method(method, by_method)
 
     def mailbox(self, method: str) -> FanOutMailbox:
         """The fan-out mailbox of ``method`` (created on first use)."""

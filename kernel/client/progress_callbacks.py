@@ -1,10 +1,11 @@
 """The ``on_progress`` callbacks of a client's calls, and their dispatch.
 
-A call or fan-out with ``on_progress=`` registers its callback here (by request
-id for a call, by method for a fan-out, whose request ids change with
-admission and retries); when a rank's heartbeat says it is running a request
-of this client, :meth:`ProgressCallbacks.dispatch` calls the callbacks of that
-request. A failing callback is logged and never breaks the receiver.
+A call or fan-out with ``on_progress=`` registers its callback here: by request
+id (each attempt's request, once registered), or by method for a ``watching``
+fan-out, which may share another caller's request; when a rank's heartbeat says
+it is running a request of this client, :meth:`ProgressCallbacks.dispatch` calls
+the callbacks of that request: a callback hears its own request only (a watcher:
+every request of its method). A failing callback is logged and never breaks the receiver.
 """
 
 from __future__ import annotations

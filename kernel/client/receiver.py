@@ -2,7 +2,8 @@
 
 :class:`ClientReceiver` is one task of a
 :class:`~ctlwire.kernel.client.control_client.ControlClient`: it awaits the
-transport's ``receive_many()`` and hands each event on, without awaiting in between:
+transport's ``receive_many()`` (``receive()``, one event a call, on a transport
+without it) and hands each event on, without awaiting in between:
 
 * a reply to the request map (after the peer table saw its rank), and the
   request's waiters are woken when the reply decided it;
@@ -45,7 +46,13 @@ from ctlwire.kernel.core.request_registry import PendingRequest, ReplyDispositio
 from ctlwire.kernel.liveness_monitor import LivenessMonitor
 from ctlwire.transports.envelope import Heartbeat, Reply
 from ctlwire.transports.errors import TransportClosed
-from ctlwire.transports.transport import ClientTransport, Dropped, PeerDisconnected, Received
+from ctlwire.transports.transport import (
+    ClientTransport,
+    Dropped,
+    PeerDisconnected,
+    Received,
+    batch_receiver,
+)
 
 __all__ = ["ClientReceiver"]
 
@@ -59,6 +66,8 @@ class ClientReceiver:
                  liveness: LivenessMonitor, counters: dict[str, int],
                  on_closed: Callable[[], Awaitable[None]]) -> None:
         self.transport = transport
+        #: the transport's receive_many, or its receive() one event at a time
+        self.receive_many = batch_receiver(transport)
         self.issuer = issuer
         self.registry = issuer.registry
         self.liveness = liveness
@@ -80,7 +89,7 @@ class ClientReceiver:
         """The receive loop (the client's task): every event queued at a wake-up is
         handed on in order, the loop's clock read once for them. It parks while a
         caller receives (see :meth:`wait`)."""
-        receive_many = self.transport.receive_many
+        receive_many = self.receive_many
         dispatch = self._dispatch
         while True:
             if self.holder is not None:
@@ -141,7 +150,7 @@ class ClientReceiver:
             await waiter_of(entry).wait()
 
     async def _receive_for(self, entry: PendingRequest) -> None:
-        receive_many = self.transport.receive_many
+        receive_many = self.receive_many
         scope = self._holder_scope = anyio.CancelScope()
         try:
             with scope:

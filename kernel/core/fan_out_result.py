@@ -3,11 +3,40 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ctlwire.kernel.core.fan_out_policy import Policy
 
-__all__ = ["FanOutResult"]
+__all__ = ["FanOutResult", "RankOutcome"]
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    """One rank's row of :meth:`FanOutResult.table`.
+
+    ``status``: ``"ok"`` (``value`` is its result), ``"error"`` (``error`` is its
+    typed error), ``"pending"`` (no outcome: the policy was met without it, or time
+    ran out) or ``"left out"`` (not addressed; ``reason`` says why, e.g.
+    ``quarantined``)."""
+
+    rank: int
+    status: Literal["ok", "error", "pending", "left out"]
+    value: Any = None
+    error: Exception | None = None
+    reason: str = ""
+
+    def __str__(self) -> str:
+        if self.status == "ok":
+            return f"rank {self.rank}: ok {self.value!r}"
+        if self.status == "error":
+            return f"rank {self.rank}: error {type(self.error).__name__}: {self.error}"
+        if self.status == "left out":
+            return f"rank {self.rank}: left out ({self.reason})"
+        return f"rank {self.rank}: pending"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 @dataclass
@@ -20,7 +49,9 @@ class FanOutResult:
     ranks with no outcome yet (the policy was met without them, or time ran out);
     ``left_out`` maps each present rank a fan-out without explicit ranks did not
     address to why (``not admitted``, ``quarantined``, ``admission condition
-    not met``).
+    not met``). :meth:`table` has a row for every rank, left out or not, and
+    :meth:`summary` says it in one line: a status page built from them loses no
+    rank.
     """
 
     method: str
@@ -34,8 +65,40 @@ class FanOutResult:
 
     @property
     def ok(self) -> bool:
-        """Every addressed rank answered ok."""
+        """Every rank it was sent to answered ok (ranks left out are not counted:
+        see :attr:`left_out`, :meth:`table`)."""
         return not self.errors and not self.pending
+
+    def table(self) -> list[RankOutcome]:
+        """One row per rank, in rank order: every rank the fan-out addressed (ok,
+        error or pending) and every rank it left out."""
+        rows = []
+        for rank in sorted({*self.ranks, *self.left_out}):
+            if rank in self.results:
+                rows.append(RankOutcome(rank, "ok", value=self.results[rank]))
+            elif rank in self.errors:
+                rows.append(RankOutcome(rank, "error", error=self.errors[rank]))
+            elif rank in self.left_out:
+                rows.append(RankOutcome(rank, "left out", reason=self.left_out[rank]))
+            else:
+                rows.append(RankOutcome(rank, "pending"))
+        return rows
+
+    def summary(self) -> str:
+        """One line: the ranks that answered ok, failed (with the error's type),
+        have no outcome and were left out (with why), e.g.
+        ``get_server_info: 2 ok (ranks 0, 2); 1 left out (rank 1: quarantined)``."""
+        ok = sorted(self.results)
+        parts = [f"{len(ok)} ok" + (f" ({_ranks(ok)})" if ok else "")]
+        if self.errors:
+            parts.append(f"{len(self.errors)} failed (" + ", ".join(
+                f"rank {r}: {type(e).__name__}" for r, e in sorted(self.errors.items())) + ")")
+        if self.pending:
+            parts.append(f"{len(self.pending)} pending ({_ranks(sorted(self.pending))})")
+        if self.left_out:
+            parts.append(f"{len(self.left_out)} left out (" + ", ".join(
+                f"rank {r}: {why}" for r, why in sorted(self.left_out.items())) + ")")
+        return f"{self.method}: " + "; ".join(parts)
 
     def value(self, rank: int) -> Any:
         """The result of ``rank``; raises its error, or KeyError when it has none."""

@@ -50,7 +50,7 @@ from ctlwire.kernel.core.duplicate_filter import DuplicateFilter
 from ctlwire.kernel.core.error_codes import ErrorCode
 from ctlwire.kernel.core.fence_guard import FenceGuard, FenceVerdict
 from ctlwire.kernel.core.result_cache import RUNNING, RecordedOutcome, ResultCache
-from ctlwire.kernel.errors import error_info
+from ctlwire.kernel.errors import CtlwireError, error_info
 from ctlwire.states import INBOUND_REQUEST_TABLE, InboundEvent, InboundState
 from ctlwire.transports.codec import Codec, PayloadTypeError
 from ctlwire.transports.envelope import ErrorInfo, Heartbeat, Reply, Request
@@ -64,7 +64,7 @@ from ctlwire.transports.transport import Dropped, Received, Route
 __all__ = ["BadFrame", "ErrorCode", "InboundCore", "InboundRequest", "MethodSpec", "Refused"]
 
 
-class Refused(Exception):
+class Refused(CtlwireError):
     """Raised by a handler to refuse its request before changing anything (an
     operation step out of order, say): the reply is this error, like any
     handler's, but it is not recorded under the request's idempotency key, so
@@ -136,6 +136,9 @@ _REQUEST_COUNTERS = ("received", "rejected", "expired", "handler_errors", "dupli
                      "fenced", "fence_out_of_range", "idempotent_replays",
                      "idempotent_in_progress", "idempotency_key_too_long",
                      "idempotency_cache_full", "busy", "internal_errors")
+
+MAX_LISTED = 256
+"""At most this many method names (sorted) in an ``UnknownMethod`` reply's result."""
 
 
 class InboundCore:
@@ -248,10 +251,11 @@ class InboundCore:
         if req.rank != self.rank:
             return self._reject(item, "WrongRank", f"this is rank {self.rank}, not {req.rank}",
                                 ErrorCode.WRONG_RANK)
-        if spec is None:
+        if spec is None:  # the reply's result lists the methods this engine serves
             return self._reject(item, "UnknownMethod",
                                 f"no control method {req.method!r} on this engine",
-                                ErrorCode.UNKNOWN_METHOD)
+                                ErrorCode.UNKNOWN_METHOD,
+                                self.codec.encode_value(sorted(self.methods)[:MAX_LISTED]))
         if req.deadline and now > req.deadline:
             return self._expire(item, now)
         read_only = spec.read_only
@@ -473,14 +477,16 @@ class InboundCore:
         return self._end(item, InboundEvent.REPLY, reply)
 
     # -- replies -------------------------------------------------------------------
-    def error_reply(self, request_id: int, type_name: str, message: str, code: int) -> Reply:
-        return Reply(request_id, self.rank, self.incarnation, False, self._nil,
-                     ErrorInfo(type_name, message, code))
+    def error_reply(self, request_id: int, type_name: str, message: str, code: int,
+                    result: msgspec.Raw | None = None) -> Reply:
+        return Reply(request_id, self.rank, self.incarnation, False,
+                     self._nil if result is None else result, ErrorInfo(type_name, message, code))
 
-    def _reject(self, item: InboundRequest, type_name: str, message: str, code: int) -> Reply:
+    def _reject(self, item: InboundRequest, type_name: str, message: str, code: int,
+                result: msgspec.Raw | None = None) -> Reply:
         self.counters["rejected"] += 1
         return self._end(item, InboundEvent.REJECT,
-                         self.error_reply(item.request.id, type_name, message, code))
+                         self.error_reply(item.request.id, type_name, message, code, result))
 
     def _end(self, item: InboundRequest, event: InboundEvent, reply: Reply) -> Reply:
         self.states[item.go(event)] += 1

@@ -89,7 +89,7 @@ class MembershipChange:
 
 
 class Membership:
-    """The present ranks, their registrations and admission; see the module docstring."""
+    """The present ranks, their registrations and admission, as described above."""
 
     def __init__(self, ranks: Iterable[int] = (), *, admit_on_join: bool = False,
                  max_members: int = 65_536) -> None:

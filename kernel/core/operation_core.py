@@ -38,7 +38,9 @@ Guarantees (checked for every outcome at every step on up to three ranks):
 * Every rank transition goes through the ``OperationRank`` table and the
   operation's through the ``Operation`` table (an illegal one raises
   :class:`~ctlwire.states.IllegalTransition`), and each is reported to the
-  ``observer`` as a :class:`~ctlwire.kernel.core.operation_result.ProgressEvent`.
+  ``observer`` as a :class:`~ctlwire.kernel.core.operation_result.ProgressEvent`,
+  and so is each progress report a rank's engine makes while a dispatch runs
+  there (:meth:`OperationCore.report`).
 """
 
 from __future__ import annotations
@@ -124,6 +126,7 @@ class OperationCore:
         self._undo_index = -1
         self._inflight: Dispatch | None = None
         self._outcomes: dict[int, tuple[StepOutcome, str, Exception | None]] = {}
+        self._reported: dict[int, tuple[float, str]] = {}  # rank -> its last progress report
         self._error: dict[int, Exception] = {}
         self.dispatches: list[Dispatch] = []
 
@@ -139,6 +142,7 @@ class OperationCore:
         other._to_undo = {r: list(v) for r, v in self._to_undo.items()}
         other._quarantine_now = set(self._quarantine_now)
         other._outcomes = dict(self._outcomes)
+        other._reported = dict(self._reported)
         other._error = dict(self._error)
         other.dispatches = list(self.dispatches)
         other.__class__ = self.__class__
@@ -186,6 +190,24 @@ class OperationCore:
                                 and steps[j].name not in done]
             self._go(r, _RE.RECOVER, first, "compensate")
         self._undo_index = len(steps) - 1
+
+    def report(self, rank: int, fraction: float, note: str = "") -> bool:
+        """``rank``'s engine reports the progress of the dispatch in flight (its
+        step's ``report_progress(fraction, note)``): the observer gets it as a
+        :class:`~ctlwire.kernel.core.operation_result.ProgressEvent` with
+        ``fraction`` and ``note`` set and the rank's state unchanged. A report
+        equal to the rank's last one, or from a rank that is not in the dispatch
+        or already has its outcome, is not an event. True when it was one."""
+        d = self._inflight
+        if d is None or rank not in d.ranks or rank in self._outcomes:
+            return False
+        if self._reported.get(rank) == (fraction, note):
+            return False
+        self._reported[rank] = (fraction, note)
+        if self.observer is not None:
+            self.observer(ProgressEvent(self.op_id, rank, d.step, d.phase, self._rank[rank],
+                                        fraction=fraction, note=note))
+        return True
 
     def has_outcome(self, rank: int) -> bool:
         """Whether ``rank`` already has an outcome for the dispatch in flight."""
@@ -273,6 +295,7 @@ class OperationCore:
             return None
         self._inflight = d
         self._outcomes = {}
+        self._reported = {}
         self.dispatches.append(d)
         return d
 

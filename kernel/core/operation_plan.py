@@ -26,24 +26,15 @@ it replaces, clocks permitting.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ctlwire.kernel.core.fencing import new_fence
+from ctlwire.kernel.errors import InvalidPlan, PostConditionFailed
 
 __all__ = ["InvalidPlan", "OperationPlan", "OperationStep", "PostCondition",
            "PostConditionFailed", "StepCall", "new_fence", "new_operation_id", "step_key"]
-
-
-class InvalidPlan(ValueError):
-    """A plan that cannot run as declared, found before anything is sent.
-
-    ``problems`` lists every one found (a step, what is wrong with it)."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        self.problems = tuple(problems)
-        super().__init__("; ".join(self.problems))
 
 
 def _check_call(what: str, method: object, timeout: object) -> None:
@@ -95,16 +86,6 @@ class OperationStep:
         if self.compensation is not None and not isinstance(self.compensation, StepCall):
             raise InvalidPlan([f"step {self.name!r}: compensation must be a StepCall, "
                                f"not {self.compensation!r}"])
-
-
-class PostConditionFailed(Exception):
-    """A rank's answer to a plan's post-condition does not match what it expects."""
-
-    def __init__(self, rank: int, method: str, expected: Mapping[str, Any],
-                 observed: Any) -> None:
-        self.rank, self.method, self.expected, self.observed = rank, method, expected, observed
-        super().__init__(f"rank {rank}: {method} answered {observed!r}, "
-                         f"expected {dict(expected)!r}")
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,21 @@ Phase = Literal["apply", "compensate"]
 
 @dataclass(frozen=True)
 class ProgressEvent:
-    """One rank's part of an operation changed: ``state`` after ``step`` in ``phase``.
+    """One rank's part of an operation changed, or reported progress.
 
+    A state change: ``state`` after ``step`` in ``phase``; ``fraction`` is None.
     ``detail`` names the error or loss for Failed / Unknown / Quarantined;
     ``error`` is the typed error behind it, the one the step's fan-out gave
     (e.g. :class:`~ctlwire.kernel.errors.RemoteError`,
     :class:`~ctlwire.kernel.errors.OutcomeUnknown`,
-    :class:`~ctlwire.kernel.errors.NotDelivered`), None when there is none."""
+    :class:`~ctlwire.kernel.errors.NotDelivered`), None when there is none.
+
+    A progress report: what the step running on the rank said with
+    :func:`~ctlwire.kernel.engine.liveness.report_progress` (``fraction`` in
+    0..1 and ``note``, e.g. ``0.4, "shard 4/10"``), as the rank's heartbeats
+    carry it (at most one an interval; a report that did not change is not
+    repeated); ``state`` is the rank's state, unchanged (Applying or
+    Compensating)."""
 
     op_id: str
     rank: int
@@ -29,6 +37,8 @@ class ProgressEvent:
     state: RankState
     detail: str = ""
     error: Exception | None = None
+    fraction: float | None = None
+    note: str = ""
 
 
 @dataclass(frozen=True)

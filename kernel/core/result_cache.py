@@ -95,7 +95,7 @@ class _Entry:
 
 
 class ResultCache:
-    """``(peer, method, key) -> outcome``, bounded; see the module docstring."""
+    """``(peer, method, key) -> outcome``, bounded, as described above."""
 
     def __init__(self, max_entries: int = 4096, max_bytes: int = 64 * 1024 * 1024, *,
                  max_key_bytes: int = 256, retention: float = 600.0,

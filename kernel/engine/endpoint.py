@@ -170,7 +170,7 @@ def _more() -> bool:
 
 
 class EngineEndpoint:
-    """Serves registered control methods for one engine rank; see the module docstring.
+    """Serves registered control methods for one engine rank, with the guarantees above.
 
     Composed of parts it owns, each built and tested alone: :attr:`method_table`
     (the allow-list), :attr:`core` (every admission decision and state
@@ -387,8 +387,8 @@ class EngineEndpoint:
         """Serve until cancelled or the transport closes. Opens and closes the
         transport; runs heartbeats in a task of its own, so a long async
         handler does not make the engine look dead. Async and threaded
-        handlers run in one lane per method (see the module docstring's
-        ordering guarantee), so a long or hung handler delays only requests
+        handlers run in one lane per method (see the ordering
+        guarantee above), so a long or hung handler delays only requests
         of its own method."""
         await EngineServer(self.transport, self.core, self.outbox, self.liveness, self.runner,
                            self.queued_requests, mailbox_size=self.mailbox_size

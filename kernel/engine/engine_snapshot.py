@@ -97,7 +97,4 @@ def engine_snapshot(ep: Engine) -> dict[str, Any]:
         "counters": counters,
         # client keys this engine's CURVE authenticator refused (engines that bind)
         "auth_rejections": int(getattr(transport, "auth_rejections", 0)),
-        # deprecated aliases of the shape before 0.2: top-level counters, states
-        "states": {s.name: n for s, n in core.states.items()},
-        **counters,
     }

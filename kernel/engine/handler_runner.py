@@ -18,6 +18,7 @@ import anyio.to_thread
 
 from ctlwire.kernel.core.inbound_core import ErrorCode, InboundCore, InboundRequest, Refused
 from ctlwire.kernel.engine.liveness import EngineLiveness
+from ctlwire.kernel.errors import CtlwireError
 from ctlwire.kernel.tracing import current_trace
 from ctlwire.transports.envelope import Reply
 
@@ -93,5 +94,5 @@ class HandlerRunner:
             current_trace.reset(trace_token)
 
 
-class _AsyncHandlerInPoll(Exception):
+class _AsyncHandlerInPoll(CtlwireError):
     code = ErrorCode.ASYNC_HANDLER_IN_POLL

@@ -34,7 +34,7 @@ _AUTO: Any = object()
 
 
 class EngineHarness:
-    """In-memory engines and a client; see the module docstring.
+    """In-memory engines and a client, as in the examples above.
 
     ``setup(endpoint)`` registers methods on each rank's endpoint. Engines
     ``serve()`` in tasks of the harness; :meth:`stop_engine` closes one rank's

@@ -239,7 +239,7 @@ async def test_idempotent_retry_after_outcome_unknown_runs_the_handler_once(ipc_
             assert c.counters["retries"] >= 1
             counts = await c.call("applied_counts", timeout=10)
             assert counts == {"slow_update": 1}, counts
-            engine = await c.call("metrics", timeout=10)
+            engine = (await c.call("metrics", timeout=10))["counters"]
             assert engine["idempotent_replays"] + engine["idempotent_in_progress"] >= 1
             # a fresh key runs it again: the cache is per key, not per method
             assert await c.call("slow_update", 0.1, timeout=30, idempotency_key="v8") == 2

@@ -107,9 +107,18 @@ def test_result_type_error_lives_with_the_other_errors_and_keeps_its_old_path() 
     assert issubclass(ResultTypeError, ctlwire.kernel.errors.CtlwireError)
 
 
-def test_every_ctlwire_error_is_defined_in_kernel_errors_and_exported() -> None:
-    """Walk every kernel module: a CtlwireError subclass defined anywhere but
-    kernel/errors.py fails this test, and so does one the package does not export."""
+# Where a CtlwireError may be defined outside kernel/errors.py: the errors an engine
+# raises (they reach the client as RemoteError, by class name), the command line's,
+# the etcd backend's and the test tools'. CtlwireError itself is the transports'.
+ELSEWHERE = ("ctlwire.kernel.engine.", "ctlwire.kernel.app.", "ctlwire.kernel.testing.",
+             "ctlwire.kernel.busy_loop", "ctlwire.kernel.etcd_membership",
+             "ctlwire.transports.")
+
+
+def test_every_ctlwire_error_a_client_sees_is_defined_in_kernel_errors_and_exported() -> None:
+    """Walk every kernel module: a CtlwireError subclass a client's caller can meet
+    (the client's, an operation's, the cores') defined anywhere but kernel/errors.py
+    fails this test, and so does one the package does not export."""
     found = set()
     for info in pkgutil.walk_packages(ctlwire.kernel.__path__, "ctlwire.kernel."):
         if info.name.endswith(("pytest_plugin", "__main__")):
@@ -118,10 +127,12 @@ def test_every_ctlwire_error_is_defined_in_kernel_errors_and_exported() -> None:
             continue  # the torch extra is not installed
         module = importlib.import_module(info.name)
         for _, obj in inspect.getmembers(module, inspect.isclass):
-            if issubclass(obj, ctlwire.kernel.errors.CtlwireError):
+            if (issubclass(obj, ctlwire.kernel.errors.CtlwireError)
+                    and not obj.__module__.startswith(ELSEWHERE)):
                 assert obj.__module__ == "ctlwire.kernel.errors", (obj, info.name)
                 found.add(obj.__name__)
-    assert len(found) >= 15
+    assert {"InvalidPlan", "PostConditionFailed", "ReleaseRefused", "UnknownMethod"} <= found
+    assert len(found) >= 20
     assert found <= set(ctlwire.kernel.__all__), found - set(ctlwire.kernel.__all__)
 
 

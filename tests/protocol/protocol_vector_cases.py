@@ -223,6 +223,11 @@ def cases() -> list[dict[str, Any]]:
         add(_roundtrip(f"reply-error-{code}-{type_name.strip('_')}",
                        f"An error reply: {type_name} (code {code}).",
                        _error(12, type_name, message, code)))
+    add(_roundtrip("reply-error-404-UnknownMethod-methods", "UnknownMethod (code 404) whose "
+                   "result lists the methods the engine serves.",
+                   Reply(12, 0, ENGINE_INC, False, raw(["ctlwire.metrics", "pause", "resume"]),
+                         ErrorInfo("UnknownMethod", "no control method 'nope' on this engine",
+                                   404))))
     add(_roundtrip("reply-error-salvaged-id", "The answer to a malformed request whose id "
                    "could be read.", _error(9, "MalformedFrame", "not a ctlwire envelope "
                                             "(msgpack): Object missing required field "

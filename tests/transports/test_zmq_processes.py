@@ -253,7 +253,7 @@ async def test_bad_frames_from_a_raw_socket_are_answered_or_counted(tmp_path: Pa
             assert got[0].error.type == "MalformedFrame"
             assert got[1].error.type == "UnknownMethod"
             assert codec.decode_value(got[2].result) == "good"
-            m = codec.decode_value(got[3].result)
+            m = codec.decode_value(got[3].result)["counters"]
             assert m["dropped_malformed"] == 2 and m["dropped_oversized"] == 1
             assert m["dropped_wrong_type"] == 1
     finally:

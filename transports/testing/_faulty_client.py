@@ -21,6 +21,7 @@ from ctlwire.transports.transport import (
     PeerDisconnected,
     Received,
     TransportEvent,
+    batch_receiver,
 )
 
 __all__ = ["FaultyClientTransport"]
@@ -176,7 +177,7 @@ class FaultyClientTransport(_FaultyBase):
         return deliver
 
     async def _pump(self) -> None:
-        receive_many = self.inner.receive_many
+        receive_many = batch_receiver(self.inner)
         while True:
             try:
                 events = await receive_many()

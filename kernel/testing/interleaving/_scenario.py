@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 
 from ctlwire.kernel.core.fan_out_policy import Policy
+from ctlwire.kernel.errors import CtlwireError
 
 __all__ = [
     "CHECKS",
@@ -198,7 +199,7 @@ class InvariantViolation(AssertionError):
         return hash((self.check, self.detail))
 
 
-class ReplayError(ValueError):
+class ReplayError(CtlwireError, ValueError):
     """A replayed event was not enabled at its point of the sequence."""
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ctlwire.kernel.app.arguments import UsageError
 from ctlwire.kernel.app.cli import main
 from ctlwire.transports.curve import load_keypair, load_public_key
 
@@ -75,12 +76,69 @@ def test_argument_errors_are_one_line_and_exit_2(argv: list[str], says: str,
     assert err.startswith("ctlwire") and "Traceback" not in err and out == ""
 
 
-def test_keys_generate_creates_a_missing_folder(tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
-    target = tmp_path / "missing" / "keys"
+def test_keys_generate_creates_the_folder_it_names(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "keys"
     code, out, _ = _run(["keys", "generate", str(target), "api"], capsys)
     assert code == 0 and (target / "api.key_secret").exists()
     assert str(target / "api.key") in out
+
+
+@pytest.mark.parametrize("argv", [
+    ["keys", "generate", "{missing}/keys", "alice"],
+    ["diagrams", "--out", "{missing}/diagrams"],
+    ["demo", "--json", "{missing}/demo.json"],
+    ["bench", "--json", "{missing}/bench.json"],
+], ids=lambda a: " ".join(a))
+def test_no_folder_is_created_that_was_not_asked_for(
+        argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder named on the command line is created, but not the missing folders above
+    it (as mkdir without -p): a typo in a path creates nothing."""
+    missing = tmp_path / "nonexistent" / "dir"
+    code, out, err = _run([a.replace("{missing}", str(missing)) for a in argv], capsys)
+    assert code == 2, (out, err)
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{missing} does not exist" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("address", "says"), [
+    ("tcp://127.0.0.1:9", "--allow-insecure-tcp"),
+    ("ipc://{tmp}/nonexistent/dir/engine.sock", "{tmp}/nonexistent/dir does not exist"),
+    ("ipc://{tmp}/engine.sock", "no engine socket at {tmp}/engine.sock"),
+    ("udp://127.0.0.1:9", "--connect udp://127.0.0.1:9: expected an ipc:// or tcp:// address"),
+], ids=["tcp-without-flag", "ipc-missing-folder", "ipc-no-socket", "unknown-scheme"])
+def test_demo_connect_errors_name_the_flag_or_the_path(
+        address: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    start = time.monotonic()
+    code, out, err = _run(["demo", "--connect", address.replace("{tmp}", str(tmp_path))],
+                          capsys)
+    assert code == 2, (out, err)
+    assert time.monotonic() - start < 10  # refused at once, not after the 30 s wait
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("ctlwire demo: error: ") and says.replace("{tmp}", str(tmp_path)) in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_connect_to_a_socket_no_engine_answers_names_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A socket is there but no engine answers on it: one line naming the address,
+    after the wait for the engines (shortened here)."""
+    import zmq
+
+    from ctlwire.kernel.app import demo
+
+    address = f"ipc://{tmp_path}/engine.sock"
+    with zmq.Context() as ctx, ctx.socket(zmq.ROUTER) as silent:
+        silent.bind(address)  # binds, never answers
+        cfg = demo.DemoConfig(connect=[address], cycles=1, ready_timeout=0.5)
+        with pytest.raises(UsageError) as info:
+            demo.main(cfg)
+        silent.close(linger=0)
+    assert address in str(info.value) and "\n" not in str(info.value)
+    assert "--connect" in str(info.value)
 
 
 @pytest.mark.parametrize("argv", [
@@ -116,15 +174,15 @@ def test_diagrams_without_graphviz_leave_no_folder(tmp_path: Path,
     import sys
 
     monkeypatch.setitem(sys.modules, "graphviz", None)  # import graphviz -> ImportError
-    out = tmp_path / "new" / "diagrams"
+    out = tmp_path / "diagrams"
     code, _, err = _run(["diagrams", "--format", "dot", "--out", str(out)], capsys)
     assert code == 2 and "graphviz" in err and len(err.strip().splitlines()) == 1
-    assert not out.exists() and not out.parent.exists()
+    assert not out.exists()
 
 
 def test_diagrams_create_a_missing_folder(tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "new" / "diagrams"
+    out = tmp_path / "diagrams"
     code, printed, _ = _run(["diagrams", "--out", str(out)], capsys)
     assert code == 0 and (out / "README.md").exists()
     assert str(out / "control_request.mmd") in printed
@@ -147,9 +205,12 @@ def test_demo_torch_without_torch_names_the_extra(monkeypatch: pytest.MonkeyPatc
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     import sys
 
+    import ctlwire.kernel.app
+
     monkeypatch.setitem(sys.modules, "torch", None)  # as if not installed
     for name in [m for m in sys.modules if m.startswith("ctlwire.kernel.app.torch_")]:
-        monkeypatch.delitem(sys.modules, name)
+        monkeypatch.delitem(sys.modules, name)  # imported again, from the package too
+        monkeypatch.delattr(ctlwire.kernel.app, name.rsplit(".", 1)[1], raising=False)
     assert main(["demo", "--torch"]) == 2
     assert "pip install 'ctlwire[torch]'" in capsys.readouterr().err
 

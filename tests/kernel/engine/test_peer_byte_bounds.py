@@ -212,10 +212,10 @@ async def test_a_client_that_never_reads_cannot_grow_the_engine_past_its_byte_bo
     grew = flood.peak - base
     print(f"\n{mode}: sent {flood.sent}/{count}, engine RSS {base:.1f} -> peak "
           f"{flood.peak:.1f} MB (+{grew:.1f}, bound {bound_mb:.1f}); dropped "
-          f"{metrics['replies_dropped_unread']}; outbox {metrics['outbox']}")
+          f"{metrics['counters']['replies_dropped_unread']}; outbox {metrics['outbox']}")
     assert not flood.stuck and flood.sent == count
     assert grew < bound_mb, (grew, bound_mb)
-    assert metrics["replies_dropped_unread"] > count // 2
+    assert metrics["counters"]["replies_dropped_unread"] > count // 2
     assert metrics["outbox"]["peak_bytes"] <= 4 << 20
     assert queued["peak_bytes"] <= queued["limit_bytes"] + PAYLOAD_BYTES + 1024
     assert metrics["outbox"]["transport_bound_bytes_per_connection"] == (
