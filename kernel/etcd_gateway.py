@@ -190,9 +190,11 @@ class EtcdGateway:
         return int(answer.get("result", {}).get("TTL", 0))
 
     async def lease_alive(self, lease: int, *, timeout: float | None = None) -> bool:
-        """Whether ``lease`` still exists (etcd answers TTL -1 for one that does not)."""
+        """Whether ``lease`` still exists: etcd answers TTL -1 for one that does not
+        (and leaves the TTL out, as JSON leaves out zeros, for one that has less than
+        a second left)."""
         answer = await self.call("lease/timetolive", {"ID": str(lease)}, timeout=timeout)
-        return int(answer.get("TTL", -1)) >= 0
+        return int(answer.get("TTL", 0)) >= 0
 
     async def revoke(self, lease: int) -> None:
         """Revoke ``lease`` (its keys go with it); one already gone is not an error."""

@@ -41,8 +41,9 @@ Guarantees:
 
 from __future__ import annotations
 
+import binascii
 import logging
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio
 import msgspec
@@ -61,12 +62,14 @@ MAX_VALUE_BYTES = 4096
 MAX_RANK = 999_999_999
 
 
-class Registration(msgspec.Struct, forbid_unknown_fields=True):
-    """What ``PREFIX<rank>`` holds: strictly typed (a bool or float is not a rank)."""
+class Registration(msgspec.Struct):
+    """What ``PREFIX<rank>`` holds: strictly typed (a bool or float is not a rank), the
+    incarnation a signed 64-bit number >= 0 (0: not given). Fields a later version
+    adds are ignored."""
 
-    rank: int
-    address: str = ""
-    incarnation: int = 0
+    rank: Annotated[int, msgspec.Meta(ge=0)]
+    address: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+    incarnation: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] = 0
 
 
 _decoder = msgspec.json.Decoder(Registration)
@@ -89,20 +92,17 @@ def rank_of_key(key: str, prefix: str, max_rank: int = MAX_RANK) -> int | None:
 def decode_registration(value_b64: Any, rank: int,
                         max_bytes: int = MAX_VALUE_BYTES) -> Registration:
     """The registration a base64 value holds for ``rank``. ValueError when it is too
-    large, not base64 JSON of a :class:`Registration`, names another rank, or has
-    a negative incarnation."""
+    large, not base64 JSON of a :class:`Registration`, or names another rank."""
     if not isinstance(value_b64, str):
         raise ValueError("the value is not a string")
     if len(value_b64) > (max_bytes + 2) // 3 * 4:
         raise ValueError(f"the value is larger than {max_bytes} bytes")
     try:
         reg = _decoder.decode(unb64(value_b64))
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError, binascii.Error) as exc:
         raise ValueError(f"not a registration: {exc}") from None
     if reg.rank != rank:
         raise ValueError(f"the value names rank {reg.rank}, its key rank {rank}")
-    if reg.incarnation < 0:
-        raise ValueError("a negative incarnation")
     return reg
 
 

@@ -24,7 +24,8 @@ Checked after every run (:class:`SimulationViolation` names the seed)::
     rank is back on the old weights, serving
 
 The membership store is a faulty component too
-(:mod:`ctlwire.kernel.testing.simulated_store`): engines register in it under
+(:mod:`ctlwire.kernel.testing.simulated_store`,
+:mod:`~ctlwire.kernel.testing.simulated_membership`): engines register in it under
 leases, the controller's view follows it, and it goes down, freezes, slows,
 loses watch events and loses leases of live ranks. The controller sends only to
 ranks present in its view and alive, and fails a call when its rank is lost,
@@ -74,7 +75,8 @@ from ctlwire.kernel.testing.simulated_fleet import (
     SimulationViolation,
     Version,
 )
-from ctlwire.kernel.testing.simulated_store import StoreConfig, StoreFleet
+from ctlwire.kernel.testing.simulated_membership import StoreFleet
+from ctlwire.kernel.testing.simulated_store import StoreConfig
 from ctlwire.states import OperationState, RankState
 
 __all__ = [
