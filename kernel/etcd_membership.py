@@ -122,6 +122,8 @@ class EtcdMembership:
         self.max_value_bytes = max_value_bytes
         #: every event up to this revision is applied (a watch resumes after it)
         self.revision = 0
+        #: the endpoint the watch streams from (None: not watching now)
+        self.watching: str | None = None
         self.stale_since: float | None = None
         self.counters = {"lists": 0, "watch_events": 0, "watch_resumed": 0, "compacted": 0,
                          "lease_checks": 0, "lease_check_errors": 0, "errors": 0,
@@ -258,6 +260,7 @@ class EtcdMembership:
             self.counters["watch_resumed"] += 1
         self._fresh()
         failed: list[EtcdError] = []
+        self.watching = endpoint
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._probe, endpoint, tg.cancel_scope, failed)
             try:
@@ -269,6 +272,8 @@ class EtcdMembership:
                             await self._events(events)
             except EtcdError as exc:
                 failed.append(exc)
+            finally:
+                self.watching = None
             tg.cancel_scope.cancel()
         if failed:
             if not isinstance(failed[0], Compacted):

@@ -140,7 +140,7 @@ class EtcdCluster:
     follows the cluster through it); :meth:`leader` finds the leader's index."""
 
     def __init__(self, data_dir: Path, size: int = 3, *, binary: str | None = None,
-                 start_timeout: float = 30.0) -> None:
+                 start_timeout: float = 30.0, extra_args: Sequence[str] = ()) -> None:
         if size < 1:
             raise ValueError("size must be >= 1")
         self.data_dir = data_dir
@@ -150,7 +150,8 @@ class EtcdCluster:
             folder.mkdir(parents=True, exist_ok=True)
             self.members.append(EtcdServer(
                 folder, binary=binary, start_timeout=start_timeout, name=f"m{i}",
-                extra_args=["--initial-cluster-token", f"ctlwire-{data_dir.name}"]))
+                extra_args=["--initial-cluster-token", f"ctlwire-{data_dir.name}",
+                            *extra_args]))
         initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         for m in self.members:
             m.initial_cluster = initial
