@@ -219,7 +219,7 @@ async def test_a_compacted_revision_lists_again_and_tells_deletions_from_lease_l
     leases = {r: await gateway.grant(60) for r in (0, 1)}
     for r in (0, 1):
         await gateway.put(f"{prefix}{r}", json.dumps({"rank": r, "incarnation": 1}), leases[r])
-    with EngineFleet(2, lambda r: ["--connect", address]):
+    with EngineFleet(2, lambda r: ["--connect", address]) as fleet:
         async with client_at(address) as c, anyio.create_task_group() as tg:
             gated = GatedGateway(etcd.endpoint, timeout=1.0)
             watcher = EtcdMembership(c, gated, prefix, watch_round=0.4, retry_interval=0.1)
@@ -235,11 +235,15 @@ async def test_a_compacted_revision_lists_again_and_tells_deletions_from_lease_l
             await gateway.compact(last)
             gated.closed = False
             await wait_until(lambda: watcher.counters["lists"] == 2)
+            assert watcher.counters["lists"] == 2
+            assert c.ranks == (1, 5) and c.membership.state(1) is MemberState.REGISTRATION_LOST
+            assert (c.membership.counters["removed"],
+                    c.membership.counters["registration_lost"]) == (1, 1)
+            # unregistered and alive it stays; unregistered and dead it leaves
+            await anyio.to_thread.run_sync(fleet.kill, 1)
+            await wait_until(lambda: c.ranks == (5,))
             tg.cancel_scope.cancel()
-    assert watcher.counters["lists"] == 2
-    assert c.ranks == (1, 5) and c.membership.state(1) is MemberState.REGISTRATION_LOST
-    assert (c.membership.counters["removed"], c.membership.counters["registration_lost"]) \
-        == (1, 1)
+    assert c.membership.counters["died"] == 1
 
 
 async def test_a_compacted_revision_is_reported_to_the_watcher(etcd: EtcdServer) -> None:
