@@ -289,7 +289,7 @@ class EtcdGateway:
                         raise EtcdError(f"watch canceled at {at}: {result!r}"[:300],
                                         retryable=True)
                     events = result.get("events")
-                    if events:
+                    if isinstance(events, list) and events:
                         yield events
         except (self._httpx.HTTPError, ValueError) as exc:
             raise EtcdError(f"watch at {at}: {exc!r}", retryable=True) from exc

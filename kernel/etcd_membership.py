@@ -217,7 +217,11 @@ class EtcdMembership:
         rank = self._rank(kv)
         if rank is None:
             return  # a key that was never a registration (refused when it was put)
-        revision = int(kv["mod_revision"])
+        try:
+            revision = int(kv["mod_revision"])
+        except (KeyError, TypeError, ValueError) as exc:
+            self._refuse("value", kv, exc)
+            return
         lease, incarnation = self._leases.get(rank), 0
         if isinstance(prev, dict) and self._rank(prev) == rank:
             try:
@@ -308,8 +312,9 @@ class EtcdMembership:
                 revision = int(kv["mod_revision"])
             except (KeyError, TypeError, ValueError):
                 continue
-            nxt = events[i + 1].get("kv", {}) if i + 1 < len(events) else None
-            if nxt is None or str(nxt.get("mod_revision")) != str(kv["mod_revision"]):
+            following = events[i + 1] if i + 1 < len(events) else None
+            nxt = following.get("kv") if isinstance(following, dict) else None
+            if not isinstance(nxt, dict) or str(nxt.get("mod_revision")) != str(revision):
                 self.revision = max(self.revision, revision)
 
     # -- running ----------------------------------------------------------------------
