@@ -99,8 +99,8 @@ class RankRoster:
         the transport; a rank whose registration is lost while it is alive
         stays as it is (routed to, its calls untouched); a rank re-registered
         (newer incarnation) must be admitted again; one moved gets its new
-        address. Stale or fenced events change
-        nothing (counted in ``membership.counters``); returns None for them.
+        address. Stale or fenced events change nothing (counted in
+        ``membership.counters``); returns None for them.
         A transport that connects to each rank needs the address of a rank
         added: ValueError without one (and the rank is not added)."""
         change = self.membership.apply(event)
