@@ -110,6 +110,9 @@ class LivenessMonitor:
         self.now: Callable[[], float] = anyio.current_time
         #: set, then replaced, whenever a rank becomes live or is lost, and on close
         self.peer_changed = anyio.Event()
+        #: called with a rank once it is lost, after its calls failed (the client's
+        #: membership: a rank whose registration is lost leaves when it dies)
+        self.on_lost: Callable[[int], None] | None = None
         self.closed = False
 
     def close(self) -> None:
@@ -228,6 +231,8 @@ class LivenessMonitor:
         self.counters["engine_lost"] += 1
         log.warning("ctlwire: engine rank %d lost (%s)", rank, detail)
         self._fail_rank(rank, detail)
+        if self.on_lost is not None:
+            self.on_lost(rank)
         self.notify_peer_change()
 
     # -- the passing of time ---------------------------------------------------

@@ -2,6 +2,7 @@
 
 Each machine is declared once with transitions (:mod:`ctlwire.states.control_request`,
 :mod:`~ctlwire.states.mailbox_ticket`, :mod:`~ctlwire.states.peer_link`,
+:mod:`~ctlwire.states.rank_membership`,
 :mod:`~ctlwire.states.inbound_request`, :mod:`~ctlwire.states.operation`); an
 immutable ``(state, event) -> state`` table is derived from each at import and is
 what the kernel drives. Nothing in this package does IO, reads a clock, or
@@ -36,15 +37,20 @@ from ctlwire.states.peer_link import PEER_LINK as PEER_LINK
 from ctlwire.states.peer_link import PEER_LINK_TABLE as PEER_LINK_TABLE
 from ctlwire.states.peer_link import PeerEvent as PeerEvent
 from ctlwire.states.peer_link import PeerState as PeerState
+from ctlwire.states.rank_membership import PRESENT_MEMBER_STATES as PRESENT_MEMBER_STATES
+from ctlwire.states.rank_membership import RANK_MEMBERSHIP as RANK_MEMBERSHIP
+from ctlwire.states.rank_membership import RANK_MEMBERSHIP_TABLE as RANK_MEMBERSHIP_TABLE
+from ctlwire.states.rank_membership import MemberEvent as MemberEvent
+from ctlwire.states.rank_membership import MemberState as MemberState
 from ctlwire.states.transition_table import MachineSpec as MachineSpec
 from ctlwire.states.transition_table import StateTable as StateTable
 from ctlwire.states.transition_table import build_machine as build_machine
 from ctlwire.states.transition_table import derive_table as derive_table
 
-MACHINES = (CONTROL_REQUEST, MAILBOX_TICKET, PEER_LINK, INBOUND_REQUEST, OPERATION,
-            OPERATION_RANK)
-TABLES = (CONTROL_REQUEST_TABLE, MAILBOX_TICKET_TABLE, PEER_LINK_TABLE, INBOUND_REQUEST_TABLE,
-          OPERATION_TABLE, OPERATION_RANK_TABLE)
+MACHINES = (CONTROL_REQUEST, MAILBOX_TICKET, PEER_LINK, RANK_MEMBERSHIP, INBOUND_REQUEST,
+            OPERATION, OPERATION_RANK)
+TABLES = (CONTROL_REQUEST_TABLE, MAILBOX_TICKET_TABLE, PEER_LINK_TABLE, RANK_MEMBERSHIP_TABLE,
+          INBOUND_REQUEST_TABLE, OPERATION_TABLE, OPERATION_RANK_TABLE)
 
 # every public name bound above is exported: the imports are the one list
 __all__ = sorted(name for name, value in globals().items()

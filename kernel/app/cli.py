@@ -82,7 +82,7 @@ def _membership_demo(args: argparse.Namespace) -> int:
     from ctlwire.kernel.app import membership_demo
 
     return membership_demo.main(membership_demo.MembershipDemoConfig(
-        engines=args.engines, cycles=args.cycles, backend=args.backend))
+        engines=args.engines, cycles=args.cycles, backend=args.backend, ttl=args.etcd_ttl))
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -223,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="static (default): a fixed set of ranks; etcd: start a local etcd, "
                         "engines register in it, and a rank joins and one leaves while the "
                         "cycles run (needs the etcd binary and httpx: the etcd extra)")
+    p.add_argument("--etcd-ttl", type=positive_int, default=5, metavar="SECONDS",
+                   help="--membership etcd: the engines' lease TTL (default 5)")
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("keys", help="generate CURVE key pairs for tcp across hosts",

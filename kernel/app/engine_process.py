@@ -219,9 +219,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--curve-secret")
     p.add_argument("--curve-server-key")
     p.add_argument("--curve-allow", nargs="*", default=[])
-    p.add_argument("--etcd", metavar="URL",
-                   help="register this rank in etcd (its JSON gateway at URL) under a lease "
-                        "kept alive at TTL/2, and revoke it on a clean stop")
+    p.add_argument("--etcd", metavar="URL[,URL...]",
+                   help="register this rank in etcd (the JSON gateway of a cluster's client "
+                        "endpoints) under a lease kept alive at TTL/3, registering again "
+                        "(same incarnation) when the lease is lost; deregister on a clean "
+                        "stop")
     p.add_argument("--etcd-prefix", default="/ctlwire/engines/")
     p.add_argument("--etcd-ttl", type=float, default=10.0)
     p.add_argument("--etcd-address", default=None,
@@ -229,16 +231,21 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _register_in_etcd(args: argparse.Namespace, stop: threading.Event) -> threading.Thread:
+def _register_in_etcd(args: argparse.Namespace, stop: threading.Event,
+                      incarnation: int) -> threading.Thread:
     """Keep this rank registered in etcd from a thread of its own (its own event
-    loop) until ``stop``; then withdraw the registration (bounded)."""
+    loop) until ``stop``; then withdraw the registration (bounded). Each etcd call
+    is bounded by a third of the TTL (at most 5 s), so a frozen member cannot hold
+    a keep-alive past the lease."""
     import anyio
 
-    from ctlwire.kernel.etcd_membership import EtcdError, EtcdGateway, EtcdRegistration
+    from ctlwire.kernel.etcd_gateway import EtcdError, EtcdGateway
+    from ctlwire.kernel.etcd_registration import EtcdRegistration
 
     address = args.etcd_address if args.etcd_address is not None else (args.bind or "")
-    registration = EtcdRegistration(EtcdGateway(args.etcd), args.etcd_prefix, args.rank,
-                                    address, ttl=args.etcd_ttl)
+    gateway = EtcdGateway(args.etcd, timeout=max(0.3, min(5.0, args.etcd_ttl / 3)))
+    registration = EtcdRegistration(gateway, args.etcd_prefix, args.rank, address,
+                                    ttl=args.etcd_ttl, incarnation=incarnation)
 
     async def run() -> None:
         async with anyio.create_task_group() as tg:
@@ -284,22 +291,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     if args.exit_with_parent is not None:
         _watch_parent(args.exit_with_parent, stop)
-    registered = _register_in_etcd(args, stop) if args.etcd else None
+    registered = _register_in_etcd(args, stop, endpoint.incarnation) if args.etcd else None
+
+    def deregister() -> None:
+        """Leave etcd before the endpoint closes: the client removes this rank as a
+        deregistration, not as a death."""
+        if registered is not None:
+            stop.set()
+            registered.join(timeout=3.0)
+
     try:
         if loop is not None:
             loop.start()
             print(f"READY {args.rank} {endpoint.incarnation}", flush=True)
             loop.run_blocking(stop, step=step, idle_wait=0.01 if step is not None else 0.05)
             return 0
-        return _run(args, endpoint, transport, step, stop)
+        return _run(args, endpoint, transport, step, stop, deregister)
     finally:
-        if registered is not None:
-            stop.set()
-            registered.join(timeout=3.0)
+        deregister()
 
 
 def _run(args: argparse.Namespace, endpoint: EngineEndpoint, transport: EngineTransport,
-         step: Callable[[], bool] | None, stop: threading.Event) -> int:
+         step: Callable[[], bool] | None, stop: threading.Event,
+         deregister: Callable[[], None]) -> int:
     if args.mode == "poll":
         endpoint.open()
         print(f"READY {args.rank} {endpoint.incarnation}", flush=True)
@@ -313,6 +327,7 @@ def _run(args: argparse.Namespace, endpoint: EngineEndpoint, transport: EngineTr
                     transport.wait_readable(
                         endpoint.idle_wait(0.01 if step is not None else 0.05))
         finally:
+            deregister()
             endpoint.close()
         return 0
 
@@ -324,6 +339,7 @@ def _run(args: argparse.Namespace, endpoint: EngineEndpoint, transport: EngineTr
             print(f"READY {args.rank} {endpoint.incarnation}", flush=True)
             while not stop.is_set():
                 await anyio.sleep(0.05)
+            await anyio.to_thread.run_sync(deregister)
             tg.cancel_scope.cancel()
 
     anyio.run(serve, backend=args.backend)

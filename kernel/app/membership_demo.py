@@ -11,8 +11,14 @@ admissible ranks, while:
 * a rank **joins**: a new engine process registers; it is present but not
   admissible until an operation naming it has brought it to the fleet's weight
   version, then :meth:`ControlClient.admit` makes it routable;
-* a rank **leaves**: its process is stopped, which revokes its lease; etcd
-  deletes its key and the watch removes it from the client.
+* a rank **leaves**: its process is stopped, which deregisters it (deletes its
+  key while its lease lives); the watch removes it from the client.
+
+etcd may be frozen (``kill -STOP`` the pid it prints) and thawed (``kill
+-CONT``) at any point: the leases expire at the thaw, the engines register again
+under the same incarnation, and no rank leaves — the store says who should be
+there, heartbeats who is alive. The summary says how many registrations were lost
+and restored.
 
 Exits 0 (printing ``OK``) only when every cycle committed on every admissible
 rank, a rank joined and one left, and every admissible rank ends on the last
@@ -31,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 import anyio
+from anyio.abc import TaskGroup
 
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.app.operation_engine import weight_update_plan
@@ -69,6 +76,8 @@ class MembershipDemoConfig:
 class MembershipDemoReport:
     joined: list[int] = field(default_factory=list)
     left: list[int] = field(default_factory=list)
+    #: the client's membership counters at the end
+    membership: dict[str, int] = field(default_factory=dict)
     committed: list[int] = field(default_factory=list)  # the cycles that committed everywhere
     final_versions: dict[int, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
@@ -116,58 +125,72 @@ async def run_membership_demo(cfg: MembershipDemoConfig,
     """Run the demo; returns its report (see :meth:`MembershipDemoReport.verdict`)."""
     report = MembershipDemoReport()
     data = memory_dir("ctlwire-demo-etcd-")
-    etcd = EtcdServer(data)
-    fleet: EngineFleet | None = None
-    prefix = f"/ctlwire/demo-{uuid.uuid4().hex[:8]}/"
+    # a single member: a short election timeout only makes it start sooner, and lets a
+    # lease live as little as 1 s
+    etcd = EtcdServer(data, extra_args=["--heartbeat-interval", "50",
+                                        "--election-timeout", "500"])
+    fleets: list[EngineFleet] = []
     try:
         await anyio.to_thread.run_sync(etcd.start)
-        out.write(f"etcd at {etcd.endpoint} (data in {data}), engines register under "
-                  f"{prefix} with {cfg.ttl:g} s leases\n")
+        out.write(f"etcd at {etcd.endpoint} (pid {etcd.pid}, data in {data}), engines "
+                  f"register under a prefix with {cfg.ttl:g} s leases\n")
         router = ZmqRouterClientTransport()
         client = ControlClient(router, ranks=(), default_timeout=cfg.timeout)
         async with client, anyio.create_task_group() as tg:
-            address = router.address  # bound by now
-
-            def args_for(rank: int) -> list[str]:
-                return ["--connect", address,
-                        "--methods", "ctlwire.kernel.app.operation_engine:register",
-                        "--etcd", etcd.endpoint, "--etcd-prefix", prefix,
-                        "--etcd-ttl", f"{cfg.ttl:g}", "--backend", cfg.backend]
-
-            tg.start_soon(EtcdMembership(client, EtcdGateway(etcd.endpoint), prefix).run)
-            fleet = EngineFleet(cfg.engines, args_for, ready_timeout=cfg.timeout)
-            out.write(f"starting {cfg.engines} engine processes over {address} ...\n")
-            await anyio.to_thread.run_sync(fleet.start)
-            first = tuple(range(cfg.engines))
-            await _wait_until(lambda: client.ranks == first, cfg.timeout,
-                              f"ranks {_ranks(first)} registering in etcd")
-            await client.wait_ready(timeout=cfg.timeout)
-            for rank in first:  # fresh engines are on the fleet's weight version, 0
-                client.admit(rank)
-            out.write(f"ranks {_ranks(first)} joined through etcd, admitted at weight "
-                      f"version 0\n")
-            await _cycles(cfg, client, fleet, report, out)
-            routable, _ = client.routable_ranks()
-            if set(routable) != set(client.ranks):
-                report.problems.append(f"present ranks not admissible at the end: {_view(client)}")
-            infos = await client.fan_out("get_server_info", -1, ranks=routable,
-                                         mode="concurrent")
-            report.final_versions = {r: int(v["version"]) for r, v in infos.results.items()}
-            for rank, err in infos.errors.items():
-                report.problems.append(f"rank {rank} did not report its version: {err!r}")
-            paused = sorted(r for r, v in infos.results.items() if v["paused"])
-            if paused:
-                report.problems.append(f"ranks {paused} left paused")
+            try:
+                await _scenario(cfg, client, router.address, etcd.endpoint, tg, fleets,
+                                report, out)
+            except (_Timeout, CtlwireError, EtcdError) as exc:
+                report.problems.append(f"{type(exc).__name__}: {exc}")
             tg.cancel_scope.cancel()
-    except (_Timeout, CtlwireError, EtcdError, RuntimeError) as exc:
+    except RuntimeError as exc:  # etcd did not start
         report.problems.append(f"{type(exc).__name__}: {exc}")
     finally:
         # engines stop after the client has closed: nobody is left to report them lost
-        if fleet is not None:
+        for fleet in fleets:
             await anyio.to_thread.run_sync(fleet.stop)
         await anyio.to_thread.run_sync(etcd.stop)
         shutil.rmtree(data, ignore_errors=True)
     return report
+
+
+async def _scenario(cfg: MembershipDemoConfig, client: ControlClient, address: str,
+                    endpoint: str, tg: TaskGroup, fleets: list[EngineFleet],
+                    report: MembershipDemoReport, out: TextIO) -> None:
+    prefix = f"/ctlwire/demo-{uuid.uuid4().hex[:8]}/"
+
+    def args_for(rank: int) -> list[str]:
+        return ["--connect", address,
+                "--methods", "ctlwire.kernel.app.operation_engine:register",
+                "--etcd", endpoint, "--etcd-prefix", prefix,
+                "--etcd-ttl", f"{cfg.ttl:g}", "--backend", cfg.backend]
+
+    await tg.start(EtcdMembership(client, EtcdGateway(endpoint, timeout=1.0), prefix,
+                                  watch_round=1.0, retry_interval=0.2,
+                                  start_timeout=cfg.timeout).run)
+    fleet = EngineFleet(cfg.engines, args_for, ready_timeout=cfg.timeout)
+    fleets.append(fleet)
+    out.write(f"starting {cfg.engines} engine processes over {address} ...\n")
+    await anyio.to_thread.run_sync(fleet.start)
+    first = tuple(range(cfg.engines))
+    await _wait_until(lambda: client.ranks == first, cfg.timeout,
+                      f"ranks {_ranks(first)} registering in etcd")
+    await client.wait_ready(timeout=cfg.timeout)
+    for rank in first:  # fresh engines are on the fleet's weight version, 0
+        client.admit(rank)
+    out.write(f"ranks {_ranks(first)} joined through etcd, admitted at weight version 0\n")
+    await _cycles(cfg, client, fleet, report, out)
+    routable, _ = client.routable_ranks()
+    if set(routable) != set(client.ranks):
+        report.problems.append(f"present ranks not admissible at the end: {_view(client)}")
+    infos = await client.fan_out("get_server_info", -1, ranks=routable, mode="concurrent")
+    report.final_versions = {r: int(v["version"]) for r, v in infos.results.items()}
+    for rank, err in infos.errors.items():
+        report.problems.append(f"rank {rank} did not report its version: {err!r}")
+    paused = sorted(r for r, v in infos.results.items() if v["paused"])
+    if paused:
+        report.problems.append(f"ranks {paused} left paused")
+    report.membership = dict(client.membership.counters)
 
 
 async def _join(cfg: MembershipDemoConfig, client: ControlClient, fleet: EngineFleet,
@@ -195,13 +218,13 @@ async def _join(cfg: MembershipDemoConfig, client: ControlClient, fleet: EngineF
 
 async def _leave(cfg: MembershipDemoConfig, client: ControlClient, fleet: EngineFleet,
                  head: str, out: TextIO) -> int:
-    """Stop the lowest live rank's process (it revokes its lease); wait until the
-    watch has removed it. Returns the rank."""
+    """Stop the lowest live rank's process (it deregisters); wait until the watch
+    has removed it. Returns the rank."""
     rank = min(r for r, engine in fleet.engines.items() if engine.alive)
     await anyio.to_thread.run_sync(fleet.kill, rank, signal.SIGTERM)
     await _wait_until(lambda: rank not in client.ranks, cfg.timeout,
                       f"rank {rank} leaving the membership")
-    out.write(f"{head} rank {rank} left (process stopped, lease revoked): {_view(client)}\n")
+    out.write(f"{head} rank {rank} left (process stopped, deregistered): {_view(client)}\n")
     return rank
 
 
@@ -240,6 +263,10 @@ def main(cfg: MembershipDemoConfig, out: TextIO | None = None) -> int:
     out = sys.stdout if out is None else out
     report = anyio.run(run_membership_demo, cfg, out, backend=cfg.backend)
     problems = report.verdict(cfg)
+    m = report.membership
+    if m:
+        out.write(f"membership: registrations lost {m['registration_lost']} and restored "
+                  f"{m['restored']}; ranks removed {m['removed']} (dead {m['died']})\n")
     out.write(f"joined {_ranks(report.joined)}, left {_ranks(report.left)}; "
               f"{len(report.committed)}/{cfg.cycles} cycles committed on every admissible "
               f"rank; weight versions at the end {dict(sorted(report.final_versions.items()))}\n")

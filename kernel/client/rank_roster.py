@@ -10,8 +10,11 @@ goes to the admissible ranks (:meth:`routable`).
 Guarantees: a rank added is tracked (heartbeats, transport route) but not
 routed to by default until admitted (unless ``admit_on_join``); a rank removed
 has its pending calls failed through ``fail_rank`` and is forgotten by the
-transport; a rank the transport refuses to add (no or bad address) is not
-added; stale or fenced membership events change nothing.
+transport; a rank whose registration is lost stays present while the liveness
+monitor says it is alive, and leaves when the monitor loses it (the
+membership's ``alive`` is the peer table's); a rank the transport refuses to add
+(no or bad address) is not added; stale or fenced membership events change
+nothing.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ class RankRoster:
                  admit_on_join: bool = False) -> None:
         self.ranks: tuple[int, ...] = tuple(ranks)
         self.rank_set = frozenset(self.ranks)
-        self.membership = Membership(self.ranks, admit_on_join=admit_on_join)
+        self.membership = Membership(self.ranks, admit_on_join=admit_on_join,
+                                     alive=liveness.peers.is_live)
         self.admission_condition = admission_condition
         #: ranks out of routing (shared by every OperationRunner over the client)
         self.quarantine = FleetQuarantine()
@@ -50,6 +54,7 @@ class RankRoster:
         self.liveness = liveness
         self.peers = liveness.peers
         self._fail_rank = fail_rank
+        liveness.on_lost = self.rank_lost
 
     def check(self, rank: int) -> None:
         """ValueError unless ``rank`` is present, or was and was removed."""
@@ -91,9 +96,11 @@ class RankRoster:
         connection) but not routed to by default until admitted; a rank removed
         has its pending calls failed (NotDelivered: not handed over, a retry is
         safe; OutcomeUnknown: handed over, it may have run) and is forgotten by
-        the transport; a rank re-registered (newer incarnation) must be admitted
-        again; one moved gets its new address. Stale or fenced events change
-        nothing (counted in ``membership.counters``); returns None for them.
+        the transport; a rank whose registration is lost while it is alive
+        stays as it is (routed to, its calls untouched); a rank re-registered
+        (newer incarnation) must be admitted again; one moved gets its new
+        address. Stale or fenced events change nothing (counted in
+        ``membership.counters``); returns None for them.
         A transport that connects to each rank needs the address of a rank
         added: ValueError without one (and the rank is not added)."""
         change = self.membership.apply(event)
@@ -108,15 +115,27 @@ class RankRoster:
                 raise
             self.liveness.add_rank(rank)
         elif change.kind is ChangeKind.REMOVED:
-            self._fail_rank(rank, "removed from the membership")
-            self.liveness.remove_rank(rank)
-            self._transport_hook("remove_rank", rank)
+            self._forget(rank, change.reason)
         elif (change.old is not None and change.member is not None
               and change.member.address != change.old.address):  # moved (or re-registered)
             self._transport_hook("move_rank", rank, event.address)
         self.ranks = self.membership.ranks
         self.rank_set = frozenset(self.ranks)
         return change
+
+    def rank_lost(self, rank: int) -> None:
+        """The liveness monitor lost ``rank``: if its registration is lost too, it
+        leaves (its calls were failed by the loss already)."""
+        change = self.membership.rank_died(rank)
+        if change is not None:
+            self._forget(rank, change.reason)
+
+    def _forget(self, rank: int, reason: str) -> None:
+        self._fail_rank(rank, reason)
+        self.liveness.remove_rank(rank)
+        self._transport_hook("remove_rank", rank)
+        self.ranks = self.membership.ranks
+        self.rank_set = frozenset(self.ranks)
 
     def admit(self, rank: int) -> bool:
         """Route to present ``rank`` by default from now on; True when it was not
@@ -152,7 +171,8 @@ class RankRoster:
         status["excluded"] = why
         status["member"] = None if member is None else {
             "address": member.address, "incarnation": member.incarnation,
-            "revision": member.revision, "admitted": member.admitted}
+            "revision": member.revision, "admitted": member.admitted,
+            "registration": member.state.value}
         return status
 
     def _transport_hook(self, name: str, *args: Any) -> None:

@@ -23,6 +23,18 @@ Checked after every run (:class:`SimulationViolation` names the seed)::
     the post-condition holds on every committed rank; a compensated or aborted
     rank is back on the old weights, serving
 
+The membership store is a faulty component too
+(:mod:`ctlwire.kernel.testing.simulated_store`,
+:mod:`~ctlwire.kernel.testing.simulated_membership`): engines register in it under
+leases, the controller's view follows it, and it goes down, freezes, slows,
+loses watch events and loses leases of live ranks. The controller sends only to
+ranks present in its view and alive, and fails a call when its rank is lost,
+restarted or removed from the view; checked::
+
+    no call to a live rank fails because of the store
+    once the faults are over, the view holds every live registered rank (with its
+    incarnation) and no dead one
+
 A failing run replays exactly from its seed::
 
     python -m ctlwire.kernel.testing.operation_simulation --seeds 2000
@@ -40,6 +52,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from ctlwire.kernel.core.membership import Membership
 from ctlwire.kernel.core.operation_core import OperationCore
 from ctlwire.kernel.core.operation_plan import (
     OperationPlan,
@@ -62,6 +75,8 @@ from ctlwire.kernel.testing.simulated_fleet import (
     SimulationViolation,
     Version,
 )
+from ctlwire.kernel.testing.simulated_membership import StoreFleet
+from ctlwire.kernel.testing.simulated_store import StoreConfig
 from ctlwire.states import OperationState, RankState
 
 __all__ = [
@@ -98,6 +113,8 @@ class SimConfig:
     stalled_controller: float = 0.3  # of those: stalled and coming back, not dead
     engine_crash: float = 0.15   # per engine
     horizon: float = 60.0
+    #: the membership store and its faults (None: no store, every rank always a member)
+    store: StoreConfig | None = field(default_factory=StoreConfig)
 
 
 class Simulation:
@@ -107,7 +124,8 @@ class Simulation:
                  core_factory: type[OperationCore] = OperationCore,
                  ledger_factory: Callable[[Mapping[str, Callable[..., Any]]],
                                           OperationLedger] | None = None,
-                 trace: bool = False) -> None:
+                 trace: bool = False,
+                 membership_factory: Callable[..., Membership] = Membership) -> None:
         self.seed = seed
         self.config = config
         self.rng = random.Random(seed)
@@ -130,6 +148,8 @@ class Simulation:
         self._crash_points: dict[int, int] = {}  # rank -> the step message it dies at
         self._messages: dict[int, int] = {}
         self.took_over = False
+        self.store = (StoreFleet(self, self.ranks, config.store, membership_factory)
+                      if config.store is not None else None)
 
     # -- the clock and the network ------------------------------------------------------
     def at(self, when: float, fn: Callable[[], None]) -> None:
@@ -170,6 +190,36 @@ class Simulation:
             return
         for delay in self._hop(rank):
             self.at(self.now + delay, lambda: on_reply(reply))
+
+    # -- what the store and the controllers' clients see of the engines ---------------
+    def reachable(self, rank: int) -> bool:
+        """The rank's process is alive and not cut off."""
+        return self.engines[rank].alive and self.cut.get(rank, -1.0) <= self.now
+
+    def incarnation(self, rank: int) -> int | None:
+        """The incarnation of the rank's live process (None: dead); never 0."""
+        engine = self.engines[rank]
+        return engine.incarnation + 1 if engine.alive else None
+
+    def routable(self, rank: int) -> bool:
+        return self.store is None or self.store.routable(rank)
+
+    def engine_changed(self, rank: int, restarted: bool) -> None:
+        if self.store is not None:
+            if restarted:
+                self.store.restarted(rank)
+            else:
+                self.store.reachability(rank)
+
+    def fail_calls(self, rank: int, cause: str, detail: str) -> None:
+        for controller in self.controllers:
+            controller.fail(rank, cause, detail)
+
+    def _cut_off(self, rank: int, until: float) -> None:
+        self.cut[rank] = until
+        if self.store is not None:
+            self.store.reachability(rank)
+            self.at(until, lambda: self.store.reachability(rank) if self.store else None)
 
     def engine_crash_point(self, rank: int) -> tuple[bool, bool]:
         """Whether this step message kills ``rank`` (before or after its body)."""
@@ -279,12 +329,15 @@ class Simulation:
         if rng.random() < cfg.partition:
             rank = rng.choice(self.ranks)
             start = rng.uniform(0.0, 3.0)
-            self.at(start, lambda: self.cut.__setitem__(rank, start + rng.uniform(0.2, 2.0)))
+            until = start + rng.uniform(0.2, 2.0)
+            self.at(start, lambda: self._cut_off(rank, until))
         for r in self.ranks:
             if rng.random() < cfg.engine_crash:
                 self._crash_points[r] = rng.randint(1, 6)
         if rng.random() < cfg.controller_crash:
             self.at(rng.uniform(0.0, 4.0), self._crash_controller)
+        if self.store is not None:
+            self.store.start()
         self.at(0.0, self._start_first)
         while self._events:
             when, _, fn = heapq.heappop(self._events)
@@ -338,9 +391,11 @@ def simulate(seed: int, config: SimConfig | None = None, *,
              core_factory: type[OperationCore] = OperationCore,
              ledger_factory: Callable[[Mapping[str, Callable[..., Any]]],
                                       OperationLedger] | None = None,
+             membership_factory: Callable[..., Membership] = Membership,
              trace: bool = False) -> Simulation:
     """Run the simulation of ``seed``; raises SimulationViolation naming it."""
-    sim = Simulation(seed, config or SimConfig(), core_factory, ledger_factory, trace)
+    sim = Simulation(seed, config or SimConfig(), core_factory, ledger_factory, trace,
+                     membership_factory)
     sim.run()
     return sim
 

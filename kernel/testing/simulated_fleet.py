@@ -59,6 +59,10 @@ class World(Protocol):
                      on_reply: Callable[[dict[str, Any]], None]) -> None: ...
     def engine_crash_point(self, rank: int) -> tuple[bool, bool]: ...
     def controller_done(self, controller: SimController) -> None: ...
+    def engine_changed(self, rank: int, restarted: bool) -> None: ...
+    def routable(self, rank: int) -> bool: ...
+    def reachable(self, rank: int) -> bool: ...
+    def incarnation(self, rank: int) -> int | None: ...
 
 
 class _Endpoint:
@@ -101,12 +105,14 @@ class SimEngine:
         self.alive = False
         self.crashed = True
         self.sim.log(f"engine {self.rank} crashed")
+        self.sim.engine_changed(self.rank, restarted=False)
 
     def restart(self) -> None:
         self.incarnation += 1
         self.alive = True
         self._boot()
         self.sim.log(f"engine {self.rank} restarted")
+        self.sim.engine_changed(self.rank, restarted=True)
 
     # -- step bodies -------------------------------------------------------------------
     def _body(self) -> None:
@@ -195,6 +201,7 @@ class SimController:
         self.seq = 0
         self.result: OperationResult | None = None
         self.observed: dict[int, Any] = {}
+        self.sent: dict[int, int] = {}  # rank -> the incarnation the dispatch in flight went to
 
     def start(self) -> None:
         self._next()
@@ -211,14 +218,42 @@ class SimController:
         self.seq += 1
         seq = self.seq
         self.sim.log(f"controller {self.peer}: {d.phase} {d.step} -> {d.ranks}")
+        self.sent = {}
         for r in d.ranks:
+            incarnation = self.sim.incarnation(r)
+            if not self.sim.routable(r):  # removed, or lost: not sent (the client's rule)
+                self.core.record(r, StepOutcome.NOT_DELIVERED, "not a live member")
+                continue
+            self.sent[r] = -1 if incarnation is None else incarnation
             if d.check:
                 msg: dict[str, Any] = {"kind": "info"}
             else:
                 msg = {"kind": "step", "step": _step_request(d, self.core.ranks)}
             msg.update(peer=self.peer, seq=seq)
             self.sim.send_request(r, msg, partial(self._reply, d, seq, r))
+        if self.core.inflight is not d:  # not sent anywhere: settled already
+            self._next()
+            return
         self.sim.at(self.sim.now + (d.timeout or 1.0), lambda: self._deadline(d, seq))
+
+    def fail(self, rank: int, cause: str, detail: str) -> None:
+        """The client fails ``rank``'s call in flight (``cause``: ``liveness`` — the
+        rank was lost; ``restart`` — a new process; ``store`` — a membership
+        removal). A call whose process is alive and reachable must never fail
+        because of the store."""
+        d = self.core.inflight
+        if self.dead or self.sim.now < self.frozen_until or d is None \
+                or rank not in self.sent or self.core.has_outcome(rank):
+            return
+        current = self.sim.incarnation(rank)
+        if cause == "restart" and self.sent[rank] == current:
+            return  # sent to the new process
+        if cause == "store" and self.sent[rank] == current and self.sim.reachable(rank):
+            self.sim.violate(f"a call to live rank {rank} failed because of the store "
+                             f"({detail})")
+        self.core.record(rank, StepOutcome.UNKNOWN, detail)
+        if self.core.inflight is None:
+            self._next()
 
     def _frozen(self, fn: Callable[[], None]) -> bool:
         """While stalled, whatever reaches this controller waits until it wakes."""

@@ -1,13 +1,20 @@
-"""The membership view (sans-IO): revisions, incarnations, admission, bounds; and the
-peer table's side of ranks that come and go."""
+"""The membership view (sans-IO): revisions, incarnations, admission, bounds, a lost
+registration kept apart from a removal; and the peer table's side of ranks that come
+and go."""
 
 from __future__ import annotations
 
 import pytest
 
-from ctlwire.kernel.core.membership import ChangeKind, Membership, MembershipEvent
+from ctlwire.kernel.core.membership import (
+    DIED_REASON,
+    REMOVED_REASON,
+    ChangeKind,
+    Membership,
+    MembershipEvent,
+)
 from ctlwire.kernel.core.peer_table import PeerTable
-from ctlwire.states import PeerState
+from ctlwire.states import MemberState, PeerState
 
 
 def test_initial_ranks_are_present_and_admitted_joining_ones_are_not() -> None:
@@ -102,3 +109,65 @@ def test_peer_table_forgets_a_removed_rank_but_keeps_it_fenced() -> None:
     assert not table.is_stale(1, 300) and table.is_stale(1, 100)
     assert table.seen(1, 300, 0.3) == []
     assert table.state(1) is PeerState.CONNECTED and table.peers[1].incarnation == 300
+
+
+def test_a_lost_registration_keeps_a_live_rank_present_admitted_and_restorable() -> None:
+    alive = {1: True, 2: True}
+    view = Membership([1, 2], alive=lambda r: alive[r])
+    view.apply(MembershipEvent("add", 1, "a", incarnation=7, revision=3))
+    assert view.admit(1) and view.state(1) is MemberState.REGISTERED
+    lost = view.apply(MembershipEvent("lost", 1, incarnation=7, revision=4))
+    assert lost is not None and lost.kind is ChangeKind.REGISTRATION_LOST
+    assert view.state(1) is MemberState.REGISTRATION_LOST
+    # still present, admitted and routed to
+    assert view.routable() == ((1, 2), {}) and view.ranks == (1, 2)
+    assert view.apply(MembershipEvent("lost", 1, incarnation=7, revision=5)) is None  # a repeat
+    # registered again by the same incarnation: restored, admission kept
+    back = view.apply(MembershipEvent("add", 1, "a", incarnation=7, revision=6))
+    assert back is not None and back.kind is ChangeKind.RESTORED
+    assert view.state(1) is MemberState.REGISTERED and view.is_admitted(1)
+    # a lost registration's rank that is lost by liveness leaves; a registered one stays
+    view.apply(MembershipEvent("lost", 1, incarnation=7, revision=7))
+    assert view.rank_died(2) is None and 2 in view
+    alive[1] = False
+    died = view.rank_died(1)
+    assert died is not None and died.kind is ChangeKind.REMOVED and died.reason == DIED_REASON
+    assert 1 not in view and view.state(1) is MemberState.REMOVED
+    assert view.rank_died(1) is None
+    assert (view.counters["registration_lost"], view.counters["restored"],
+            view.counters["died"], view.counters["removed"]) == (2, 1, 1, 1)
+    # a replay of its older registration cannot bring it back; a newer one can
+    assert view.apply(MembershipEvent("add", 1, "a", incarnation=7, revision=6)) is None
+    again = view.apply(MembershipEvent("add", 1, "a", incarnation=8, revision=9))
+    assert again is not None and again.kind is ChangeKind.ADDED and not view.is_admitted(1)
+
+
+def test_a_lost_registration_of_a_dead_rank_removes_it_and_a_deletion_always_does() -> None:
+    view = Membership([0, 1, 2], alive=lambda r: r != 0)
+    gone = view.apply(MembershipEvent("lost", 0, revision=2))
+    assert gone is not None and gone.kind is ChangeKind.REMOVED and gone.reason == DIED_REASON
+    removed = view.apply(MembershipEvent("remove", 1, revision=3))
+    assert removed is not None and removed.reason == REMOVED_REASON
+    view.apply(MembershipEvent("lost", 2, revision=4))
+    assert view.state(2) is MemberState.REGISTRATION_LOST
+    removed = view.apply(MembershipEvent("remove", 2, revision=5))  # a lost one, deleted
+    assert removed is not None and removed.kind is ChangeKind.REMOVED
+    assert view.ranks == () and view.counters["died"] == 1
+    assert view.state(9) is MemberState.ABSENT
+
+
+def test_a_deletion_or_loss_of_an_older_incarnation_is_fenced() -> None:
+    view = Membership()
+    view.apply(MembershipEvent("add", 3, "new", incarnation=20, revision=5))
+    # the old process's registration, deleted or expired, says nothing of the new one
+    assert view.apply(MembershipEvent("remove", 3, incarnation=10, revision=6)) is None
+    assert view.apply(MembershipEvent("lost", 3, incarnation=10, revision=7)) is None
+    assert view.counters["fenced_incarnation"] == 2 and view.state(3) is MemberState.REGISTERED
+    # without an incarnation, it is the present registration's
+    assert view.apply(MembershipEvent("lost", 3, revision=8)) is not None
+    # a lost and restored rank that comes back as a newer process must be admitted again
+    view.admit(3)
+    change = view.apply(MembershipEvent("add", 3, "new", incarnation=21, revision=9))
+    assert change is not None and change.kind is ChangeKind.REREGISTERED
+    assert view.state(3) is MemberState.REGISTERED and not view.is_admitted(3)
+    assert view.snapshot()["members"][3]["registration"] == "registered"

@@ -1,5 +1,6 @@
-"""The deterministic fleet simulation: thousands of seeds hold every invariant, a
-failing seed replays exactly, and two planted bugs are caught."""
+"""The deterministic fleet simulation: thousands of seeds hold every invariant (the
+membership store's faults among them), a failing seed replays exactly, and three
+planted bugs are caught."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from ctlwire.kernel.core.membership import REMOVED_REASON, Member, Membership, MembershipChange
 from ctlwire.kernel.core.operation_core import Dispatch, OperationCore
 from ctlwire.kernel.core.operation_plan import step_key
 from ctlwire.kernel.engine.operation_ledger import OperationLedger
@@ -18,7 +20,7 @@ from ctlwire.kernel.testing.operation_simulation import (
     simulate,
     simulate_many,
 )
-from ctlwire.states import OperationState, RankState
+from ctlwire.states import MemberEvent, OperationState, RankState
 
 SEEDS = int(os.environ.get("CTLWIRE_SIM_SEEDS", "2000"))  # more behind this variable
 
@@ -71,6 +73,14 @@ def forgets_pause(handlers: Mapping[str, Callable[..., Any]]) -> OperationLedger
     return Forgetful(handlers, clock=lambda: 2e9)
 
 
+class FailsOnLeaseLoss(Membership):
+    """Planted bug: a registration whose lease vanished removes its rank at once, and
+    its calls fail (the store taken for the source of liveness)."""
+
+    def _lose_registration(self, current: Member, revision: int) -> MembershipChange | None:
+        return self._leave(current, revision, MemberEvent.DEREGISTER, REMOVED_REASON)
+
+
 def first_violation(**kwargs: Any) -> SimulationViolation:
     for seed in range(2000):
         try:
@@ -100,3 +110,29 @@ def test_a_failing_seed_replays_exactly(capsys: pytest.CaptureFixture[str]) -> N
     assert main(["--seed", str(caught.seed)]) == 0
     out = capsys.readouterr().out
     assert "20 runs, no violation" in out and f"seed {caught.seed}:" in out
+
+
+def test_failing_calls_on_lease_loss_is_caught_and_replays() -> None:
+    caught = first_violation(membership_factory=FailsOnLeaseLoss)
+    assert "a call to live rank" in str(caught) and "because of the store" in str(caught)
+    with pytest.raises(SimulationViolation) as again:
+        simulate(caught.seed, membership_factory=FailsOnLeaseLoss)
+    assert again.value.trace == caught.trace
+    # the same seed holds with the real membership
+    simulate(caught.seed)
+
+
+def test_the_store_faults_happen_and_live_ranks_lose_and_regain_registrations() -> None:
+    kinds: set[str] = set()
+    lost = restored = died = 0
+    for seed in range(300):
+        sim = simulate(seed)
+        assert sim.store is not None
+        kinds |= {kind for kind, _, _ in sim.store.faults}
+        counters = sim.store.view.counters
+        lost += counters["registration_lost"]
+        restored += counters["restored"]
+        died += counters["died"]
+    assert kinds == {"frozen", "down", "slow", "lost_events", "lease_revoked"}
+    # lease losses of live ranks, each either restored or (the rank dead) removed
+    assert lost > 0 and restored > 0 and died > 0
