@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
+from ctlwire.kernel.errors import CtlwireError
+
 __all__ = ["Entry", "SimStore", "StoreConfig", "StoreError", "StoreWorld", "Watcher"]
 
 
@@ -34,7 +36,7 @@ class StoreConfig:
     latency: float = 0.01
 
 
-class StoreError(Exception):
+class StoreError(CtlwireError):
     """The store answered with an error (a lease not found, a compacted revision)."""
 
 
