@@ -15,7 +15,7 @@ from typing import Literal
 from ctlwire.kernel.core.operation_plan import OperationPlan
 from ctlwire.kernel.engine.operation_ledger import LastOperation
 
-__all__ = ["Recovery", "RecoveryAction", "recovery_of"]
+__all__ = ["Recovery", "RecoveryAction", "recovery_of", "unsettled"]
 
 
 RecoveryAction = Literal["compensate", "roll_forward", "done"]
@@ -82,3 +82,16 @@ def recovery_of(plan: OperationPlan, answers: Mapping[int, LastOperation | Excep
                     complete=complete and not missing, compensated=compensated,
                     undone=undone, ranks=op_ranks, missing=missing, action=action,
                     remaining=remaining)
+
+
+def unsettled(plan: OperationPlan, last: LastOperation) -> bool:
+    """Whether ``last`` is an operation of ``plan`` left mid-way on its rank: steps
+    applied, but neither every step (committed) nor every compensation due."""
+    names = [s.name for s in plan.steps]
+    if not last.op.startswith(f"{plan.name}@") or not last.steps:
+        return False
+    if list(last.steps) == names and not last.undone:
+        return False
+    due = [n for n in last.steps if n in names
+           and plan.steps[plan.index(n)].compensation is not None]
+    return not (last.undone and all(n in last.undone for n in due))

@@ -71,16 +71,14 @@ from ctlwire.kernel.core.operation_result import OperationResult, ProgressEvent
 from ctlwire.kernel.core.peer_table import Progress
 from ctlwire.kernel.core.quarantine import Quarantine
 from ctlwire.kernel.engine.operation_ledger import (
-    LAST_OPERATION_METHOD,
     STEP_METHOD,
     STEP_METHODS_METHOD,
-    TAKE_OVER_METHOD,
     LastOperation,
     StepRequest,
-    TakeOver,
 )
-from ctlwire.kernel.errors import ReleaseRefused, RemoteError, RequestTimedOut, RequestTooLarge
-from ctlwire.kernel.operation_recovery import Recovery, recovery_of
+from ctlwire.kernel.errors import ReleaseRefused, RequestTooLarge
+from ctlwire.kernel.ledger_reads import read_last_operations
+from ctlwire.kernel.operation_recovery import Recovery, recovery_of, unsettled
 from ctlwire.kernel.step_outcomes import Outcome, answers, classify, outcomes, refused
 from ctlwire.transports.codec import PayloadTypeError
 
@@ -408,32 +406,7 @@ class OperationRunner:
         changes anything there afterwards; a rank running a step is asked again
         (within ``timeout``) once it returned."""
         targets = tuple(ranks) if ranks is not None else self.client.ranks
-        method = LAST_OPERATION_METHOD if fence is None else TAKE_OVER_METHOD
-        payload = None if fence is None else TakeOver(fence)
-        out: dict[int, LastOperation | Exception] = {}
-        ask = targets
-        with anyio.move_on_after(timeout):
-            while ask:
-                res = await answers(self.client, method, payload, ranks=ask, timeout=timeout,
-                                    result_type=LastOperation)
-                if res is None:
-                    break
-                busy = []
-                for rank in ask:
-                    if rank in res.results:
-                        out[rank] = res.results[rank]
-                        continue
-                    error = res.errors.get(rank)
-                    if error is not None:
-                        out[rank] = error
-                        if isinstance(error, RemoteError) and error.type_name == "StepInFlight":
-                            busy.append(rank)
-                ask = tuple(busy)
-                if ask:
-                    await anyio.sleep(0.05)
-        for rank in targets:
-            out.setdefault(rank, RequestTimedOut(method, timeout))
-        return out
+        return await read_last_operations(self.client, targets, timeout, fence)
 
     async def recover(self, plan: OperationPlan, ranks: Sequence[int] | None = None,
                       timeout: float = 5.0, *, fence: int | None = None) -> Recovery | None:
@@ -452,19 +425,10 @@ class OperationRunner:
         restart): every rank whose last operation of ``plan`` is unsettled there
         -- steps applied, but neither every step nor every compensation due -- is
         quarantined (step ``""``: left mid-operation). Returns the ranks added."""
-        names = [s.name for s in plan.steps]
-        prefix = f"{plan.name}@"
         added = []
         for rank, last in sorted((await self.last_operations(ranks, timeout)).items()):
-            if not isinstance(last, LastOperation) or not last.op.startswith(prefix):
-                continue
-            if not last.steps or (list(last.steps) == names and not last.undone):
-                continue  # nothing applied, or committed
-            due = [n for n in last.steps if n in names
-                   and plan.steps[plan.index(n)].compensation is not None]
-            if last.undone and all(n in last.undone for n in due):
-                continue  # compensated
-            if rank not in self.quarantined:
+            if isinstance(last, LastOperation) and unsettled(plan, last) \
+                    and rank not in self.quarantined:
                 added.append(rank)
                 self.quarantine(rank, last.op, "", f"left mid-operation: applied {last.steps}, "
                                                    f"undone {last.undone}",

@@ -423,19 +423,17 @@ class ControlClient:
             mode = self.method_kinds.default_mode(method)
         box = self.mailboxes.for_mode(mode, method)  # None: concurrent
         watch = box.watching if box is not None and mode == "watching" else None
-        by_method = on_progress if watch is not None else None  # watchers share a request
-        if by_method is not None:
+        if (by_method := on_progress if watch is not None else None) is not None:
             self.progress_callbacks.add_method(method, by_method)
         deadline = issuer.now() + budget
         result: FanOutResult | None = None
         try:
             while True:
                 try:
-                    more = await (issuer.fan_out(method, raw, targets, pol, budget, deadline,
-                                                 result_type, key, fence, box, on_progress)
-                                  if watch is None
-                                  else watch(raw, targets, pol, budget, deadline, result_type,
-                                             key, fence))
+                    more = await (watch(raw, targets, pol, budget, deadline, result_type, key,
+                                        fence) if watch is not None else issuer.fan_out(
+                        method, raw, targets, pol, budget, deadline, result_type, key, fence,
+                        box, on_progress))
                     error = None
                 except FanOutFailed as exc:
                     more, error = exc.result, exc

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 
 from ctlwire.kernel import (
@@ -94,9 +95,14 @@ async def test_a_restarted_rank_catches_up_alone_and_is_released(ctlwire_harness
         first = await runner.run(plan(1))
         assert first.state is OperationState.DEGRADED and first.quarantined == (1,)
         # the rank restarts on its old weights: still quarantined, and release refuses it
+        old = h.client.rank_status(1)["incarnation"]
         h.stop_engine(1)
+        with anyio.fail_after(10):  # the client has seen the old process go
+            while h.client.rank_status(1)["alive"]:
+                await anyio.sleep(0.01)
         await h.start_engine(1)
         await h.client.wait_ready(timeout=10)
+        assert h.client.rank_status(1)["incarnation"] != old
         with pytest.raises(ReleaseRefused, match="version"):
             await runner.release(1)
         assert runner.routable_ranks() == (0, 2)
