@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from ctlwire.transports.errors import EndpointError
+from ctlwire.transports.errors import EndpointError, TransportClosed
 from ctlwire.transports.ipc_path import (
     check_ipc_connect,
     ipc_path,
@@ -56,6 +56,7 @@ __all__ = [
     "InsecureAddress",
     "InsecureBind",
     "InsecureTcp",
+    "TransportContext",
     "ZmqOptions",
     "beacon_address_for",
     "beacon_identity",
@@ -197,6 +198,38 @@ class ZmqOptions:
         if sock.type == zmq.ROUTER:
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+
+
+class TransportContext:
+    """The zmq Context a transport makes its sockets in: the caller's (never
+    terminated here), or one of the transport's own, made on first use (when the
+    transport opens) and terminated by :meth:`close`. A transport that is never
+    opened, or whose constructor refuses its arguments, owns no context.
+    """
+
+    __slots__ = ("_closed", "_context", "_own")
+
+    def __init__(self, given: zmq.Context[zmq.Socket[bytes]] | None) -> None:
+        self._context = given
+        self._own = given is None
+        self._closed = False
+
+    def get(self) -> zmq.Context[zmq.Socket[bytes]]:
+        """The context (made now if it is the transport's own and not made yet).
+        Raises :class:`~ctlwire.transports.errors.TransportClosed` for an own
+        context never made before :meth:`close`."""
+        context = self._context
+        if context is None:
+            if self._closed:
+                raise TransportClosed("transport is closed")
+            context = self._context = zmq.Context()
+        return context
+
+    def close(self) -> None:
+        """Terminate the transport's own context, once its sockets are closed."""
+        self._closed = True
+        if self._own and self._context is not None:
+            self._context.term()
 
 
 def rank_identity(rank: int, tag: bytes = b"") -> bytes:

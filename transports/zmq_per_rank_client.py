@@ -263,8 +263,10 @@ class _PerRankClient(_ZmqClientBase):
 
     async def aclose(self) -> None:
         self._events_in.close()
-        await super().aclose()
-        self._events_out.close()
+        try:
+            await super().aclose()
+        finally:
+            self._events_out.close()
 
 
 class ZmqDealerClientTransport(_PerRankClient):
