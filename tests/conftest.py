@@ -3,7 +3,10 @@
 * Every async test runs on both anyio backends (asyncio and trio); modules that
   need virtual time override ``anyio_backend`` with ``virtual_backend``.
 * After every test, every ControlClient the test created has an empty request
-  map (nothing leaked, whatever path the test took).
+  map (nothing leaked, whatever path the test took), and every zmq Context the
+  test created is closed (an open one is destroyed and the test fails: left to the
+  garbage collector, a context with open sockets can block the process in
+  ``Context.__del__``).
 * After the session, no engine process, ipc socket file or private ipc
   directory made by ctlwire is left behind.
 """
@@ -19,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import zmq
 
 from ctlwire.kernel.client.control_client import ControlClient
 
@@ -41,6 +45,48 @@ def request_maps_are_empty_after_each_test(monkeypatch: pytest.MonkeyPatch) -> I
     yield
     leaked = {id(c): c.registry.live() for c in clients if c.registry.live_count}
     assert not leaked, f"request-map entries left behind: {leaked}"
+
+
+#: every zmq Context made since the current test began (strong references: a context
+#: left open is found here, not by the garbage collector at some later point)
+_made_contexts: list[zmq.Context[Any]] = []
+
+
+@pytest.fixture(autouse=True, scope="session")
+def zmq_contexts_are_recorded() -> Iterator[None]:
+    """Record each zmq Context as it is made (``zmq.Context`` and its subclasses,
+    shadows excepted: they do not own what they wrap)."""
+    original = zmq.Context.__init__
+
+    def recording_init(self: zmq.Context[Any], *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if not (kwargs.get("shadow") or (args and not isinstance(args[0], int))):
+            _made_contexts.append(self)
+
+    zmq.Context.__init__ = recording_init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        zmq.Context.__init__ = original  # type: ignore[method-assign]
+
+
+@pytest.fixture(autouse=True)
+def zmq_contexts_are_closed_after_each_test(zmq_contexts_are_recorded: None) -> Iterator[None]:
+    """A test ends with every zmq Context it made closed, the shared
+    ``zmq.Context.instance()`` excepted (made by fixtures of a wider scope: not
+    this test's)."""
+    _made_contexts.clear()
+    yield
+    made = list(_made_contexts)
+    _made_contexts.clear()
+    if not made:
+        return
+    shared = zmq.Context.instance()
+    left = [ctx for ctx in made if not ctx.closed and ctx is not shared]
+    described = [repr(ctx) for ctx in left]
+    for ctx in left:
+        ctx.destroy(linger=0)
+    assert not left, f"zmq contexts left open: {described}"
 
 
 def _children() -> list[int]:

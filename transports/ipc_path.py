@@ -24,7 +24,9 @@ An ipc socket's only protection is the file system. Guarantees:
   (:func:`secure_ipc_file`): the file is opened with ``O_PATH | O_NOFOLLOW``,
   checked to be a socket owned by us, and changed through that descriptor.
 * Abstract names (``ipc://@name``, Linux) have no file and no permissions: any
-  local process can connect. They are allowed for msgpack, never for pickle
+  local process can connect. The transports refuse them unless
+  ``allow_abstract_ipc=True`` (:func:`~ctlwire.transports.zmq_config.check_address`),
+  and then allow msgpack only, never pickle
   (see :mod:`ctlwire.transports.channel_security`).
 """
 

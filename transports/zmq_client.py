@@ -97,7 +97,10 @@ class ZmqRouterClientTransport(_ZmqClientBase):
     :class:`CurveServerConfig` binding each rank to its engine's key with
     ``ranks=``, or saying ``any_rank=True``) or an explicit
     ``allow_insecure_tcp=True`` (:class:`~ctlwire.transports.zmq_config.InsecureBind`
-    otherwise, loopback included). Pickle is refused on tcp without CURVE.
+    otherwise, loopback included); an abstract ipc name (``ipc://@name``) without
+    CURVE needs ``allow_abstract_ipc=True``
+    (:class:`~ctlwire.transports.zmq_config.InsecureAbstractIpc`). Pickle is refused
+    on tcp without CURVE and on abstract names.
 
     Routes under CURVE: rank N's requests go to the identity (``rank-N.TAG``, see
     :class:`~ctlwire.transports.zmq_engine.ZmqDealerEngineTransport`) whose frames
@@ -116,7 +119,8 @@ class ZmqRouterClientTransport(_ZmqClientBase):
     def __init__(self, address: str | None = None, *, codec: Codec | None = None,
                  options: ZmqOptions | None = None, curve: CurveServerConfig | None = None,
                  context: zmq.Context[zmq.Socket[bytes]] | None = None,
-                 allow_insecure_tcp: bool = False, max_connections: int | None = None) -> None:
+                 allow_insecure_tcp: bool = False, max_connections: int | None = None,
+                 allow_abstract_ipc: bool = False) -> None:
         super().__init__(codec=codec, options=options, context=context)
         self._connections = (ConnectionBound(max_connections)
                              if max_connections is not None else None)
@@ -126,7 +130,8 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         if curve is not None:
             curve.require_rank_binding()
         check_bind_address(self.address, curve=curve is not None,
-                           allow_insecure_tcp=allow_insecure_tcp)
+                           allow_insecure_tcp=allow_insecure_tcp,
+                           allow_abstract_ipc=allow_abstract_ipc)
         check_pickle_allowed(self.codec, self.address, curve is not None)
         self._sock: AsyncZmqSocket | None = None
         self._pending: deque[TransportEvent] = deque()

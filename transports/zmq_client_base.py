@@ -5,6 +5,10 @@
 per-rank clients of :mod:`ctlwire.transports.zmq_per_rank_client`.
 Closing never hangs: monitors first, then sockets with a bounded linger, then
 the authenticator and the context the transport created, then the ipc files it bound.
+Closing is cancellation-proof: leaving ``async with`` (or :meth:`aclose`) from a
+cancelled scope, or because a sibling task failed, still closes every socket, the
+context and the ipc files, on asyncio and trio (the close is synchronous and runs
+once the transport's tasks have ended, whatever their task group's exit raises).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from ctlwire.transports.protocol_version import (
 )
 from ctlwire.transports.transport import Dropped, Received, TransportEvent
 from ctlwire.transports.zmq_config import (
+    TransportContext,
     ZmqOptions,
     bind_socket,
     private_ipc_address,
@@ -49,8 +54,7 @@ class _ZmqClientBase:
                  context: zmq.Context[zmq.Socket[bytes]] | None) -> None:
         self.codec = codec or MsgpackCodec()
         self.options = options or ZmqOptions()
-        self._own_context = context is None
-        self.context: zmq.Context[zmq.Socket[bytes]] = context or zmq.Context()
+        self._context = TransportContext(context)
         self._sockets: list[AsyncZmqSocket] = []
         self._raw: list[zmq.Socket[bytes]] = []  # every socket made, closed on close
         self._monitors: list[SocketMonitor] = []
@@ -62,6 +66,12 @@ class _ZmqClientBase:
         self.counters: dict[str, int] = {"sent": 0, "received": 0, "unknown_peer": 0}
         #: rank -> the unsupported protocol version its engine announced (see _versioned)
         self._refused_versions: dict[int, int] = {}
+
+    @property
+    def context(self) -> zmq.Context[zmq.Socket[bytes]]:
+        """The context the sockets are made in: the one given, else this transport's
+        own, made when it opens and terminated when it closes."""
+        return self._context.get()
 
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self.context.socket(kind)
@@ -90,7 +100,11 @@ class _ZmqClientBase:
             self._close_sync()
             raise
         tg = anyio.create_task_group()
-        await tg.__aenter__()
+        try:
+            await tg.__aenter__()
+        except BaseException:
+            self._close_sync()
+            raise
         self._tg = tg
         self._start_tasks(tg)
         return self
@@ -105,11 +119,16 @@ class _ZmqClientBase:
         return sum(m.auth_failures for m in self._monitors)
 
     async def aclose(self) -> None:
+        """Stop this transport's tasks, then close every socket, the context it made
+        and its ipc files. The close happens even when the exit of the tasks' group
+        raises (a cancelled enclosing scope re-raises its cancellation there, on trio)."""
         tg, self._tg = self._tg, None
-        if tg is not None:
-            tg.cancel_scope.cancel()
-            await tg.__aexit__(None, None, None)
-        self._close_sync()
+        try:
+            if tg is not None:
+                tg.cancel_scope.cancel()
+                await tg.__aexit__(None, None, None)
+        finally:
+            self._close_sync()
 
     def _close_sync(self) -> None:
         if self._closed:
@@ -124,8 +143,7 @@ class _ZmqClientBase:
                 raw.close(self.options.linger_ms)
         if self._auth is not None:
             self._auth.stop()
-        if self._own_context:
-            self.context.term()
+        self._context.close()
         for address, private in self._bound_ipc:
             remove_ipc_file(address, private_dir=private)
 

@@ -21,8 +21,10 @@ the caller must be safe (:mod:`ctlwire.transports.ipc_path`); ipc socket files
 are made ``0600`` right after bind (never through a link). tcp without CURVE,
 loopback included (any local process can connect and speak as any rank), is
 refused at construction, for binds and connects alike, unless
-``allow_insecure_tcp=True`` is passed (:func:`check_tcp_address`,
-:class:`InsecureTcp`).
+``allow_insecure_tcp=True`` is passed (:func:`check_address`,
+:class:`InsecureTcp`); so is an abstract ipc name (``ipc://@name``: no file, no
+permissions, any local process can connect) without CURVE, unless
+``allow_abstract_ipc=True`` (:class:`InsecureAbstractIpc`).
 Every bind and connect goes through :func:`bind_socket` / :func:`connect_socket`:
 a refusal is an :class:`~ctlwire.transports.errors.EndpointError`, IPv6 is
 enabled for IPv6 hosts (``tcp://[::1]:PORT``).
@@ -40,23 +42,27 @@ from dataclasses import dataclass
 
 import zmq
 
-from ctlwire.transports.errors import CtlwireError, EndpointError
+from ctlwire.transports.errors import CtlwireError, EndpointError, TransportClosed
 from ctlwire.transports.ipc_path import (
     check_ipc_connect,
     ipc_path,
+    is_abstract,
     prepare_ipc_bind,
     secure_ipc_file,
 )
 
 __all__ = [
+    "InsecureAbstractIpc",
+    "InsecureAddress",
     "InsecureBind",
     "InsecureTcp",
+    "TransportContext",
     "ZmqOptions",
     "beacon_address_for",
     "beacon_identity",
     "bind_socket",
+    "check_address",
     "check_bind_address",
-    "check_tcp_address",
     "connect_socket",
     "ipc_path",
     "new_identity_tag",
@@ -74,12 +80,21 @@ __all__ = [
 _FRAMING_SLACK = 64 * 1024
 
 
-class InsecureTcp(CtlwireError, ValueError):
+class InsecureAddress(CtlwireError, ValueError):
+    """An address any local process can reach unauthenticated, not explicitly allowed."""
+
+
+class InsecureTcp(InsecureAddress):
     """tcp without CURVE that was not explicitly allowed (``allow_insecure_tcp=True``)."""
 
 
 class InsecureBind(InsecureTcp):
     """A tcp bind without CURVE that was not explicitly allowed."""
+
+
+class InsecureAbstractIpc(InsecureAddress):
+    """An abstract ipc name (``ipc://@name``) without CURVE that was not explicitly
+    allowed (``allow_abstract_ipc=True``)."""
 
 
 @dataclass(frozen=True)
@@ -185,6 +200,38 @@ class ZmqOptions:
             sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
 
 
+class TransportContext:
+    """The zmq Context a transport makes its sockets in: the caller's (never
+    terminated here), or one of the transport's own, made on first use (when the
+    transport opens) and terminated by :meth:`close`. A transport that is never
+    opened, or whose constructor refuses its arguments, owns no context.
+    """
+
+    __slots__ = ("_closed", "_context", "_own")
+
+    def __init__(self, given: zmq.Context[zmq.Socket[bytes]] | None) -> None:
+        self._context = given
+        self._own = given is None
+        self._closed = False
+
+    def get(self) -> zmq.Context[zmq.Socket[bytes]]:
+        """The context (made now if it is the transport's own and not made yet).
+        Raises :class:`~ctlwire.transports.errors.TransportClosed` for an own
+        context never made before :meth:`close`."""
+        context = self._context
+        if context is None:
+            if self._closed:
+                raise TransportClosed("transport is closed")
+            context = self._context = zmq.Context()
+        return context
+
+    def close(self) -> None:
+        """Terminate the transport's own context, once its sockets are closed."""
+        self._closed = True
+        if self._own and self._context is not None:
+            self._context.term()
+
+
 def rank_identity(rank: int, tag: bytes = b"") -> bytes:
     """The ZeroMQ routing identity of an engine rank: ``rank-N``, or ``rank-N.TAG``
     for a connection tagged with :func:`new_identity_tag` (under CURVE: a route a
@@ -286,29 +333,42 @@ def remove_ipc_file(address: str, *, private_dir: bool = False) -> None:
             os.rmdir(os.path.dirname(path))
 
 
-def check_tcp_address(address: str, *, curve: bool, allow_insecure_tcp: bool,
-                      bind: bool = False) -> None:
-    """Refuse tcp without CURVE, loopback included, unless ``allow_insecure_tcp``.
+def check_address(address: str, *, curve: bool, allow_insecure_tcp: bool = False,
+                  allow_abstract_ipc: bool = False, bind: bool = False) -> None:
+    """Refuse an address any local process reaches unauthenticated, unless allowed.
 
-    Without CURVE nothing authenticates a tcp peer: any process that can reach the
-    port (on loopback, every local user) can send requests, replies and heartbeats
-    under any rank's name. Raises :class:`InsecureBind` for a bind,
-    :class:`InsecureTcp` for a connect; other schemes pass."""
-    if not address.startswith("tcp://") or curve or allow_insecure_tcp:
+    Without CURVE nothing authenticates a peer on tcp (any process that can reach
+    the port, on loopback every local user) or on an abstract ipc name (no file, so
+    no permissions: every local process): it can send requests, replies and
+    heartbeats under any rank's name. Raises :class:`InsecureBind` for a tcp bind,
+    :class:`InsecureTcp` for a tcp connect (unless ``allow_insecure_tcp``), and
+    :class:`InsecureAbstractIpc` for an abstract name (unless ``allow_abstract_ipc``);
+    every other address passes."""
+    if curve:
         return
-    host = _tcp_host(address) or ""
-    where = "on loopback " if _is_loopback(host) else ""
     side = "bind" if bind else "connect to"
-    error = InsecureBind if bind else InsecureTcp
-    raise error(
-        f"refusing to {side} {address} without CURVE: any process that can reach it "
-        f"{where}is unauthenticated and can speak for any rank; use ipc (the default), "
-        "enable CURVE, or pass allow_insecure_tcp=True")
+    if address.startswith("tcp://") and not allow_insecure_tcp:
+        host = _tcp_host(address) or ""
+        where = "on loopback " if _is_loopback(host) else ""
+        error = InsecureBind if bind else InsecureTcp
+        raise error(
+            f"refusing to {side} {address} without CURVE: any process that can reach it "
+            f"{where}is unauthenticated and can speak for any rank; use ipc (the default), "
+            "enable CURVE, or pass allow_insecure_tcp=True")
+    path = ipc_path(address)
+    if path is not None and is_abstract(path) and not allow_abstract_ipc:
+        raise InsecureAbstractIpc(
+            f"refusing to {side} {address}: an abstract ipc name has no file permissions, "
+            "so every local process can connect and speak for any rank; use an ipc path "
+            "in a private directory (the default), enable CURVE, or pass "
+            "allow_abstract_ipc=True")
 
 
-def check_bind_address(address: str, *, curve: bool, allow_insecure_tcp: bool) -> None:
-    """:func:`check_tcp_address` for a bind."""
-    check_tcp_address(address, curve=curve, allow_insecure_tcp=allow_insecure_tcp, bind=True)
+def check_bind_address(address: str, *, curve: bool, allow_insecure_tcp: bool = False,
+                       allow_abstract_ipc: bool = False) -> None:
+    """:func:`check_address` for a bind."""
+    check_address(address, curve=curve, allow_insecure_tcp=allow_insecure_tcp,
+                  allow_abstract_ipc=allow_abstract_ipc, bind=True)
 
 
 def _is_loopback(host: str) -> bool:

@@ -36,8 +36,8 @@ from ctlwire.transports.zmq_config import (
     ZmqOptions,
     beacon_address_for,
     beacon_identity,
+    check_address,
     check_bind_address,
-    check_tcp_address,
     connect_socket,
     new_identity_tag,
     rank_from_identity,
@@ -59,8 +59,9 @@ class ZmqDealerEngineTransport(ZmqEngineBase):
     """A DEALER with identity ``rank-N`` connecting to the client's ROUTER at ``address``.
 
     ``curve`` is a :class:`CurveClientConfig` when the client's ROUTER runs CURVE;
-    tcp without it needs ``allow_insecure_tcp=True``. Pickle over tcp is refused
-    without CURVE.
+    tcp without it needs ``allow_insecure_tcp=True``, an abstract ipc name
+    (``ipc://@name``) ``allow_abstract_ipc=True``. Pickle over tcp is refused
+    without CURVE, and on abstract names.
 
     Under CURVE the identities carry a random tag, ``rank-N.TAG`` and ``beat-N.TAG``
     (the same tag, fixed for the transport's life): the client routes rank N's
@@ -72,12 +73,13 @@ class ZmqDealerEngineTransport(ZmqEngineBase):
     def __init__(self, address: str, rank: int, *, codec: Codec | None = None,
                  options: ZmqOptions | None = None, curve: CurveClientConfig | None = None,
                  context: zmq.Context[zmq.Socket[bytes]] | None = None,
-                 allow_insecure_tcp: bool = False, identity_tag: bytes | None = None) -> None:
+                 allow_insecure_tcp: bool = False, identity_tag: bytes | None = None,
+                 allow_abstract_ipc: bool = False) -> None:
         super().__init__(rank, codec=codec, options=options, context=context)
         self.address = address
         self.curve = curve
-        check_tcp_address(address, curve=curve is not None,
-                          allow_insecure_tcp=allow_insecure_tcp)
+        check_address(address, curve=curve is not None, allow_insecure_tcp=allow_insecure_tcp,
+                      allow_abstract_ipc=allow_abstract_ipc)
         check_pickle_allowed(self.codec, address, curve is not None)
         if (identity_tag is not None and curve is not None
                 and rank_from_identity(rank_identity(rank, identity_tag)) != rank):
@@ -167,7 +169,8 @@ class ZmqRouterEngineTransport(ZmqEngineBase):
     (:attr:`connections_refused`, see
     :class:`~ctlwire.transports.connection_guard.ConnectionGuard`); None: no bound.
     ``curve`` is a :class:`CurveServerConfig` allow-listing the clients' keys;
-    tcp without it needs ``allow_insecure_tcp=True``.
+    tcp without it needs ``allow_insecure_tcp=True``, an abstract ipc name
+    ``allow_abstract_ipc=True``.
     """
 
     routed = True
@@ -178,17 +181,17 @@ class ZmqRouterEngineTransport(ZmqEngineBase):
                  context: zmq.Context[zmq.Socket[bytes]] | None = None,
                  allow_insecure_tcp: bool = False, max_clients: int = 64,
                  beacon_address: str | None = None, route_idle: float = 10.0,
-                 max_connections: int | None = 64) -> None:
+                 max_connections: int | None = 64, allow_abstract_ipc: bool = False) -> None:
         super().__init__(rank, codec=codec, options=options, context=context)
         self.address = address
         self.max_connections = max_connections
         self.beacon_address = beacon_address or beacon_address_for(address)
-        if self.beacon_address is not None:
-            check_bind_address(self.beacon_address, curve=curve is not None,
-                               allow_insecure_tcp=allow_insecure_tcp)
+        for bound in (address, self.beacon_address):
+            if bound is not None:
+                check_bind_address(bound, curve=curve is not None,
+                                   allow_insecure_tcp=allow_insecure_tcp,
+                                   allow_abstract_ipc=allow_abstract_ipc)
         self.curve = curve
-        check_bind_address(address, curve=curve is not None,
-                           allow_insecure_tcp=allow_insecure_tcp)
         check_pickle_allowed(self.codec, address, curve is not None)
         self._clients: OrderedDict[bytes, float] = OrderedDict()  # route -> last heard
         self.max_clients = max_clients
@@ -257,18 +260,22 @@ class ZmqRouterEngineTransport(ZmqEngineBase):
 class ZmqPushPullEngineTransport(ZmqEngineBase):
     """A PULL bound at ``request_address``, a PUSH connected to ``reply_address``.
     At most ``max_connections`` connections stay open on the PULL (see
-    :class:`ZmqRouterEngineTransport`)."""
+    :class:`ZmqRouterEngineTransport`). No CURVE: tcp needs ``allow_insecure_tcp=True``,
+    an abstract ipc name ``allow_abstract_ipc=True``."""
 
     def __init__(self, request_address: str, reply_address: str, rank: int, *,
                  codec: Codec | None = None, options: ZmqOptions | None = None,
                  context: zmq.Context[zmq.Socket[bytes]] | None = None,
-                 allow_insecure_tcp: bool = False, max_connections: int | None = 64) -> None:
+                 allow_insecure_tcp: bool = False, max_connections: int | None = 64,
+                 allow_abstract_ipc: bool = False) -> None:
         super().__init__(rank, codec=codec, options=options, context=context)
         self.max_connections = max_connections
         self.request_address = request_address
         self.reply_address = reply_address
-        check_bind_address(request_address, curve=False, allow_insecure_tcp=allow_insecure_tcp)
-        check_tcp_address(reply_address, curve=False, allow_insecure_tcp=allow_insecure_tcp)
+        check_bind_address(request_address, curve=False, allow_insecure_tcp=allow_insecure_tcp,
+                           allow_abstract_ipc=allow_abstract_ipc)
+        check_address(reply_address, curve=False, allow_insecure_tcp=allow_insecure_tcp,
+                      allow_abstract_ipc=allow_abstract_ipc)
         check_pickle_allowed(self.codec, request_address, False)
         check_pickle_allowed(self.codec, reply_address, False)
 
@@ -295,10 +302,12 @@ class ZmqPairEngineTransport(ZmqEngineBase):
 
     def __init__(self, address: str, rank: int, *,
                  context: zmq.Context[zmq.Socket[bytes]], codec: Codec | None = None,
-                 options: ZmqOptions | None = None, allow_insecure_tcp: bool = False) -> None:
+                 options: ZmqOptions | None = None, allow_insecure_tcp: bool = False,
+                 allow_abstract_ipc: bool = False) -> None:
         super().__init__(rank, codec=codec, options=options, context=context)
         self.address = address
-        check_tcp_address(address, curve=False, allow_insecure_tcp=allow_insecure_tcp)
+        check_address(address, curve=False, allow_insecure_tcp=allow_insecure_tcp,
+                      allow_abstract_ipc=allow_abstract_ipc)
         check_pickle_allowed(self.codec, address, False)
 
     def _setup(self) -> None:

@@ -27,6 +27,7 @@ from ctlwire.transports.memory import decode_event
 from ctlwire.transports.transport import Dropped, Received, Route, TransportEvent
 from ctlwire.transports.zmq_beacon import BeaconStatus, LivenessBeacon, configure_beacon_socket
 from ctlwire.transports.zmq_config import (
+    TransportContext,
     ZmqOptions,
     bind_socket,
     remove_ipc_file,
@@ -58,8 +59,7 @@ class ZmqEngineBase:
         self.rank = rank
         self.codec = codec or MsgpackCodec()
         self.options = options or ZmqOptions()
-        self._own_context = context is None
-        self.context: zmq.Context[zmq.Socket[bytes]] = context or zmq.Context()
+        self._context = TransportContext(context)
         self._recv: AsyncZmqSocket | None = None
         self._send: AsyncZmqSocket | None = None
         self._auth: CurveAuthenticator | None = None
@@ -115,6 +115,12 @@ class ZmqEngineBase:
         messages = (options.effective_sndhwm(limit, peer_sized=self.replies_to_any_peer)
                     + options.effective_rcvhwm(limit) + 2)
         return messages * options.hard_limit(limit)
+
+    @property
+    def context(self) -> zmq.Context[zmq.Socket[bytes]]:
+        """The context the sockets are made in: the one given, else this transport's
+        own, made when it opens and terminated when it closes."""
+        return self._context.get()
 
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self.context.socket(kind)
@@ -213,8 +219,7 @@ class ZmqEngineBase:
                 raw.close(self.options.linger_ms)
         if self._auth is not None:
             self._auth.stop()
-        if self._own_context:
-            self.context.term()
+        self._context.close()
         for address in self._bound_ipc:
             remove_ipc_file(address)
 

@@ -43,8 +43,7 @@ from ctlwire.transports.zmq_client_base import _ZmqClientBase
 from ctlwire.transports.zmq_config import (
     ZmqOptions,
     beacon_address_for,
-    check_bind_address,
-    check_tcp_address,
+    check_address,
     connect_socket,
 )
 from ctlwire.transports.zmq_monitor import DOWN_EVENTS, UP_EVENTS, SocketMonitor
@@ -66,12 +65,13 @@ class _PerRankClient(_ZmqClientBase):
     def __init__(self, addresses: Mapping[int, str] | Sequence[str], *, codec: Codec | None,
                  options: ZmqOptions | None, curve: CurveClientConfig | None,
                  context: zmq.Context[zmq.Socket[bytes]] | None,
-                 allow_insecure_tcp: bool = False) -> None:
+                 allow_insecure_tcp: bool = False, allow_abstract_ipc: bool = False) -> None:
         super().__init__(codec=codec, options=options, context=context)
         self.addresses: dict[int, str] = (dict(addresses) if isinstance(addresses, Mapping)
                                           else dict(enumerate(addresses)))
         self.curve = curve
         self._allow_insecure_tcp = allow_insecure_tcp
+        self._allow_abstract_ipc = allow_abstract_ipc
         for addr in self.addresses.values():
             self._check_address(addr)
         self._by_rank: dict[int, AsyncZmqSocket] = {}
@@ -84,9 +84,11 @@ class _PerRankClient(_ZmqClientBase):
         self._events_out: MemoryObjectReceiveStream[TransportEvent] = recv
         self._hello = b""
 
-    def _check_address(self, addr: str) -> None:
-        check_tcp_address(addr, curve=self.curve is not None,
-                          allow_insecure_tcp=self._allow_insecure_tcp, bind=self.bind_per_rank)
+    def _check_address(self, addr: str, *, bind: bool | None = None) -> None:
+        check_address(addr, curve=self.curve is not None,
+                      allow_insecure_tcp=self._allow_insecure_tcp,
+                      allow_abstract_ipc=self._allow_abstract_ipc,
+                      bind=self.bind_per_rank if bind is None else bind)
         check_pickle_allowed(self.codec, addr, self.curve is not None)
 
     def _open(self) -> None:
@@ -261,8 +263,10 @@ class _PerRankClient(_ZmqClientBase):
 
     async def aclose(self) -> None:
         self._events_in.close()
-        await super().aclose()
-        self._events_out.close()
+        try:
+            await super().aclose()
+        finally:
+            self._events_out.close()
 
 
 class ZmqDealerClientTransport(_PerRankClient):
@@ -274,7 +278,7 @@ class ZmqDealerClientTransport(_PerRankClient):
     :class:`CurveClientConfig` (the engines are the CURVE servers) naming each
     rank's own server key (:meth:`CurveClientConfig.for_ranks`; one key shared by
     several ranks needs ``any_rank=True``); tcp without it needs
-    ``allow_insecure_tcp=True``."""
+    ``allow_insecure_tcp=True``, an abstract ipc name ``allow_abstract_ipc=True``."""
 
     send_kind = zmq.DEALER
 
@@ -283,17 +287,17 @@ class ZmqDealerClientTransport(_PerRankClient):
                  curve: CurveClientConfig | None = None,
                  context: zmq.Context[zmq.Socket[bytes]] | None = None,
                  beacon_addresses: Mapping[int, str] | None = None,
-                 allow_insecure_tcp: bool = False) -> None:
+                 allow_insecure_tcp: bool = False, allow_abstract_ipc: bool = False) -> None:
         super().__init__(addresses, codec=codec, options=options, curve=curve, context=context,
-                         allow_insecure_tcp=allow_insecure_tcp)
+                         allow_insecure_tcp=allow_insecure_tcp,
+                         allow_abstract_ipc=allow_abstract_ipc)
         if curve is not None:
             curve.require_rank_binding(self.addresses)
         self.beacon_addresses: dict[int, str] = {}
         for rank, address in self.addresses.items():
             beacon = (beacon_addresses or {}).get(rank) or beacon_address_for(address)
             if beacon is not None:
-                check_tcp_address(beacon, curve=curve is not None,
-                                  allow_insecure_tcp=allow_insecure_tcp)
+                self._check_address(beacon, bind=False)
                 self.beacon_addresses[rank] = beacon
         self._beacons: dict[int, AsyncZmqSocket] = {}
 
@@ -329,8 +333,7 @@ class ZmqDealerClientTransport(_PerRankClient):
                 self.curve.require_rank_binding([*self.addresses, rank])
             beacon = beacon_address_for(address)
             if beacon is not None:
-                check_tcp_address(beacon, curve=self.curve is not None,
-                                  allow_insecure_tcp=self._allow_insecure_tcp)
+                self._check_address(beacon, bind=False)
             if rank in self.addresses:
                 self.remove_rank(rank)  # moved: a new connection and beacon
             if beacon is not None:
@@ -371,16 +374,18 @@ class ZmqPairClientTransport(_PerRankClient):
 
     def __init__(self, addresses: Mapping[int, str] | Sequence[str], *,
                  context: zmq.Context[zmq.Socket[bytes]], codec: Codec | None = None,
-                 options: ZmqOptions | None = None, allow_insecure_tcp: bool = False) -> None:
+                 options: ZmqOptions | None = None, allow_insecure_tcp: bool = False,
+                 allow_abstract_ipc: bool = False) -> None:
         super().__init__(addresses, codec=codec, options=options, curve=None, context=context,
-                         allow_insecure_tcp=allow_insecure_tcp)
+                         allow_insecure_tcp=allow_insecure_tcp,
+                         allow_abstract_ipc=allow_abstract_ipc)
 
 
 class ZmqPushPullClientTransport(_PerRankClient):
     """Requests go out on one PUSH per rank (connected to ``request_addresses[rank]``,
     where the engine's PULL binds); replies come back on one PULL bound at
     ``reply_address`` (where every engine's PUSH connects). No CURVE: tcp needs
-    ``allow_insecure_tcp=True``."""
+    ``allow_insecure_tcp=True``, an abstract ipc name ``allow_abstract_ipc=True``."""
 
     send_kind = zmq.PUSH
 
@@ -388,14 +393,13 @@ class ZmqPushPullClientTransport(_PerRankClient):
                  reply_address: str | None = None, *, codec: Codec | None = None,
                  options: ZmqOptions | None = None,
                  context: zmq.Context[zmq.Socket[bytes]] | None = None,
-                 allow_insecure_tcp: bool = False) -> None:
+                 allow_insecure_tcp: bool = False, allow_abstract_ipc: bool = False) -> None:
         super().__init__(request_addresses, codec=codec, options=options, curve=None,
-                         context=context, allow_insecure_tcp=allow_insecure_tcp)
+                         context=context, allow_insecure_tcp=allow_insecure_tcp,
+                         allow_abstract_ipc=allow_abstract_ipc)
         self._private_reply = reply_address is None
         self.reply_address = reply_address or self._private_address("replies")
-        check_bind_address(self.reply_address, curve=False,
-                           allow_insecure_tcp=allow_insecure_tcp)
-        check_pickle_allowed(self.codec, self.reply_address, False)
+        self._check_address(self.reply_address, bind=True)
         self._pull: AsyncZmqSocket | None = None
 
     def _open(self) -> None:

@@ -5,7 +5,8 @@ conformance script (``docs/protocol.md``, Conformance)::
     python -m ctlwire.kernel.app.conformance_peers engine --connect ADDR --rank N
     python -m ctlwire.kernel.app.conformance_peers client --bind ADDR
 
-Both use NULL security (ipc addresses, or tcp with ``--allow-insecure-tcp``).
+Both use NULL security (ipc addresses, tcp with ``--allow-insecure-tcp``, or an abstract
+ipc name with ``--allow-abstract-ipc``).
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ class ConformanceError(CtlwireError):
     code = 599
 
 
-def conformance_engine(address: str, rank: int, *, allow_insecure_tcp: bool = False
-                       ) -> EngineEndpoint:
+def conformance_engine(address: str, rank: int, *, allow_insecure_tcp: bool = False,
+                       allow_abstract_ipc: bool = False) -> EngineEndpoint:
     """An engine of ``rank`` connecting to ``address``, serving ``echo``, ``count``,
     ``sleep`` and ``fail``."""
     endpoint = EngineEndpoint(ZmqDealerEngineTransport(address, rank,
-                                                       allow_insecure_tcp=allow_insecure_tcp),
+                                                       allow_insecure_tcp=allow_insecure_tcp,
+                                                       allow_abstract_ipc=allow_abstract_ipc),
                               rank=rank)
     counted = [0]
 
@@ -72,13 +74,15 @@ def _outcome(step: str, value: Any = None, exc: BaseException | None = None
             "message": str(exc)}
 
 
-async def run_client_script(address: str, *, allow_insecure_tcp: bool = False) -> None:
+async def run_client_script(address: str, *, allow_insecure_tcp: bool = False,
+                            allow_abstract_ipc: bool = False) -> None:
     """The conformance script, one JSON line per step on stdout."""
     def out(obj: dict[str, Any]) -> None:
         sys.stdout.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
         sys.stdout.flush()
 
-    transport = ZmqRouterClientTransport(address, allow_insecure_tcp=allow_insecure_tcp)
+    transport = ZmqRouterClientTransport(address, allow_insecure_tcp=allow_insecure_tcp,
+                                         allow_abstract_ipc=allow_abstract_ipc)
     async with ControlClient(transport, ranks=[0, 1, 2], default_timeout=20.0) as client:
         out(_outcome("bound", transport.address))
 
@@ -116,17 +120,21 @@ def main(argv: list[str] | None = None) -> int:
     eng.add_argument("--connect", required=True)
     eng.add_argument("--rank", type=int, default=0)
     eng.add_argument("--allow-insecure-tcp", action="store_true")
+    eng.add_argument("--allow-abstract-ipc", action="store_true")
     cli = sub.add_parser("client")
     cli.add_argument("--bind", required=True)
     cli.add_argument("--allow-insecure-tcp", action="store_true")
+    cli.add_argument("--allow-abstract-ipc", action="store_true")
     args = parser.parse_args(argv)
     if args.role == "engine":
         endpoint = conformance_engine(args.connect, args.rank,
-                                      allow_insecure_tcp=args.allow_insecure_tcp)
+                                      allow_insecure_tcp=args.allow_insecure_tcp,
+                                      allow_abstract_ipc=args.allow_abstract_ipc)
         with contextlib.suppress(KeyboardInterrupt):
             anyio.run(endpoint.serve)
         return 0
-    anyio.run(lambda: run_client_script(args.bind, allow_insecure_tcp=args.allow_insecure_tcp))
+    anyio.run(lambda: run_client_script(args.bind, allow_insecure_tcp=args.allow_insecure_tcp,
+                                        allow_abstract_ipc=args.allow_abstract_ipc))
     return 0
 
 

@@ -96,7 +96,8 @@ async def run_demo(cfg: DemoConfig, out: TextIO = sys.stdout) -> DemoReport:
     engine_args: list[str] = []
     if cfg.connect:
         transport = ZmqDealerClientTransport(cfg.connect,
-                                             allow_insecure_tcp=cfg.allow_insecure_tcp)
+                                             allow_insecure_tcp=cfg.allow_insecure_tcp,
+                                             allow_abstract_ipc=cfg.allow_abstract_ipc)
         n = len(cfg.connect)
         report.address = ", ".join(cfg.connect)
     elif cfg.transport == "tcp":
@@ -383,6 +384,9 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--allow-insecure-tcp", action="store_true",
                    help="--connect to tcp addresses without CURVE (any local process could "
                         "speak for a rank)")
+    p.add_argument("--allow-abstract-ipc", action="store_true",
+                   help="--connect to abstract ipc names (ipc://@name: any local process "
+                        "could speak for a rank)")
     p.add_argument("--kill-one", action="store_true", help="SIGKILL one engine mid-run")
     p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     p.add_argument("--fault", choices=["update"], default="",
@@ -396,5 +400,6 @@ def add_arguments(p: Any) -> None:
 def from_args(args: Any) -> DemoConfig:
     return DemoConfig(engines=args.engines, cycles=args.cycles, transport=args.transport,
                       connect=list(args.connect), allow_insecure_tcp=args.allow_insecure_tcp,
+                      allow_abstract_ipc=args.allow_abstract_ipc,
                       kill_one=args.kill_one, backend=args.backend,
                       fault=args.fault, slow_update=args.slow_update)

@@ -22,6 +22,8 @@ class DemoConfig:
     connect: list[str] = field(default_factory=list)
     #: ``connect`` to tcp addresses without CURVE (the engines must allow it too)
     allow_insecure_tcp: bool = False
+    #: ``connect`` to abstract ipc names (the engines must allow them too)
+    allow_abstract_ipc: bool = False
     kill_one: bool = False
     backend: str = "asyncio"
     info_callers: int = 8

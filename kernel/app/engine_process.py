@@ -18,7 +18,8 @@ the same synchronous loop with its socket on an I/O thread
 it steps). CURVE:
 ``--curve-secret FILE`` (this engine's key pair) with ``--curve-server-key FILE``
 (connecting) or ``--curve-allow FILE...`` (binding); tcp without CURVE needs
-``--allow-insecure-tcp``. The process prints
+``--allow-insecure-tcp``, an abstract ipc name (``ipc://@name``) ``--allow-abstract-ipc``.
+The process prints
 ``READY <rank> <incarnation>`` on stdout once its socket is open, and exits
 cleanly on SIGTERM/SIGINT.
 """
@@ -179,7 +180,8 @@ def build_transport(args: argparse.Namespace) -> EngineTransport:
                                              load_public_key(args.curve_server_key))
         return ZmqDealerEngineTransport(args.connect, args.rank, codec=codec, options=options,
                                         curve=curve_client,
-                                        allow_insecure_tcp=args.allow_insecure_tcp)
+                                        allow_insecure_tcp=args.allow_insecure_tcp,
+                                        allow_abstract_ipc=args.allow_abstract_ipc)
     if args.bind:
         curve_server = None
         if args.curve_secret:
@@ -187,11 +189,13 @@ def build_transport(args: argparse.Namespace) -> EngineTransport:
                 load_keypair(args.curve_secret), [load_public_key(f) for f in args.curve_allow])
         return ZmqRouterEngineTransport(args.bind, args.rank, codec=codec, options=options,
                                         curve=curve_server,
-                                        allow_insecure_tcp=args.allow_insecure_tcp)
+                                        allow_insecure_tcp=args.allow_insecure_tcp,
+                                        allow_abstract_ipc=args.allow_abstract_ipc)
     if args.pull and args.push:
         return ZmqPushPullEngineTransport(args.pull, args.push, args.rank, codec=codec,
                                           options=options,
-                                          allow_insecure_tcp=args.allow_insecure_tcp)
+                                          allow_insecure_tcp=args.allow_insecure_tcp,
+                                          allow_abstract_ipc=args.allow_abstract_ipc)
     raise SystemExit("one of --connect, --bind or --pull/--push is required")
 
 
@@ -208,6 +212,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--codec", default="msgpack")
     p.add_argument("--allow-pickle", action="store_true")
     p.add_argument("--allow-insecure-tcp", action="store_true")
+    p.add_argument("--allow-abstract-ipc", action="store_true",
+                   help="accept an abstract ipc name (ipc://@name): any local process can "
+                        "connect to it")
     p.add_argument("--heartbeat", type=float, default=0.25)
     p.add_argument("--max-queued", type=int, default=None, metavar="N",
                    help="serve mode: requests that may wait to start, per method and per "

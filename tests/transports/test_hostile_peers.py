@@ -165,27 +165,22 @@ def _pickle_codec() -> PickleCodec:
 
 def _every_class(address: str, other: str) -> list[Callable[[], object]]:
     """One constructor per transport class and socket, ``address`` in the position
-    under test (``other`` a harmless inproc address elsewhere). Insecure tcp is opted
-    into: what is under test here is the pickle rule."""
+    under test (``other`` a harmless inproc address elsewhere). Insecure tcp and
+    abstract ipc are opted into: what is under test here is the pickle rule."""
     ctx = zmq.Context.instance()
     c = _pickle_codec
+    ok: dict[str, bool] = {"allow_insecure_tcp": True, "allow_abstract_ipc": True}
     return [
-        lambda: ZmqRouterClientTransport(address, codec=c(), allow_insecure_tcp=True),
-        lambda: ZmqDealerClientTransport([address], codec=c(), allow_insecure_tcp=True),
-        lambda: ZmqPushPullClientTransport([address], other, codec=c(),
-                                           allow_insecure_tcp=True),
-        lambda: ZmqPushPullClientTransport([other], address, codec=c(),
-                                           allow_insecure_tcp=True),
-        lambda: ZmqPairClientTransport([address], context=ctx, codec=c(),
-                                        allow_insecure_tcp=True),
-        lambda: ZmqDealerEngineTransport(address, 0, codec=c(), allow_insecure_tcp=True),
-        lambda: ZmqRouterEngineTransport(address, 0, codec=c(), allow_insecure_tcp=True),
-        lambda: ZmqPushPullEngineTransport(address, other, 0, codec=c(),
-                                           allow_insecure_tcp=True),
-        lambda: ZmqPushPullEngineTransport(other, address, 0, codec=c(),
-                                           allow_insecure_tcp=True),
-        lambda: ZmqPairEngineTransport(address, 0, context=ctx, codec=c(),
-                                        allow_insecure_tcp=True),
+        lambda: ZmqRouterClientTransport(address, codec=c(), **ok),
+        lambda: ZmqDealerClientTransport([address], codec=c(), **ok),
+        lambda: ZmqPushPullClientTransport([address], other, codec=c(), **ok),
+        lambda: ZmqPushPullClientTransport([other], address, codec=c(), **ok),
+        lambda: ZmqPairClientTransport([address], context=ctx, codec=c(), **ok),
+        lambda: ZmqDealerEngineTransport(address, 0, codec=c(), **ok),
+        lambda: ZmqRouterEngineTransport(address, 0, codec=c(), **ok),
+        lambda: ZmqPushPullEngineTransport(address, other, 0, codec=c(), **ok),
+        lambda: ZmqPushPullEngineTransport(other, address, 0, codec=c(), **ok),
+        lambda: ZmqPairEngineTransport(address, 0, context=ctx, codec=c(), **ok),
     ]
 
 
