@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -21,7 +22,12 @@ from pathlib import Path
 import pytest
 
 from ctlwire.kernel.client.control_client import ControlClient
-from ctlwire.kernel.errors import RemoteError, RequestTimedOut, UnsupportedProtocolVersion
+from ctlwire.kernel.errors import (
+    NotDelivered,
+    RemoteError,
+    RequestTimedOut,
+    UnsupportedProtocolVersion,
+)
 from ctlwire.transports.conformance import (
     CLIENT_CASES,
     ENGINE_CASES,
@@ -30,6 +36,12 @@ from ctlwire.transports.conformance import (
     check_engine,
 )
 from ctlwire.transports.conformance_report import ERROR_TABLE
+from ctlwire.transports.curve import (
+    CurveServerConfig,
+    load_keypair,
+    load_public_key,
+    write_keypair,
+)
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
 pytestmark = [pytest.mark.timeout(180)]
@@ -254,3 +266,72 @@ def test_node_decodes_every_vector() -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == []
+
+
+def _free_tcp_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.fixture
+def curve_keys(tmp_path: Path) -> dict[str, tuple[Path, Path]]:
+    """(public file, secret file) of a client's, an engine's and a stranger's key pair."""
+    return {name: write_keypair(tmp_path, name) for name in ("client", "engine", "stranger")}
+
+
+@needs_node
+def test_node_client_calls_a_python_engine_over_tcp_with_curve(
+        curve_keys: dict[str, tuple[Path, Path]]) -> None:
+    """The Node.js client binds a CURVE server on tcp allowing the engine's key; the
+    Python engine connects with its key pair and the client's public key."""
+    address = _free_tcp_address()
+    client_public, client_secret = curve_keys["client"]
+    engine_public, engine_secret = curve_keys["engine"]
+    engine = subprocess.Popen([*PY_ENGINE.format(address=address, rank=0).split(),
+                               "--curve-keys", str(engine_secret),
+                               "--server-key", str(client_public)], stdout=subprocess.DEVNULL)
+    try:
+        call = subprocess.run(["node", str(NODE_DIR / "cli.js"), "call", "--bind", address,
+                               "--rank", "0", "--timeout", "20", "--curve-keys",
+                               str(client_secret), "--allow", str(engine_public),
+                               "--any-rank", "echo", '{"weights": "/w/step-7"}'],
+                              capture_output=True, text=True, timeout=60)
+        assert call.returncode == 0, call.stderr
+        assert json.loads(call.stdout) == {"weights": "/w/step-7"}
+    finally:
+        engine.terminate()
+        engine.wait(10)
+
+
+@needs_node
+@pytest.mark.anyio
+async def test_python_client_calls_a_node_engine_over_tcp_with_curve(
+        curve_keys: dict[str, tuple[Path, Path]]) -> None:
+    """The Python client binds a CURVE server on tcp binding rank 0 to the engine's key;
+    the Node.js engine connects with its key pair and is served. A Node.js engine with a
+    key the client does not allow is never heard from."""
+    address = _free_tcp_address()
+    client_public, client_secret = curve_keys["client"]
+    engine_public = curve_keys["engine"][0]
+    curve = CurveServerConfig.allowing(load_keypair(client_secret),
+                                       ranks={0: load_public_key(engine_public)})
+    transport = ZmqRouterClientTransport(address, curve=curve)
+    async with ControlClient(transport, ranks=[0, 1], default_timeout=20.0) as client:
+        engines = [subprocess.Popen(["node", str(NODE_DIR / "cli.js"), "engine", "--connect",
+                                     address, "--rank", str(rank), "--curve-keys",
+                                     str(curve_keys[name][1]), "--server-key",
+                                     str(client_public)], stdout=subprocess.DEVNULL)
+                   for rank, name in ((0, "engine"), (1, "stranger"))]
+        try:
+            assert await client.call("echo", {"ü": [1, 2.5]}, rank=0) == {"ü": [1, 2.5]}
+            with pytest.raises(RemoteError) as info:
+                await client.call("fail", "boom", rank=0)
+            assert (info.value.type_name, info.value.code) == ("ConformanceError", 599)
+            with pytest.raises(NotDelivered, match="never heard from"):
+                await client.call("echo", 1, rank=1, timeout=1.0)
+        finally:
+            for proc in engines:
+                proc.terminate()
+            for proc in engines:
+                proc.wait(10)
