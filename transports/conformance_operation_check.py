@@ -11,13 +11,11 @@ Each case uses an operation of its own and fencing tokens newer than any sent be
 from __future__ import annotations
 
 import secrets
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ctlwire.transports.conformance_report import CODEC, Report
+from ctlwire.transports.conformance_wire import HarnessClient
 from ctlwire.transports.envelope import Reply
-
-if TYPE_CHECKING:
-    from ctlwire.transports.conformance_engine_check import CheckEngine
 
 __all__ = ["OPERATION_CASES", "check_operations"]
 
@@ -45,7 +43,7 @@ OPERATION_CASES: tuple[str, ...] = (
 class _Steps:
     """Sends ``ctlwire.step`` requests of one operation."""
 
-    def __init__(self, engine: CheckEngine) -> None:
+    def __init__(self, engine: HarnessClient) -> None:
         self.engine = engine
         self.client = engine.client
         self.op = f"op-{secrets.token_hex(4)}"
@@ -67,7 +65,7 @@ class _Steps:
         return self.engine.reply(self.send(step, phase, **kw))
 
 
-def check_operations(engine: CheckEngine, report: Report) -> None:
+def check_operations(engine: HarnessClient, report: Report) -> None:
     """Every ledger case against ``engine``."""
     expect = engine.expect_error
     ops = _Steps(engine)
