@@ -6,8 +6,10 @@
   Only constructed with ``allow_pickle=True``; transports refuse it on every
   channel whose peers are not all authenticated (see :func:`check_pickle_allowed`).
 
-Every codec enforces ``max_message_size``: :meth:`Codec.decode` raises
-:class:`~ctlwire.transports.errors.OversizedFrame` before parsing a larger frame,
+Every codec enforces ``max_message_size``, the protocol's frame limit:
+:meth:`Codec.decode` raises
+:class:`~ctlwire.transports.errors.OversizedFrame` before parsing a larger frame
+(whose id :meth:`Codec.salvage_id` still reads, so it can be answered),
 :class:`~ctlwire.transports.errors.MalformedFrame` for anything that is not a
 valid envelope, and :meth:`Codec.decode_value` raises :class:`PayloadTypeError`
 when a value does not match the expected type.
@@ -47,14 +49,16 @@ _SALVAGE_PREFIX = 64
 #: value these fields take, unlikely to occur anywhere else in a frame.
 _RANK_MARK = 0x5EC7_1CE5_0000_7A4B
 _SEQ_MARK = 0x5EC7_1CE5_0000_5E91
-_JSON_REQUEST_ID = re.compile(rb'\s*\[\s*"q"\s*,\s*(-?\d{1,20})\s*[,\]]')
+_JSON_REQUEST_ID = re.compile(rb'\s*\[\s*"q"\s*,\s*(\d{1,20})\s*[,\]]')
+#: request ids are below this (msgpack's largest unsigned integer is one less)
+_ID_BOUND = 1 << 64
 
 
 def _msgpack_request_id(head: bytes) -> int:
     """The id of a msgpack ``["q", id, ...]`` array from its first bytes, else 0.
 
     Reads the array header, the one-character tag and an integer: never more than
-    18 bytes, whatever follows.
+    18 bytes, whatever follows. A negative integer is no id (0).
     """
     if len(head) < 4:
         return 0
@@ -79,13 +83,11 @@ def _msgpack_request_id(head: bytes) -> int:
     b = head[pos]
     if b <= 0x7F:
         return b
-    if b >= 0xE0:
-        return b - 0x100
     width = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8}.get(b)
     raw = head[pos + 1:pos + 1 + width] if width else b""
     if not width or len(raw) != width:
         return 0
-    return int.from_bytes(raw, "big", signed=b >= 0xD0)
+    return max(0, int.from_bytes(raw, "big", signed=b >= 0xD0))
 
 
 class PayloadTypeError(CtlwireError, ValueError):
@@ -163,20 +165,20 @@ class Codec:
         return None
 
     def salvage_id(self, data: bytes | memoryview) -> int:
-        """The request id of an undecodable frame, when it is readable; else 0.
+        """The request id of an undecodable or oversized frame, when it is readable
+        (an id is ``1 .. 2**64 - 1``); else 0.
 
-        Lets an engine answer a malformed request with a typed error the caller
-        can match, instead of leaving it to time out. Never raises. Bounded: only
-        the first bytes are read (the array header, the ``"q"`` tag and the id),
-        nothing else of the frame is parsed or materialised, so the cost is the
-        same for a 100-byte frame and a 60 MB one.
+        Lets an engine answer a malformed or oversized request with a typed error
+        the caller can match, instead of leaving it to time out. Never raises.
+        Bounded: only the first bytes are read (the array header, the ``"q"`` tag
+        and the id), nothing else of the frame is parsed or materialised, so the
+        cost is the same for a 100-byte frame and a 60 MB one.
         """
-        if len(data) > self.max_message_size:
-            return 0
         try:
-            return self._salvage_prefix(memoryview(data)[:_SALVAGE_PREFIX])
+            rid = self._salvage_prefix(memoryview(data)[:_SALVAGE_PREFIX])
         except Exception:  # pragma: no cover - the parsers below index defensively
             return 0
+        return rid if 0 < rid < _ID_BOUND else 0
 
     def _salvage_prefix(self, head: memoryview) -> int:
         return 0

@@ -1,6 +1,9 @@
 """The conformance harness as engines, checking a client: engines 0 and 1 (this
 protocol version) and 2 (announcing 2.0), played over raw pyzmq sockets while the
-client under test runs its conformance script (``docs/protocol.md``)."""
+client under test runs its conformance script (``docs/protocol.md``, Conformance
+harness). Engine 0 also answers ``error_table()`` with every row of the error table
+and ``error([type, code])`` with that error, so the client's class for every row is
+checked (``error-codes/client-...``)."""
 
 from __future__ import annotations
 
@@ -15,12 +18,29 @@ from typing import Any
 import msgspec
 import zmq
 
-from ctlwire.transports.conformance_report import CODEC, CONFORMANCE_ERROR, Report
+from ctlwire.transports.conformance_report import CODEC, CONFORMANCE_ERROR, ERROR_TABLE, Report
 from ctlwire.transports.envelope import ErrorInfo, Heartbeat, Reply, Request
 from ctlwire.transports.errors import MalformedFrame
 from ctlwire.transports.protocol_version import PROTOCOL_VERSION, pack_version, supported_version
 
-__all__ = ["CheckClient", "PlayedEngine", "read_outcomes"]
+__all__ = ["CLIENT_CASES", "CheckClient", "PlayedEngine", "read_outcomes"]
+
+_SCRIPT = "conformance-harness"
+
+
+def _row_case(code: int, type_name: str) -> str:
+    return f"error-codes/client-{code}-{type_name}"
+
+
+#: every check of a client, by the spec section it tests
+CLIENT_CASES: tuple[str, ...] = (
+    f"{_SCRIPT}/client-script-finished",
+    *(f"{_SCRIPT}/client-{step}" for step in (
+        "echo", "unknown-method", "fail", "timeout", "fan-out", "version", "idempotency-key",
+        "frames-valid", "version-announced", "ids-unique", "ranks-addressed",
+        "deadlines-carried", "major-2-engine-untouched", "heartbeats")),
+    *(_row_case(code, type_name) for code, type_name, _cls in ERROR_TABLE),
+)
 
 
 class PlayedEngine:
@@ -88,6 +108,10 @@ class PlayedEngine:
         elif env.method == "fail":
             out = self.reply(env, False, None, ErrorInfo(*CONFORMANCE_ERROR[:1], str(value),
                                                          CONFORMANCE_ERROR[1]))
+        elif env.method == "error_table":
+            out = self.reply(env, True, [[t, c] for c, t, _cls in ERROR_TABLE])
+        elif env.method == "error" and isinstance(value, list) and len(value) == 2:
+            out = self.reply(env, False, None, ErrorInfo(str(value[0]), "as asked", int(value[1])))
         else:
             out = self.reply(env, False, None, ErrorInfo(
                 "UnknownMethod", f"no control method {env.method!r} on this engine", 404))
@@ -159,46 +183,56 @@ class CheckClient:
             ok = (o.get("ok") is False and (cls is None or o.get("class") == cls)
                   and (type_name is None or o.get("type") == type_name)
                   and (code is None or o.get("code") == code))
-            report.add(f"client-{step}", ok, json.dumps(o, ensure_ascii=False)[:200])
+            report.add(f"{_SCRIPT}/client-{step}", ok, json.dumps(o, ensure_ascii=False)[:200])
 
         o = outcome("echo")
-        report.add("client-echo", o.get("ok") is True and o.get("value") == {"x": [1, "ü"]},
+        report.add(f"{_SCRIPT}/client-echo",
+                   o.get("ok") is True and o.get("value") == {"x": [1, "ü"]},
                    json.dumps(o, ensure_ascii=False)[:200])
         failed_with("unknown-method", type_name="UnknownMethod", code=404)
         failed_with("fail", type_name=CONFORMANCE_ERROR[0], code=CONFORMANCE_ERROR[1])
         failed_with("timeout", cls="RequestTimedOut")
         o = outcome("fan-out")
-        report.add("client-fan-out", o.get("ok") is True and o.get("value") == {"0": "all",
-                                                                              "1": "all"},
+        report.add(f"{_SCRIPT}/client-fan-out",
+                   o.get("ok") is True and o.get("value") == {"0": "all", "1": "all"},
                    json.dumps(o)[:200])
         failed_with("version", cls="UnsupportedProtocolVersion")
         o = outcome("key")
-        report.add("client-idempotency-key", o.get("ok") is True
+        report.add(f"{_SCRIPT}/client-idempotency-key", o.get("ok") is True
                    and len(set(o.get("value") or [0, 1])) == 1
                    and self.engines[0].key_runs.get("k1") == 1, json.dumps(o)[:200])
         # what the engines saw
         requests = [r for e in self.engines for _t, r in e.requests]
         bad = [b for e in self.engines for b in e.bad_frames]
-        report.add("client-frames-valid", not bad and bool(requests),
+        report.add(f"{_SCRIPT}/client-frames-valid", not bad and bool(requests),
                    f"{len(requests)} requests, {len(bad)} malformed")
         versions = {r.version for r in requests} | {
             h.version for e in self.engines for h in e.client_heartbeats}
-        report.add("client-version-announced", bool(versions) and all(
+        report.add(f"{_SCRIPT}/client-version-announced", bool(versions) and all(
             supported_version(v) for v in versions), str(sorted(versions)))
         ids = [(r.id, r.rank) for r in requests]
-        report.add("client-ids-unique", len(ids) == len(set(ids)) and all(
+        report.add(f"{_SCRIPT}/client-ids-unique", len(ids) == len(set(ids)) and all(
             0 < i < 2**64 for i, _ in ids))
-        report.add("client-ranks-addressed", all(
+        report.add(f"{_SCRIPT}/client-ranks-addressed", all(
             r.rank == e.rank for e in self.engines for _t, r in e.requests))
         late = [(t, r) for e in self.engines for t, r in e.requests
                 if not r.deadline or not t - 5 < r.deadline < t + 60]
-        report.add("client-deadlines-carried", not late,
+        report.add(f"{_SCRIPT}/client-deadlines-carried", not late,
                    f"{len(late)} requests without a plausible wall-clock deadline")
-        report.add("client-major-2-engine-untouched", not self.engines[2].requests,
+        report.add(f"{_SCRIPT}/client-major-2-engine-untouched", not self.engines[2].requests,
                    f"{len(self.engines[2].requests)} requests reached it")
         hbs = [h for e in self.engines[:2] for h in e.client_heartbeats]
-        report.add("client-heartbeats", bool(hbs) and all(h.rank == -1 for h in hbs),
+        report.add(f"{_SCRIPT}/client-heartbeats", bool(hbs) and all(h.rank == -1 for h in hbs),
                    f"{len(hbs)} heartbeats")
+        # the client's class for every row of the error table
+        rows = outcome("errors").get("value") or []
+        for (code, type_name, cls), got in zip(ERROR_TABLE, [*rows, *[{}] * len(ERROR_TABLE)],
+                                               strict=False):
+            want = {"type": type_name, "code": code, "class": cls}
+            if cls not in ("RemoteError", "Fenced"):  # a client error of its own: no type
+                want["type"] = got.get("type", "")
+            report.add(_row_case(code, type_name), got == want,
+                       json.dumps(got, ensure_ascii=False)[:200])
 
 
 def read_outcomes(proc: subprocess.Popen[bytes], timeout: float) -> dict[str, dict[str, Any]]:

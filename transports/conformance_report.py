@@ -1,6 +1,6 @@
 """What both sides of the conformance harness (:mod:`ctlwire.transports.conformance`)
-share: the report of pass/fail checks, the codec, and the error a conformance
-engine's ``fail`` method answers with."""
+share: the report of pass/fail checks, the codec, the error table, and the error a
+conformance engine's ``fail`` method answers with."""
 
 from __future__ import annotations
 
@@ -9,11 +9,38 @@ from dataclasses import dataclass, field
 
 from ctlwire.transports.codec import MsgpackCodec
 
-__all__ = ["CODEC", "CONFORMANCE_ERROR", "Check", "Report"]
+__all__ = ["CODEC", "CONFORMANCE_ERROR", "ERROR_TABLE", "Check", "Report"]
 
 CODEC = MsgpackCodec()
 #: what a conformance engine's ``fail`` method answers with
 CONFORMANCE_ERROR = ("ConformanceError", 599)
+#: every row of the error table (``docs/protocol.md``, Error codes): its code, its type and
+#: the class a client raises for it (the last row stands for a handler's own exception)
+ERROR_TABLE: tuple[tuple[int, str, str], ...] = (
+    (400, "MalformedFrame", "RemoteError"),
+    (404, "UnknownMethod", "RemoteError"),
+    (404, "UnknownStepMethod", "RemoteError"),
+    (408, "DeadlineExpired", "RemoteError"),
+    (403, "OperationOwned", "RemoteError"),
+    (409, "Fenced", "Fenced"),
+    (409, "StepInFlight", "RemoteError"),
+    (410, "OperationAborted", "RemoteError"),
+    (412, "StepNotApplied", "RemoteError"),
+    (413, "OversizedFrame", "RemoteError"),
+    (413, "ReplyTooLarge", "RemoteError"),
+    (414, "KeyTooLong", "RemoteError"),
+    (416, "FenceOutOfRange", "RemoteError"),
+    (421, "WrongRank", "RemoteError"),
+    (422, "InvalidPayload", "RemoteError"),
+    (422, "InvalidStep", "RemoteError"),
+    (425, "InProgress", "RemoteError"),
+    (425, "StepOutOfOrder", "RemoteError"),
+    (500, "ResultNotEncodable", "RemoteError"),
+    (501, "_AsyncHandlerInPoll", "RemoteError"),
+    (505, "UnsupportedProtocolVersion", "UnsupportedProtocolVersion"),
+    (507, "CacheFull", "RemoteError"),
+    (CONFORMANCE_ERROR[1], CONFORMANCE_ERROR[0], "RemoteError"),
+)
 
 
 @dataclass
@@ -31,6 +58,8 @@ class Check:
 
 @dataclass
 class Report:
+    """The checks made, in order; each printed as it is added."""
+
     checks: list[Check] = field(default_factory=list)
 
     def add(self, name: str, passed: bool, detail: str = "") -> bool:
@@ -39,6 +68,13 @@ class Report:
         sys.stdout.write(check.line() + "\n")
         sys.stdout.flush()
         return passed
+
+    def missing(self, names: tuple[str, ...]) -> None:
+        """Fail every one of ``names`` no check reported (a case that never ran)."""
+        done = {c.name for c in self.checks}
+        for name in names:
+            if name not in done:
+                self.add(name, False, "not checked (an earlier step failed)")
 
     @property
     def passed(self) -> bool:

@@ -31,17 +31,39 @@ Fields added later have defaults, so older frames still decode.
 ``Request.version`` and ``Heartbeat.version`` announce the sender's protocol
 version (:mod:`ctlwire.transports.protocol_version`); absent, it is 1.0. The
 byte-level schema, field by field, is ``docs/protocol.md``.
+
+**Ranges.** Decoding enforces each field's range (``docs/protocol.md``,
+Envelopes): a frame with a value outside it is malformed, like one with a value of
+the wrong type. Ids are ``1 .. 2**64 - 1``; sequence numbers, counters and
+incarnations are not negative; versions fit 16 bits; a deadline is 0 (none) or a
+positive finite number; a rank is ``0 .. 999 999 999`` (``-1``: a client's
+heartbeat); a heartbeat's ``busy_for`` is not negative and its ``progress`` at most
+1 (negative: none). Constructing an envelope checks nothing: the encoder sends what
+it is given.
 """
 
 from __future__ import annotations
+
+import sys
+from typing import Annotated
 
 import msgspec
 
 from ctlwire.transports.protocol_version import PROTOCOL_VERSION
 
-__all__ = ["NO_DEADLINE", "Envelope", "ErrorInfo", "Heartbeat", "Reply", "Request"]
+__all__ = ["MAX_RANK", "NO_DEADLINE", "Envelope", "ErrorInfo", "Heartbeat", "Reply", "Request"]
 
 NO_DEADLINE = 0.0
+#: the largest rank (an identity spells it in at most 9 decimal digits)
+MAX_RANK = 999_999_999
+
+_Id = Annotated[int, msgspec.Meta(ge=1)]  # 1 .. 2**64 - 1 (msgpack's largest integer)
+_Count = Annotated[int, msgspec.Meta(ge=0)]
+_Version = Annotated[int, msgspec.Meta(ge=0, le=0xFFFF)]
+_Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=sys.float_info.max)]  # finite, not NaN
+_EngineRank = Annotated[int, msgspec.Meta(ge=0, le=MAX_RANK)]
+_SenderRank = Annotated[int, msgspec.Meta(ge=-1, le=MAX_RANK)]
+_Progress = Annotated[float, msgspec.Meta(le=1.0)]  # negative: none; NaN refused
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, array_like=True):
@@ -53,39 +75,39 @@ class ErrorInfo(msgspec.Struct, frozen=True, array_like=True):
 
 
 class Request(msgspec.Struct, frozen=True, array_like=True, tag="q"):
-    id: int
-    rank: int
+    id: _Id
+    rank: int  # any: an engine refuses all but its own (WrongRank)
     method: str
     payload: msgspec.Raw
-    deadline: float = NO_DEADLINE
-    seq: int = 0
-    client: int = 0
+    deadline: _Seconds = NO_DEADLINE
+    seq: _Count = 0
+    client: int = 0  # a label: compared, never interpreted
     trace: dict[str, str] | None = None
     key: str = ""
-    fence: int = 0
-    version: int = PROTOCOL_VERSION
+    fence: int = 0  # any: an engine refuses one out of its window (FenceOutOfRange)
+    version: _Version = PROTOCOL_VERSION
 
 
 class Reply(msgspec.Struct, frozen=True, array_like=True, tag="r"):
-    id: int
-    rank: int
-    incarnation: int
+    id: _Id
+    rank: _EngineRank
+    incarnation: _Count
     ok: bool
     result: msgspec.Raw
     error: ErrorInfo | None = None
 
 
 class Heartbeat(msgspec.Struct, frozen=True, array_like=True, tag="h"):
-    rank: int
-    incarnation: int
-    seq: int = 0
-    busy: int = 0
+    rank: _SenderRank
+    incarnation: _Count
+    seq: _Count = 0
+    busy: _Count = 0
     method: str = ""
-    busy_for: float = 0.0
-    loops: int = 0
-    progress: float = -1.0
+    busy_for: _Seconds = 0.0
+    loops: _Count = 0
+    progress: _Progress = -1.0
     note: str = ""
-    version: int = PROTOCOL_VERSION
+    version: _Version = PROTOCOL_VERSION
 
 
 Envelope = Request | Reply | Heartbeat

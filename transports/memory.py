@@ -46,8 +46,8 @@ def decode_event(codec: Codec, data: bytes, peer: int | None, route: Route) -> T
     """Decode one frame into Received or Dropped (shared by transports)."""
     try:
         env = codec.decode(data)
-    except OversizedFrame as exc:
-        return Dropped("oversized", str(exc), len(data), peer, route, 0)
+    except OversizedFrame as exc:  # answered like a malformed frame: its id is read
+        return Dropped("oversized", str(exc), len(data), peer, route, codec.salvage_id(data))
     except MalformedFrame as exc:
         return Dropped("malformed", str(exc), len(data), peer, route, codec.salvage_id(data))
     return Received(env, peer, route, len(data))

@@ -1,8 +1,9 @@
 """Socket options, addresses and identities shared by the ZeroMQ transports.
 
 Defaults are defensive: explicit high-water marks, a bounded ``LINGER``,
-``MAXMSGSIZE`` as a hard cap (libzmq drops the connection of a peer that
-exceeds it) above the codec's own limit (which answers with a typed error),
+``MAXMSGSIZE`` as a backstop (libzmq drops the connection of a peer that
+exceeds it) a sixteenth above the codec's own limit, the protocol's (an engine
+answers a frame between the two with ``OversizedFrame``, 413),
 ``ROUTER_MANDATORY`` so an unroutable message is an error, ``ROUTER_HANDOVER``
 so a restarted engine can take its identity back at once.
 
@@ -77,7 +78,8 @@ __all__ = [
 ]
 
 
-_FRAMING_SLACK = 64 * 1024
+#: the backstop's margin over the protocol's limit: a sixteenth of it, at least this
+_MIN_FRAMING_SLACK = 64 * 1024
 
 
 class InsecureAddress(CtlwireError, ValueError):
@@ -103,11 +105,13 @@ class ZmqOptions:
 
     Bytes libzmq buffers for one peer are bounded. libzmq counts messages, not
     bytes, so the bound is ``HWM x MAXMSGSIZE`` per connection and direction:
-    ``MAXMSGSIZE`` is the codec's limit plus 64 KiB (a frame a little over the
-    codec's limit is still answered with a typed error; a larger one makes libzmq
-    drop the connection), and a high-water mark a peer can fill is lowered until
-    that product fits in ``max_queued_bytes`` (256 MiB / (16 MiB + 64 KiB) = 15
-    messages with the defaults):
+    ``MAXMSGSIZE`` is the codec's limit (the protocol's) plus a sixteenth of it, at
+    least 64 KiB (a frame up to that much over the codec's limit is read whole and
+    answered ``OversizedFrame`` when its id is readable; a larger one makes libzmq
+    drop the connection, and a socket that dials does not dial again after that:
+    libzmq ends the session on a protocol error), and a high-water mark a peer can
+    fill is lowered until that product fits in ``max_queued_bytes``
+    (256 MiB / 17 MiB = 15 messages with the defaults):
 
     * ``RCVHWM`` on every socket (:meth:`effective_rcvhwm`): what a peer sends;
     * ``SNDHWM`` on an engine's socket that binds (:meth:`effective_sndhwm`):
@@ -132,7 +136,8 @@ class ZmqOptions:
     #: chooses the sizes: caps RCVHWM, and SNDHWM on an engine's socket that binds
     max_queued_bytes: int = 256 * 1024 * 1024
     linger_ms: int = 200
-    hard_max_message_size: int | None = None  # default: the codec's limit + 64 KiB
+    #: ``MAXMSGSIZE``; default: the codec's limit plus a sixteenth (at least 64 KiB)
+    hard_max_message_size: int | None = None
     #: ZMTP heartbeats: 0 (the default) leaves them off. Turning them on re-opens
     #: libzmq's abort on a full receive pipe plus a disconnect (see the module doc).
     zmtp_heartbeat_ivl_ms: int = 0
@@ -153,8 +158,12 @@ class ZmqOptions:
     handshake_ivl_ms: int = 10_000
 
     def hard_limit(self, codec_limit: int) -> int:
-        """``MAXMSGSIZE``: a larger frame makes libzmq drop the peer's connection."""
-        return self.hard_max_message_size or codec_limit + _FRAMING_SLACK
+        """``MAXMSGSIZE``, the backstop above the protocol's ``codec_limit``: a larger
+        frame makes libzmq drop the peer's connection (for good, on a socket that
+        dials); one up to this size is read whole, so the codec can refuse it and the
+        engine answer it."""
+        return self.hard_max_message_size or codec_limit + max(_MIN_FRAMING_SLACK,
+                                                               codec_limit // 16)
 
     def effective_rcvhwm(self, codec_limit: int) -> int:
         """``RCVHWM`` as set: ``rcvhwm``, lowered so that ``RCVHWM x MAXMSGSIZE`` stays

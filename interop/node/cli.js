@@ -1,34 +1,57 @@
 #!/usr/bin/env node
 'use strict';
 // ctlwire-node: the Node.js implementation's command line.
-//   node cli.js engine --connect ADDR [--rank N] [--version MAJOR.MINOR]
-//       serve the conformance methods (docs/protocol.md, Conformance) until killed
-//   node cli.js call --bind ADDR [--rank N] [--timeout S] METHOD [JSON]
+//   node cli.js engine --connect ADDR [--rank N] [--version MAJOR.MINOR] [CURVE]
+//       serve the conformance methods (docs/protocol.md, Conformance harness) until killed
+//   node cli.js call --bind ADDR [--rank N] [--timeout S] [CURVE] METHOD [JSON]
 //       bind, wait for the rank, call METHOD with the JSON payload, print the result as JSON
-//   node cli.js conformance-client --bind ADDR
+//   node cli.js conformance-client --bind ADDR [CURVE]
 //       run the conformance client script against engines 0, 1 (and 2, announcing 2.0)
+// CURVE (tcp): --curve-keys SECRET_FILE (this side's key pair, a `ctlwire keys generate`
+// NAME.key_secret file), and for an engine --server-key KEY (the client's public key),
+// for a client --allow KEY[,KEY...] --any-rank (the engines' public keys); KEY is a z85
+// key or a NAME.key file. --allow-insecure-tcp: tcp without CURVE.
 const ctl = require('./ctlwire');
+
+const FLAGS = new Set(['any-rank', 'allow-insecure-tcp']);
 
 function parse(argv) {
   const opts = { _: [] };
   for (let i = 0; i < argv.length; i++) {
-    if (argv[i].startsWith('--')) opts[argv[i].slice(2)] = argv[++i]; else opts._.push(argv[i]);
+    if (!argv[i].startsWith('--')) opts._.push(argv[i]);
+    else if (FLAGS.has(argv[i].slice(2))) opts[argv[i].slice(2)] = true;
+    else opts[argv[i].slice(2)] = argv[++i];
   }
   return opts;
+}
+
+function curveOf(opts, side) {
+  if (!opts['curve-keys']) return null;
+  const keys = ctl.readKeyPair(opts['curve-keys']);
+  if (side === 'engine') return { ...keys, serverKey: ctl.publicKey(opts['server-key']) };
+  return { ...keys, allow: String(opts.allow || '').split(',').filter(Boolean).map(ctl.publicKey), anyRank: Boolean(opts['any-rank']) };
 }
 
 const sleep = (s) => new Promise((r) => setTimeout(r, s * 1000));
 
 class ConformanceError extends Error { constructor(m) { super(m); this.name = 'ConformanceError'; this.code = 599; } }
 
+const number = (v) => (typeof v === 'number' ? '' : 'expected a number');
+const text = (v) => (typeof v === 'string' ? '' : 'expected a str');
+const size = (v) => (Number.isInteger(v) && v >= 0 ? '' : 'expected an int >= 0');
+
 function conformanceEngine(opts) {
   const [major, minor] = (opts.version || '1.0').split('.').map(Number);
-  const engine = new ctl.Engine({ connect: opts.connect, rank: Number(opts.rank || 0), version: (major << 8) | minor });
+  const engine = new ctl.Engine({ connect: opts.connect, rank: Number(opts.rank || 0), version: (major << 8) | minor,
+    curve: curveOf(opts, 'engine'), allowInsecureTcp: Boolean(opts['allow-insecure-tcp']) });
   let count = 0;
   engine.method('echo', (x) => x)
-    .method('count', () => ++count)
-    .method('sleep', async (s) => { await sleep(Number(s)); return s; })
-    .method('fail', (m) => { throw new ConformanceError(String(m)); });
+    .method('count', () => ++count, { payload: ctl.NO_PAYLOAD })
+    .method('sleep', async (s) => { await sleep(Number(s)); return s; }, { payload: number })
+    .method('fail', (m) => { throw new ConformanceError(String(m)); }, { payload: text })
+    .method('blob', (n) => 'x'.repeat(n), { payload: size })
+    .method('unencodable', () => 2n ** 64n, { payload: ctl.NO_PAYLOAD });
+  new ctl.Ledger({ mark: (x) => x, hold: async (s) => { await sleep(Number(s)); return s; } }).install(engine);
   return engine;
 }
 
@@ -38,9 +61,12 @@ function outcome(step, promise) {
   }));
 }
 
+const json = (o) => JSON.stringify(o, (k, v) => (typeof v === 'bigint' ? v.toString() : v));
+
 async function conformanceClient(opts) {
-  const client = await new ctl.Client({ bind: opts.bind, ranks: [0, 1, 2] }).open();
-  const out = (o) => process.stdout.write(JSON.stringify(o, (k, v) => (typeof v === 'bigint' ? v.toString() : v)) + '\n');
+  const client = await new ctl.Client({ bind: opts.bind, ranks: [0, 1, 2], curve: curveOf(opts, 'client'),
+    allowInsecureTcp: Boolean(opts['allow-insecure-tcp']) }).open();
+  const out = (o) => process.stdout.write(json(o) + '\n');
   out({ step: 'bound', ok: true, value: client.address });
   out(await outcome('echo', client.call('echo', { x: [1, 'ü'] }, { rank: 0, timeout: 20 })));
   out(await outcome('unknown-method', client.call('重みを更新', null, { rank: 0, timeout: 20 })));
@@ -52,6 +78,13 @@ async function conformanceClient(opts) {
   const first = await outcome('key', client.call('count', null, { rank: 0, timeout: 20, key: 'k1' }));
   const again = await outcome('key', client.call('count', null, { rank: 0, timeout: 20, key: 'k1' }));
   out({ step: 'key', ok: first.ok && again.ok, value: [first.value, again.value] });
+  const rows = await outcome('error-table', client.call('error_table', null, { rank: 0, timeout: 20 }));
+  const errors = [];
+  for (const [type, code] of rows.ok ? rows.value : []) {
+    const o = await outcome('errors', client.call('error', [type, code], { rank: 0, timeout: 20 }));
+    errors.push({ type: o.type, code: o.code, class: o.class });
+  }
+  out({ step: 'errors', ok: rows.ok, value: errors });
   out({ step: 'done', ok: true, value: client.counters });
   client.close();
 }
@@ -66,11 +99,12 @@ async function main() {
     process.on('SIGTERM', stop); process.on('SIGINT', stop);
   } else if (cmd === 'call') {
     const rank = Number(opts.rank || 0);
-    const client = await new ctl.Client({ bind: opts.bind, ranks: [rank] }).open();
+    const client = await new ctl.Client({ bind: opts.bind, ranks: [rank], curve: curveOf(opts, 'client'),
+      allowInsecureTcp: Boolean(opts['allow-insecure-tcp']) }).open();
     try {
       const payload = opts._[2] === undefined ? null : JSON.parse(opts._[2]);
       const result = await client.call(opts._[1], payload, { rank, timeout: Number(opts.timeout || 30) });
-      process.stdout.write(JSON.stringify(result, (k, v) => (typeof v === 'bigint' ? v.toString() : v)) + '\n');
+      process.stdout.write(json(result) + '\n');
     } catch (e) {
       process.stderr.write(`${e.constructor.name}: ${e.message}\n`);
       process.exitCode = 1;

@@ -6,7 +6,9 @@ conformance script (``docs/protocol.md``, Conformance)::
     python -m ctlwire.kernel.app.conformance_peers client --bind ADDR
 
 Both use NULL security (ipc addresses, tcp with ``--allow-insecure-tcp``, or an abstract
-ipc name with ``--allow-abstract-ipc``).
+ipc name with ``--allow-abstract-ipc``); the engine speaks CURVE with ``--curve-keys
+NAME.key_secret --server-key KEY`` (its key pair, and the client's public key: a z85
+key or a ``NAME.key`` file).
 """
 
 from __future__ import annotations
@@ -21,11 +23,16 @@ import anyio
 
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
+from ctlwire.kernel.engine.operation_ledger import OperationLedger
 from ctlwire.kernel.errors import CtlwireError
+from ctlwire.transports.curve import CurveClientConfig, load_keypair, load_public_key
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
 
 __all__ = ["ConformanceError", "conformance_engine", "main", "run_client_script"]
+
+#: what the conformance method ``unencodable`` returns: an integer beyond MessagePack's
+UNENCODABLE = 2**64
 
 
 class ConformanceError(CtlwireError):
@@ -35,10 +42,12 @@ class ConformanceError(CtlwireError):
 
 
 def conformance_engine(address: str, rank: int, *, allow_insecure_tcp: bool = False,
-                       allow_abstract_ipc: bool = False) -> EngineEndpoint:
+                       allow_abstract_ipc: bool = False,
+                       curve: CurveClientConfig | None = None) -> EngineEndpoint:
     """An engine of ``rank`` connecting to ``address``, serving ``echo``, ``count``,
-    ``sleep`` and ``fail``."""
-    endpoint = EngineEndpoint(ZmqDealerEngineTransport(address, rank,
+    ``sleep``, ``fail``, ``blob`` and ``unencodable``, and an operation ledger whose
+    step methods are ``mark`` and ``hold``."""
+    endpoint = EngineEndpoint(ZmqDealerEngineTransport(address, rank, curve=curve,
                                                        allow_insecure_tcp=allow_insecure_tcp,
                                                        allow_abstract_ipc=allow_abstract_ipc),
                               rank=rank)
@@ -62,6 +71,22 @@ def conformance_engine(address: str, rank: int, *, allow_insecure_tcp: bool = Fa
     def fail(message: str) -> None:
         raise ConformanceError(message)
 
+    @endpoint.method()
+    def blob(size: int) -> str:
+        return "x" * size
+
+    @endpoint.method()
+    def unencodable() -> int:
+        return UNENCODABLE
+
+    def mark(value: Any = None) -> Any:
+        return value
+
+    async def hold(seconds: float) -> float:
+        await anyio.sleep(seconds)
+        return seconds
+
+    OperationLedger({"mark": mark, "hold": hold}).install(endpoint)
     return endpoint
 
 
@@ -110,6 +135,20 @@ async def run_client_script(address: str, *, allow_insecure_tcp: bool = False,
             except Exception as exc:
                 values.append(repr(exc))
         out({"step": "key", "ok": all(isinstance(v, int) for v in values), "value": values})
+        rows: list[list[Any]] = []
+        try:
+            rows = await client.call("error_table", rank=0)
+        except Exception as exc:
+            out(_outcome("errors", exc=exc))
+        errors = []
+        for type_name, code in rows:
+            try:
+                await client.call("error", [type_name, code], rank=0)
+            except Exception as exc:
+                errors.append({k: _outcome("errors", exc=exc)[k] for k in ("type", "code",
+                                                                            "class")})
+        if rows:
+            out({"step": "errors", "ok": True, "value": errors})
         out(_outcome("done", client.metrics()["counters"]))
 
 
@@ -121,13 +160,20 @@ def main(argv: list[str] | None = None) -> int:
     eng.add_argument("--rank", type=int, default=0)
     eng.add_argument("--allow-insecure-tcp", action="store_true")
     eng.add_argument("--allow-abstract-ipc", action="store_true")
+    eng.add_argument("--curve-keys", help="this engine's key pair (a NAME.key_secret file)")
+    eng.add_argument("--server-key", help="the client's public key (z85, or a NAME.key file)")
     cli = sub.add_parser("client")
     cli.add_argument("--bind", required=True)
     cli.add_argument("--allow-insecure-tcp", action="store_true")
     cli.add_argument("--allow-abstract-ipc", action="store_true")
     args = parser.parse_args(argv)
     if args.role == "engine":
-        endpoint = conformance_engine(args.connect, args.rank,
+        curve = None
+        if args.curve_keys:
+            server = args.server_key or ""
+            curve = CurveClientConfig(load_keypair(args.curve_keys), (
+                server.encode() if len(server) == 40 else load_public_key(server)))
+        endpoint = conformance_engine(args.connect, args.rank, curve=curve,
                                       allow_insecure_tcp=args.allow_insecure_tcp,
                                       allow_abstract_ipc=args.allow_abstract_ipc)
         with contextlib.suppress(KeyboardInterrupt):

@@ -400,15 +400,17 @@ def engine_methods(ep: EngineEndpoint) -> None:
 
 
 def expected_replies(codec: Codec, frame: bytes, seen: set[tuple[int, int]]
-                     ) -> list[tuple[int, str | None]]:
-    """What the endpoint must send for ``frame``: [(id, required error type or None)]."""
+                     ) -> list[tuple[int, int | None]]:
+    """What the endpoint must send for ``frame``: [(id, required error code or None)]:
+    an oversized or malformed frame whose id is readable is answered 413 or 400."""
     if len(frame) > MAX:
-        return []
+        sid = codec.salvage_id(frame)
+        return [(sid, 413)] if sid else []
     try:
         env = codec.decode(frame)
     except MalformedFrame:
         sid = codec.salvage_id(frame)
-        return [(sid, "MalformedFrame")] if sid else []
+        return [(sid, 400)] if sid else []
     if type(env) is Request:
         key = (0, env.id)  # one route here: ids are per route, whatever client they claim
         if key in seen:
@@ -425,7 +427,7 @@ def run_engine_batch(name: str, batch: list[bytes]) -> None:
     engine_methods(ep)
     client = net.client_transport()
     ep.open()
-    expected: list[tuple[int, str | None]] = []
+    expected: list[tuple[int, int | None]] = []
     seen: set[tuple[int, int]] = set()
     for frame in batch:
         net.inject_to_engine(0, frame)
@@ -450,7 +452,7 @@ def run_engine_batch(name: str, batch: list[bytes]) -> None:
     for reply, (_, must) in zip(replies, expected, strict=True):
         assert reply.rank == 0 and reply.incarnation == ep.incarnation
         if must is not None:
-            assert not reply.ok and reply.error is not None and reply.error.type == must
+            assert not reply.ok and reply.error is not None and reply.error.code == must
         elif not reply.ok:
             assert reply.error is not None and reply.error.type in REQUEST_ERRORS, reply.error
     # still serving

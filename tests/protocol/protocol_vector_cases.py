@@ -25,6 +25,7 @@ A vector file is one JSON object:
 from __future__ import annotations
 
 import json
+import struct
 import sys
 from pathlib import Path
 from typing import Any
@@ -150,8 +151,8 @@ ERRORS: list[tuple[str, int, str]] = [
     ("StepOutOfOrder", 425, "operation 'op-7': step 'resume' (position 3) after ['pause'] on "
                             "rank 0"),
     ("InProgress", 425, "'load': a request with this idempotency key is still running"),
-    ("ResultNotEncodable", 500, "'load': cannot encode set: Encoding objects of type set is "
-                                "unsupported"),
+    ("ResultNotEncodable", 500, "'load': cannot encode int: can't serialize ints < -2**63 "
+                                "or > 2**64 - 1"),
     ("_AsyncHandlerInPoll", 501, "'load' is async: serve() runs it, poll() cannot"),
     ("UnsupportedProtocolVersion", 505, "this engine speaks protocol 1.0, the request 2.0"),
     ("CacheFull", 507, "'load': the idempotency cache is full of keys inside their retry "
@@ -208,6 +209,12 @@ def cases() -> list[dict[str, Any]]:
     add(_decode_only("request-integer-deadline", "A deadline written as an integer: "
                      "accepted where a float is expected.",
                      _frame("q", 10, 0, "ping", None, 1_767_225_600, 0, 0, None, "", 0, 256)))
+    add(_decode_only("request-float32-deadline", "A deadline written as a float32 (0xca): "
+                     "accepted, its value widened; an encoder writes float64.",
+                     _frame("q", 10, 0, "ping", None, 0.0, 0, 0, None, "", 0, 256).replace(
+                         b"\xcb" + bytes(8), b"\xca" + struct.pack(">f", 1_767_225_600.0))))
+    add(_roundtrip("request-id-64-bits", "The largest id, 2**64 - 1 (a uint64).",
+                   Request(2**64 - 1, 0, "ping", NIL)))
     # -- replies --------------------------------------------------------------------
     add(_roundtrip("reply-ok", "A successful reply: the engine's incarnation and a result.",
                    Reply(REQ_ID, 3, ENGINE_INC, True, raw({"loaded": True, "bytes": 12345}))))
@@ -290,6 +297,35 @@ def cases() -> list[dict[str, Any]]:
     add(_reject("reject-not-msgpack", "Bytes that are no msgpack value.", b"\xc1\xc1"))
     add(_reject("reject-trailing-bytes", "A valid envelope followed by another byte.",
                 CODEC.encode(Request(18, 0, "ping", NIL)) + b"\x00"))
+    # -- refused: a field out of its range -------------------------------------------
+    add(_reject("reject-id-zero", "A request id of 0 (ids are 1 .. 2**64 - 1): malformed, "
+                "no id to answer.", _frame("q", 0, 0, "ping", None)))
+    add(_reject("reject-negative-id", "A negative request id: malformed, no id to answer.",
+                _frame("q", -19, 0, "ping", None)))
+    add(_reject("reject-negative-seq", "A negative sequence number: malformed, its id "
+                "answered.", _frame("q", 20, 0, "ping", None, 0.0, -1)))
+    add(_reject("reject-version-beyond-16-bits", "A version of 65536 (versions are "
+                "0 .. 65535): malformed, not another major version.",
+                _frame("q", 21, 0, "ping", None, 0.0, 0, 0, None, "", 0, 0x10000)))
+    add(_reject("reject-negative-deadline", "A negative deadline (0: none; else positive "
+                "and finite).", _frame("q", 22, 0, "ping", None, -1.0)))
+    add(_reject("reject-nan-deadline", "A NaN deadline.",
+                _frame("q", 23, 0, "ping", None, float("nan"))))
+    add(_reject("reject-infinite-deadline", "An infinite deadline.",
+                _frame("q", 24, 0, "ping", None, float("inf"))))
+    add(_reject("reject-reply-id-zero", "A reply to id 0: malformed (a client drops it).",
+                _frame("r", 0, 0, ENGINE_INC, True, None)))
+    add(_reject("reject-reply-negative-rank", "A reply from rank -1 (engine ranks are "
+                "0 .. 999999999).", _frame("r", 25, -1, ENGINE_INC, True, None)))
+    add(_reject("reject-heartbeat-rank-below-client", "A heartbeat of rank -2 (-1 is a "
+                "client; engines 0 .. 999999999).", _frame("h", -2, ENGINE_INC)))
+    add(_reject("reject-heartbeat-rank-ten-digits", "A heartbeat of rank 1000000000.",
+                _frame("h", 1_000_000_000, ENGINE_INC)))
+    add(_reject("reject-heartbeat-negative-busy-for", "A heartbeat whose busy_for is "
+                "negative.", _frame("h", 0, ENGINE_INC, 1, 0, "x", -0.5)))
+    add(_reject("reject-heartbeat-progress-above-one", "A heartbeat whose progress is above "
+                "1 (negative: none; else 0 .. 1).",
+                _frame("h", 0, ENGINE_INC, 1, 0, "x", 0.5, 1, 1.5)))
     return out
 
 

@@ -9,7 +9,9 @@ The Node.js tests need ``node`` and ``interop/node/node_modules`` (``npm ci`` in
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -20,8 +22,26 @@ from pathlib import Path
 import pytest
 
 from ctlwire.kernel.client.control_client import ControlClient
-from ctlwire.kernel.errors import RemoteError, RequestTimedOut, UnsupportedProtocolVersion
-from ctlwire.transports.conformance import check_client, check_engine
+from ctlwire.kernel.errors import (
+    NotDelivered,
+    RemoteError,
+    RequestTimedOut,
+    UnsupportedProtocolVersion,
+)
+from ctlwire.transports.conformance import (
+    CLIENT_CASES,
+    ENGINE_CASES,
+    Check,
+    check_client,
+    check_engine,
+)
+from ctlwire.transports.conformance_report import ERROR_TABLE
+from ctlwire.transports.curve import (
+    CurveServerConfig,
+    load_keypair,
+    load_public_key,
+    write_keypair,
+)
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
 pytestmark = [pytest.mark.timeout(180)]
@@ -35,11 +55,28 @@ PY_ENGINE = f"{PY} -m ctlwire.kernel.app.conformance_peers engine --connect {{ad
 PY_CLIENT = f"{PY} -m ctlwire.kernel.app.conformance_peers client --bind {{address}}"
 NODE_ENGINE = f"node {NODE_DIR / 'cli.js'} engine --connect {{address}} --rank {{rank}}"
 NODE_CLIENT = f"node {NODE_DIR / 'cli.js'} conformance-client --bind {{address}}"
+ORDER = "what-an-engine-does-with-a-request"
 
 needs_node = pytest.mark.skipif(
     NODE is None or not (NODE_DIR / "node_modules" / "zeromq").is_dir(),
     reason="the Node.js implementation needs node and `npm ci` in interop/node "
            "(.ci/run installs both)")
+
+_IN_PROGRESS = (
+    "a keyed request repeated while its first run still runs must be refused InProgress "
+    "(425) on arrival; the reference engine checks keys when a request starts "
+    "(InboundCore.admit, called by serve's method lanes), so the repeat waits behind the "
+    "first run and gets its outcome")
+#: Where the Python reference engine does not yet do what the spec says: each case is an
+#: expected failure of the Python engine only, with the rule it lacks (strict: a case that
+#: starts passing must leave this list). The Node.js engine passes every case.
+KNOWN_ENGINE_GAPS: dict[str, str] = {
+    "error-codes/425-InProgress": _IN_PROGRESS,
+    f"{ORDER}/8-in-progress-before-payload": _IN_PROGRESS,
+    "error-codes/413-OversizedFrame": (
+        "an oversized frame whose id is readable is answered with type OversizedFrame "
+        "(code 413); InboundCore.receive names every bad frame's answer MalformedFrame"),
+}
 
 
 def failures(report: object) -> list[str]:
@@ -48,8 +85,50 @@ def failures(report: object) -> list[str]:
     return [c.line() for c in checks if not c.passed]
 
 
-def test_the_python_engine_conforms() -> None:
-    assert failures(check_engine(None, 0, PY_ENGINE, 10.0)) == []
+def _slug(heading: str) -> str:
+    """A heading's anchor, as the docs site makes it."""
+    return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", heading).strip().lower())
+
+
+def test_every_error_code_and_decision_step_has_a_case_named_after_its_section() -> None:
+    spec = (ROOT / "docs" / "protocol.md").read_text(encoding="utf-8")
+    anchors = {_slug(h) for h in re.findall(r"^#{2,3} (.+)$", spec, re.M)}
+    assert {c.split("/")[0] for c in ENGINE_CASES + CLIENT_CASES} <= anchors
+    rows = {f"error-codes/{code}-{name}" for code, name, _cls in ERROR_TABLE}
+    engine_side = rows - {"error-codes/501-_AsyncHandlerInPoll",  # a polling engine's only
+                          "error-codes/599-ConformanceError"} | {
+        "error-codes/any-handler-exception"}
+    assert engine_side <= set(ENGINE_CASES)
+    assert {f"error-codes/client-{code}-{name}" for code, name, _cls in ERROR_TABLE} <= set(
+        CLIENT_CASES)
+    for step in range(1, 12):
+        assert any(c.startswith(f"{ORDER}/{step}-") for c in ENGINE_CASES), step
+    section = spec[spec.index("## Error codes"):spec.index("Errors a client produces")]
+    table = re.findall(r"^\| (\d+) \| `([^`]+)` \|", section, re.M)
+    assert {(int(code), name) for code, name in table} == {
+        (code, name) for code, name, _cls in ERROR_TABLE if code != 599}
+    assert len(ENGINE_CASES) == len(set(ENGINE_CASES)) and set(KNOWN_ENGINE_GAPS) <= set(
+        ENGINE_CASES)
+
+
+@pytest.fixture(scope="module")
+def python_engine() -> dict[str, Check]:
+    """Every engine case against the Python reference engine: one run, one process."""
+    report = check_engine(None, 0, PY_ENGINE, 10.0)
+    return {c.name: c for c in report.checks}
+
+
+def test_the_python_engine_ran_every_case_and_no_other(python_engine: dict[str, Check]
+                                                       ) -> None:
+    assert set(python_engine) == set(ENGINE_CASES)
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(case, marks=pytest.mark.xfail(strict=True, reason=KNOWN_ENGINE_GAPS[case]))
+    if case in KNOWN_ENGINE_GAPS else case for case in ENGINE_CASES])
+def test_the_python_engine_conforms(case: str, python_engine: dict[str, Check]) -> None:
+    check = python_engine[case]
+    assert check.passed, check.line()
 
 
 def test_the_python_client_conforms() -> None:
@@ -58,11 +137,12 @@ def test_the_python_client_conforms() -> None:
 
 @needs_node
 def test_the_node_engine_conforms() -> None:
-    """Through the command line, as CI and other implementations run it."""
+    """Through the command line, as CI and other implementations run it: every case,
+    the Python engine's known gaps included."""
     proc = subprocess.run([PY, "-m", "ctlwire.transports.conformance", "engine", "--spawn",
                            NODE_ENGINE], capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "FAIL" not in proc.stdout and " 0 failed" in proc.stdout
+    assert "FAIL" not in proc.stdout and f"{len(ENGINE_CASES)} passed, 0 failed" in proc.stdout
 
 
 @needs_node
@@ -74,7 +154,7 @@ def test_the_node_client_conforms() -> None:
 def test_harness_fails_an_engine_of_another_major_version() -> None:
     """The harness can fail: an engine announcing 2.0 fails first contact."""
     report = check_engine(None, 0, NODE_ENGINE + " --version 2.0", 10.0)
-    assert any(line.startswith("FAIL  first-contact") for line in failures(report))
+    assert any(line.startswith("FAIL  sockets/first-contact") for line in failures(report))
 
 
 def test_harness_fails_a_client_that_reports_without_calling(tmp_path: Path) -> None:
@@ -87,9 +167,11 @@ def test_harness_fails_a_client_that_reports_without_calling(tmp_path: Path) -> 
     script.write_text("import json\n" + "".join(
         f"print(json.dumps({line!r}))\n" for line in lines))
     failed = failures(check_client(None, f"{PY} {script}", 30.0))
-    assert any(line.startswith("FAIL  client-frames-valid") for line in failed), failed
-    assert any(line.startswith("FAIL  client-heartbeats") for line in failed), failed
-    assert not any(line.startswith("FAIL  client-echo") for line in failed), failed
+    prefix = "FAIL  conformance-harness/client-"
+    assert any(line.startswith(prefix + "frames-valid") for line in failed), failed
+    assert any(line.startswith(prefix + "heartbeats") for line in failed), failed
+    assert any(line.startswith("FAIL  error-codes/client-409-Fenced") for line in failed)
+    assert not any(line.startswith(prefix + "echo") for line in failed), failed
 
 
 @contextmanager
@@ -184,3 +266,72 @@ def test_node_decodes_every_vector() -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == []
+
+
+def _free_tcp_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.fixture
+def curve_keys(tmp_path: Path) -> dict[str, tuple[Path, Path]]:
+    """(public file, secret file) of a client's, an engine's and a stranger's key pair."""
+    return {name: write_keypair(tmp_path, name) for name in ("client", "engine", "stranger")}
+
+
+@needs_node
+def test_node_client_calls_a_python_engine_over_tcp_with_curve(
+        curve_keys: dict[str, tuple[Path, Path]]) -> None:
+    """The Node.js client binds a CURVE server on tcp allowing the engine's key; the
+    Python engine connects with its key pair and the client's public key."""
+    address = _free_tcp_address()
+    client_public, client_secret = curve_keys["client"]
+    engine_public, engine_secret = curve_keys["engine"]
+    engine = subprocess.Popen([*PY_ENGINE.format(address=address, rank=0).split(),
+                               "--curve-keys", str(engine_secret),
+                               "--server-key", str(client_public)], stdout=subprocess.DEVNULL)
+    try:
+        call = subprocess.run(["node", str(NODE_DIR / "cli.js"), "call", "--bind", address,
+                               "--rank", "0", "--timeout", "20", "--curve-keys",
+                               str(client_secret), "--allow", str(engine_public),
+                               "--any-rank", "echo", '{"weights": "/w/step-7"}'],
+                              capture_output=True, text=True, timeout=60)
+        assert call.returncode == 0, call.stderr
+        assert json.loads(call.stdout) == {"weights": "/w/step-7"}
+    finally:
+        engine.terminate()
+        engine.wait(10)
+
+
+@needs_node
+@pytest.mark.anyio
+async def test_python_client_calls_a_node_engine_over_tcp_with_curve(
+        curve_keys: dict[str, tuple[Path, Path]]) -> None:
+    """The Python client binds a CURVE server on tcp binding rank 0 to the engine's key;
+    the Node.js engine connects with its key pair and is served. A Node.js engine with a
+    key the client does not allow is never heard from."""
+    address = _free_tcp_address()
+    client_public, client_secret = curve_keys["client"]
+    engine_public = curve_keys["engine"][0]
+    curve = CurveServerConfig.allowing(load_keypair(client_secret),
+                                       ranks={0: load_public_key(engine_public)})
+    transport = ZmqRouterClientTransport(address, curve=curve)
+    async with ControlClient(transport, ranks=[0, 1], default_timeout=20.0) as client:
+        engines = [subprocess.Popen(["node", str(NODE_DIR / "cli.js"), "engine", "--connect",
+                                     address, "--rank", str(rank), "--curve-keys",
+                                     str(curve_keys[name][1]), "--server-key",
+                                     str(client_public)], stdout=subprocess.DEVNULL)
+                   for rank, name in ((0, "engine"), (1, "stranger"))]
+        try:
+            assert await client.call("echo", {"ü": [1, 2.5]}, rank=0) == {"ü": [1, 2.5]}
+            with pytest.raises(RemoteError) as info:
+                await client.call("fail", "boom", rank=0)
+            assert (info.value.type_name, info.value.code) == ("ConformanceError", 599)
+            with pytest.raises(NotDelivered, match="never heard from"):
+                await client.call("echo", 1, rank=1, timeout=1.0)
+        finally:
+            for proc in engines:
+                proc.terminate()
+            for proc in engines:
+                proc.wait(10)

@@ -240,7 +240,7 @@ async def test_reorder_lets_the_next_frame_overtake() -> None:
     plan = FaultPlan(faults=(Fault.reorder(every=2, kinds={"request", "reply"}, hold=0.05),))
     async with (FaultyClientTransport(net.client_transport(), plan) as client,
                 net.engine_transport(0) as engine):
-        for i in range(6):
+        for i in range(1, 7):  # request ids start at 1
             client.send_nowait(0, req(i))
         got = []
         for _ in range(5):
@@ -249,19 +249,19 @@ async def test_reorder_lets_the_next_frame_overtake() -> None:
             got.append(event.envelope.id)
         assert engine.try_receive() is None and client.pending_frames
         start = anyio.current_time()
-        event = await engine.receive()  # 5 goes out when its hold expires
+        event = await engine.receive()  # 6 goes out when its hold expires
         assert anyio.current_time() - start == pytest.approx(0.05)
         assert isinstance(event, Received) and isinstance(event.envelope, Request)
-        assert [*got, event.envelope.id] == [0, 2, 1, 4, 3, 5]
+        assert [*got, event.envelope.id] == [1, 3, 2, 5, 4, 6]
         # the receive side too
-        for i in range(4):
+        for i in range(1, 5):
             engine.send_nowait(None, Reply(i, 0, 1, True, msgspec.Raw(b"\xc0")))
         ids = []
         for _ in range(4):
             event = await client.receive()
             assert isinstance(event, Received) and isinstance(event.envelope, Reply)
             ids.append(event.envelope.id)
-        assert ids == [0, 2, 1, 3]
+        assert ids == [1, 3, 2, 4]
         assert client.faults.counters["reorder.send.request"] == 3
         assert client.faults.counters["reorder.receive.reply"] == 2
 
@@ -487,13 +487,13 @@ async def test_receive_many_takes_what_is_buffered_in_order_up_to_the_limit() ->
     net = MemoryNetwork()
     async with (FaultyClientTransport(net.client_transport(), FaultPlan()) as client,
                 net.engine_transport(0) as engine):
-        for i in range(5):
+        for i in range(1, 6):
             engine.send_nowait(None, Reply(i, 0, 1, True, msgspec.Raw(b"\xc0")))
         with anyio.fail_after(5):
             first = await client.receive_many(3)
             rest = await client.receive_many(3)
         ids = [e.envelope.id for e in first + rest if isinstance(e, Received)]
-        assert (len(first), len(rest), ids) == (3, 2, [0, 1, 2, 3, 4])
+        assert (len(first), len(rest), ids) == (3, 2, [1, 2, 3, 4, 5])
         client.close()
         with pytest.raises(TransportClosed):
             await client.receive_many()
