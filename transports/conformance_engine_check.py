@@ -36,6 +36,8 @@ __all__ = ["ENGINE_CASES", "CheckEngine"]
 
 INCARNATION_WINDOW_MS = 60_000
 _MAJOR_2 = pack_version((PROTOCOL_VERSION >> 8) + 1, 0)
+#: requests sent at once behind a held lane: more than a connection may queue (64)
+_FLOOD = 300
 _ORDER = "what-an-engine-does-with-a-request"
 _NEVER = 0.3  # seconds of quiet, at the end, for replies that must never come
 
@@ -68,6 +70,8 @@ ENGINE_CASES: tuple[str, ...] = (
     f"{_ORDER}/9-payload-for-a-method-without-one",
     "error-codes/425-InProgress",
     f"{_ORDER}/8-in-progress-before-payload",
+    "error-codes/429-Busy",
+    f"{_ORDER}/busy-engine-keeps-receiving",
     "deadlines/checked-when-it-starts",
     f"{_ORDER}/one-method-in-arrival-order",
     f"{_ORDER}/methods-run-concurrently",
@@ -109,6 +113,7 @@ class CheckEngine(HarnessClient):
     def run(self, report: Report) -> None:
         if self.first_contact(report):
             for case in (self.served, self.refusals, self.decision_order, self.in_progress,
+                         self.busy,
                          self.deadline_at_start, self.fences, self.keys, self.ids,
                          self.ranges, self.oversized, self.metrics, self.operations,
                          self.liveness, self.cache_full, self.probes):
@@ -241,6 +246,29 @@ class CheckEngine(HarnessClient):
         self.expect_error(report, f"{_ORDER}/8-in-progress-before-payload",
                           self.call("sleep", "not a number", key=key), "InProgress", 425)
         self.reply(first)
+
+    def busy(self, report: Report) -> None:
+        """A flood of one method on one connection while its lane is held: each request
+        is answered, run or refused Busy (429) at once, and the engine keeps receiving
+        (another method is answered before the lane frees)."""
+        held = self.send_request("sleep", 1.0)
+        flood = [self.send_request("sleep", 0.0) for _ in range(_FLOOD)]
+        other = self.reply(self.send_request("echo", "meanwhile"), timeout=0.8)
+        replies = [self.reply(rid) for rid in flood]
+        busy = [r for r in replies if r is not None and not r.ok]
+        refused = busy[0] if busy else None
+        if refused is None:
+            report.add("error-codes/429-Busy", False,
+                       f"{_FLOOD} requests queued behind a held lane, none refused Busy")
+        else:
+            self.expect_error(report, "error-codes/429-Busy", refused, "Busy", 429)
+        report.add(f"{_ORDER}/busy-engine-keeps-receiving",
+                   other is not None and other.ok and all(
+                       r is not None and (r.ok or (r.error is not None
+                                                   and r.error.code == 429)) for r in replies),
+                   "echo answered while the lane was full" if other is not None else
+                   "echo not answered while the lane was full (the engine stopped receiving)")
+        self.reply(held)
 
     def deadline_at_start(self, report: Report) -> None:
         """Requests of one method start in arrival order, one at a time, and a queued one's

@@ -18,7 +18,7 @@ CONFORMANCE_ERROR = ("ConformanceError", 599)
 #: the class a client raises for it (the last row stands for a handler's own exception)
 ERROR_TABLE: tuple[tuple[int, str, str], ...] = (
     (400, "MalformedFrame", "RemoteError"),
-    (404, "UnknownMethod", "RemoteError"),
+    (404, "UnknownMethod", "UnknownMethod"),
     (404, "UnknownStepMethod", "RemoteError"),
     (408, "DeadlineExpired", "RemoteError"),
     (403, "OperationOwned", "RemoteError"),
@@ -35,6 +35,7 @@ ERROR_TABLE: tuple[tuple[int, str, str], ...] = (
     (422, "InvalidStep", "RemoteError"),
     (425, "InProgress", "RemoteError"),
     (425, "StepOutOfOrder", "RemoteError"),
+    (429, "Busy", "Busy"),
     (500, "ResultNotEncodable", "RemoteError"),
     (501, "_AsyncHandlerInPoll", "RemoteError"),
     (505, "UnsupportedProtocolVersion", "UnsupportedProtocolVersion"),

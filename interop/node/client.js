@@ -48,6 +48,8 @@ class RemoteError extends CtlwireError {
   }
 }
 class Fenced extends RemoteError {}
+class UnknownMethod extends RemoteError {}
+class Busy extends RemoteError {} // not run: a retry later is safe
 class RequestTimedOut extends CtlwireError {}
 class EngineDead extends CtlwireError { constructor(rank, detail) { super(`engine rank ${rank} is dead: ${detail}`); this.rank = rank; } }
 class NotDelivered extends EngineDead {}
@@ -57,6 +59,8 @@ class UnsupportedProtocolVersion extends NotDelivered { get code() { return 505;
 function remoteError(info, rank) {
   if (info.code === 505 && info.type === 'UnsupportedProtocolVersion') return new UnsupportedProtocolVersion(rank, info.message);
   if (info.code === 409 && info.type === 'Fenced') return new Fenced(info.type, info.message, info.code, rank);
+  if (info.code === 404 && info.type === 'UnknownMethod') return new UnknownMethod(info.type, info.message, info.code, rank);
+  if (info.code === 429 && info.type === 'Busy') return new Busy(info.type, info.message, info.code, rank);
   return new RemoteError(info.type, info.message, info.code, rank);
 }
 
@@ -249,6 +253,6 @@ class Client {
 }
 
 module.exports = {
-  Client, CtlwireError, RemoteError, Fenced, RequestTimedOut, EngineDead, NotDelivered, OutcomeUnknown,
+  Client, CtlwireError, RemoteError, Fenced, UnknownMethod, Busy, RequestTimedOut, EngineDead, NotDelivered, OutcomeUnknown,
   UnsupportedProtocolVersion, splitIdentity, groupOf, supported, versionText, sender,
 };

@@ -27,6 +27,8 @@ module.exports = {
   CtlwireError: client.CtlwireError,
   RemoteError: client.RemoteError,
   Fenced: client.Fenced,
+  UnknownMethod: client.UnknownMethod,
+  Busy: client.Busy,
   RequestTimedOut: client.RequestTimedOut,
   EngineDead: client.EngineDead,
   NotDelivered: client.NotDelivered,

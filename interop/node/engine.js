@@ -12,7 +12,8 @@ const { sender, supported, versionText } = require('./client');
 
 const MAX_KEY_BYTES = 256;
 const SEEN_IDS = 4096; // ids remembered (one route: the client this engine dialed)
-const MAX_QUEUED = 1024; // admitted requests waiting for their method: past it, stop reading
+const MAX_QUEUED = 64; // requests waiting for their method (one connection): past it, Busy (429)
+const MAX_LANE = 256; // requests waiting for one method: past it, Busy (429)
 const NO_PAYLOAD = (v) => (v === null ? '' : 'takes no payload');
 const ANY = () => '';
 
@@ -82,7 +83,6 @@ class Engine {
     this.methods = new Map();
     this.lanes = new Map(); // method -> {running, queue}
     this.queued = 0;
-    this.roomWaiters = [];
     this.fenceHigh = 0n;
     this.seen = new Set(); this.seenOrder = [];
     this.results = new ResultCache(cache);
@@ -137,8 +137,7 @@ class Engine {
     try {
       for await (const [data] of this.dealer) {
         this.loops++;
-        this._frame(data);
-        if (this.queued >= MAX_QUEUED) await new Promise((resolve) => this.roomWaiters.push(resolve));
+        this._frame(data); // never waits: a request with no room to wait is refused Busy
       }
     } catch (e) { /* closed */ }
   }
@@ -203,6 +202,13 @@ class Engine {
       this.counters.idempotency_cache_full++;
       return this._error(id, 'CacheFull', `'${method}': the idempotency cache has no room for a new key; not run, retry later`, 507);
     }
+    const lane = this.lanes.get(spec.name);
+    if (lane && lane.running >= spec.concurrency
+        && (this.queued >= MAX_QUEUED || lane.queue.length >= MAX_LANE)) {
+      if (entry) this.results.abandon(entry); // refused before it ran: it holds no key
+      this.counters.busy = (this.counters.busy || 0) + 1;
+      return this._error(id, 'Busy', `'${method}': no room to queue it (${this.queued} waiting); not run, retry later`, 429);
+    }
     if (fence > this.fenceHigh) this.fenceHigh = fence;
     this._enqueue({ req, spec, entry });
     return undefined;
@@ -226,7 +232,6 @@ class Engine {
     while (lane.queue.length && lane.running < lane.queue[0].spec.concurrency) {
       const item = lane.queue.shift();
       this.queued--;
-      if (this.queued < MAX_QUEUED) { const w = this.roomWaiters; this.roomWaiters = []; w.forEach((f) => f()); }
       lane.running++;
       this._run(item).finally(() => { lane.running--; this._pump(lane); });
     }

@@ -203,10 +203,11 @@ class InboundCore:
             self._count(f"dropped_{event.reason}")
             if event.request_id:
                 counters["error_replies_for_bad_frames"] += 1
-                code = (ErrorCode.OVERSIZED_FRAME if event.reason == "oversized"
-                        else ErrorCode.MALFORMED_FRAME)
+                name, code = (("OversizedFrame", ErrorCode.OVERSIZED_FRAME)
+                              if event.reason == "oversized"
+                              else ("MalformedFrame", ErrorCode.MALFORMED_FRAME))
                 return BadFrame(event.route, self.error_reply(
-                    event.request_id, "MalformedFrame", event.detail, code))
+                    event.request_id, name, event.detail, code))
         return None  # PeerDisconnected: nothing to do engine-side
 
     # -- admission ---------------------------------------------------------------

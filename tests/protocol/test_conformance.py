@@ -70,13 +70,7 @@ _IN_PROGRESS = (
 #: Where the Python reference engine does not yet do what the spec says: each case is an
 #: expected failure of the Python engine only, with the rule it lacks (strict: a case that
 #: starts passing must leave this list). The Node.js engine passes every case.
-KNOWN_ENGINE_GAPS: dict[str, str] = {
-    "error-codes/425-InProgress": _IN_PROGRESS,
-    f"{ORDER}/8-in-progress-before-payload": _IN_PROGRESS,
-    "error-codes/413-OversizedFrame": (
-        "an oversized frame whose id is readable is answered with type OversizedFrame "
-        "(code 413); InboundCore.receive names every bad frame's answer MalformedFrame"),
-}
+KNOWN_ENGINE_GAPS: dict[str, str] = {}
 
 
 def failures(report: object) -> list[str]:
@@ -226,7 +220,7 @@ def test_node_client_calls_a_python_engine() -> None:
                                "--rank", "0", "nope"], capture_output=True, text=True,
                               timeout=60)
         assert fail.returncode == 1
-        assert "RemoteError: UnknownMethod" in fail.stderr and "code 404" in fail.stderr
+        assert "UnknownMethod: UnknownMethod" in fail.stderr and "code 404" in fail.stderr
     finally:
         engine.terminate()
         engine.wait(10)
