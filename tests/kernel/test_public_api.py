@@ -112,6 +112,8 @@ def test_result_type_error_lives_with_the_other_errors_and_keeps_its_old_path() 
 # the etcd backend's and the test tools'. CtlwireError itself is the transports'.
 ELSEWHERE = ("ctlwire.kernel.engine.", "ctlwire.kernel.app.", "ctlwire.kernel.testing.",
              "ctlwire.kernel.busy_loop", "ctlwire.kernel.etcd_membership",
+             "ctlwire.kernel.etcd_gateway", "ctlwire.kernel.etcd_registration",
+             "ctlwire.kernel.core.inbound_core",  # Refused: what an engine handler raises
              "ctlwire.transports.")
 
 
