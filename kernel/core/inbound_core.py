@@ -243,7 +243,14 @@ class InboundCore:
         refused = self._check(item, now)
         if refused is not None:
             return refused
-        return self._begin(item, now)
+        req = item.request
+        if (req.key or req.fence) and not item.spec.read_only:  # type: ignore[union-attr]
+            return self._begin(item, now)
+        to = _MOVES.get((item.state, _START))  # _begin's one move, read from the table
+        if to is None:
+            item.go(_START)  # raises IllegalTransition
+        item.state = to  # type: ignore[assignment]
+        return None
 
     def check(self, item: InboundRequest, now: float | None = None) -> Reply | None:
         """Validate ``item`` as it arrives, for a request that waits before it
