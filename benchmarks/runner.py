@@ -19,11 +19,14 @@ Groups (``--only`` takes any of them; default: all, in this order):
 ``detect256``    kill -9 of 1 rank among 256: time until the client reports it Lost
 ``idle_cpu``     what watching costs: an idle client's process CPU connected to 8, 64 and
                  256 ranks (64 a process), and the time to detect a killed and a frozen rank
+``engine_calls`` one engine ``poll()``: Python calls per plain request (a lone one, and
+                 within a burst) vs a bare pyzmq engine loop, and an idle ``poll()`` vs a
+                 bare non-blocking receive attempt (timed alternately)
 ``weight_sync``  one weight-sync operation of a real model over 4 torch engine ranks:
                  ctlwire's share vs the data movement (needs the torch extra)
 
 (``scale`` to ``detect256``: :mod:`ctlwire.benchmarks.scale`; ``fanout_profile``,
-``idle_cpu``: their own modules; ``weight_sync``:
+``idle_cpu``, ``engine_calls``: their own modules; ``weight_sync``:
 :mod:`ctlwire.benchmarks.weight_sync`)
 
 Every engine process is started by a :class:`FleetPool` and stopped in
@@ -36,7 +39,16 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from . import fanout_profile, idle_cpu, poll_status, scale, scenarios, state_table, weight_sync
+from . import (
+    engine_calls,
+    fanout_profile,
+    idle_cpu,
+    poll_status,
+    scale,
+    scenarios,
+    state_table,
+    weight_sync,
+)
 from .cpu_steal import read_cpu_times, steal_percent
 from .fleets import FleetPool
 from .report import Report, Row, Target
@@ -46,7 +58,7 @@ __all__ = ["GROUPS", "run_bench"]
 
 GROUPS = ("latency", "floor", "throughput", "fanout", *fanout_profile.GROUPS, "trio", "live",
           "memory", "state_table", *scale.GROUPS, *idle_cpu.GROUPS, *weight_sync.GROUPS,
-          *poll_status.GROUPS)
+          *poll_status.GROUPS, *engine_calls.GROUPS)
 FAN_ENGINES = 8
 _BASE1 = ("raw pyzmq ROUTER read with the FD technique on anyio, dict of reply slots "
           "(vLLM utility-call pattern)")
@@ -260,6 +272,8 @@ def run_bench(*, quick: bool = False, only: Sequence[str] | None = None,
         step("weight_sync", lambda: weight_sync.rows(quick, progress))
     if "poll_status" in selected:
         step("poll_status", lambda: poll_status.rows(quick, progress))
+    if "engine_calls" in selected:
+        step("engine_calls", lambda: engine_calls.rows(quick))
     if "state_table" in selected:
         lives = (10, 1_000) if quick else (10, 10_000)
         step("state_table", lambda: _state_table_rows(state_table.measure(quick, lives)))

@@ -32,13 +32,15 @@ from ctlwire.transports.zmq_config import (
     bind_socket,
     remove_ipc_file,
 )
-from ctlwire.transports.zmq_frames import recv_frames
 from ctlwire.transports.zmq_socket import AsyncZmqSocket
 
 _NOBLOCK = int(zmq.NOBLOCK)
 _NOBLOCK_SNDMORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
-_EVENTS = zmq.EVENTS
 _POLLIN = int(zmq.POLLIN)
+# zmq_poll with no timeout reads a socket's EVENTS without raising, where a receive
+# that finds nothing raises zmq.Again (and a read of EVENTS through Socket.get makes
+# a SocketOption enum each call)
+_zmq_poll = zmq.zmq_poll
 
 __all__ = ["ZmqEngineBase"]
 
@@ -78,7 +80,8 @@ class ZmqEngineBase:
         self._owner = 0
         self._raw_recv_sock: zmq.Socket[bytes] | None = None
         self._raw_send: Callable[..., Any] | None = None
-        self._raw_events: Callable[[int], Any] | None = None
+        #: ``zmq_poll``'s argument asking whether the receiving socket has input
+        self._probe: list[tuple[zmq.Socket[bytes], int]] = []
 
     def _bind(self, raw: zmq.Socket[bytes], address: str) -> str:
         address = bind_socket(raw, address)
@@ -149,7 +152,7 @@ class ZmqEngineBase:
         self._owner = threading.get_ident()
         self._raw_recv_sock = recv_raw
         self._raw_send = send_raw.send
-        self._raw_events = recv_raw.get
+        self._probe = [(recv_raw, _POLLIN)]
         self._direct = True
 
     # -- liveness beacon -----------------------------------------------------------
@@ -282,20 +285,42 @@ class ZmqEngineBase:
     def receive_one(self) -> TransportEvent | None:
         """The next event that can be received now, without blocking (None when
         none is queued): :meth:`try_receive`, on the raw socket from the owner
-        thread of a sync engine (see :meth:`_enable_direct`)."""
+        thread of a sync engine (see :meth:`_enable_direct`).
+
+        Direct path: whether a message is queued is asked first (``zmq_poll`` with
+        no timeout: the socket's ``EVENTS``), so finding none raises nothing; a
+        one-frame message within the codec's limit is decoded here (the common
+        case), any other goes through :meth:`_event`."""
         if not (self._direct and not self._closed and threading.get_ident() == self._owner):
             return self.try_receive()
-        sock = self._raw_recv_sock
-        assert sock is not None
         try:
-            parts = recv_frames(sock)
+            if not _zmq_poll(self._probe, 0):
+                return None
+            sock = self._raw_recv_sock
+            assert sock is not None
+            frame = sock.recv(_NOBLOCK, copy=False)
+            if frame.more:
+                parts = [frame.bytes]
+                while frame.more:
+                    frame = sock.recv(_NOBLOCK, copy=False)
+                    parts.append(frame.bytes)
+                return self._event(parts)
         except zmq.Again:
             return None
         except zmq.ZMQError:
             if not self._recv_sock().closed:
                 raise
             raise TransportClosed("engine transport is closed") from None
-        return self._event(parts)
+        data = frame.bytes
+        if self.routed:
+            return self._event([data])  # one frame where two belong: dropped, counted
+        fast = self._fast_decode
+        if fast is not None and len(data) <= self._max_size:
+            try:
+                return Received(fast(data), None, None, len(data))
+            except Exception:
+                pass  # not an envelope: decode_event gives the verdict
+        return decode_event(self.codec, data, None, None)
 
     def readable(self) -> bool:
         """Whether a message can be received now, by the socket's ``EVENTS``
@@ -304,10 +329,8 @@ class ZmqEngineBase:
         ``EVENTS`` may consume) it says True, and :meth:`receive_one` finds out."""
         if not (self._direct and not self._closed and threading.get_ident() == self._owner):
             return not self._closed
-        events = self._raw_events
-        assert events is not None
         try:
-            return bool(events(_EVENTS) & _POLLIN)
+            return bool(_zmq_poll(self._probe, 0))
         except zmq.ZMQError:
             return False
 

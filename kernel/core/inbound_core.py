@@ -5,6 +5,7 @@
 
     item = core.accept(request, route)      # None: a duplicate (dropped, counted)
     refused = core.admit(item)              # a Reply: Rejected / Expired / a replay
+    work = core.arrive(request, route)      # both at once: Running, a Reply, or None
     reply = core.result(item, value)        # Running -> Replied (or core.error(item, exc))
 
 Guarantees:
@@ -97,6 +98,7 @@ class MethodSpec:
 # (state, event) -> state; a pair it lacks is an illegal move (InboundRequest.go raises)
 _MOVES: dict[tuple[InboundState, InboundEvent], InboundState] = {
     (state, event): to for (state, event), to in INBOUND_REQUEST_TABLE}
+_RECEIVED, _START, _REPLY = InboundState.RECEIVED, InboundEvent.START, InboundEvent.REPLY
 
 
 class InboundRequest(msgspec.Struct):
@@ -180,6 +182,29 @@ class InboundCore:
         now = self.client_last_seen = self.clock()
         return InboundRequest(req, route, now)
 
+    def arrive(self, req: Request, route: Route) -> InboundRequest | Reply | None:
+        """:meth:`accept` then :meth:`admit`, for a request that starts as it
+        arrives (a poll loop's): the request Running (run its handler), the reply
+        that ends it here, or None for a duplicate (dropped, counted). The same
+        decisions in the same order; a request with no key and no fence (or of a
+        read-only method) makes its one move, Received → Running, here, from the
+        table's own dict."""
+        counters = self.counters
+        counters["received"] += 1
+        if self.duplicates.seen(route, req.id):
+            counters["duplicates"] += 1
+            return None
+        now = self.client_last_seen = self.clock()
+        item = InboundRequest(req, route, now)
+        refused = self._check(item, now)
+        if refused is not None:
+            return refused
+        if (req.key or req.fence) and not item.spec.read_only:  # type: ignore[union-attr]
+            refused = self._begin(item, now)
+            return item if refused is None else refused
+        item.state = _MOVES[_RECEIVED, _START]
+        return item
+
     def receive(self, event: Any) -> InboundRequest | BadFrame | None:
         """Any transport event: a request (:meth:`accept`), the error reply of a
         bad frame whose id was read, or None (a heartbeat, a drop, counted)."""
@@ -222,7 +247,14 @@ class InboundCore:
         refused = self._check(item, now)
         if refused is not None:
             return refused
-        return self._begin(item, now)
+        req = item.request
+        if (req.key or req.fence) and not item.spec.read_only:  # type: ignore[union-attr]
+            return self._begin(item, now)
+        to = _MOVES.get((item.state, _START))  # _begin's one move, read from the table
+        if to is None:
+            item.go(_START)  # raises IllegalTransition
+        item.state = to  # type: ignore[assignment]
+        return None
 
     def check(self, item: InboundRequest, now: float | None = None) -> Reply | None:
         """Validate ``item`` as it arrives, for a request that waits before it
@@ -449,7 +481,11 @@ class InboundCore:
         reply = Reply(req.id, self.rank, self.incarnation, True, raw)
         if req.key:
             return self._done(item, reply)
-        self.states[item.go(InboundEvent.REPLY)] += 1
+        to = _MOVES.get((item.state, _REPLY))
+        if to is None:
+            item.go(_REPLY)  # raises IllegalTransition
+        item.state = to  # type: ignore[assignment]
+        self.states[to] += 1  # type: ignore[index]
         return reply
 
     def error(self, item: InboundRequest, exc: BaseException, *, record: bool = True) -> Reply:

@@ -164,11 +164,6 @@ _OUTBOX_RETRY = 0.005
 
 
 
-def _more() -> bool:
-    """``readable`` of a transport that cannot tell: ask it for the next event."""
-    return True
-
-
 class EngineEndpoint:
     """Serves registered control methods for one engine rank, with the guarantees above.
 
@@ -224,11 +219,9 @@ class EngineEndpoint:
         self.queued_requests = QueuedRequests(max_queued_request_bytes, max_queued_per_route)
         self._opened = False
         self._closed = False
-        # poll(): the next event that can be received now (None: none), and whether
-        # another one can (a transport without ``readable`` is asked again)
+        # poll(): the next event that can be received now (None: none)
         self._take_one: Callable[[], Any] = (getattr(transport, "receive_one", None)
                                              or transport.try_receive)
-        self._readable: Callable[[], bool] = getattr(transport, "readable", None) or _more
         # built in, read-only, allow-listed like any method: what metrics() returns
         self.register(ENGINE_METRICS_METHOD, self.metrics, payload_type=None, read_only=True)
         self.method_table.builtin = frozenset(self.method_table.specs)
@@ -300,50 +293,47 @@ class EngineEndpoint:
             outbox.flush()
         if max_messages < 1:
             return 0
-        take, readable, core = self._take_one, self._readable, self.core
+        take, core, run = self._take_one, self.core, self.runner.run_sync
         handled = taken = 0
-        try:
-            event = take()
-        except TransportClosed:
-            return 0
-        except Exception:  # never let the transport end the loop: the next poll() asks again
-            self._internal_error("receiving")
-            return 0
-        while event is not None:
-            taken += 1
-            try:
-                # the seams a different loop builds on: core.receive (or accept) then
-                # core.admit give the admitted request or its refusal, runner.run_sync
-                # runs its handler on this thread, outbox.send sends the reply
-                if type(event) is Received and type(event.envelope) is Request:
-                    work: InboundRequest | BadFrame | None = core.accept(event.envelope,
-                                                                         event.route)
-                else:
-                    work = core.receive(event)
-                if type(work) is InboundRequest:
-                    reply = core.admit(work, work.received)
-                    if reply is None:
-                        reply = self.runner.run_sync(work)
-                    outbox.send(work.route, reply)
-                    handled += 1
-                elif work is not None:
-                    assert type(work) is BadFrame
-                    outbox.send(work.route, work.reply)
-            except Exception:  # never let one frame end the loop
-                self._internal_error(f"handling {event!r:.200}")
-            # after the first event, whether a second is queued: EVENTS, cheaper than
-            # a receive that fails, for a lone request; a burst's remaining events are
-            # then received until one receive finds the queue empty (one failure per
-            # burst, not one EVENTS read per event)
-            if taken >= max_messages or (taken == 1 and not readable()):
-                break
+        while taken < max_messages:
+            # a receive that finds nothing returns None (the transport asks the
+            # socket's EVENTS first): it raises nothing, so it is also the check for
+            # a second event after a lone request
             try:
                 event = take()
             except TransportClosed:
+                if not taken:
+                    return 0
                 break
-            except Exception:
+            except Exception:  # never let the transport end the loop: the next poll() asks again
                 self._internal_error("receiving")
+                if not taken:
+                    return 0
                 break
+            if event is None:
+                break
+            taken += 1
+            try:
+                # the seams a different loop builds on: core.arrive (or core.receive,
+                # core.accept then core.admit) gives the Running request or the reply
+                # that ends it, runner.run_sync runs its handler on this thread,
+                # outbox.send sends the reply
+                if type(event) is Received and type(event.envelope) is Request:
+                    route = event.route
+                    work = core.arrive(event.envelope, route)
+                    if work is None:
+                        continue  # a duplicate: dropped, counted
+                    outbox.send(route, run(work) if type(work) is InboundRequest
+                                else work)  # type: ignore[arg-type]
+                    handled += 1
+                    continue
+                bad = core.receive(event)
+                if type(bad) is BadFrame:
+                    outbox.send(bad.route, bad.reply)
+                else:
+                    assert bad is None, "a request event is handled above"
+            except Exception:  # never let one frame end the loop
+                self._internal_error(f"handling {event!r:.200}")
         if handled:
             live.last_loop = time.monotonic()  # what ran is done: the loop came round
         if outbox.queues:  # a burst's replies that found the pipe full: room now, likely

@@ -92,7 +92,13 @@ class ReplyOutbox:
     def send(self, route: Route, reply: Reply) -> None:
         """Send now, or queue behind ``route``'s waiting replies (bounded, see above);
         a stalled route's reply that finds its pipe full is dropped (counted)."""
-        item = self._prepare(reply)
+        encode = self._encode
+        if encode is None:
+            item: Reply | bytes = self._fit(reply)
+        else:  # the reply's one encoding, checked against the limit here
+            item = encode(reply)
+            if len(item) > self._max_size:
+                item = encode(self._fit(reply))
         if self.queues and route in self.queues:
             self._enqueue(route, item)
             self._flush_route(route)
@@ -185,14 +191,6 @@ class ReplyOutbox:
         return len(expired)
 
     # -- encoding --------------------------------------------------------------------
-    def _prepare(self, reply: Reply) -> Reply | bytes:
-        """``reply`` fitted, encoded where the transport takes bytes."""
-        encode = self._encode
-        if encode is None:
-            return self._fit(reply)
-        data = encode(reply)
-        return data if len(data) <= self._max_size else encode(self._fit(reply))
-
     def _fit(self, reply: Reply) -> Reply:
         """A reply the codec would refuse as oversized becomes a small
         ``ReplyTooLarge`` error; encodes only when a cheap bound says it may not fit."""

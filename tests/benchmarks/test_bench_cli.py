@@ -42,6 +42,9 @@ EXPECTED_ROWS = [
     ("memory", "tombstones vs their bound"),
     ("memory", "RSS growth"),
     ("state_table", "request lifecycle, 10 live requests"),
+    ("engine_calls", "engine Python calls per plain request (one poll(), one request)"),
+    ("engine_calls", "engine Python calls per plain request (one poll(), a burst of"),
+    ("engine_calls", "idle poll() vs a bare non-blocking receive attempt"),
 ]
 
 

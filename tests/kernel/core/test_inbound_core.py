@@ -136,6 +136,28 @@ def test_every_transition_goes_through_the_table() -> None:
         core.result(fresh, 6)  # never admitted: Received cannot reply
 
 
+def test_arrive_is_accept_then_admit_and_its_moves_go_through_the_table() -> None:
+    """``arrive`` makes the decisions ``accept`` then ``admit`` make, in the same
+    order: Running for a plain request (one move, Received -> Running), the
+    refusal for a bad one, None for a duplicate; a request admitted twice is an
+    illegal move, raised by the table."""
+    core = make_core()
+    item = core.arrive(request(1), b"r")
+    assert type(item) is InboundRequest and item.state is InboundState.RUNNING
+    assert item.args == (1,) and item.spec is not None
+    assert core.arrive(request(1), b"r") is None  # the same id, the same route
+    assert core.counters["duplicates"] == 1 and core.counters["received"] == 2
+    refused = core.arrive(request(2, value="not an int"), b"r")
+    assert type(refused) is Reply and refused.error is not None
+    assert refused.error.type == "InvalidPayload" and core.states[InboundState.REJECTED] == 1
+    fenced = core.arrive(request(3, fence=1), b"r")  # a fence: _begin moves it
+    assert type(fenced) is InboundRequest and fenced.state is InboundState.RUNNING
+    assert core.fences.high == 1
+    with pytest.raises(IllegalTransition):
+        core.admit(item)  # already Running: Received -> Running cannot happen twice
+    assert core.result(item, 5).ok and item.state is InboundState.REPLIED
+
+
 def test_a_duplicate_id_from_the_same_route_is_dropped_not_from_another() -> None:
     core = make_core()
     assert core.accept(request(1), b"a") is not None

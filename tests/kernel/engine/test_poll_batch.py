@@ -2,10 +2,10 @@
 
 * ``poll()`` takes queued events one at a time, in arrival order, bad frames
   included, and handles each (its reply sent) before taking the next, up to
-  ``max_messages``. After the first it asks whether another is queued (a ZMQ
-  engine transport's ``readable``: the socket's ``EVENTS``), so a lone request
-  costs no receive that fails; a burst ends with one. A transport without
-  ``receive_one`` is read with ``try_receive`` until it finds nothing.
+  ``max_messages``, until a take finds nothing (a ZMQ engine transport's
+  ``receive_one`` asks the socket's ``EVENTS`` first, so that take raises
+  nothing). A transport without ``receive_one`` is read with ``try_receive``
+  until it finds nothing.
 * Over a real ZMQ transport (where replies go out as encoded bytes) every
   kind of request gets its one reply.
 * The trace carrier a handler sees, and that it is restored.
@@ -142,22 +142,16 @@ def test_a_frame_that_is_not_an_envelope_is_parsed_by_the_fast_decoder_once(
 
 def _record_receives(monkeypatch: pytest.MonkeyPatch, ep: EngineEndpoint,
                      record: Any) -> None:
-    """Call ``record(what, result)`` at every receive ``poll()`` makes: ``take``
-    (an event, or None) and ``readable`` (whether another is queued)."""
-    take_one, readable = ep._take_one, ep._readable
+    """Call ``record("take", got)`` at every receive ``poll()`` makes (``got``: an
+    event, not None)."""
+    take_one = ep._take_one
 
     def one() -> Any:
         event = take_one()
         record("take", event is not None)
         return event
 
-    def more() -> bool:
-        ready = readable()
-        record("readable", ready)
-        return ready
-
     monkeypatch.setattr(ep, "_take_one", one)
-    monkeypatch.setattr(ep, "_readable", more)
 
 
 def _request(codec: Any, i: int) -> bytes:
@@ -166,10 +160,8 @@ def _request(codec: Any, i: int) -> bytes:
 
 def test_poll_takes_up_to_max_messages_and_stops_when_nothing_more_is_queued(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A poll takes events up to ``max_messages``: after the first, it asks
-    whether another is queued (``readable``: the socket's EVENTS), then takes
-    the rest of a burst until a receive finds the queue empty (one failing
-    receive per burst, not an EVENTS read per event)."""
+    """A poll takes events up to ``max_messages``, or until a take finds the
+    queue empty (one empty take per burst)."""
     pair = _Pair()
     try:
         calls: list[tuple[str, bool]] = []
@@ -178,11 +170,10 @@ def test_poll_takes_up_to_max_messages_and_stops_when_nothing_more_is_queued(
             pair.send(_request(pair.codec, i))
         _settle(pair)
         assert pair.ep.poll(max_messages=4) == 4
-        assert calls == [("take", True), ("readable", True)] + [("take", True)] * 3
+        assert calls == [("take", True)] * 4
         calls.clear()
         assert pair.ep.poll() == 6
-        assert calls == [("take", True), ("readable", True)] + [("take", True)] * 5 + [
-            ("take", False)]
+        assert calls == [("take", True)] * 6 + [("take", False)]
         assert pair.ep.__dict__["ran"] == [("flush", None)] * 10
         calls.clear()
         assert pair.ep.poll() == 0  # nothing queued: one empty take
@@ -194,9 +185,8 @@ def test_poll_takes_up_to_max_messages_and_stops_when_nothing_more_is_queued(
 
 def test_poll_replies_to_a_lone_request_before_asking_whether_more_is_queued(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A lone request is answered before the transport is asked whether another
-    is queued, and the poll ends on that answer, without a receive that finds
-    the queue empty."""
+    """A lone request is answered before the transport is asked for another,
+    and the poll ends on the empty take that follows."""
     pair = _Pair()
     try:
         seen: list[tuple[str, bool, int]] = []  # (what, result, replies sent before)
@@ -206,7 +196,7 @@ def test_poll_replies_to_a_lone_request_before_asking_whether_more_is_queued(
         pair.send(_request(pair.codec, 1))
         _settle(pair)
         assert pair.ep.poll() == 1
-        assert seen == [("take", True, 0), ("readable", False, 1)]
+        assert seen == [("take", True, 0), ("take", False, 1)]
         assert len(pair.replies(1)) == 1
     finally:
         pair.close()

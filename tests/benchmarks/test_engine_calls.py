@@ -1,0 +1,30 @@
+"""The engine's per-request and idle ``poll()`` work, counted (not timed): the
+counts ``ctlwire bench --only engine_calls`` reports, held to bounds."""
+
+from __future__ import annotations
+
+from ctlwire.benchmarks.engine_calls import count_baseline, count_poll
+
+ROUNDS = 5
+
+
+def test_a_plain_request_and_an_idle_poll_cost_a_bounded_number_of_python_calls() -> None:
+    request, burst, idle = count_poll(ROUNDS)
+    own = 2  # the counter's own frames (__exit__, stop), once per counted poll()
+    # one poll(), one request: poll, loop_came_round, receive_one x2 (the second finds
+    # nothing), arrive, seen, _check, run_sync, liveness.call, the handler, result,
+    # outbox.send, send_encoded_nowait, pyzmq's Socket.send
+    assert request.py_calls <= ROUNDS * (14 + own), request.by_function
+    # within a burst the poll's own calls are shared: 11 a request
+    assert burst.py_calls <= ROUNDS * (16 * 11 + 4 + own), burst.by_function
+    # an idle poll(): poll, loop_came_round, receive_one -- and no exception raised
+    # (a receive that finds nothing asks EVENTS instead of raising zmq.Again)
+    assert idle.py_calls <= ROUNDS * (3 + own), idle.by_function
+    assert not any("zmq/error.py" in name or "enum.py" in name
+                   for counts in (request, burst, idle) for name in counts.by_function), (
+        request.by_function, idle.by_function)
+
+
+def test_the_baseline_engine_loop_is_counted_the_same_way() -> None:
+    base = count_baseline(ROUNDS)
+    assert 0 < base.py_calls <= ROUNDS * 4, base.by_function  # the method, Socket.send
