@@ -42,7 +42,6 @@ Guarantees:
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
@@ -50,9 +49,18 @@ import msgspec
 from ctlwire.kernel.core.duplicate_filter import DuplicateFilter
 from ctlwire.kernel.core.error_codes import ErrorCode
 from ctlwire.kernel.core.fence_guard import FenceGuard, FenceVerdict
+from ctlwire.kernel.core.inbound_request import (
+    _MOVES,
+    _RECEIVED,
+    _REPLY,
+    _START,
+    BadFrame,
+    InboundRequest,
+    MethodSpec,
+)
 from ctlwire.kernel.core.result_cache import RUNNING, RecordedOutcome, ResultCache
 from ctlwire.kernel.errors import CtlwireError, error_info
-from ctlwire.states import INBOUND_REQUEST_TABLE, InboundEvent, InboundState
+from ctlwire.states import InboundEvent, InboundState
 from ctlwire.transports.codec import Codec, PayloadTypeError
 from ctlwire.transports.envelope import ErrorInfo, Heartbeat, Reply, Request
 from ctlwire.transports.protocol_version import (
@@ -70,66 +78,6 @@ class Refused(CtlwireError):
     operation step out of order, say): the reply is this error, like any
     handler's, but it is not recorded under the request's idempotency key, so
     a retry is judged again and a refused request never holds a key."""
-
-
-@dataclass(frozen=True)
-class MethodSpec:
-    """A registered control method (built by the engine's method table)."""
-
-    name: str
-    handler: Callable[..., Any]
-    payload_type: Any
-    takes_payload: bool
-    is_async: bool
-    threaded: bool
-    payload_optional: bool = False
-    concurrency: int = 1
-    read_only: bool = False
-    """Declared not to change the engine's state: fencing tokens and idempotency
-    keys are ignored for it (it neither checks nor moves the fence)."""
-    decode: Callable[[Any], Any] | None = field(default=None, repr=False, compare=False)
-    """The codec's shortcut decoder for ``payload_type`` (None: the codec's
-    ``decode_value``); whatever it refuses, ``decode_value`` judges."""
-    encode: Callable[[Any], bytes] | None = field(default=None, repr=False, compare=False)
-    """The codec's shortcut value encoder (None: ``encode_value``)."""
-
-
-# INBOUND_REQUEST_TABLE as one dict, read on the per-request path:
-# (state, event) -> state; a pair it lacks is an illegal move (InboundRequest.go raises)
-_MOVES: dict[tuple[InboundState, InboundEvent], InboundState] = {
-    (state, event): to for (state, event), to in INBOUND_REQUEST_TABLE}
-_RECEIVED, _START, _REPLY = InboundState.RECEIVED, InboundEvent.START, InboundEvent.REPLY
-
-
-class InboundRequest(msgspec.Struct):
-    """One received request: its route, when it was received, its state, and
-    once admitted (Running) its method and handler arguments."""
-
-    request: Request
-    route: Route
-    received: float
-    state: InboundState = InboundState.RECEIVED
-    spec: MethodSpec | None = None
-    args: tuple[Any, ...] = ()
-    #: its idempotency key is recorded as running (taken as it arrived, or as it started)
-    key_held: bool = False
-
-    def go(self, event: InboundEvent) -> InboundState:
-        """Move through the table (the only way a request's state changes)."""
-        try:
-            to = self.state = _MOVES[self.state, event]
-        except KeyError:
-            INBOUND_REQUEST_TABLE.apply(self.state, event, self.request.id)  # IllegalTransition
-            raise AssertionError("unreachable: the table refused the move") from None
-        return to
-
-
-@dataclass(frozen=True)
-class BadFrame:
-    """The error reply to a frame that could not be decoded but whose id was read."""
-
-    route: Route
-    reply: Reply
 
 
 _REQUEST_COUNTERS = ("received", "rejected", "expired", "handler_errors", "duplicates",
