@@ -31,15 +31,10 @@ Guarantees, on top of the core's:
   every fan-out that does not name it, of :meth:`routable_ranks` and of every
   later operation (naming it raises InvalidPlan) until :meth:`release`; shown
   by :meth:`metrics`, ``client.rank_status()`` and the client's metrics.
-* **A lost rank frees the others.** A rank lost (or restarted) while a step
-  runs ends its part of that dispatch at once (``OutcomeUnknown``: it may have
-  applied). The runner then asks the step's other ranks to abort it
-  (``ctlwire.abort_step``, under the operation's fence, again every heartbeat
-  interval until each says it did or answers the step): a step blocked in a
-  collective with the lost rank fails as soon as its handler reads
-  :func:`~ctlwire.kernel.engine.step_abort.step_aborted`, and is compensated as
-  any failed step, bounded by liveness rather than the step's timeout. A
-  handler that does not read it runs to its end.
+* **A lost rank frees the others.** A rank lost mid-step ends its part at once
+  (``OutcomeUnknown``); the step's other ranks are asked to abort it
+  (:mod:`~ctlwire.kernel.step_dispatch`): one blocked in a collective with it
+  fails and is compensated within the liveness delay, not the step's timeout.
 * **Observable.** ``on_progress`` receives every per-rank, per-step change as it
   happens, and each rank's progress reports (``fraction``, ``note``: what its
   step says with ``report_progress``) as its heartbeats bring them;
@@ -85,10 +80,10 @@ from ctlwire.kernel.engine.operation_ledger import (
     LastOperation,
     StepRequest,
 )
-from ctlwire.kernel.engine.step_abort import ABORT_STEP_METHOD, AbortStep
 from ctlwire.kernel.errors import ReleaseRefused, RequestTooLarge
 from ctlwire.kernel.ledger_reads import read_last_operations
 from ctlwire.kernel.operation_recovery import Recovery, recovery_of, unsettled
+from ctlwire.kernel.step_dispatch import step_answers
 from ctlwire.kernel.step_outcomes import Outcome, answers, classify, outcomes, refused
 from ctlwire.transports.codec import PayloadTypeError
 
@@ -376,42 +371,12 @@ class OperationRunner:
             payload = StepRequest(d.op_id, d.step, d.phase, d.fence, d.key, d.method,
                                   client.codec.encode_value(d.payload), d.index, list(ranks))
             with scope:
-                async with anyio.create_task_group() as watch:
-                    if len(d.ranks) > 1:
-                        watch.start_soon(self._abort_on_loss, d)
-                    res = await answers(client, STEP_METHOD, payload, ranks=d.ranks,
-                                        timeout=d.timeout, **extra)
-                    watch.cancel_scope.cancel()
+                res = await step_answers(client, d, payload, **extra)
         except (PayloadTypeError, TypeError, ValueError) as exc:
             return refused(d.ranks, exc)
         if failed:
             raise failed[0]
         return outcomes(res, d.ranks, f"no outcome of {d.key!r} in time")
-
-    async def _abort_on_loss(self, d: Dispatch) -> None:
-        """Once a rank of ``d`` is lost or restarted, ask the others to abort the step
-        (see the module), until the dispatch ends (this task is then cancelled)."""
-        client = self.client
-        interval = client.liveness.interval or 1.0
-        started = {r: client.rank_status(r)["incarnation"] for r in d.ranks}
-
-        def gone(rank: int) -> bool:
-            status = client.rank_status(rank)
-            return status["state"] == "LOST" or bool(
-                started[rank] and status["incarnation"] != started[rank])
-
-        while not any(gone(r) for r in d.ranks):
-            with anyio.move_on_after(interval):  # a restart of a live rank is not notified
-                await client.liveness.peer_changed.wait()
-        others = [r for r in d.ranks if not gone(r)]
-        request = AbortStep(d.op_id, d.step, d.phase, d.fence)
-        while others:
-            res = await answers(client, ABORT_STEP_METHOD, request, ranks=others,
-                                timeout=4 * interval, result_type=bool)
-            if res is not None:  # aborted there, or refused (asking again will not help)
-                others = [r for r in others
-                          if res.results.get(r) is not True and r not in res.errors]
-            await anyio.sleep(interval)
 
     async def _check_postcondition(self, d: Dispatch) -> dict[int, Outcome]:
         """Read the plan's post-condition on ``d.ranks``: a mismatch fails that rank."""
