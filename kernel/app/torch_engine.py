@@ -351,19 +351,27 @@ class TorchEngine:
 
     def _receive(self, t: torch.Tensor, opts: Any) -> None:
         """One broadcast into ``t``, waited for in slices; aborted (:func:`step_aborted`),
-        it is left to a thread that releases the group once it ended, and this raises."""
+        it is left to a thread that releases the group once it ended, and this raises.
+        No reference to the work or the group outlives the call (an exception's
+        traceback keeps its frames: a group kept alive keeps its connections open,
+        and the other members' collectives waiting on them)."""
         work = self.group.broadcast([t], opts)
-        done = threading.Event()
-        work.get_future().add_done_callback(lambda _: done.set())
-        while not done.wait(ABORT_CHECK_EVERY):
-            if step_aborted():
-                group, self.group = self.group, None
-                self.counters["transfers_aborted"] += 1
-                threading.Thread(target=_release_when_done, args=(group, work), daemon=True,
-                                 name=f"ctlwire-release-{self.group_name}").start()
-                raise BroadcastAborted("aborted by the operation's controller (a member of "
-                                       "the group was lost)")
-        work.wait()  # the collective's own error, if it failed
+        try:
+            done = threading.Event()
+            work.get_future().add_done_callback(lambda _: done.set())
+            # the future wakes this at once; is_completed() in case it never completes
+            while not done.wait(ABORT_CHECK_EVERY) and not work.is_completed():
+                if step_aborted():
+                    self.counters["transfers_aborted"] += 1
+                    threading.Thread(target=_release_when_done, args=(self.group, work),
+                                     daemon=True,
+                                     name=f"ctlwire-release-{self.group_name}").start()
+                    self.group = None
+                    raise BroadcastAborted("aborted by the operation's controller (a member "
+                                           "of the group was lost)")
+            work.wait()  # the collective's own error, if it failed
+        finally:
+            del work
 
     def update_weights_from_disk(self, req: UpdateFromDisk) -> dict[str, Any]:
         """Load a :func:`save_weights` file; swap only if its checksum is ``req.checksum``."""
