@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from ctlwire.kernel.engine.operation_ledger import OperationLedger as OperationLedger
     from ctlwire.kernel.engine.operation_ledger import StepRequest as StepRequest
     from ctlwire.kernel.engine.shared_beacon import start_shared_beacon as start_shared_beacon
+    from ctlwire.kernel.engine.step_abort import step_aborted as step_aborted
     from ctlwire.kernel.errors import ActorStopped as ActorStopped
     from ctlwire.kernel.errors import AskTimeout as AskTimeout
     from ctlwire.kernel.errors import AuthenticationFailed as AuthenticationFailed

@@ -31,6 +31,10 @@ Guarantees, on top of the core's:
   every fan-out that does not name it, of :meth:`routable_ranks` and of every
   later operation (naming it raises InvalidPlan) until :meth:`release`; shown
   by :meth:`metrics`, ``client.rank_status()`` and the client's metrics.
+* **A lost rank frees the others.** A rank lost mid-step ends its part at once
+  (``OutcomeUnknown``); the step's other ranks are asked to abort it
+  (:mod:`~ctlwire.kernel.step_dispatch`): one blocked in a collective with it
+  fails and is compensated within the liveness delay, not the step's timeout.
 * **Observable.** ``on_progress`` receives every per-rank, per-step change as it
   happens, and each rank's progress reports (``fraction``, ``note``: what its
   step says with ``report_progress``) as its heartbeats bring them;
@@ -79,6 +83,7 @@ from ctlwire.kernel.engine.operation_ledger import (
 from ctlwire.kernel.errors import ReleaseRefused, RequestTooLarge
 from ctlwire.kernel.ledger_reads import read_last_operations
 from ctlwire.kernel.operation_recovery import Recovery, recovery_of, unsettled
+from ctlwire.kernel.step_dispatch import step_answers
 from ctlwire.kernel.step_outcomes import Outcome, answers, classify, outcomes, refused
 from ctlwire.transports.codec import PayloadTypeError
 
@@ -366,8 +371,7 @@ class OperationRunner:
             payload = StepRequest(d.op_id, d.step, d.phase, d.fence, d.key, d.method,
                                   client.codec.encode_value(d.payload), d.index, list(ranks))
             with scope:
-                res = await answers(client, STEP_METHOD, payload, ranks=d.ranks,
-                                    timeout=d.timeout, **extra)
+                res = await step_answers(client, d, payload, **extra)
         except (PayloadTypeError, TypeError, ValueError) as exc:
             return refused(d.ranks, exc)
         if failed:

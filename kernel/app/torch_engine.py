@@ -36,6 +36,14 @@ Guarantees:
   from its step's deadline), never gloo's default. A failed or timed-out
   broadcast destroys this rank's group: a group that lost a collective is not
   reused; the next update forms a new one.
+* **Aborted by its controller.** A broadcast is waited for in short slices;
+  between them the update reads
+  :func:`~ctlwire.kernel.engine.step_abort.step_aborted` (the operation's
+  controller lost another member of the group, so this collective cannot
+  complete) and fails at once like a failed broadcast: old weights kept, group
+  left. The abandoned collective still runs in gloo until its own timeout; a
+  thread of its own waits for it and then releases the group, so the engine's
+  thread never waits for it.
 * **Pause means paused.** ``pause`` returns only when no sequence will be
   advanced: ``abort`` ends the running ones with status ``"aborted"``,
   ``drain`` runs them to completion first (inside the call), ``keep`` leaves
@@ -44,8 +52,10 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -84,6 +94,7 @@ from ctlwire.kernel.app.torch_model import (
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.engine.liveness import report_progress
 from ctlwire.kernel.engine.operation_ledger import OperationLedger
+from ctlwire.kernel.engine.step_abort import step_aborted
 
 # the model and the messages have modules of their own; re-exported from here
 __all__ = ["DecoderConfig", "DrainTimedOut", "Generate", "GroupSpec", "NoUpdateGroup",
@@ -91,6 +102,22 @@ __all__ = ["DecoderConfig", "DrainTimedOut", "Generate", "GroupSpec", "NoUpdateG
            "TorchFault", "UpdateFromDisk", "UpdateFromDistributed", "WeightTransferFailed",
            "WeightsRef", "WeightsRefused", "broadcast_options", "checksum", "gloo_group",
            "gloo_store", "greedy", "register", "save_weights"]
+
+
+ABORT_CHECK_EVERY = 0.1
+"""Seconds between two reads of :func:`step_aborted` while a broadcast is waited for."""
+
+
+class BroadcastAborted(Exception):
+    """The operation's controller aborted the update while a broadcast was pending."""
+
+
+def _release_when_done(group: Any, work: Any) -> None:
+    """Wait for an abandoned collective to end (its own timeout at the latest), then
+    drop the group: releasing a group blocks while one of its collectives is pending."""
+    with contextlib.suppress(Exception):  # its own timeout, or the root's error
+        work.wait()
+    del group  # released here, on this thread
 
 
 def _hold_gil(seconds: float) -> None:
@@ -130,7 +157,8 @@ class TorchEngine:
         #: how long each weight/pause method last ran here (s), for the time split
         self.handler_seconds: dict[str, float] = {}
         self.counters = {"updates": 0, "refused": 0, "transfer_failures": 0, "rollbacks": 0,
-                         "aborted": 0, "groups_formed": 0, "groups_destroyed": 0}
+                         "aborted": 0, "groups_formed": 0, "groups_destroyed": 0,
+                         "transfers_aborted": 0}
         self.info: dict[str, Any] = {}
         self.publish()
 
@@ -274,7 +302,7 @@ class TorchEngine:
 
     def destroy_weights_update_group(self) -> dict[str, Any]:
         """Leave the group (nothing to do without one)."""
-        had = self.group is not None
+        had = self.group is not None or self.group_name != ""
         self.group, self.group_name, self.group_rank = None, "", -1
         if had:
             self.counters["groups_destroyed"] += 1
@@ -298,7 +326,7 @@ class TorchEngine:
                 if crash is not None and i == crash.after:
                     os._exit(9)
                 t = torch.empty(meta.shape, dtype=live[meta.name].dtype)
-                self.group.broadcast([t], opts).wait()
+                self._receive(t, opts)
                 staging[meta.name] = t
                 report_progress((i + 1) / len(req.tensors), meta.name)
         except Exception as exc:
@@ -320,6 +348,30 @@ class TorchEngine:
         self.last_update = {"receive_s": t1 - t0, "verify_s": t2 - t1,
                             "swap_s": time.perf_counter() - t2}
         return {"rank": self.rank, "version": self.version, "checksum": self.checksum}
+
+    def _receive(self, t: torch.Tensor, opts: Any) -> None:
+        """One broadcast into ``t``, waited for in slices; aborted (:func:`step_aborted`),
+        it is left to a thread that releases the group once it ended, and this raises.
+        No reference to the work or the group outlives the call (an exception's
+        traceback keeps its frames: a group kept alive keeps its connections open,
+        and the other members' collectives waiting on them)."""
+        work = self.group.broadcast([t], opts)
+        try:
+            done = threading.Event()
+            work.get_future().add_done_callback(lambda _: done.set())
+            # the future wakes this at once; is_completed() in case it never completes
+            while not done.wait(ABORT_CHECK_EVERY) and not work.is_completed():
+                if step_aborted():
+                    self.counters["transfers_aborted"] += 1
+                    threading.Thread(target=_release_when_done, args=(self.group, work),
+                                     daemon=True,
+                                     name=f"ctlwire-release-{self.group_name}").start()
+                    self.group = None
+                    raise BroadcastAborted("aborted by the operation's controller (a member "
+                                           "of the group was lost)")
+            work.wait()  # the collective's own error, if it failed
+        finally:
+            del work
 
     def update_weights_from_disk(self, req: UpdateFromDisk) -> dict[str, Any]:
         """Load a :func:`save_weights` file; swap only if its checksum is ``req.checksum``."""

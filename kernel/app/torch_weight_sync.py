@@ -22,8 +22,10 @@ client's event loop keeps serving replies and heartbeats meanwhile.
 Deadlines: each collective's timeout is the step's timeout minus a margin
 (``collective_share`` of it), so a rank blocked in a broadcast with a dead peer
 errors out, answers, and is compensated before the step's deadline; gloo's
-30-minute default never applies. When an operation does not commit, the
-trainer drops its group; the next operation forms a new one.
+30-minute default never applies. Sooner still: a rank lost mid-broadcast makes
+the runner abort the update on the others (``ctlwire.abort_step``), whose
+broadcasts give up within a fraction of a second of the loss. When an operation
+does not commit, the trainer drops its group; the next operation forms a new one.
 """
 
 from __future__ import annotations

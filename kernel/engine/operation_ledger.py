@@ -61,6 +61,9 @@ The ledger guarantees, per engine:
   so it sees a step that runs; a poll loop, one thread for both, reads it only
   once the step returned.
   ``ctlwire.step_methods`` lists the methods this ledger runs as steps.
+* **Abort.** ``ctlwire.abort_step`` (served like ``ctlwire.take_over``) lets the
+  running step's own controller ask its handler to stop
+  (:mod:`~ctlwire.kernel.engine.step_abort`: :func:`step_aborted`).
 
 Request-level checks (``Request.key``, ``Request.fence``) are the endpoint's own.
 """
@@ -80,7 +83,16 @@ import msgspec
 
 from ctlwire.kernel.core.operation_plan import step_key
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
+from ctlwire.kernel.engine.ledger_messages import LastOperation, StepRequest, TakeOver
 from ctlwire.kernel.engine.liveness import current_peer, current_request_id
+from ctlwire.kernel.engine.step_abort import (
+    ABORT_STEP_METHOD,
+    AbortStep,
+    RunningStep,
+    enter_step,
+    leave_step,
+    step_aborted,
+)
 from ctlwire.kernel.engine.step_refusals import (
     Fenced,
     InvalidStep,
@@ -93,59 +105,17 @@ from ctlwire.kernel.engine.step_refusals import (
 )
 from ctlwire.transports.codec import Codec, PayloadTypeError
 
-__all__ = ["LAST_OPERATION_METHOD", "PHASES", "STEP_METHOD", "STEP_METHODS_METHOD",
-           "TAKE_OVER_METHOD", "InvalidStep", "LastOperation", "OperationAborted",
-           "OperationLedger", "OperationOwned", "StepInFlight", "StepNotApplied",
-           "StepOutOfOrder", "StepRequest", "TakeOver", "UnknownStepMethod"]
+__all__ = ["ABORT_STEP_METHOD", "LAST_OPERATION_METHOD", "PHASES", "STEP_METHOD",
+           "STEP_METHODS_METHOD", "TAKE_OVER_METHOD", "AbortStep", "InvalidStep",
+           "LastOperation", "OperationAborted", "OperationLedger", "OperationOwned",
+           "StepInFlight", "StepNotApplied", "StepOutOfOrder", "StepRequest", "TakeOver",
+           "UnknownStepMethod", "step_aborted"]
 
 STEP_METHOD = "ctlwire.step"
 LAST_OPERATION_METHOD = "ctlwire.last_operation"
 STEP_METHODS_METHOD = "ctlwire.step_methods"
 TAKE_OVER_METHOD = "ctlwire.take_over"
 PHASES = frozenset({"apply", "compensate"})
-
-
-class StepRequest(msgspec.Struct, frozen=True):
-    """One step (or compensation) of an operation, as sent to an engine.
-
-    ``index``: the step's position in its plan; ``ranks``: every rank of the
-    operation (recorded, so a successor knows whom the operation concerns)."""
-
-    op: str
-    step: str
-    phase: str
-    fence: int
-    key: str
-    method: str
-    args: msgspec.Raw
-    index: int = -1
-    ranks: list[int] = msgspec.field(default_factory=list)
-
-
-class TakeOver(msgspec.Struct, frozen=True):
-    """A successor controller's fencing token (``ctlwire.take_over``)."""
-
-    fence: int
-
-
-class LastOperation(msgspec.Struct, frozen=True):
-    """What a rank last applied: ``op`` is empty when it never applied a step.
-
-    ``applied``: every step and compensation (``"step:undo"``) run here, in
-    order; ``steps``: the forward steps applied (plan order); ``undone``: the
-    steps whose compensation ran, in the order run; ``ranks``: the operation's
-    ranks; ``fence``: the token the operation is bound to now."""
-
-    rank: int
-    op: str = ""
-    step: str = ""
-    phase: str = ""
-    fence: int = 0
-    applied: list[str] = msgspec.field(default_factory=list)
-    highest_fence: int = 0
-    steps: list[str] = msgspec.field(default_factory=list)
-    undone: list[str] = msgspec.field(default_factory=list)
-    ranks: list[int] = msgspec.field(default_factory=list)
 
 
 def _payload_type(fn: Callable[..., Any]) -> tuple[bool, bool, Any]:
@@ -193,6 +163,7 @@ class _Admitted:
     handler: _Handler
     args: tuple[Any, ...]
     owner: Hashable
+    running: RunningStep
 
 
 def _peer() -> Hashable:
@@ -222,11 +193,11 @@ class OperationLedger:
         self.rank = -1
         self.codec: Codec | None = None
         self._endpoint: EngineEndpoint | None = None
-        self._in_flight = ""  # the step whose body runs now
-        self._lock = threading.Lock()  # admitting a step, recording it, a take-over
+        self._running: RunningStep | None = None  # the step whose body runs now
+        self._lock = threading.Lock()  # admitting a step, recording it, a take-over, an abort
         self.counters: dict[str, int] = dict.fromkeys(
             ("applied", "replayed", "fenced", "step_errors", "refused", "taken_over",
-             "take_overs"), 0)
+             "take_overs", "aborts"), 0)
         self.runs: dict[str, int] = {}
 
     @property
@@ -249,6 +220,7 @@ class OperationLedger:
         # threaded: served apart from the steps (a busy loop's thread, a worker), so
         # a take-over sees a step that runs and is refused StepInFlight
         endpoint.register(TAKE_OVER_METHOD, self.take_over, threaded=True)
+        endpoint.register(ABORT_STEP_METHOD, self.abort_step, threaded=True)
 
     # -- the step ------------------------------------------------------------------
     def step(self, req: StepRequest) -> Any:
@@ -256,11 +228,14 @@ class OperationLedger:
         admitted = self._start(req, inline=True)
         if not isinstance(admitted, _Admitted):
             return admitted[0]
+        token = enter_step(admitted.running)
         try:
             result = admitted.handler.fn(*admitted.args)
         except BaseException as exc:
             self._stop(exc)
             raise
+        finally:
+            leave_step(token)
         return self._finish(admitted, result)
 
     async def step_async(self, req: StepRequest) -> Any:
@@ -270,6 +245,7 @@ class OperationLedger:
         if not isinstance(admitted, _Admitted):
             return admitted[0]
         fn = admitted.handler.fn
+        token = enter_step(admitted.running)  # a worker thread runs in a copy of it
         try:
             if admitted.handler.is_async:
                 result = await fn(*admitted.args)
@@ -280,6 +256,8 @@ class OperationLedger:
         except BaseException as exc:
             self._stop(exc)
             raise
+        finally:
+            leave_step(token)
         return self._finish(admitted, result)
 
     def _start(self, req: StepRequest, *, inline: bool = False) -> _Admitted | tuple[Any]:
@@ -290,19 +268,19 @@ class OperationLedger:
             if isinstance(admitted, _Admitted):
                 if inline and admitted.handler.is_async:
                     raise InvalidStep(f"{req.method!r} is async; serve the engine with serve()")
-                self._in_flight = req.step
+                self._running = admitted.running
             return admitted
 
     def _stop(self, exc: BaseException) -> None:
         """The step's body raised: nothing recorded."""
         with self._lock:
-            self._in_flight = ""
+            self._running = None
         if isinstance(exc, Exception):
             self.counters["step_errors"] += 1
 
     def _finish(self, admitted: _Admitted, result: Any) -> Any:
         with self._lock:
-            self._in_flight = ""
+            self._running = None
             return self._record(admitted, result)
 
     def _refuse(self, exc: Exception) -> Exception:
@@ -332,12 +310,36 @@ class OperationLedger:
                 self.counters["fenced"] += 1
                 raise Fenced(f"take-over with fence {req.fence} is older than fence "
                              f"{self.highest_fence} already accepted by rank {self.rank}")
-            if self._in_flight:
-                raise StepInFlight(f"step {self._in_flight!r} is running on rank "
+            if self._running is not None:
+                raise StepInFlight(f"step {self._running.step!r} is running on rank "
                                    f"{self.rank}; ask again once it returned")
             self.highest_fence = req.fence
             self.counters["take_overs"] += 1
             return self.last_operation()
+
+    def abort_step(self, req: AbortStep) -> bool:
+        """Ask the running step ``req`` names to stop (see
+        :mod:`~ctlwire.kernel.engine.step_abort`): True when it runs here and now
+        sees :func:`step_aborted`, False when it is not running. Raises
+        :class:`Fenced` for a token older than the highest accepted,
+        :class:`OperationOwned` for another peer's or another token's step."""
+        self._check_fence(req.fence, "abort")
+        with self._lock:
+            if req.fence < self.highest_fence:
+                self.counters["fenced"] += 1
+                raise Fenced(f"abort with fence {req.fence} is older than fence "
+                             f"{self.highest_fence} already accepted by rank {self.rank}")
+            running = self._running
+            if running is None or not running.matches(req):
+                return False
+            if (req.fence, _peer()) != (running.fence, running.owner):
+                raise self._refuse(OperationOwned(
+                    f"step {req.step!r} of operation {req.op!r} runs for the controller "
+                    "that sent it; only it may abort it"))
+            if not running.aborted.is_set():
+                running.aborted.set()
+                self.counters["aborts"] += 1
+            return True
 
     def _admit(self, req: StepRequest) -> _Admitted | tuple[Any]:
         """Every check, changing nothing but the fence; a recorded result as ``(result,)``."""
@@ -408,7 +410,8 @@ class OperationLedger:
         # controller) and say what it runs to whoever watches this engine's heartbeats
         self.highest_fence = max(self.highest_fence, req.fence)
         self._show_running(req.method)
-        return _Admitted(req, handler, args, owner)
+        return _Admitted(req, handler, args, owner,
+                         RunningStep(req.op, req.step, req.phase, req.fence, owner))
 
     def _is_nil(self, raw: msgspec.Raw) -> bool:
         """Whether ``raw`` is an encoded None (no payload for an optional one)."""

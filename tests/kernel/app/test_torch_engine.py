@@ -37,7 +37,7 @@ from ctlwire.kernel.app.torch_engine import (
 from ctlwire.kernel.app.torch_weight_sync import Trainer, weight_sync_plan
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_plan import OperationPlan, OperationStep, StepCall
-from ctlwire.kernel.errors import EngineDead
+from ctlwire.kernel.errors import EngineDead, OutcomeUnknown
 from ctlwire.kernel.operation_runner import OperationRunner
 from ctlwire.states import OperationState
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
@@ -118,7 +118,7 @@ async def test_weights_move_by_broadcast_and_every_rank_decodes_like_the_trainer
         assert len({str(s) for s in seen}) > 1  # training really changed the outputs
 
 
-async def test_rank_killed_mid_broadcast_ends_by_deadline_survivors_freed(
+async def test_rank_killed_mid_broadcast_survivors_freed_by_liveness_not_timeout(
         fleet: tuple[str, EngineFleet]) -> None:
     address, engines = fleet
     trainer = Trainer(CONFIG)
@@ -129,20 +129,25 @@ async def test_rank_killed_mid_broadcast_ends_by_deadline_survivors_freed(
         assert (await trainer.sync(runner, update_timeout=30)).result.ok
         await c.call("arm_fault", TorchFault("crash_mid_broadcast", after=3), rank=1)
         trainer.train()
-        sync = await trainer.sync(runner, update_timeout=10)
+        # the collective's own timeout is 36 s (60 * collective_share)
+        sync = await trainer.sync(runner, update_timeout=60)
         result = sync.result
         assert engines.engines[1].proc.wait(timeout=10) == 9
-        # ended by the step's deadline; survivors were freed by the collective's timeout
-        # (derived from it), answered, and were compensated back to version 1
+        # the lost rank's step ended as it was lost; its controller aborted the step on
+        # the survivors, whose broadcasts gave up, answered, and were compensated back to
+        # version 1, long before the collective's timeout
+        assert sync.seconds < 15, (sync.seconds, result.summary())
         assert result.state is OperationState.DEGRADED, result.summary()
         assert result.quarantined == (1,) and result.compensated == (0, 2), result.summary()
+        assert result.ranks[1].failed_step == "update", result.ranks[1]
+        assert isinstance(result.ranks[1].error, OutcomeUnknown), result.ranks[1]
         for r in (0, 2):
             assert result.ranks[r].failed_step == "update", result.ranks[r]
-            assert "WeightTransferFailed" in result.ranks[r].detail, result.ranks[r].detail
-        assert sync.seconds < 10 + 10  # the step's deadline plus compensations, not 30 min
+            assert "aborted by the operation's controller" in result.ranks[r].detail, (
+                result.ranks[r].detail)
         info = await infos(c, (0, 2))
-        assert {(i["version"], i["paused"], i["group"]) for i in info.values()} == {
-            (1, False, "")}  # old weights, serving, group destroyed
+        assert {(i["version"], i["paused"], i["group"], i["transfers_aborted"])
+                for i in info.values()} == {(1, False, "", 1)}  # old weights, serving
         assert runner.routable_ranks() == (0, 2)
         # the next sync forms a new group with the survivors and commits
         trainer.train()

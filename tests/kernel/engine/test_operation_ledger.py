@@ -97,7 +97,8 @@ def test_the_ledger_declares_its_reads_read_only_and_its_steps_not() -> None:
     OperationLedger({"bump": lambda arg: arg}).install(endpoint)  # type: ignore[arg-type]
     assert endpoint.read_only == {"ctlwire.last_operation", "ctlwire.step_methods"}
     assert {"ctlwire.step", "ctlwire.take_over"} <= set(endpoint.methods) - endpoint.read_only
-    assert endpoint.threaded == {"ctlwire.take_over"}  # served apart from the steps
+    # served apart from the steps
+    assert endpoint.threaded == {"ctlwire.take_over", "ctlwire.abort_step"}
 
 
 def test_a_key_runs_once_and_replays_its_result() -> None:
