@@ -95,6 +95,7 @@ from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.engine.liveness import report_progress
 from ctlwire.kernel.engine.operation_ledger import OperationLedger
 from ctlwire.kernel.engine.step_abort import step_aborted
+from ctlwire.kernel.errors import CtlwireError
 
 # the model and the messages have modules of their own; re-exported from here
 __all__ = ["DecoderConfig", "DrainTimedOut", "Generate", "GroupSpec", "NoUpdateGroup",
@@ -108,7 +109,7 @@ ABORT_CHECK_EVERY = 0.1
 """Seconds between two reads of :func:`step_aborted` while a broadcast is waited for."""
 
 
-class BroadcastAborted(Exception):
+class BroadcastAborted(CtlwireError):
     """The operation's controller aborted the update while a broadcast was pending."""
 
 
