@@ -50,10 +50,7 @@ from ctlwire.kernel.core.duplicate_filter import DuplicateFilter
 from ctlwire.kernel.core.error_codes import ErrorCode
 from ctlwire.kernel.core.fence_guard import FenceGuard, FenceVerdict
 from ctlwire.kernel.core.inbound_request import (
-    _MOVES,
-    _RECEIVED,
-    _REPLY,
-    _START,
+    MOVES,
     BadFrame,
     InboundRequest,
     MethodSpec,
@@ -80,6 +77,7 @@ class Refused(CtlwireError):
     a retry is judged again and a refused request never holds a key."""
 
 
+_RECEIVED, _START, _REPLY = InboundState.RECEIVED, InboundEvent.START, InboundEvent.REPLY
 _REQUEST_COUNTERS = ("received", "rejected", "expired", "handler_errors", "duplicates",
                      "dropped_malformed", "dropped_oversized", "dropped_framing",
                      "dropped_wrong_type", "error_replies_for_bad_frames", "heartbeats_received",
@@ -150,7 +148,7 @@ class InboundCore:
         if (req.key or req.fence) and not item.spec.read_only:  # type: ignore[union-attr]
             refused = self._begin(item, now)
             return item if refused is None else refused
-        item.state = _MOVES[_RECEIVED, _START]
+        item.state = MOVES[_RECEIVED, _START]
         return item
 
     def receive(self, event: Any) -> InboundRequest | BadFrame | None:
@@ -198,7 +196,7 @@ class InboundCore:
         req = item.request
         if (req.key or req.fence) and not item.spec.read_only:  # type: ignore[union-attr]
             return self._begin(item, now)
-        to = _MOVES.get((item.state, _START))  # _begin's one move, read from the table
+        to = MOVES.get((item.state, _START))  # _begin's one move, read from the table
         if to is None:
             item.go(_START)  # raises IllegalTransition
         item.state = to  # type: ignore[assignment]
@@ -429,7 +427,7 @@ class InboundCore:
         reply = Reply(req.id, self.rank, self.incarnation, True, raw)
         if req.key:
             return self._done(item, reply)
-        to = _MOVES.get((item.state, _REPLY))
+        to = MOVES.get((item.state, _REPLY))
         if to is None:
             item.go(_REPLY)  # raises IllegalTransition
         item.state = to  # type: ignore[assignment]

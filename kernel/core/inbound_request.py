@@ -16,7 +16,7 @@ from ctlwire.states import INBOUND_REQUEST_TABLE, InboundEvent, InboundState
 from ctlwire.transports.envelope import Reply, Request
 from ctlwire.transports.transport import Route
 
-__all__ = ["BadFrame", "InboundRequest", "MethodSpec"]
+__all__ = ["MOVES", "BadFrame", "InboundRequest", "MethodSpec"]
 
 
 @dataclass(frozen=True)
@@ -43,9 +43,8 @@ class MethodSpec:
 
 # INBOUND_REQUEST_TABLE as one dict, read on the per-request path:
 # (state, event) -> state; a pair it lacks is an illegal move (InboundRequest.go raises)
-_MOVES: dict[tuple[InboundState, InboundEvent], InboundState] = {
+MOVES: dict[tuple[InboundState, InboundEvent], InboundState] = {
     (state, event): to for (state, event), to in INBOUND_REQUEST_TABLE}
-_RECEIVED, _START, _REPLY = InboundState.RECEIVED, InboundEvent.START, InboundEvent.REPLY
 
 
 class InboundRequest(msgspec.Struct):
@@ -64,7 +63,7 @@ class InboundRequest(msgspec.Struct):
     def go(self, event: InboundEvent) -> InboundState:
         """Move through the table (the only way a request's state changes)."""
         try:
-            to = self.state = _MOVES[self.state, event]
+            to = self.state = MOVES[self.state, event]
         except KeyError:
             INBOUND_REQUEST_TABLE.apply(self.state, event, self.request.id)  # IllegalTransition
             raise AssertionError("unreachable: the table refused the move") from None
