@@ -237,7 +237,7 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         if identity is None:
             identity = self._default_route(rank)
         try:
-            sock.send_multipart_nowait((identity, data))
+            sock.send_pair_nowait(identity, data)
         except zmq.Again:
             raise WouldBlock(f"rank {rank}: high-water mark reached") from None
         except zmq.ZMQError as exc:
@@ -292,19 +292,24 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         while event is None:  # woken with nothing to hand on: wait again
             event = await self._next()
         events = [event]
+        pending = self._pending
+        while pending and len(events) < limit:
+            events.append(pending.popleft())
         sock = self._sock
-        while len(events) < limit and sock is not None:
-            if self._pending:
-                events.append(self._pending.popleft())
-                continue
-            try:
-                msg = sock.recv_multipart_nowait()
-            except SocketClosed:
-                break  # the next call raises TransportClosed
-            if msg is None:
-                self._drained = True
-                break
-            events.append(self._event(msg))
+        if sock is None or len(events) >= limit:
+            return events
+        try:
+            msgs = sock.recv_many_nowait(limit - len(events))
+        except SocketClosed:
+            return events  # the next call raises TransportClosed
+        if len(msgs) < limit - len(events):
+            self._drained = True
+        to_event, append = self._event, events.append
+        for msg in msgs:
+            append(to_event(msg))
+            if pending:  # a group beacon's other heartbeats: next, in order
+                events.extend(pending)
+                pending.clear()
         return events
 
     async def _next(self) -> TransportEvent | None:

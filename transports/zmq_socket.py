@@ -43,6 +43,8 @@ __all__ = ["AsyncZmqSocket", "ForeignThreadError", "Frames", "SocketClosed"]
 _EVENTS: Final = int(zmq.EVENTS)
 _POLLIN: Final = int(zmq.POLLIN)
 _POLLOUT: Final = int(zmq.POLLOUT)
+_NOBLOCK: Final = int(zmq.NOBLOCK)
+_NOBLOCK_SNDMORE: Final = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 #: Consecutive operations that completed without suspending before one checkpoint, so
 #: that a flood of queued messages cannot starve the event loop or hide cancellation.
 _FAIRNESS_BUDGET: Final = 64
@@ -161,6 +163,33 @@ class AsyncZmqSocket:
             self._after_call()
         return msg
 
+    def recv_many_nowait(self, limit: int) -> list[list[bytes]]:
+        """Up to ``limit`` queued messages, in order (empty if none is queued): what
+        :meth:`recv_multipart_nowait` returns, called until it returns None, with
+        one thread and state check for the batch. Never suspends.
+
+        :raises: as :meth:`recv_multipart_nowait` (messages already taken are
+            returned by the next call instead of being lost: see ``SocketClosed``).
+        """
+        if threading.get_ident() != self._owner:
+            self._raise_foreign()
+        if self._receiving:
+            raise anyio.BusyResourceError("receiving from")
+        out: list[list[bytes]] = []
+        socket, meta = self._socket, self._meta
+        get = socket.get
+        try:
+            while len(out) < limit and get(_EVENTS) & _POLLIN:  # type: ignore[operator]
+                out.append(recv_frames(socket, meta))
+        except zmq.Again:
+            pass
+        except zmq.ZMQError as exc:
+            if not out:
+                raise self._closed_error(exc) from None
+        if self._waiting[_POLLOUT]:
+            self._after_call()
+        return out
+
     async def recv_multipart(self) -> list[bytes]:
         """Receive the next message, suspending until one arrives.
 
@@ -222,15 +251,35 @@ class AsyncZmqSocket:
         except zmq.ZMQError as exc:
             raise self._closed_error(exc) from None
         finally:
-            # the call may have taken the fd's edge that would wake the others:
-            # re-check for them now, or at the end of the batched_sends() block
-            # (only for a waiter not woken yet: a woken one re-checks when it resumes)
-            if self._events[_POLLIN] is not None or self._events[_POLLOUT] is not None or (
-                    self._watch_flag and self._watch is not None):
-                if self._batch:
-                    self._recheck_owed = True
-                elif not (self._closed or self._socket.closed):
-                    self._after_call()
+            self._after_send()
+
+    def send_pair_nowait(self, first: bytes, second: bytes) -> None:
+        """:meth:`send_multipart_nowait` of the two-part message ``[first, second]``
+        (both ``bytes``): a ROUTER's ``[identity, data]`` without a frame list.
+
+        :raises: as :meth:`send_multipart_nowait`.
+        """
+        if threading.get_ident() != self._owner:
+            self._raise_foreign()
+        socket = self._socket
+        try:
+            socket.send(first, _NOBLOCK_SNDMORE)
+            socket.send(second, _NOBLOCK)
+        except zmq.ZMQError as exc:
+            raise self._closed_error(exc) from None
+        finally:
+            self._after_send()
+
+    def _after_send(self) -> None:
+        """A send may have taken the fd's edge that would wake the others: re-check
+        for them now, or at the end of the batched_sends() block (only for a waiter
+        not woken yet: a woken one re-checks when it resumes)."""
+        if self._events[_POLLIN] is not None or self._events[_POLLOUT] is not None or (
+                self._watch_flag and self._watch is not None):
+            if self._batch:
+                self._recheck_owed = True
+            elif not (self._closed or self._socket.closed):
+                self._after_call()
 
     @contextlib.contextmanager
     def batched_sends(self) -> Iterator[None]:

@@ -27,8 +27,10 @@ Guarantees:
 * **Sends are bounded.** A send waiting for room (high-water mark) or for a
   rank's first contact ends by the request's deadline, and is abandoned as
   soon as the request is decided or the rank is lost (:meth:`fail_rank`); the
-  other ranks are still sent to. A frame never handed over fails its rank with
-  NotDelivered; one handed over, then lost, with OutcomeUnknown.
+  other ranks are still sent to
+  (:class:`~ctlwire.kernel.client.waiting_sends.WaitingSends`). A frame never
+  handed over fails its rank with NotDelivered; one handed over, then lost,
+  with OutcomeUnknown.
 * **Waits end by their deadline.** :meth:`wait_outcome` arms the
   :class:`~ctlwire.kernel.client.deadline_reaper.DeadlineReaper` with the
   request's own deadline (one task for thousands of waits instead of a timer
@@ -60,8 +62,11 @@ import msgspec
 from ctlwire.kernel.client.call_outcome import CallOutcomes
 from ctlwire.kernel.client.deadline_reaper import DeadlineReaper
 from ctlwire.kernel.client.fan_out_mailbox import FanOutMailbox
+from ctlwire.kernel.client.loop_clock import loop_clock
 from ctlwire.kernel.client.progress_callbacks import ProgressCallback, ProgressCallbacks
+from ctlwire.kernel.client.task_waiter import task_waiter_factory
 from ctlwire.kernel.client.waiting import Receiver, waiter_of
+from ctlwire.kernel.client.waiting_sends import WaitingSends
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
@@ -118,7 +123,6 @@ class CallIssuer:
         self.peers = liveness.peers
         self.fence = fence
         self.trace_provider = trace_provider
-        self.first_contact_retry = first_contact_retry
         self.closed = False
         #: the clock of anyio's cancel-scope deadlines
         self.now: Callable[[], float] = anyio.current_time
@@ -128,11 +132,16 @@ class CallIssuer:
         self.progress_callbacks = ProgressCallbacks()
         #: ends the waits of requests and admission tickets at their deadlines (one task)
         self.reaper = DeadlineReaper(registry, self.wake)
+        #: makes the waiter one caller parks on (the running loop's, set when the
+        #: client starts: :func:`~ctlwire.kernel.client.task_waiter.task_waiter_factory`)
+        self.new_waiter: Callable[[], Any] = anyio.Event
         #: the client's receiver: a caller waiting alone receives its reply itself
         #: (None: callers wait on their waiters only)
         self.receiver: Receiver | None = None
-        # request id -> (the scope of a send waiting for room or first contact, its rank)
-        self._blocked_sends: dict[int, tuple[anyio.CancelScope, int]] = {}
+        #: the sends that wait for room or for a rank's first contact
+        self.waiting_sends = WaitingSends(transport, registry, liveness, self.wake,
+                                          lambda: self.closed, lambda: self.now(),
+                                          first_contact_retry)
         self._seq: dict[int, int] = {}
         #: the transport's ``batched_sends()`` (one readiness check for a burst), if any
         self._batched_sends: Callable[[], contextlib.AbstractContextManager[Any]] | None = (
@@ -145,6 +154,13 @@ class CallIssuer:
             encoded if encoded is not None and encode is not None else None)
         self._encode: Callable[[Request], bytes] = encode or self.codec.encode
         self._limit = self.codec.max_message_size
+
+    def bind_loop(self) -> Callable[[], float]:
+        """Take the running event loop's clock and waiter (call it in the loop, when
+        the client starts); returns the clock."""
+        self.now = loop_clock()
+        self.new_waiter = task_waiter_factory()
+        return self.now
 
     def close(self) -> None:
         """Every request in flight fails ClientClosed (its waiters and a send blocked
@@ -215,7 +231,7 @@ class CallIssuer:
         else:
             waiting = self._send_now(entry, ranks, raw, key, fence)
         if waiting:
-            await self._send_waiting(entry, waiting)
+            await self.waiting_sends.send(entry, waiting)
         if not entry.is_open:
             self.wake(entry)
 
@@ -309,95 +325,6 @@ class CallIssuer:
         self.registry.unmark_sent(entry, rank)  # not handed over: a loss means NotDelivered
         return True
 
-    async def _send_waiting(self, entry: PendingRequest,
-                            waiting: list[tuple[int, Request]]) -> None:
-        """The frames :meth:`_send_now` could not hand over, one rank at a time:
-        wait for room (high-water mark) or first contact, within the deadline."""
-        transport = self.transport
-        for rank, env in waiting:
-            if not entry.is_open:
-                break
-            self.registry.mark_sent(entry, rank)
-            error: Exception | None = None
-            try:
-                try:
-                    transport.send_nowait(rank, env)
-                except WouldBlock:
-                    await self._send_blocking(entry, rank, env)
-                except Unroutable as exc:
-                    if (self.peers.state(rank) is PeerState.LOST
-                            or isinstance(exc, (TransportAuthFailed, ProtocolVersionRefused))):
-                        raise
-                    if (not await self._send_after_first_contact(entry, rank, env)
-                            and self.peers.state(rank) is not PeerState.LOST):
-                        error = NotDelivered(rank, (
-                            "never heard from within the deadline"
-                            if self.peers.state(rank) is PeerState.UNKNOWN
-                            else "request connection not up within the deadline"))
-            except TransportAuthFailed as exc:
-                error = AuthenticationFailed(rank, exc.detail)
-            except ProtocolVersionRefused as exc:
-                error = UnsupportedProtocolVersion(rank, exc.detail)
-            except Unroutable as exc:
-                error = NotDelivered(rank, exc.detail or "unroutable")
-            except TransportClosed as exc:
-                error = ClientClosed(str(exc))
-            except TransportError as exc:
-                error = NotDelivered(rank, repr(exc))
-            if error is not None and self.registry.rank_failed(entry, rank, error):
-                self.wake(entry)
-            if entry.is_open and entry.deadline is not None and self.now() >= entry.deadline:
-                break  # the deadline passed while a send waited: the request expires
-
-    async def _send_blocking(self, entry: PendingRequest, rank: int, env: Request) -> bool:
-        """Wait for room to send (high-water mark), bounded by the request's
-        deadline and abandoned as soon as the request is decided or ``rank`` is
-        lost. True when the frame was handed over."""
-        scope = anyio.CancelScope(deadline=entry.deadline or float("inf"))
-        self._blocked_sends[entry.id] = (scope, rank)
-        try:
-            with scope:
-                await self.transport.send(rank, env)
-                return True
-        finally:
-            self._blocked_sends.pop(entry.id, None)
-        return False
-
-    async def _send_after_first_contact(self, entry: PendingRequest, rank: int,
-                                        env: Request) -> bool:
-        """``rank`` refused the frame because it has never been heard from. Wait
-        until it is (then send), within the request's deadline; abandoned when
-        the request is decided or the client closes. While waiting, the frame
-        counts as not handed over (a loss means NotDelivered). Re-raises
-        Unroutable if the rank is heard from yet still refuses the frame.
-        True when the frame was handed over."""
-        scope = anyio.CancelScope(deadline=entry.deadline or float("inf"))
-        self._blocked_sends[entry.id] = (scope, rank)
-        retry = self.first_contact_retry
-        try:
-            with scope:
-                while True:
-                    changed = self.liveness.peer_changed
-                    if self.closed:
-                        raise TransportClosed("client is closed")
-                    # on contact, or every `retry` s (a connection may come up, or its
-                    # handshake fail, without the rank being heard from)
-                    try:
-                        self.transport.send_nowait(rank, env)
-                        return True
-                    except WouldBlock:
-                        await self.transport.send(rank, env)
-                        return True
-                    except Unroutable as exc:
-                        if (self.peers.state(rank) is PeerState.LOST
-                                or isinstance(exc, (TransportAuthFailed, ProtocolVersionRefused))):
-                            raise
-                    with anyio.move_on_after(retry):
-                        await changed.wait()
-        finally:
-            self._blocked_sends.pop(entry.id, None)
-        return False
-
     async def wait_outcome(self, entry: PendingRequest, deadline: float) -> None:
         """Wait until ``entry`` is decided or ``deadline`` (anyio clock) passes.
 
@@ -413,10 +340,12 @@ class CallIssuer:
             # the request's own deadline ends this wait: the reaper expires it and
             # wakes us (no cancel scope and no timer per call)
             reaper.arm(entry, entry_deadline)
-            await (waiter_of(entry).wait() if receiver is None else receiver.wait(entry))
+            await (waiter_of(entry, self.new_waiter).wait() if receiver is None
+                   else receiver.wait(entry))
             return
         with anyio.CancelScope(deadline=deadline):
-            await (waiter_of(entry).wait() if receiver is None else receiver.wait(entry))
+            await (waiter_of(entry, self.new_waiter).wait() if receiver is None
+                   else receiver.wait(entry))
         if entry.is_open and self.now() >= entry_deadline:
             self.registry.expire(entry)
 
@@ -427,9 +356,7 @@ class CallIssuer:
         receiver = self.receiver
         if receiver is not None and receiver.holder is entry:
             receiver.decided(entry)
-        blocked = self._blocked_sends.get(entry.id) if self._blocked_sends else None
-        if blocked is not None:
-            blocked[0].cancel()
+        self.waiting_sends.abandon(entry)
 
     async def call(self, method: str, raw: msgspec.Raw, rank: int, budget: float,
                    deadline: float, result_type: Any, key: str = "",
@@ -484,12 +411,10 @@ class CallIssuer:
     def fail_rank(self, rank: int, detail: str) -> None:
         """``rank`` is lost (or restarted): its requests fail, typed by whether each
         frame was handed over; sends waiting at that rank give up."""
-        blocked = self._blocked_sends
+        waits_at = self.waiting_sends.waits_at
         for entry in self.registry.fail_rank(
                 rank, lambda r: OutcomeUnknown(r, detail),
                 unsent=lambda r: NotDelivered(r, f"{detail} (not sent)"),
-                not_handed_over=lambda e: blocked.get(e.id, (None, -1))[1] == rank):
+                not_handed_over=lambda e: waits_at(e, rank)):
             self.wake(entry)
-        for scope, blocked_rank in list(self._blocked_sends.values()):
-            if blocked_rank == rank:
-                scope.cancel()  # a send waiting for room at a lost rank: give up
+        self.waiting_sends.abandon_rank(rank)

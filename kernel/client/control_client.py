@@ -65,7 +65,6 @@ from ctlwire.kernel.builtin_methods import BUILTIN_METHODS
 from ctlwire.kernel.client.call_arguments import check_method, checked_timeout
 from ctlwire.kernel.client.call_issuer import CallIssuer
 from ctlwire.kernel.client.fan_out_mailbox import FanOutMailbox, FanOutMailboxes, FanOutMode
-from ctlwire.kernel.client.loop_clock import loop_clock
 from ctlwire.kernel.client.progress_callbacks import ProgressCallback
 from ctlwire.kernel.client.rank_roster import RankRoster
 from ctlwire.kernel.client.receiver import ClientReceiver
@@ -225,7 +224,7 @@ class ControlClient:
         if self._tg is not None or self._closed:
             raise RuntimeError("a ControlClient can be entered once")
         await self.transport.__aenter__()
-        self.issuer.now = self.liveness.now = loop_clock()
+        self.liveness.now = self.issuer.bind_loop()
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg

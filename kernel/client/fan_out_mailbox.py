@@ -64,6 +64,10 @@ class FanOutSender(Protocol):
         """The client's clock (the event loop's, as anyio's cancel-scope deadlines)."""
 
     @property
+    def new_waiter(self) -> Callable[[], Any]:
+        """Makes the waiter one caller parks on (set ``wait()``, once)."""
+
+    @property
     def registry(self) -> RequestRegistry:
         """The request map (watchers retain the shared entry)."""
 
@@ -120,7 +124,7 @@ class FanOutMailbox:
             self.queue.resumed(ticket)
             return ticket
         try:
-            waiter = ticket.waiter = anyio.Event()
+            waiter = ticket.waiter = sender.new_waiter()
             reaper = sender.reaper
             if reaper.running:
                 reaper.arm(ticket, deadline)  # woken by hand-off or deadline
@@ -143,7 +147,7 @@ class FanOutMailbox:
     def hand_off(self, ticket: Ticket) -> HandOffWaiter:
         """The waiter of admitted ``ticket``'s request: its decision passes the
         mailbox on (the next caller is woken first)."""
-        return HandOffWaiter(self.queue, ticket, anyio.Event())
+        return HandOffWaiter(self.queue, ticket, self.sender.new_waiter())
 
     def leave(self, ticket: Ticket) -> None:
         """``ticket``'s caller is done, however it ended (a no-op the second time):
@@ -170,7 +174,9 @@ class FanOutMailbox:
             self.watch_joins += 1
             leader = False
         else:
-            entry = sender.register(self.method, ranks, policy, budget, deadline)
+            # several callers wait for it: an event, not a one-task waiter
+            entry = sender.register(self.method, ranks, policy, budget, deadline,
+                                    anyio.Event())
             self._watched[shared] = entry
             leader = True
         try:

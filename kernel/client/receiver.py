@@ -132,7 +132,7 @@ class ClientReceiver:
         if (self.holder is None and not self._loop_receiving and not self._closed
                 and self.registry.live_count == 1):
             return self._take_turn(entry)
-        wait: Awaitable[Any] = waiter_of(entry).wait()
+        wait: Awaitable[Any] = waiter_of(entry, self.issuer.new_waiter).wait()
         return wait
 
     async def _take_turn(self, entry: PendingRequest) -> None:
@@ -147,7 +147,7 @@ class ClientReceiver:
                 self._parked = None
                 parked.set()  # the loop receives again (unless a caller is first)
         if entry.is_open:  # the transport closed: the loop closes the client
-            await waiter_of(entry).wait()
+            await waiter_of(entry, self.issuer.new_waiter).wait()
 
     async def _receive_for(self, entry: PendingRequest) -> None:
         receive_many = self.receive_many

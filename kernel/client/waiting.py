@@ -1,8 +1,11 @@
 """How a caller waits for its request's decision.
 
-* :func:`waiter_of`: a request's waiter (an ``anyio.Event``) is made only when
-  its caller has to wait for someone else to decide it: a caller that receives
-  its own reply, or whose request was decided before it waited, makes none.
+* :func:`waiter_of`: a request's waiter is made only when its caller has to
+  wait for someone else to decide it: a caller that receives its own reply, or
+  whose request was decided before it waited, makes none. It is the client's
+  per-backend :mod:`~ctlwire.kernel.client.task_waiter` (one task waits); a
+  request several callers wait for (watching mode) is registered with an
+  ``anyio.Event`` instead.
 * :class:`Receiver`: where a call waits (the client's
   :class:`~ctlwire.kernel.client.receiver.ClientReceiver`, which lets a caller
   waiting alone receive its reply itself).
@@ -10,7 +13,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import anyio
@@ -20,13 +23,13 @@ from ctlwire.kernel.core.request_registry import PendingRequest
 __all__ = ["Receiver", "waiter_of"]
 
 
-def waiter_of(entry: PendingRequest) -> Any:
-    """``entry``'s waiter (``set()`` and ``wait()``), made on first use: a decision
-    sets the waiter only if one exists, so a caller about to wait checks
-    ``entry.is_open`` and calls this without an await in between."""
+def waiter_of(entry: PendingRequest, make: Callable[[], Any] = anyio.Event) -> Any:
+    """``entry``'s waiter (``set()`` and ``wait()``), made by ``make`` on first use:
+    a decision sets the waiter only if one exists, so a caller about to wait
+    checks ``entry.is_open`` and calls this without an await in between."""
     waiter = entry.waiter
     if waiter is None:
-        waiter = entry.waiter = anyio.Event()
+        waiter = entry.waiter = make()
     return waiter
 
 

@@ -133,6 +133,21 @@ async def test_nowait_round_trip(socks: Sockets) -> None:
     assert router.recv_multipart_nowait() is None
 
 
+@pytest.mark.anyio
+async def test_receive_many_takes_what_is_queued_in_order_up_to_the_limit(
+        socks: Sockets) -> None:
+    raw_router, raw_dealer = router_dealer(socks, "inproc://many")
+    router, dealer = socks.wrap(raw_router), socks.wrap(raw_dealer)
+    assert router.recv_many_nowait(4) == []
+    for i in range(10):
+        dealer.send_pair_nowait(b"m", b"%d" % i)
+    first = router.recv_many_nowait(4)  # inproc: queued synchronously
+    rest = router.recv_many_nowait(100)
+    assert [m[1:] for m in first + rest] == [[b"m", b"%d" % i] for i in range(10)]
+    assert len(first) == 4 and len({m[0] for m in first + rest}) == 1
+    assert router.recv_many_nowait(4) == []
+
+
 # ------------------------------------------------------------- edge-triggered fd
 
 
@@ -173,7 +188,7 @@ async def test_burst_arrives_while_receiver_blocked(socks: Sockets, endpoint: st
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("how", ["nowait", "await"])
+@pytest.mark.parametrize("how", ["nowait", "await", "pair"])
 async def test_send_that_consumes_the_edge_wakes_the_receiver(socks: Sockets, how: str) -> None:
     """A reply arrives while the receiver is parked on the fd; a send on the same socket
     then drains the fd before the loop polls it. The receiver must still get the reply."""
@@ -199,13 +214,15 @@ async def test_send_that_consumes_the_edge_wakes_the_receiver(socks: Sockets, ho
             time.sleep(0.01)
             if how == "nowait":
                 dealer.send_multipart_nowait([b"request"])
+            elif how == "pair":
+                dealer.send_pair_nowait(b"request", b"2")
             else:
                 await dealer.send_multipart([b"request"])
             assert not fd_readable(dealer)
             assert got == []
     assert got == [[b"reply"]]
     assert peer.poll(GUARD * 1000)
-    assert peer.recv_multipart() == [ident, b"request"]
+    assert peer.recv_multipart() == [ident, b"request", *([b"2"] if how == "pair" else [])]
 
 
 class EventsCountingSocket(zmq.Socket[bytes]):
@@ -477,6 +494,8 @@ def test_foreign_thread_is_refused(socks: Sockets) -> None:
         foreign.append(threading.get_ident())
         expect("recv_multipart_nowait", sock.recv_multipart_nowait)
         expect("send_multipart_nowait", lambda: sock.send_multipart_nowait([b"x"]))
+        expect("send_pair_nowait", lambda: sock.send_pair_nowait(b"x", b"y"))
+        expect("recv_many_nowait", lambda: sock.recv_many_nowait(8))
         expect("recv_multipart", lambda: sock.recv_multipart().send(None))
         expect("send_multipart", lambda: sock.send_multipart([b"x"]).send(None))
         expect("close", sock.close)
@@ -488,6 +507,8 @@ def test_foreign_thread_is_refused(socks: Sockets) -> None:
     assert set(errors) == {
         "recv_multipart_nowait",
         "send_multipart_nowait",
+        "send_pair_nowait",
+        "recv_many_nowait",
         "recv_multipart",
         "send_multipart",
         "close",

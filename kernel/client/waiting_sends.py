@@ -1,0 +1,169 @@
+"""Sends that must wait: for room at a rank's high-water mark, or for its first contact.
+
+A call hands its frames over without suspending
+(:class:`~ctlwire.kernel.client.call_issuer.CallIssuer`); a frame the transport
+cannot take now is handed here, with the frames after it in rank order.
+:class:`WaitingSends` sends them one rank at a time:
+
+* **Bounded.** Each wait ends by the request's deadline, and is abandoned as
+  soon as the request is decided (:meth:`WaitingSends.abandon`) or the rank is
+  lost (:meth:`WaitingSends.abandon_rank`); the other ranks are still sent to.
+* **Typed.** A frame never handed over fails its rank with NotDelivered; one
+  refused for authentication or protocol version with AuthenticationFailed or
+  UnsupportedProtocolVersion; a closed client with ClientClosed.
+* **Not handed over until sent.** While its send waits, a rank counts as not
+  sent (:meth:`WaitingSends.waits_at`): a loss then means NotDelivered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+
+from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
+from ctlwire.kernel.errors import (
+    AuthenticationFailed,
+    ClientClosed,
+    NotDelivered,
+    UnsupportedProtocolVersion,
+)
+from ctlwire.kernel.liveness_monitor import LivenessMonitor
+from ctlwire.states import PeerState
+from ctlwire.transports.envelope import Request
+from ctlwire.transports.errors import AuthenticationFailed as TransportAuthFailed
+from ctlwire.transports.errors import (
+    ProtocolVersionRefused,
+    TransportClosed,
+    TransportError,
+    Unroutable,
+    WouldBlock,
+)
+from ctlwire.transports.transport import ClientTransport
+
+__all__ = ["WaitingSends"]
+
+
+class WaitingSends:
+    """The sends of one client that wait; see the module docstring. ``now`` is the
+    client's clock; ``retry`` paces the re-tries of a send to a rank never heard from."""
+
+    def __init__(self, transport: ClientTransport, registry: RequestRegistry,
+                 liveness: LivenessMonitor, wake: Callable[[PendingRequest], None],
+                 closed: Callable[[], bool], now: Callable[[], float], retry: float) -> None:
+        self.transport = transport
+        self.registry = registry
+        self.liveness = liveness
+        self.peers = liveness.peers
+        self.retry = retry
+        self._wake = wake
+        self._closed = closed
+        self._now = now
+        # request id -> (the scope of a send waiting for room or first contact, its rank)
+        self._blocked: dict[int, tuple[anyio.CancelScope, int]] = {}
+
+    def waits_at(self, entry: PendingRequest, rank: int) -> bool:
+        """A send of ``entry``'s frame to ``rank`` is waiting (not handed over)."""
+        blocked = self._blocked.get(entry.id)
+        return blocked is not None and blocked[1] == rank
+
+    def abandon(self, entry: PendingRequest) -> None:
+        """``entry`` was decided: a send waiting on its behalf gives up."""
+        if self._blocked:
+            blocked = self._blocked.get(entry.id)
+            if blocked is not None:
+                blocked[0].cancel()
+
+    def abandon_rank(self, rank: int) -> None:
+        """``rank`` is lost: sends waiting at it give up."""
+        for scope, blocked_rank in list(self._blocked.values()):
+            if blocked_rank == rank:
+                scope.cancel()
+
+    async def send(self, entry: PendingRequest, waiting: list[tuple[int, Request]]) -> None:
+        """The frames :meth:`_send_now` could not hand over, one rank at a time:
+        wait for room (high-water mark) or first contact, within the deadline."""
+        transport = self.transport
+        for rank, env in waiting:
+            if not entry.is_open:
+                break
+            self.registry.mark_sent(entry, rank)
+            error: Exception | None = None
+            try:
+                try:
+                    transport.send_nowait(rank, env)
+                except WouldBlock:
+                    await self._send_blocking(entry, rank, env)
+                except Unroutable as exc:
+                    if (self.peers.state(rank) is PeerState.LOST
+                            or isinstance(exc, (TransportAuthFailed, ProtocolVersionRefused))):
+                        raise
+                    if (not await self._send_after_first_contact(entry, rank, env)
+                            and self.peers.state(rank) is not PeerState.LOST):
+                        error = NotDelivered(rank, (
+                            "never heard from within the deadline"
+                            if self.peers.state(rank) is PeerState.UNKNOWN
+                            else "request connection not up within the deadline"))
+            except TransportAuthFailed as exc:
+                error = AuthenticationFailed(rank, exc.detail)
+            except ProtocolVersionRefused as exc:
+                error = UnsupportedProtocolVersion(rank, exc.detail)
+            except Unroutable as exc:
+                error = NotDelivered(rank, exc.detail or "unroutable")
+            except TransportClosed as exc:
+                error = ClientClosed(str(exc))
+            except TransportError as exc:
+                error = NotDelivered(rank, repr(exc))
+            if error is not None and self.registry.rank_failed(entry, rank, error):
+                self._wake(entry)
+            if entry.is_open and entry.deadline is not None and self._now() >= entry.deadline:
+                break  # the deadline passed while a send waited: the request expires
+
+    async def _send_blocking(self, entry: PendingRequest, rank: int, env: Request) -> bool:
+        """Wait for room to send (high-water mark), bounded by the request's
+        deadline and abandoned as soon as the request is decided or ``rank`` is
+        lost. True when the frame was handed over."""
+        scope = anyio.CancelScope(deadline=entry.deadline or float("inf"))
+        self._blocked[entry.id] = (scope, rank)
+        try:
+            with scope:
+                await self.transport.send(rank, env)
+                return True
+        finally:
+            self._blocked.pop(entry.id, None)
+        return False
+
+    async def _send_after_first_contact(self, entry: PendingRequest, rank: int,
+                                        env: Request) -> bool:
+        """``rank`` refused the frame because it has never been heard from. Wait
+        until it is (then send), within the request's deadline; abandoned when
+        the request is decided or the client closes. While waiting, the frame
+        counts as not handed over (a loss means NotDelivered). Re-raises
+        Unroutable if the rank is heard from yet still refuses the frame.
+        True when the frame was handed over."""
+        scope = anyio.CancelScope(deadline=entry.deadline or float("inf"))
+        self._blocked[entry.id] = (scope, rank)
+        retry = self.retry
+        try:
+            with scope:
+                while True:
+                    changed = self.liveness.peer_changed
+                    if self._closed():
+                        raise TransportClosed("client is closed")
+                    # on contact, or every `retry` s (a connection may come up, or its
+                    # handshake fail, without the rank being heard from)
+                    try:
+                        self.transport.send_nowait(rank, env)
+                        return True
+                    except WouldBlock:
+                        await self.transport.send(rank, env)
+                        return True
+                    except Unroutable as exc:
+                        if (self.peers.state(rank) is PeerState.LOST
+                                or isinstance(exc, (TransportAuthFailed, ProtocolVersionRefused))):
+                            raise
+                    with anyio.move_on_after(retry):
+                        await changed.wait()
+        finally:
+            self._blocked.pop(entry.id, None)
+        return False
