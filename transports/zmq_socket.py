@@ -268,7 +268,9 @@ class AsyncZmqSocket:
         except zmq.ZMQError as exc:
             raise self._closed_error(exc) from None
         finally:
-            self._after_send()
+            if self._watch is not None or self._events[_POLLIN] is not None or (
+                    self._events[_POLLOUT] is not None):
+                self._after_send()  # (a superset of its test: no call while none waits)
 
     def _after_send(self) -> None:
         """A send may have taken the fd's edge that would wake the others: re-check

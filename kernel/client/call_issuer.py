@@ -52,7 +52,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -64,7 +64,7 @@ from ctlwire.kernel.client.deadline_reaper import DeadlineReaper
 from ctlwire.kernel.client.fan_out_mailbox import FanOutMailbox
 from ctlwire.kernel.client.loop_clock import loop_clock
 from ctlwire.kernel.client.progress_callbacks import ProgressCallback, ProgressCallbacks
-from ctlwire.kernel.client.task_waiter import task_waiter_factory
+from ctlwire.kernel.client.task_parking import cancellation_checkpoint, task_waiter_factory
 from ctlwire.kernel.client.waiting import Receiver, waiter_of
 from ctlwire.kernel.client.waiting_sends import WaitingSends
 from ctlwire.kernel.core.fan_out_policy import Policy
@@ -133,8 +133,10 @@ class CallIssuer:
         #: ends the waits of requests and admission tickets at their deadlines (one task)
         self.reaper = DeadlineReaper(registry, self.wake)
         #: makes the waiter one caller parks on (the running loop's, set when the
-        #: client starts: :func:`~ctlwire.kernel.client.task_waiter.task_waiter_factory`)
+        #: client starts: :func:`~ctlwire.kernel.client.task_parking.task_waiter_factory`)
         self.new_waiter: Callable[[], Any] = anyio.Event
+        self._checkpoint_if_cancelled: Callable[[], Awaitable[None]] = (
+            anyio.lowlevel.checkpoint_if_cancelled)
         #: the client's receiver: a caller waiting alone receives its reply itself
         #: (None: callers wait on their waiters only)
         self.receiver: Receiver | None = None
@@ -160,6 +162,7 @@ class CallIssuer:
         the client starts); returns the clock."""
         self.now = loop_clock()
         self.new_waiter = task_waiter_factory()
+        self._checkpoint_if_cancelled = cancellation_checkpoint()
         return self.now
 
     def close(self) -> None:
@@ -220,7 +223,7 @@ class CallIssuer:
         # the only checkpoint before the first frame: a caller cancelled before it
         # got here (even one handed the mailbox, then cancelled before it resumed)
         # raises now, and its finish() passes the mailbox on
-        await anyio.lowlevel.checkpoint_if_cancelled()
+        await self._checkpoint_if_cancelled()
         if self.closed:
             raise ClientClosed("client is closed")
         ranks = self.registry.release_all(entry, self.peers.is_lost)
@@ -356,7 +359,8 @@ class CallIssuer:
         receiver = self.receiver
         if receiver is not None and receiver.holder is entry:
             receiver.decided(entry)
-        self.waiting_sends.abandon(entry)
+        if self.waiting_sends.blocked:
+            self.waiting_sends.abandon(entry)
 
     async def call(self, method: str, raw: msgspec.Raw, rank: int, budget: float,
                    deadline: float, result_type: Any, key: str = "",

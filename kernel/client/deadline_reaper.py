@@ -55,6 +55,8 @@ from ctlwire.states import TicketState
 
 __all__ = ["DeadlineReaper"]
 
+_QUEUED = TicketState.QUEUED
+
 
 def _still_waiting(item: PendingRequest | Ticket) -> bool:
     if type(item) is PendingRequest:
@@ -103,7 +105,10 @@ class DeadlineReaper:
         heap = self._deadlines
         # items finished at the top go now, not at their deadlines: calls of one budget
         # finish in the order they were armed, so the heap holds the live ones only
-        while heap and not _still_waiting(heap[0][2]):
+        while heap:
+            top = heap[0][2]
+            if top.is_open if type(top) is PendingRequest else top.state is _QUEUED:
+                break
             heapq.heappop(heap)
         heapq.heappush(heap, (deadline, next(self._deadline_seq), item))
         if deadline < self._sleep_until and self.scope is not None:

@@ -130,9 +130,12 @@ class ClientReceiver:
         on their waiters. Cancelling the caller loses nothing: a cancelled receive
         took nothing off the transport."""
         if (self.holder is None and not self._loop_receiving and not self._closed
-                and self.registry.live_count == 1):
+                and len(entry.ranks) == 1 and self.registry.live_count == 1):
             return self._take_turn(entry)
-        wait: Awaitable[Any] = waiter_of(entry, self.issuer.new_waiter).wait()
+        waiter: Any = entry.waiter
+        if waiter is None:
+            waiter = entry.waiter = self.issuer.new_waiter()
+        wait: Awaitable[Any] = waiter.wait()
         return wait
 
     async def _take_turn(self, entry: PendingRequest) -> None:

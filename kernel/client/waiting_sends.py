@@ -59,24 +59,24 @@ class WaitingSends:
         self._wake = wake
         self._closed = closed
         self._now = now
-        # request id -> (the scope of a send waiting for room or first contact, its rank)
-        self._blocked: dict[int, tuple[anyio.CancelScope, int]] = {}
+        #: request id -> (the scope of a send waiting for room or first contact, its
+        #: rank); empty while no send waits
+        self.blocked: dict[int, tuple[anyio.CancelScope, int]] = {}
 
     def waits_at(self, entry: PendingRequest, rank: int) -> bool:
         """A send of ``entry``'s frame to ``rank`` is waiting (not handed over)."""
-        blocked = self._blocked.get(entry.id)
+        blocked = self.blocked.get(entry.id)
         return blocked is not None and blocked[1] == rank
 
     def abandon(self, entry: PendingRequest) -> None:
         """``entry`` was decided: a send waiting on its behalf gives up."""
-        if self._blocked:
-            blocked = self._blocked.get(entry.id)
-            if blocked is not None:
-                blocked[0].cancel()
+        blocked = self.blocked.get(entry.id)
+        if blocked is not None:
+            blocked[0].cancel()
 
     def abandon_rank(self, rank: int) -> None:
         """``rank`` is lost: sends waiting at it give up."""
-        for scope, blocked_rank in list(self._blocked.values()):
+        for scope, blocked_rank in list(self.blocked.values()):
             if blocked_rank == rank:
                 scope.cancel()
 
@@ -124,13 +124,13 @@ class WaitingSends:
         deadline and abandoned as soon as the request is decided or ``rank`` is
         lost. True when the frame was handed over."""
         scope = anyio.CancelScope(deadline=entry.deadline or float("inf"))
-        self._blocked[entry.id] = (scope, rank)
+        self.blocked[entry.id] = (scope, rank)
         try:
             with scope:
                 await self.transport.send(rank, env)
                 return True
         finally:
-            self._blocked.pop(entry.id, None)
+            self.blocked.pop(entry.id, None)
         return False
 
     async def _send_after_first_contact(self, entry: PendingRequest, rank: int,
@@ -142,7 +142,7 @@ class WaitingSends:
         Unroutable if the rank is heard from yet still refuses the frame.
         True when the frame was handed over."""
         scope = anyio.CancelScope(deadline=entry.deadline or float("inf"))
-        self._blocked[entry.id] = (scope, rank)
+        self.blocked[entry.id] = (scope, rank)
         retry = self.retry
         try:
             with scope:
@@ -165,5 +165,5 @@ class WaitingSends:
                     with anyio.move_on_after(retry):
                         await changed.wait()
         finally:
-            self._blocked.pop(entry.id, None)
+            self.blocked.pop(entry.id, None)
         return False

@@ -50,6 +50,7 @@ _S = RequestState
 _E = RequestEvent
 _OPEN = frozenset({_S.REGISTERED, _S.SENT, _S.AWAITING})
 _TERMINAL = CONTROL_REQUEST_TABLE.terminal
+_ALL = Policy.ALL
 
 
 class _Step:
@@ -250,6 +251,11 @@ class RequestRegistry:
             if settled < len(entry.ranks):
                 return False
             self._go(entry, _E.FAIL)
+            return True
+        if entry.policy is _ALL:  # the common policy, decided here without a call
+            if settled < len(entry.ranks):
+                return False
+            self._go(entry, _E.COMPLETE if answered else _E.FAIL)
             return True
         decision = decide(entry.policy, len(entry.ranks), entry.ok, answered, settled)
         if decision is Decision.PENDING:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from ctlwire.kernel.client.task_waiter import task_waiter_factory
+from ctlwire.kernel.client.task_parking import task_waiter_factory
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 

@@ -1,4 +1,4 @@
-"""A waiter one task parks on until someone sets it: the client's per-backend wake-up.
+"""How a caller's task parks until woken, and checks for its cancellation: per backend.
 
 A call (or a queued fan-out caller) waits for exactly one thing, its request's
 decision, and exactly one task waits for it. :func:`task_waiter_factory`
@@ -13,7 +13,9 @@ one task and wake it:
 Both have the interface of the waiters the request map wakes (``set()``, and
 ``wait()`` returning an awaitable), so they stand where an ``anyio.Event``
 would, at a fraction of its cost (no backend look-up per waiter, no waiter
-list). Guarantees:
+list). :func:`cancellation_checkpoint` is the backend's own check for a pending
+cancellation (trio's, without anyio's backend look-up per call; anyio's on
+asyncio, the only public one there). Guarantees:
 
 * ``set()`` is idempotent and never blocks; a ``wait()`` after it returns at
   once (without a checkpoint: a caller checks its request before waiting).
@@ -31,9 +33,10 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+import anyio.lowlevel
 import sniffio
 
-__all__ = ["TaskWaiter", "task_waiter_factory"]
+__all__ = ["TaskWaiter", "cancellation_checkpoint", "task_waiter_factory"]
 
 
 class TaskWaiter(Protocol):
@@ -127,3 +130,14 @@ def task_waiter_factory() -> Callable[[], TaskWaiter]:
     if sniffio.current_async_library() == "trio":
         return _trio_factory()
     return functools.partial(_FutureWaiter, asyncio.get_running_loop())
+
+
+def cancellation_checkpoint() -> Callable[[], Awaitable[None]]:
+    """The running backend's ``checkpoint_if_cancelled`` (raise the caller's pending
+    cancellation, else return without yielding), resolved once: trio's own, or
+    anyio's on asyncio (call it inside the loop)."""
+    if sniffio.current_async_library() == "trio":
+        from trio.lowlevel import checkpoint_if_cancelled
+
+        return checkpoint_if_cancelled
+    return anyio.lowlevel.checkpoint_if_cancelled
