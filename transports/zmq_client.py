@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -214,17 +214,14 @@ class ZmqRouterClientTransport(_ZmqClientBase):
             for identity in [i for i, r in cache.items() if r == rank]:
                 del cache[identity]
 
-    @contextlib.contextmanager
-    def batched_sends(self) -> Iterator[None]:
+    def batched_sends(self) -> contextlib.AbstractContextManager[None]:
         """Sends inside the block (a fan-out's :meth:`send_nowait` to many ranks)
         re-check the socket's readiness once, at the end, instead of once per send
         (:meth:`AsyncZmqSocket.batched_sends`). The block must not suspend."""
         sock = self._sock
         if sock is None or self._closed:
-            yield
-            return
-        with sock.batched_sends():
-            yield
+            return contextlib.nullcontext()
+        return sock.batched_sends()
 
     def send_encoded_nowait(self, rank: int, data: bytes) -> None:
         """:meth:`send_nowait` of an envelope already encoded by :attr:`codec` (no

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import select
 import threading
-from collections.abc import Iterator
 from typing import Final
 
 import anyio
@@ -54,6 +53,26 @@ _RETRY_MIN: Final = 0.001
 _RETRY_MAX: Final = 0.05
 
 
+class _SendBatch:
+    """The block of :meth:`AsyncZmqSocket.batched_sends` (one per socket, re-entrant)."""
+
+    __slots__ = ("_sock",)
+
+    def __init__(self, sock: AsyncZmqSocket) -> None:
+        self._sock = sock
+
+    def __enter__(self) -> None:
+        self._sock._batch += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        sock = self._sock
+        sock._batch -= 1
+        if not sock._batch and sock._recheck_owed:
+            sock._recheck_owed = False
+            if not sock._closed:
+                sock._after_call()
+
+
 class AsyncZmqSocket:
     """Awaitable multipart send and receive on one plain ``zmq.Socket``, on asyncio or trio.
 
@@ -77,9 +96,25 @@ class AsyncZmqSocket:
     * After :meth:`close`, waiting and new operations raise :class:`SocketClosed`.
     """
 
-    __slots__ = ("_batch", "_closed", "_events", "_fd", "_fd_poll", "_meta", "_owner",
-                 "_poller", "_receiving", "_recheck_owed", "_socket", "_streak",
-                 "_type_name", "_waiting", "_watch", "_watch_flag")
+    __slots__ = (
+        "_batch",
+        "_closed",
+        "_events",
+        "_fd",
+        "_fd_poll",
+        "_meta",
+        "_owner",
+        "_poller",
+        "_receiving",
+        "_recheck_owed",
+        "_send_batch",
+        "_socket",
+        "_streak",
+        "_type_name",
+        "_waiting",
+        "_watch",
+        "_watch_flag",
+    )
 
     def __init__(self, socket: zmq.Socket[bytes]) -> None:
         """Wrap ``socket``; the calling thread becomes its owner.
@@ -112,6 +147,7 @@ class AsyncZmqSocket:
         self._watch_flag = 0  # ... and its direction
         self._batch = 0  # nesting of batched_sends()
         self._recheck_owed = False  # a send inside batched_sends() found waiters
+        self._send_batch = _SendBatch(self)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -283,25 +319,16 @@ class AsyncZmqSocket:
             elif not (self._closed or self._socket.closed):
                 self._after_call()
 
-    @contextlib.contextmanager
-    def batched_sends(self) -> Iterator[None]:
+    def batched_sends(self) -> contextlib.AbstractContextManager[None]:
         """Sends inside the block re-read ``EVENTS`` for suspended tasks once, at its end,
         instead of once per send: a fan-out to many ROUTER peers pays one readiness check
-        rather than one per peer. The block must not suspend.
+        rather than one per peer. The block must not suspend; blocks may nest.
 
         :raises ForeignThreadError: if used from a thread other than the owner.
         """
         if threading.get_ident() != self._owner:
             self._raise_foreign()
-        self._batch += 1
-        try:
-            yield
-        finally:
-            self._batch -= 1
-            if not self._batch and self._recheck_owed:
-                self._recheck_owed = False
-                if not self._closed:
-                    self._after_call()
+        return self._send_batch
 
     async def send_multipart(self, frames: Frames) -> None:
         """Queue one multipart message in libzmq, suspending while the high-water mark is

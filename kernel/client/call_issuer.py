@@ -226,7 +226,9 @@ class CallIssuer:
         await self._checkpoint_if_cancelled()
         if self.closed:
             raise ClientClosed("client is closed")
-        ranks = self.registry.release_all(entry, self.peers.is_lost)
+        peers = self.peers
+        ranks = self.registry.release_all(
+            entry, peers.is_lost if peers.lost_count or peers.retired else None)
         fence = self.fence if fence is None else fence
         if len(ranks) > 1 and self._batched_sends is not None:
             with self._batched_sends():

@@ -125,9 +125,15 @@ class PeerTable:
         self.fenced = 0  # frames of an incarnation older than the admitted one
         self.foreign = 0  # frames naming a rank this table does not have
         self._apply = PEER_LINK_TABLE.apply
+        #: tracked peers now Lost: while 0 and ``retired`` is empty, :meth:`is_lost` is
+        #: False for every rank
+        self.lost_count = 0
 
     def _go(self, peer: Peer, event: PeerEvent) -> None:
-        peer.state = self._apply(peer.state, event, peer.rank)
+        old = peer.state
+        new = peer.state = self._apply(old, event, peer.rank)
+        if (new is PeerState.LOST) is not (old is PeerState.LOST):
+            self.lost_count += 1 if new is PeerState.LOST else -1
 
     def _lose(self, peer: Peer, now: float) -> None:
         self._go(peer, PeerEvent.LOSE)
@@ -155,6 +161,8 @@ class PeerTable:
         p = self.peers.pop(rank, None)
         if p is None:
             return False
+        if p.state is PeerState.LOST:
+            self.lost_count -= 1
         retired = self.retired
         retired.pop(rank, None)
         while len(retired) >= self.max_retired:

@@ -123,3 +123,26 @@ def test_incarnations_minted_beyond_the_window_are_implausible_and_counted() -> 
     assert table.plausible(new_incarnation(), time.time())  # what engines mint
     with pytest.raises(ValueError):
         PeerTable([0], incarnation_window=-1.0)
+
+
+def test_lost_count_follows_every_way_in_and_out_of_lost() -> None:
+    """``lost_count`` is what lets a send skip the per-rank lost check: it must equal
+    the number of Lost peers after every change."""
+    t = PeerTable([0, 1, 2], interval=0.25, misses_allowed=4)
+
+    def lost() -> int:
+        return sum(t.state(r) is PeerState.LOST for r in t.peers)
+
+    for rank in (0, 1, 2):
+        t.seen(rank, 7, now=0.0)
+    assert t.lost_count == lost() == 0
+    t.disconnected(0, now=0.1)
+    assert t.tick(2.0) == [1, 2]  # missed heartbeats
+    assert t.lost_count == lost() == 3
+    t.seen(1, 7, now=2.1)  # rejoins
+    assert t.lost_count == lost() == 2
+    assert t.remove(0)  # a Lost rank removed: retired, no longer counted
+    assert t.lost_count == lost() == 1 and t.is_lost(0)
+    t.add(0)
+    t.seen(2, 9, now=2.2)  # a restart rejoins too
+    assert t.lost_count == lost() == 0
