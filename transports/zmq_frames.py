@@ -12,12 +12,15 @@ from typing import Final, cast
 
 import zmq
 
-__all__ = ["Frames", "frames_size", "recv_frames", "send_frames", "socket_type_name"]
+__all__ = ["Frames", "frames_size", "recv_frames", "recv_queued", "send_frames",
+           "socket_type_name"]
 
 Frames = Sequence[bytes | bytearray | memoryview | zmq.Frame]
 """A multipart message to send: one buffer per frame."""
 
 _NOBLOCK: Final = int(zmq.NOBLOCK)
+_EVENTS: Final = int(zmq.EVENTS)
+_POLLIN: Final = int(zmq.POLLIN)
 _NOBLOCK_SNDMORE: Final = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 
 
@@ -39,6 +42,19 @@ def recv_frames(socket: zmq.Socket[bytes], meta: list[str | None] | None = None
         except zmq.ZMQError:
             meta[0] = None
     return parts
+
+
+def recv_queued(socket: zmq.Socket[bytes], meta: list[str | None] | None, limit: int,
+                out: list[list[bytes]]) -> None:
+    """Append the queued messages (as :func:`recv_frames` returns them) to ``out``
+    until none is queued or ``out`` holds ``limit``: ``EVENTS`` is read before each
+    (a read costs less than the exception of a receive that finds nothing)."""
+    get = socket.get
+    try:
+        while len(out) < limit and get(_EVENTS) & _POLLIN:  # type: ignore[operator]
+            out.append(recv_frames(socket, meta))
+    except zmq.Again:
+        pass
 
 
 def send_frames(socket: zmq.Socket[bytes], frames: Frames) -> None:

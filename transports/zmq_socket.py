@@ -35,7 +35,7 @@ import zmq
 import zmq.asyncio
 
 from .errors import ForeignThreadError, SocketClosed
-from .zmq_frames import Frames, recv_frames, send_frames, socket_type_name
+from .zmq_frames import Frames, recv_frames, recv_queued, send_frames, socket_type_name
 
 __all__ = ["AsyncZmqSocket", "ForeignThreadError", "Frames", "SocketClosed"]
 
@@ -96,25 +96,9 @@ class AsyncZmqSocket:
     * After :meth:`close`, waiting and new operations raise :class:`SocketClosed`.
     """
 
-    __slots__ = (
-        "_batch",
-        "_closed",
-        "_events",
-        "_fd",
-        "_fd_poll",
-        "_meta",
-        "_owner",
-        "_poller",
-        "_receiving",
-        "_recheck_owed",
-        "_send_batch",
-        "_socket",
-        "_streak",
-        "_type_name",
-        "_waiting",
-        "_watch",
-        "_watch_flag",
-    )
+    __slots__ = ("_batch", "_closed", "_events", "_fd", "_fd_poll", "_meta", "_owner",
+                 "_poller", "_receiving", "_recheck_owed", "_send_batch", "_socket", "_streak",
+                 "_type_name", "_waiting", "_watch", "_watch_flag")
 
     def __init__(self, socket: zmq.Socket[bytes]) -> None:
         """Wrap ``socket``; the calling thread becomes its owner.
@@ -172,7 +156,7 @@ class AsyncZmqSocket:
         """True once :meth:`close` was called (or the socket was closed underneath)."""
         return self._closed or self._socket.closed
 
-    # ------------------------------------------------------------------ receive
+    # ------------------------------------------------------------------------------- receive
 
     def recv_multipart_nowait(self) -> list[bytes] | None:
         """The next queued message, or None if none is queued. Never suspends.
@@ -201,24 +185,17 @@ class AsyncZmqSocket:
 
     def recv_many_nowait(self, limit: int) -> list[list[bytes]]:
         """Up to ``limit`` queued messages, in order (empty if none is queued): what
-        :meth:`recv_multipart_nowait` returns, called until it returns None, with
-        one thread and state check for the batch. Never suspends.
-
-        :raises: as :meth:`recv_multipart_nowait` (messages already taken are
-            returned by the next call instead of being lost: see ``SocketClosed``).
+        :meth:`recv_multipart_nowait` returns, called until it returns None, with one
+        thread and state check for the batch. Never suspends; raises as it does (a
+        closed socket's ``SocketClosed`` only when no message was taken).
         """
         if threading.get_ident() != self._owner:
             self._raise_foreign()
         if self._receiving:
             raise anyio.BusyResourceError("receiving from")
         out: list[list[bytes]] = []
-        socket, meta = self._socket, self._meta
-        get = socket.get
         try:
-            while len(out) < limit and get(_EVENTS) & _POLLIN:  # type: ignore[operator]
-                out.append(recv_frames(socket, meta))
-        except zmq.Again:
-            pass
+            recv_queued(self._socket, self._meta, limit, out)
         except zmq.ZMQError as exc:
             if not out:
                 raise self._closed_error(exc) from None
@@ -269,7 +246,7 @@ class AsyncZmqSocket:
             poller.register(self._socket, zmq.POLLIN)
         return bool(poller.poll(int(timeout * 1000)))
 
-    # --------------------------------------------------------------------- send
+    # ---------------------------------------------------------------------------------- send
 
     def send_multipart_nowait(self, frames: Frames) -> None:
         """Queue one multipart message in libzmq, or raise. Never suspends.
@@ -290,11 +267,8 @@ class AsyncZmqSocket:
             self._after_send()
 
     def send_pair_nowait(self, first: bytes, second: bytes) -> None:
-        """:meth:`send_multipart_nowait` of the two-part message ``[first, second]``
-        (both ``bytes``): a ROUTER's ``[identity, data]`` without a frame list.
-
-        :raises: as :meth:`send_multipart_nowait`.
-        """
+        """:meth:`send_multipart_nowait` of ``[first, second]`` (both ``bytes``, e.g. a
+        ROUTER's ``[identity, data]``) without a frame list; raises as it does."""
         if threading.get_ident() != self._owner:
             self._raise_foreign()
         socket = self._socket
@@ -305,8 +279,8 @@ class AsyncZmqSocket:
             raise self._closed_error(exc) from None
         finally:
             if self._watch is not None or self._events[_POLLIN] is not None or (
-                    self._events[_POLLOUT] is not None):
-                self._after_send()  # (a superset of its test: no call while none waits)
+                    self._events[_POLLOUT] is not None):  # (a superset of its test)
+                self._after_send()
 
     def _after_send(self) -> None:
         """A send may have taken the fd's edge that would wake the others: re-check
@@ -355,7 +329,7 @@ class AsyncZmqSocket:
             else:
                 backoff = None
 
-    # -------------------------------------------------------------------- close
+    # --------------------------------------------------------------------------------- close
 
     def close(self, linger_ms: int = 0) -> None:
         """Close the socket; tasks waiting on it raise :class:`SocketClosed`. Idempotent.
@@ -379,7 +353,7 @@ class AsyncZmqSocket:
         self._wake(_POLLOUT)
         self._socket.close(linger=linger_ms)
 
-    # ---------------------------------------------------------------- internals
+    # ----------------------------------------------------------------------------- internals
 
     async def _fair(self) -> None:
         """A checkpoint every ``_FAIRNESS_BUDGET`` operations that did not suspend
@@ -404,17 +378,14 @@ class AsyncZmqSocket:
         if ready and backoff is None:
             return True
         if ready:
-            # not counted as waiting for ``flag``: a re-check that sees it would wake this
-            # task again at once (two such tasks would wake each other in a loop)
+            # not counted as waiting: a re-check that sees ``flag`` would wake it at once
             with anyio.move_on_after(backoff):
                 await self._park(flag)
         else:
             self._waiting[flag] += 1
             try:
-                # the fd also fires for commands that change nothing for ``flag``
-                # (a send's own traffic): ask EVENTS and watch again, without a retry.
-                # A plain read, not _recheck(): leaving the watch (_park) woke every
-                # other waiter already, so there is no one else to wake here
+                # the fd also fires for commands that change nothing for ``flag``: ask
+                # EVENTS (a plain read: leaving the watch woke the others) and watch again
                 while await self._park(flag) and not self._closed and not (
                         int(self._socket.get(_EVENTS)) & flag):
                     pass

@@ -50,7 +50,6 @@ _S = RequestState
 _E = RequestEvent
 _OPEN = frozenset({_S.REGISTERED, _S.SENT, _S.AWAITING})
 _TERMINAL = CONTROL_REQUEST_TABLE.terminal
-_ALL = Policy.ALL
 
 
 class _Step:
@@ -252,12 +251,11 @@ class RequestRegistry:
                 return False
             self._go(entry, _E.FAIL)
             return True
-        if entry.policy is _ALL:  # the common policy, decided here without a call
-            if settled < len(entry.ranks):
-                return False
-            self._go(entry, _E.COMPLETE if answered else _E.FAIL)
-            return True
-        decision = decide(entry.policy, len(entry.ranks), entry.ok, answered, settled)
+        if entry.policy is Policy.ALL:  # the common policy, decided without a call
+            decision = (Decision.PENDING if settled < len(entry.ranks)
+                        else Decision.COMPLETE if answered else Decision.FAIL)
+        else:
+            decision = decide(entry.policy, len(entry.ranks), entry.ok, answered, settled)
         if decision is Decision.PENDING:
             return False
         self._go(entry, _E.COMPLETE if decision is Decision.COMPLETE else _E.FAIL)
