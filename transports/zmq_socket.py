@@ -16,9 +16,10 @@ socket call (so a cancelled operation never took or queued a message):
   made while others wait if that call drained the edge that would have woken them:
   if the fd is still readable (a zero-timeout ``poll``, which takes nothing), the
   watcher wakes on it as usual.
-* One waiter at a time watches the fd (``anyio.wait_readable``, which allows one waiter
-  per fd) inside a cancel scope that a wake-up of its direction cancels; the others
-  wait on their direction's ``anyio.Event``. When the watcher leaves, for any reason,
+* One waiter at a time watches the fd (an interruptible
+  :func:`~ctlwire.transports.task_waits.fd_watch`: an event loop allows one waiter per
+  fd) that a wake-up of its direction interrupts; the others wait on their
+  direction's ``anyio.Event``. When the watcher leaves, for any reason,
   it wakes the others and the first one that still has to wait watches next.
 """
 
@@ -35,6 +36,7 @@ import zmq
 import zmq.asyncio
 
 from .errors import ForeignThreadError, SocketClosed
+from .task_waits import FdWatch, fd_watch
 from .zmq_frames import Frames, recv_frames, recv_queued, send_frames, socket_type_name
 
 __all__ = ["AsyncZmqSocket", "ForeignThreadError", "Frames", "SocketClosed"]
@@ -96,7 +98,7 @@ class AsyncZmqSocket:
     * After :meth:`close`, waiting and new operations raise :class:`SocketClosed`.
     """
 
-    __slots__ = ("_batch", "_closed", "_events", "_fd", "_fd_poll", "_meta", "_owner",
+    __slots__ = ("_batch", "_closed", "_events", "_fd", "_fd_poll", "_fd_watch", "_meta", "_owner",
                  "_poller", "_receiving", "_recheck_owed", "_send_batch", "_socket", "_streak",
                  "_type_name", "_waiting", "_watch", "_watch_flag")
 
@@ -127,7 +129,8 @@ class AsyncZmqSocket:
         # wakes those not watching the fd (made by the first of them)
         self._waiting = {_POLLIN: 0, _POLLOUT: 0}
         self._events: dict[int, anyio.Event | None] = {_POLLIN: None, _POLLOUT: None}
-        self._watch: anyio.CancelScope | None = None  # the fd watcher's scope
+        self._watch: FdWatch | None = None  # the fd watch while a task waits on it
+        self._fd_watch: FdWatch | None = None  # made in the event loop, on first use
         self._watch_flag = 0  # ... and its direction
         self._batch = 0  # nesting of batched_sends()
         self._recheck_owed = False  # a send inside batched_sends() found waiters
@@ -347,8 +350,7 @@ class AsyncZmqSocket:
         if self._watch is not None:
             # a task waits on the fd: tell the event loop before libzmq closes it
             with contextlib.suppress(RuntimeError):
-                anyio.notify_closing(self._fd)
-            self._watch.cancel()
+                self._watch.close()
         self._wake(_POLLIN)
         self._wake(_POLLOUT)
         self._socket.close(linger=linger_ms)
@@ -425,16 +427,13 @@ class AsyncZmqSocket:
                 event = self._events[flag] = anyio.Event()
             await event.wait()
             return False
-        scope = self._watch = anyio.CancelScope()
+        watch = self._fd_watch
+        if watch is None:
+            watch = self._fd_watch = fd_watch(self._fd)
+        self._watch = watch
         self._watch_flag = flag
-        fired = False
         try:
-            with scope:
-                await anyio.wait_readable(self._fd)
-                fired = True
-        except anyio.ClosedResourceError:
-            if not self._closed:  # pragma: no cover - only close() notifies
-                raise
+            fired = await watch.wait()
         finally:
             self._watch = None
             # hand the watch over: the others (if any) re-check, one of them watches next
@@ -471,7 +470,7 @@ class AsyncZmqSocket:
             event.set()
         watch = self._watch
         if watch is not None and self._watch_flag == flag:
-            watch.cancel()
+            watch.interrupt()
             self._watch_flag = 0  # cancelled: later wakes until it resumes need not cancel
 
     def _check_usable(self) -> None:

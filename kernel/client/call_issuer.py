@@ -64,7 +64,6 @@ from ctlwire.kernel.client.deadline_reaper import DeadlineReaper
 from ctlwire.kernel.client.fan_out_mailbox import FanOutMailbox
 from ctlwire.kernel.client.loop_clock import loop_clock
 from ctlwire.kernel.client.progress_callbacks import ProgressCallback, ProgressCallbacks
-from ctlwire.kernel.client.task_parking import cancellation_checkpoint, task_waiter_factory
 from ctlwire.kernel.client.waiting import Receiver, waiter_of
 from ctlwire.kernel.client.waiting_sends import WaitingSends
 from ctlwire.kernel.core.fan_out_policy import Policy
@@ -91,6 +90,7 @@ from ctlwire.transports.errors import (
     Unroutable,
     WouldBlock,
 )
+from ctlwire.transports.task_waits import cancellation_checkpoint, task_waiter_factory
 from ctlwire.transports.transport import ClientTransport, encoded_sender
 
 __all__ = ["CallIssuer"]
@@ -133,7 +133,7 @@ class CallIssuer:
         #: ends the waits of requests and admission tickets at their deadlines (one task)
         self.reaper = DeadlineReaper(registry, self.wake)
         #: makes the waiter one caller parks on (the running loop's, set when the
-        #: client starts: :func:`~ctlwire.kernel.client.task_parking.task_waiter_factory`)
+        #: client starts: :func:`~ctlwire.transports.task_waits.task_waiter_factory`)
         self.new_waiter: Callable[[], Any] = anyio.Event
         self._checkpoint_if_cancelled: Callable[[], Awaitable[None]] = (
             anyio.lowlevel.checkpoint_if_cancelled)

@@ -1,0 +1,162 @@
+"""The per-backend waits: a one-task waiter and an fd watch, woken once, cancellable, reusable."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+from ctlwire.transports.task_waits import fd_watch, task_waiter_factory
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+GUARD = 10  # seconds: a hang guard only
+
+
+async def test_a_waiting_task_is_woken_by_set() -> None:
+    waiter = task_waiter_factory()()
+    woken: list[str] = []
+
+    async def wait() -> None:
+        await waiter.wait()
+        woken.append("woken")
+
+    with anyio.fail_after(GUARD):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.wait_all_tasks_blocked()
+            assert woken == []
+            waiter.set()
+            waiter.set()  # idempotent
+    assert woken == ["woken"]
+
+
+async def test_a_wait_after_set_returns_at_once() -> None:
+    waiter = task_waiter_factory()()
+    waiter.set()
+    with anyio.fail_after(GUARD):
+        await waiter.wait()
+        await waiter.wait()
+
+
+async def test_a_cancelled_wait_loses_nothing_and_the_waiter_parks_again() -> None:
+    waiter = task_waiter_factory()()
+    with anyio.move_on_after(0.01) as scope:
+        await waiter.wait()
+    assert scope.cancelled_caught
+    woken: list[str] = []
+
+    async def wait() -> None:
+        await waiter.wait()  # parks again: not the cancellation of the first wait
+        woken.append("woken")
+
+    with anyio.fail_after(GUARD):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.wait_all_tasks_blocked()
+            assert woken == []
+            waiter.set()
+    assert woken == ["woken"]
+
+
+async def test_a_cancel_scope_ends_a_wait_nobody_sets() -> None:
+    waiter = task_waiter_factory()()
+
+    async def park() -> None:
+        await waiter.wait()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(park)
+        await anyio.wait_all_tasks_blocked()
+        tg.cancel_scope.cancel()
+    waiter.set()  # after the cancelled wait: a no-op, no error
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_second_concurrent_wait_is_refused_on_trio() -> None:
+    waiter = task_waiter_factory()()
+
+    async def park() -> None:
+        await waiter.wait()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(park)
+        await anyio.wait_all_tasks_blocked()
+        with pytest.raises(RuntimeError, match="already waiting"):
+            await waiter.wait()
+        waiter.set()
+
+
+# ---------------------------------------------------------------------- fd watch
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    a, b = socket.socketpair()
+    yield a, b
+    a.close()
+    b.close()
+
+
+async def test_an_fd_watch_returns_true_once_the_fd_is_readable(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    reader, writer = pair
+    watch = fd_watch(reader.fileno())
+    results: list[bool] = []
+
+    async def wait() -> None:
+        results.append(await watch.wait())
+
+    with anyio.fail_after(GUARD):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.wait_all_tasks_blocked()
+            assert results == []
+            writer.send(b"x")
+    assert results == [True]
+
+
+async def test_an_interrupt_ends_the_wait_and_the_watch_waits_again(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    reader, writer = pair
+    watch = fd_watch(reader.fileno())
+    results: list[bool] = []
+
+    async def wait() -> None:
+        results.append(await watch.wait())
+
+    with anyio.fail_after(GUARD):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.wait_all_tasks_blocked()
+            watch.interrupt()
+        assert results == [False]
+        watch.interrupt()  # nobody waits: a no-op
+        with anyio.move_on_after(0.01) as scope:  # cancelled by a scope: loses nothing
+            await watch.wait()
+        assert scope.cancelled_caught
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.wait_all_tasks_blocked()
+            writer.send(b"x")
+    assert results == [False, True]
+
+
+async def test_closing_the_watch_ends_a_wait_before_the_fd_closes(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    reader, _writer = pair
+    watch = fd_watch(reader.fileno())
+    results: list[bool] = []
+
+    async def wait() -> None:
+        results.append(await watch.wait())
+
+    with anyio.fail_after(GUARD):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.wait_all_tasks_blocked()
+            watch.close()
+            reader.close()  # the event loop no longer watches it
+    assert results == [False]
