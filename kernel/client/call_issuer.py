@@ -103,6 +103,10 @@ _MAX_ID = 2**63 - 1
 _ENVELOPE_SLACK = 512
 
 
+def _no_fast_encoder(value: Any) -> bytes:
+    raise TypeError("no fast encoder: the codec's encode_value decides")
+
+
 class CallIssuer:
     """Runs the IO of one client's calls; see the module docstring.
 
@@ -156,6 +160,10 @@ class CallIssuer:
             encoded if encoded is not None and encode is not None else None)
         self._encode: Callable[[Request], bytes] = encode or self.codec.encode
         self._limit = self.codec.max_message_size
+        #: the codec's value encoder without a wrapper, if it has one
+        fast_value = self.codec.fast_value_codec()
+        self._encode_value: Callable[[Any], bytes] = (
+            fast_value[0] if fast_value is not None else _no_fast_encoder)
 
     def bind_loop(self) -> Callable[[], float]:
         """Take the running event loop's clock and waiter (call it in the loop, when
@@ -183,9 +191,12 @@ class CallIssuer:
         if self.closed:
             raise ClientClosed("client is closed")
         try:
-            raw = self.codec.encode_value(payload)
-        except PayloadTypeError as exc:
-            raise TypeError(f"payload cannot be encoded: {exc}") from None
+            raw = msgspec.Raw(self._encode_value(payload))
+        except Exception:  # (no fast encoder, or it refused) the codec's typed verdict
+            try:
+                raw = self.codec.encode_value(payload)
+            except PayloadTypeError as exc:
+                raise TypeError(f"payload cannot be encoded: {exc}") from None
         limit = self.codec.max_message_size
         # cheap bound first: a header of ids and floats, a trace carrier, the name
         if len(raw) + 4 * len(method) + _ENVELOPE_SLACK > limit:

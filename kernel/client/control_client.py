@@ -353,7 +353,8 @@ class ControlClient:
         is lost, or was removed from the membership, fails at once with
         NotDelivered (ValueError: a rank this client never had).
         """
-        check_method(method)
+        if type(method) is not str or not method:
+            check_method(method)  # raises
         if rank is None:
             if not self.ranks:
                 raise ValueError("this client has no ranks (yet): name one")
