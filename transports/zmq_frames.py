@@ -47,11 +47,13 @@ def recv_frames(socket: zmq.Socket[bytes], meta: list[str | None] | None = None
 def recv_queued(socket: zmq.Socket[bytes], meta: list[str | None] | None, limit: int,
                 out: list[list[bytes]]) -> None:
     """Append the queued messages (as :func:`recv_frames` returns them) to ``out``
-    until none is queued or ``out`` holds ``limit``: ``EVENTS`` is read before each
-    (a read costs less than the exception of a receive that finds nothing)."""
-    get = socket.get
+    until none is queued or ``out`` holds ``limit``. ``EVENTS`` is read once, first;
+    then messages are received until libzmq says ``EAGAIN`` (one exception for the
+    burst costs less than an ``EVENTS`` read per message)."""
+    if len(out) >= limit or not socket.get(_EVENTS) & _POLLIN:  # type: ignore[operator]
+        return
     try:
-        while len(out) < limit and get(_EVENTS) & _POLLIN:  # type: ignore[operator]
+        while len(out) < limit:
             out.append(recv_frames(socket, meta))
     except zmq.Again:
         pass

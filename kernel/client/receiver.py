@@ -81,6 +81,7 @@ class ClientReceiver:
         self._loop_receiving = False
         self._parked: anyio.Event | None = None  # the loop's, while a caller receives
         self._woken = 0  # callers woken by the loop's current batch
+        self._one_rank = False  # ... the last of them waited for one rank
         self._closed = False  # a holder saw the transport close
         #: how many calls received their replies themselves (tests read it)
         self.turns = 0
@@ -107,10 +108,10 @@ class ClientReceiver:
                 self._loop_receiving = False
             self._woken = 0
             dispatch(events)
-            if self._woken == 1 and self.registry.live_count == 1:
-                # the caller just woken has the only request in flight: let it run
-                # before this loop waits again, so that its next call may receive
-                # for itself
+            if self._woken == 1 and self.registry.live_count == 1 and self._one_rank:
+                # the caller just woken has the only request in flight, to one rank:
+                # let it run before this loop waits again, so that its next call may
+                # receive for itself (a fan-out's caller never does)
                 await anyio.lowlevel.checkpoint()
 
     def _dispatch(self, events: list[Any]) -> None:
@@ -198,6 +199,7 @@ class ClientReceiver:
                 if disposition is ReplyDisposition.COMPLETED and entry is not None:
                     self.issuer.wake(entry)
                     self._woken += 1
+                    self._one_rank = len(entry.ranks) == 1
             elif type(env) is Heartbeat:
                 rank = env.rank if event.peer is None else event.peer
                 progress = self.liveness.heartbeat(rank, env)

@@ -251,11 +251,7 @@ class RequestRegistry:
                 return False
             self._go(entry, _E.FAIL)
             return True
-        if entry.policy is Policy.ALL:  # the common policy, decided without a call
-            decision = (Decision.PENDING if settled < len(entry.ranks)
-                        else Decision.COMPLETE if answered else Decision.FAIL)
-        else:
-            decision = decide(entry.policy, len(entry.ranks), entry.ok, answered, settled)
+        decision = decide(entry.policy, len(entry.ranks), entry.ok, answered, settled)
         if decision is Decision.PENDING:
             return False
         self._go(entry, _E.COMPLETE if decision is Decision.COMPLETE else _E.FAIL)
@@ -399,6 +395,8 @@ class RequestRegistry:
         entry.answered += 1
         if reply.ok:
             entry.ok += 1
+        if entry.policy is Policy.ALL and entry.answered + len(entry.errors) < len(entry.ranks):
+            return ReplyDisposition.ACCEPTED, entry  # (what _decide says: others to wait for)
         if self._decide(entry):
             return ReplyDisposition.COMPLETED, entry
         return ReplyDisposition.ACCEPTED, entry
