@@ -42,7 +42,7 @@ Mechanisms kept because they pay: a fan-out's frames are handed over inside the
 transport's ``batched_sends()`` (one readiness re-check for the burst instead of
 one per rank); a fan-out to many ranks encodes its request once as a template
 into which each rank's ``rank`` and ``seq`` are spliced (one encode instead of
-one per rank); a caller waiting alone receives its reply itself (the
+one per rank); a caller of one rank waiting alone receives its reply itself (the
 :class:`Receiver`: the reply reaches its caller without waking the receive
 loop first).
 """
@@ -210,8 +210,8 @@ class CallIssuer:
 
     def register(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
                  deadline: float | None = None, waiter: Any = None) -> PendingRequest:
-        """One call's entry in the request map, woken through ``waiter`` (default: an
-        ``anyio.Event`` made when the caller first has to wait, see :func:`waiter_of`);
+        """One call's entry in the request map, woken through ``waiter`` (default: the
+        one-task waiter made when the caller first has to wait, see :func:`waiter_of`);
         whoever registers releases it on every path out."""
         if self.closed:
             raise ClientClosed("client is closed")

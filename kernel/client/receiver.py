@@ -11,14 +11,15 @@ without it) and hands each event on, without awaiting in between:
   flight to that call's ``on_progress`` callbacks;
 * a drop (counted by reason) and a disconnection (to the liveness monitor).
 
-**Whose turn it is to receive.** A caller that waits for its decision
-(:meth:`ClientReceiver.wait`) while no one receives and no other request is in
-flight receives itself, handing on every event as the loop would, until its own
+**Whose turn it is to receive.** A caller of one rank that waits for its
+decision (:meth:`ClientReceiver.wait`) while no one receives and no other
+request is in flight receives itself, handing on every event as the loop would, until its own
 request is decided: the reply reaches its caller without waking the loop
 first, and a sequential caller keeps the turn from one call to the next. The
 loop parks meanwhile and is woken when the caller is done (off the reply's
 path), to receive again unless the caller's next call took the turn first.
-Callers that wait while someone receives wait on their request's waiter. A
+Callers that wait while someone receives, and fan-outs (whose replies come in
+bursts the loop hands on at once), wait on their request's waiter. A
 decision that does not come from the receiving caller's own events (its
 deadline, a lost rank, close) ends its receive by cancelling it, which takes
 nothing off the transport.
@@ -125,8 +126,8 @@ class ClientReceiver:
 
     def wait(self, entry: PendingRequest) -> Awaitable[Any]:
         """Await the result to wait until ``entry`` is decided (its waiter set). A
-        caller whose request is the only one in flight, while the loop does not
-        receive, receives itself, for everyone, until its own request is decided:
+        caller whose request (to one rank) is the only one in flight, while the loop
+        does not receive, receives itself, for everyone, until its own request is decided:
         its reply reaches it without a wake-up of the loop in between. Others wait
         on their waiters. Cancelling the caller loses nothing: a cancelled receive
         took nothing off the transport."""

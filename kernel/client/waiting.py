@@ -3,7 +3,7 @@
 * :func:`waiter_of`: a request's waiter is made only when its caller has to
   wait for someone else to decide it: a caller that receives its own reply, or
   whose request was decided before it waited, makes none. It is the client's
-  per-backend :mod:`~ctlwire.transports.task_waits` (one task waits); a
+  per-backend one-task waiter (:mod:`~ctlwire.transports.task_waits`); a
   request several callers wait for (watching mode) is registered with an
   ``anyio.Event`` instead.
 * :class:`Receiver`: where a call waits (the client's
