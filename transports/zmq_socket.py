@@ -283,7 +283,10 @@ class AsyncZmqSocket:
         finally:
             if self._watch is not None or self._events[_POLLIN] is not None or (
                     self._events[_POLLOUT] is not None):  # (a superset of its test)
-                self._after_send()
+                if self._batch:
+                    self._recheck_owed = True
+                else:
+                    self._after_send()
 
     def _after_send(self) -> None:
         """A send may have taken the fd's edge that would wake the others: re-check
