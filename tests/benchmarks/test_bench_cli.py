@@ -233,3 +233,16 @@ def test_idle_cpu_reports_cpu_and_detection_at_each_size(tmp_path: Path) -> None
     # 4 processes of 63-64 ranks and 2 of 1: 6 messages a beat for 256 heartbeats
     assert shared["heartbeats_per_message"] > 20
     assert per_rank["heartbeats_per_message"] < 1.5
+
+
+@pytest.mark.parametrize("ranks, processes", [(8, 5), (64, 5), (256, 5), (1024, 17)])
+def test_scale_hosts_at_most_64_ranks_a_process_and_the_last_rank_alone(
+        ranks: int, processes: int) -> None:
+    procs = scale.layout(ranks)
+    assert len(procs) == processes
+    assert sum(count for _, count in procs) == ranks
+    assert [first for first, _ in procs] == sorted({first for first, _ in procs})
+    assert max(count for _, count in procs) <= scale.RANKS_PER_PROCESS
+    assert procs[-1] == (ranks - 1, 1)
+    assert 1024 in scale.SCALE_RANKS and 1024 not in scale.SCALE_RANKS_QUICK
+    assert (1024, True) in idle_cpu.POINTS and idle_cpu.CPU_TARGETS[1024] == 5.0
