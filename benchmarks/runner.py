@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from . import (
+    cpu_per_call,
     engine_calls,
     fanout_profile,
     idle_cpu,
@@ -58,7 +59,7 @@ __all__ = ["GROUPS", "run_bench"]
 
 GROUPS = ("latency", "floor", "throughput", "fanout", *fanout_profile.GROUPS, "trio", "live",
           "memory", "state_table", *scale.GROUPS, *idle_cpu.GROUPS, *weight_sync.GROUPS,
-          *poll_status.GROUPS, *engine_calls.GROUPS)
+          *poll_status.GROUPS, *engine_calls.GROUPS, *cpu_per_call.GROUPS)
 FAN_ENGINES = 8
 _BASE1 = ("raw pyzmq ROUTER read with the FD technique on anyio, dict of reply slots "
           "(vLLM utility-call pattern)")
@@ -265,6 +266,8 @@ def run_bench(*, quick: bool = False, only: Sequence[str] | None = None,
             pool.start("ctl1")
             step("memory", lambda: _memory_rows(scenarios.memory(pool.address("ctl1"), p)))
         pool.stop("ctl1")
+        if "cpu" in selected:
+            step("cpu", lambda: cpu_per_call.run_group(pool, p))
         scale.run_groups(pool, selected, p, step)
         if "idle_cpu" in selected:
             step("idle_cpu", lambda: idle_cpu.run_group(pool, p))

@@ -45,6 +45,8 @@ EXPECTED_ROWS = [
     ("engine_calls", "engine Python calls per plain request (one poll(), one request)"),
     ("engine_calls", "engine Python calls per plain request (one poll(), a burst of"),
     ("engine_calls", "idle poll() vs a bare non-blocking receive attempt"),
+    ("cpu", "client CPU per call, 64 concurrent callers, 1 engine, asyncio"),
+    ("cpu", "engine CPU per call, queueing fan-out to 8 engines, per rank, trio"),
 ]
 
 
