@@ -63,6 +63,7 @@ class _ZmqClientBase:
         self._closed = False
         self._opened = False
         self._bound_ipc: list[tuple[str, bool]] = []  # (address, in a private dir we made)
+        self._private_dirs: list[weakref.finalize[Any, Any]] = []  # run on close, else on GC
         self.counters: dict[str, int] = {"sent": 0, "received": 0, "unknown_peer": 0}
         #: rank -> the unsupported protocol version its engine announced (see _versioned)
         self._refused_versions: dict[int, int] = {}
@@ -146,12 +147,15 @@ class _ZmqClientBase:
         self._context.close()
         for address, private in self._bound_ipc:
             remove_ipc_file(address, private_dir=private)
+        for remove in self._private_dirs:  # at most once: a closed transport's GC runs none
+            remove()
 
     def _private_address(self, name: str) -> str:
         """A fresh ipc address in a private directory, removed when this transport
         closes, or when it is garbage-collected without ever being opened."""
         address = private_ipc_address(name)
-        weakref.finalize(self, remove_ipc_file, address, private_dir=True)
+        self._private_dirs.append(weakref.finalize(self, remove_ipc_file, address,
+                                                   private_dir=True))
         return address
 
     def _bind(self, raw: zmq.Socket[bytes], address: str, private: bool = False) -> str:

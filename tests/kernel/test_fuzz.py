@@ -26,6 +26,7 @@ least 10,000 per run, checked by the last test).
 
 from __future__ import annotations
 
+import gc
 import random
 import sys
 import time
@@ -95,15 +96,19 @@ def nested(name: str, depth: int, style: str) -> bytes:
 def default_recursion_limit() -> Iterator[None]:
     """Hypothesis raises the recursion limit while it runs a test; put back
     CPython's default (1000, or what this stack needs plus room) so that values
-    nested near msgspec's real limit are generated and checked."""
+    nested near msgspec's real limit are generated and checked. The collector
+    is off meanwhile: a finalizer of an earlier test's garbage would otherwise
+    run at this depth and be reported as an unraisable RecursionError."""
     old = sys.getrecursionlimit()
     frame, depth = sys._getframe(), 0
     while frame is not None:
         frame, depth = frame.f_back, depth + 1
     sys.setrecursionlimit(max(1000, depth + 250))
+    gc.disable()
     try:
         yield
     finally:
+        gc.enable()
         sys.setrecursionlimit(old)
 
 

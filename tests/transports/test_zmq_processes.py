@@ -28,7 +28,7 @@ from ctlwire.transports.curve import (
 from ctlwire.transports.envelope import Heartbeat, Reply, Request
 from ctlwire.transports.errors import PickleRefused
 from ctlwire.transports.zmq_client import ZmqDealerClientTransport, ZmqRouterClientTransport
-from ctlwire.transports.zmq_config import beacon_address_for
+from ctlwire.transports.zmq_config import beacon_address_for, remove_ipc_file
 from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -272,6 +272,34 @@ async def test_ipc_socket_file_is_owner_only_and_removed(tmp_path: Path) -> None
     async with default:
         path = Path(default.address[len("ipc://"):])
         assert (path.parent.stat().st_mode & 0o777) == 0o700
+
+    assert not path.exists() and not path.parent.exists()
+
+
+async def test_closed_transport_cleans_up_once_and_leaves_nothing_to_its_collection(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its private ipc directory goes on close; collecting it later runs no
+    finalizer (which could otherwise fire at any stack depth, in any test)."""
+    import gc
+
+    import ctlwire.transports.zmq_client_base as base
+
+    calls: list[str] = []
+
+    def counted(address: str, *, private_dir: bool = False) -> None:
+        calls.append(address)
+        remove_ipc_file(address, private_dir=private_dir)
+
+    monkeypatch.setattr(base, "remove_ipc_file", counted)
+    transport = ZmqRouterClientTransport()
+    async with transport:
+        path = Path(transport.address[len("ipc://"):])
+    assert not path.parent.exists()
+    after_close = len(calls)
+    assert after_close >= 1
+    del transport
+    gc.collect()
+    assert len(calls) == after_close
 
 
 def test_free_tcp_address_leaves_the_beacon_port_free_too() -> None:
