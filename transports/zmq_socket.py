@@ -190,12 +190,16 @@ class AsyncZmqSocket:
         """Up to ``limit`` queued messages, in order (empty if none is queued): what
         :meth:`recv_multipart_nowait` returns, called until it returns None, with one
         thread and state check for the batch. Never suspends; raises as it does (a
-        closed socket's ``SocketClosed`` only when no message was taken).
+        closed socket's ``SocketClosed`` only when no message was taken). While
+        User-Ids are tracked (:meth:`track_user_id`) it takes at most one message,
+        so :attr:`last_user_id` is the sender of every message it returns.
         """
         if threading.get_ident() != self._owner:
             self._raise_foreign()
         if self._receiving:
             raise anyio.BusyResourceError("receiving from")
+        if self._meta is not None:
+            limit = min(limit, 1)
         out: list[list[bytes]] = []
         try:
             recv_queued(self._socket, self._meta, limit, out)

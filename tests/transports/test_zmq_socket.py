@@ -734,3 +734,48 @@ async def test_interrupt_wait_ends_a_wait_readable_with_nothing_queued(socks: So
         assert dealer.recv_multipart_nowait() is None
         peer.send_multipart([ident, b"reply"])
         assert await dealer.recv_multipart() == [b"reply"]
+
+
+def test_a_burst_taken_at_once_keeps_each_messages_sender_under_curve(
+        ctx: zmq.Context[zmq.Socket[bytes]], socks: Sockets) -> None:
+    """With User-Ids tracked, every message a receive returns was sent by the key
+    :attr:`last_user_id` names then: a burst from two keys, queued together, is
+    never attributed wholesale to the sender of its last message."""
+    from ctlwire.transports.curve import CurveAuthenticator, CurveServerConfig, generate_keypair
+
+    server, alice, bob = generate_keypair(), generate_keypair(), generate_keypair()
+    auth = CurveAuthenticator(ctx, CurveServerConfig.allowing(
+        server, [alice.public, bob.public], any_rank=True))
+    auth.start()
+    try:
+        router = socks.raw_socket(zmq.ROUTER)
+        CurveServerConfig.allowing(server, any_rank=True).apply(router)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        senders = {}
+        for name, keys in ((b"alice", alice), (b"bob", bob)):
+            dealer = socks.raw_socket(zmq.DEALER)
+            dealer.curve_secretkey, dealer.curve_publickey = keys.secret, keys.public
+            dealer.curve_serverkey = server.public
+            dealer.connect(f"tcp://127.0.0.1:{port}")
+            senders[name] = dealer
+        sock = socks.wrap(router)
+        sock.track_user_id()
+        key_of = {b"alice": alice.public.decode(), b"bob": bob.public.decode()}
+        for i in range(5):
+            for name, dealer in senders.items():
+                dealer.send(name + b"-%d" % i)
+        got: list[bytes] = []
+        deadline = time.monotonic() + GUARD
+        while len(got) < 10:
+            assert time.monotonic() < deadline, got
+            if not router.poll(100):
+                continue
+            if not got:
+                time.sleep(0.3)  # the rest queue behind the first: one burst
+            for msg in sock.recv_many_nowait(16):
+                sender = msg[1].split(b"-")[0]
+                assert sock.last_user_id == key_of[sender], (msg, sock.last_user_id)
+                got.append(msg[1])
+        assert sorted(got) == sorted(n + b"-%d" % i for n in senders for i in range(5))
+    finally:
+        auth.stop()
