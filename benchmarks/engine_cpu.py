@@ -67,9 +67,10 @@ def _load(address: str, n: int, window: int, ready: Any, done: Any, payload: Any
     # wait for the engine's first frame (its hello/heartbeat or a reply): it is connected
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
+    hello = enc.encode(Request(n + 1, 0, "ctlwire.noop", raw))  # an id the load never uses
     while True:
         try:
-            sock.send_multipart([ident, enc.encode(Request(0, 0, "ctlwire.noop", raw))])
+            sock.send_multipart([ident, hello])
             break
         except zmq.ZMQError:
             time.sleep(0.001)
@@ -223,7 +224,14 @@ def measure(variant: str, n: int = 20_000, window: int = 16, payload: Any = None
     # same for every variant; measure the whole engine thread.
     th = threading.Thread(target=engine, daemon=True)
     th.start()
-    done.wait(120)
+    give_up = time.monotonic() + 120
+    while not done.wait(0.2):
+        if not th.is_alive() or time.monotonic() > give_up:  # it died, or hangs
+            stop.set()
+            load.kill()
+            ctx.destroy(linger=0)
+            raise RuntimeError(f"engine_cpu: the {variant!r} engine served the load "
+                               "only in part (its thread ended or stalled)")
     _RTT[0] = rtt.get(timeout=10)
     stop.set()
     th.join(10)
