@@ -288,7 +288,12 @@ class EngineEndpoint:
         if not self._opened:
             self.open()
         live, outbox = self.liveness, self.outbox
-        live.loop_came_round(time.monotonic())
+        # the loop came round (EngineLiveness.loop_came_round, inline): counted, and
+        # an in-band heartbeat sent if one is due
+        live.loops += 1
+        live.last_loop = now = time.monotonic()
+        if now >= live.next_heartbeat and live.polling:
+            live.heartbeat_if_due(now)
         if outbox.queues:
             outbox.flush()
         if max_messages < 1:

@@ -380,3 +380,27 @@ def test_encoded_reply_to_a_full_or_gone_route_is_queued_or_counted() -> None:
     assert ep.outbox_replies == 3  # 3, 6, 9 wait for room (bound 4)
     assert [codec.decode(r).id for r, _ in ep.outbox.queues[b"hostile"]] == [3, 6, 9]
     assert ep.counters["reply_send_failures"] == 3 and ep.counters["replied"] == 4
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["raw-socket", "wrapper"])
+def test_wait_readable_blocks_until_a_message_is_queued_and_raises_once_closed(
+        direct: bool) -> None:
+    """The sync loop's wait: False after ``timeout`` with nothing queued, True at
+    once while a message is queued (it takes nothing); TransportClosed after close."""
+    import time
+
+    pair = _Pair()
+    pair.transport._direct = direct
+    try:
+        started = time.monotonic()
+        assert pair.transport.wait_readable(0.05) is False
+        assert time.monotonic() - started >= 0.04
+        pair.send(_request(pair.codec, 1))
+        assert pair.transport.wait_readable(10.0) is True
+        assert pair.transport.wait_readable(0.0) is True  # still queued: nothing taken
+        assert pair.ep.poll() == 1
+        assert pair.transport.wait_readable(0.0) is False
+    finally:
+        pair.close()
+    with pytest.raises(TransportClosed):
+        pair.transport.wait_readable(0.0)
