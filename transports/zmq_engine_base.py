@@ -3,9 +3,10 @@ has the transports themselves): opening and closing the sockets, the liveness
 beacon, receiving (the next event queued, and whether one is) and sending.
 
 The sync methods (:meth:`~ZmqEngineBase.receive_one`, :meth:`~ZmqEngineBase.readable`,
-:meth:`~ZmqEngineBase.wait_readable`, :meth:`~ZmqEngineBase.send_encoded_nowait`) call the raw sockets directly from
-the thread that opened the transport until its first async receive or send
-(no task can be suspended on the socket before that); after it, every call
+:meth:`~ZmqEngineBase.wait_readable`, :meth:`~ZmqEngineBase.send_encoded_nowait`) call
+the raw sockets directly from the thread that opened the transport until its first
+async receive or send (no task can be suspended on the socket before that); after
+it, every call
 goes through :class:`~ctlwire.transports.zmq_socket.AsyncZmqSocket`.
 """
 
