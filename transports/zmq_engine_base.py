@@ -6,8 +6,7 @@ The sync methods (:meth:`~ZmqEngineBase.receive_one`, :meth:`~ZmqEngineBase.read
 :meth:`~ZmqEngineBase.wait_readable`, :meth:`~ZmqEngineBase.send_encoded_nowait`) call
 the raw sockets directly from the thread that opened the transport until its first
 async receive or send (no task can be suspended on the socket before that); after
-it, every call
-goes through :class:`~ctlwire.transports.zmq_socket.AsyncZmqSocket`.
+it, every call goes through :class:`~ctlwire.transports.zmq_socket.AsyncZmqSocket`.
 """
 
 from __future__ import annotations
