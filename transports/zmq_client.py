@@ -124,7 +124,6 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         super().__init__(codec=codec, options=options, context=context)
         self._connections = (ConnectionBound(max_connections)
                              if max_connections is not None else None)
-        self._private = address is None
         self.address = address or self._private_address("control")
         self.curve = curve
         if curve is not None:
@@ -165,7 +164,7 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         if self.curve is not None and self.curve.binds_ranks:
             self._sock.track_user_id()
         self._monitors.append(SocketMonitor(raw))
-        self.address = self._bind(raw, self.address, self._private)
+        self.address = self._bind(raw, self.address)
         self._probe_hb = self.codec.encode(Heartbeat(-1, 0, 0))
 
     def _start_tasks(self, tg: TaskGroup) -> None:

@@ -62,8 +62,9 @@ class _ZmqClientBase:
         self._tg: TaskGroup | None = None
         self._closed = False
         self._opened = False
-        self._bound_ipc: list[tuple[str, bool]] = []  # (address, in a private dir we made)
-        self._private_dirs: list[weakref.finalize[Any, Any]] = []  # run on close, else on GC
+        self._bound_ipc: list[str] = []  # ipc files bound at an address the user gave
+        #: private ipc address -> its removal (file and directory): on close, else on GC
+        self._private_dirs: dict[str, weakref.finalize[Any, Any]] = {}
         self.counters: dict[str, int] = {"sent": 0, "received": 0, "unknown_peer": 0}
         #: rank -> the unsupported protocol version its engine announced (see _versioned)
         self._refused_versions: dict[int, int] = {}
@@ -145,23 +146,23 @@ class _ZmqClientBase:
         if self._auth is not None:
             self._auth.stop()
         self._context.close()
-        for address, private in self._bound_ipc:
-            remove_ipc_file(address, private_dir=private)
-        for remove in self._private_dirs:  # at most once: a closed transport's GC runs none
+        for address in self._bound_ipc:
+            remove_ipc_file(address)
+        for remove in self._private_dirs.values():  # at most once: its GC then runs none
             remove()
 
     def _private_address(self, name: str) -> str:
         """A fresh ipc address in a private directory, removed when this transport
         closes, or when it is garbage-collected without ever being opened."""
         address = private_ipc_address(name)
-        self._private_dirs.append(weakref.finalize(self, remove_ipc_file, address,
-                                                   private_dir=True))
+        self._private_dirs[address] = weakref.finalize(self, remove_ipc_file, address,
+                                                       private_dir=True)
         return address
 
-    def _bind(self, raw: zmq.Socket[bytes], address: str, private: bool = False) -> str:
+    def _bind(self, raw: zmq.Socket[bytes], address: str) -> str:
         address = bind_socket(raw, address)
-        if address.startswith("ipc://"):
-            self._bound_ipc.append((address, private))
+        if address.startswith("ipc://") and address not in self._private_dirs:
+            self._bound_ipc.append(address)
         return address
 
     @property

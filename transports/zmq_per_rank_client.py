@@ -397,7 +397,6 @@ class ZmqPushPullClientTransport(_PerRankClient):
         super().__init__(request_addresses, codec=codec, options=options, curve=None,
                          context=context, allow_insecure_tcp=allow_insecure_tcp,
                          allow_abstract_ipc=allow_abstract_ipc)
-        self._private_reply = reply_address is None
         self.reply_address = reply_address or self._private_address("replies")
         self._check_address(self.reply_address, bind=True)
         self._pull: AsyncZmqSocket | None = None
@@ -405,7 +404,7 @@ class ZmqPushPullClientTransport(_PerRankClient):
     def _open(self) -> None:
         super()._open()
         raw = self._socket(zmq.PULL)
-        self.reply_address = self._bind(raw, self.reply_address, self._private_reply)
+        self.reply_address = self._bind(raw, self.reply_address)
         self._pull = self._wrap(raw)
 
     def _start_tasks(self, tg: TaskGroup) -> None:
