@@ -288,12 +288,7 @@ class EngineEndpoint:
         if not self._opened:
             self.open()
         live, outbox = self.liveness, self.outbox
-        # the loop came round (EngineLiveness.loop_came_round, inline): counted, and
-        # an in-band heartbeat sent if one is due
-        live.loops += 1
-        live.last_loop = now = time.monotonic()
-        if now >= live.next_heartbeat and live.polling:
-            live.heartbeat_if_due(now)
+        live.loop_came_round(time.monotonic())
         if outbox.queues:
             outbox.flush()
         if max_messages < 1:

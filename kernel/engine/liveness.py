@@ -131,7 +131,7 @@ class EngineLiveness:
         self._failure_log = RateLimitedLog(logging.getLogger("ctlwire.engine"))
         self._routes: dict[int, Route] = {}  # shared_heartbeats: a running request's route
         self._seq = 0
-        self.next_heartbeat = 0.0
+        self._next_heartbeat = 0.0
         self._next_progress_send = 0.0
 
     # -- what is running (read by the beacon's thread) ---------------------------
@@ -207,7 +207,7 @@ class EngineLiveness:
         a poll loop's (:attr:`polling`) in-band heartbeat goes out if due."""
         self.loops += 1
         self.last_loop = now = time.monotonic() if now is None else now
-        if now >= self.next_heartbeat and self.polling:
+        if now >= self._next_heartbeat and self.polling:
             self.heartbeat_if_due(now)
 
     # -- heartbeats ----------------------------------------------------------------
@@ -248,16 +248,16 @@ class EngineLiveness:
         heartbeats."""
         self.use_beacon = False
         self.beacon_active = True
-        self.next_heartbeat = math.inf
+        self._next_heartbeat = math.inf
 
     def heartbeat_if_due(self, now: float) -> None:
         """In-band heartbeats (no beacon): one every interval (``now``: monotonic)."""
         if not self.heartbeat_interval or self.beacon_active:
-            self.next_heartbeat = math.inf  # none due, ever: the beacon sends them
+            self._next_heartbeat = math.inf  # none due, ever: the beacon sends them
             return
-        if now < self.next_heartbeat:
+        if now < self._next_heartbeat:
             return
-        self.next_heartbeat = now + self.heartbeat_interval
+        self._next_heartbeat = now + self.heartbeat_interval
         self.send_heartbeat()
 
     def send_heartbeat(self) -> None:
