@@ -3,10 +3,10 @@ has the transports themselves): opening and closing the sockets, the liveness
 beacon, receiving (the next event queued, and whether one is) and sending.
 
 The sync methods (:meth:`~ZmqEngineBase.receive_one`, :meth:`~ZmqEngineBase.readable`,
-:meth:`~ZmqEngineBase.wait_readable`, :meth:`~ZmqEngineBase.send_encoded_nowait`) call
-the raw sockets directly from the thread that opened the transport until its first
-async receive or send (no task can be suspended on the socket before that); after
-it, every call goes through :class:`~ctlwire.transports.zmq_socket.AsyncZmqSocket`.
+:meth:`~ZmqEngineBase.send_encoded_nowait`) call the raw sockets directly from
+the thread that opened the transport until its first async receive or send
+(no task can be suspended on the socket before that); after it, every call
+goes through :class:`~ctlwire.transports.zmq_socket.AsyncZmqSocket`.
 """
 
 from __future__ import annotations
@@ -137,8 +137,7 @@ class ZmqEngineBase:
 
     def _enable_direct(self) -> None:
         """After ``_setup``: let the sync methods (:meth:`receive_one`,
-        :meth:`readable`, :meth:`wait_readable`, :meth:`send_encoded_nowait`) call the
-        raw sockets directly.
+        :meth:`readable`, :meth:`send_encoded_nowait`) call the raw sockets directly.
 
         The :class:`AsyncZmqSocket` wrapper exists for tasks suspended on the
         socket (the fd-edge state machine: a socket call must re-check readiness
@@ -337,11 +336,6 @@ class ZmqEngineBase:
 
     def wait_readable(self, timeout: float) -> bool:
         """Block this thread up to ``timeout`` s until a message can be received."""
-        if self._direct and not self._closed and threading.get_ident() == self._owner:
-            try:  # the raw socket, as receive_one reads it
-                return bool(_zmq_poll(self._probe, int(timeout * 1000)))
-            except zmq.ZMQError:
-                return False
         sock = self._recv_sock()
         try:
             return sock.poll_readable(timeout)

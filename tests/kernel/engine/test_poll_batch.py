@@ -382,15 +382,12 @@ def test_encoded_reply_to_a_full_or_gone_route_is_queued_or_counted() -> None:
     assert ep.counters["reply_send_failures"] == 3 and ep.counters["replied"] == 4
 
 
-@pytest.mark.parametrize("direct", [True, False], ids=["raw-socket", "wrapper"])
-def test_wait_readable_blocks_until_a_message_is_queued_and_raises_once_closed(
-        direct: bool) -> None:
+def test_wait_readable_blocks_until_a_message_is_queued_and_raises_once_closed() -> None:
     """The sync loop's wait: False after ``timeout`` with nothing queued, True at
     once while a message is queued (it takes nothing); TransportClosed after close."""
     import time
 
     pair = _Pair()
-    pair.transport._direct = direct
     try:
         started = time.monotonic()
         assert pair.transport.wait_readable(0.05) is False
