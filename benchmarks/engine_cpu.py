@@ -144,12 +144,10 @@ def _poll(ctx: zmq.Context[zmq.Socket[bytes]], stop: threading.Event,
     ep.open()
     try:
         # the loop of the bench's engine processes (kernel/app/engine_process.py) and of
-        # EngineEndpoint.run_blocking: poll, then wait (zmq_poll returns at once when
-        # more is queued)
+        # EngineEndpoint.run_blocking: one request a round, the wait being the receive
         while not stop.is_set():
-            ep.poll()
+            ep.poll(1, 0.05)
             _WAITS[0] += 1
-            ep.transport.wait_readable(0.05)
     finally:
         ep.close()
 

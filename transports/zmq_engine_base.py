@@ -82,6 +82,8 @@ class ZmqEngineBase:
         self._raw_send: Callable[..., Any] | None = None
         #: ``zmq_poll``'s argument asking whether the receiving socket has input
         self._probe: list[tuple[zmq.Socket[bytes], int]] = []
+        #: the ``ZMQ_RCVTIMEO`` (ms) last set on it (``receive_one`` with a timeout)
+        self._rcvtimeo = -1
 
     def _bind(self, raw: zmq.Socket[bytes], address: str) -> str:
         address = bind_socket(raw, address)
@@ -153,6 +155,7 @@ class ZmqEngineBase:
         self._raw_recv_sock = recv_raw
         self._raw_send = send_raw.send
         self._probe = [(recv_raw, _POLLIN)]
+        self._rcvtimeo = -1  # a new socket: libzmq's default
         self._direct = True
 
     # -- liveness beacon -----------------------------------------------------------
@@ -282,23 +285,35 @@ class ZmqEngineBase:
             raise TransportClosed("engine transport is closed") from None
         return None if msg is None else self._event(msg)
 
-    def receive_one(self) -> TransportEvent | None:
-        """The next event that can be received now, without blocking (None when
-        none is queued): :meth:`try_receive`, on the raw socket from the owner
+    def receive_one(self, timeout: float = 0.0) -> TransportEvent | None:
+        """The next event, waiting up to ``timeout`` s (millisecond granularity) for
+        one when none is queued; None when none came. :meth:`try_receive` (after
+        :meth:`wait_readable` for a ``timeout``), on the raw socket from the owner
         thread of a sync engine (see :meth:`_enable_direct`).
 
-        Direct path: whether a message is queued is asked first (``zmq_poll`` with
-        no timeout: the socket's ``EVENTS``), so finding none raises nothing; a
+        Direct path: with no ``timeout``, whether a message is queued is asked
+        first (``zmq_poll`` with no timeout: the socket's ``EVENTS``), so finding
+        none raises nothing; with one, the wait is the receive itself (libzmq's
+        ``ZMQ_RCVTIMEO``: a queued message is taken without a system call). A
         one-frame message within the codec's limit is decoded here (the common
         case), any other goes through :meth:`_event`."""
         if not (self._direct and not self._closed and threading.get_ident() == self._owner):
+            if timeout and not self.wait_readable(timeout):
+                return None
             return self.try_receive()
         try:
-            if not _zmq_poll(self._probe, 0):
-                return None
             sock = self._raw_recv_sock
             assert sock is not None
-            frame = sock.recv(_NOBLOCK, copy=False)
+            if timeout:
+                ms = int(timeout * 1000)
+                if ms != self._rcvtimeo:
+                    sock.setsockopt(zmq.RCVTIMEO, ms)
+                    self._rcvtimeo = ms
+                frame = sock.recv(0, copy=False)
+            else:
+                if not _zmq_poll(self._probe, 0):
+                    return None
+                frame = sock.recv(_NOBLOCK, copy=False)
             if frame.more:
                 parts = [frame.bytes]
                 while frame.more:

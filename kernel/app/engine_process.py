@@ -326,13 +326,15 @@ def _run(args: argparse.Namespace, endpoint: EngineEndpoint, transport: EngineTr
         print(f"READY {args.rank} {endpoint.incarnation}", flush=True)
         try:
             while not stop.is_set():
-                worked = step() if step is not None else False
+                if step is None:  # the wait is the receive: one request a round
+                    endpoint.poll(1, 0.05)
+                    continue
+                worked = step()
                 endpoint.poll()
                 if not worked:
                     # zmq_poll is level-triggered: it returns at once if more input
                     # is already queued, so no second (empty) poll() is needed
-                    transport.wait_readable(
-                        endpoint.idle_wait(0.01 if step is not None else 0.05))
+                    transport.wait_readable(endpoint.idle_wait(0.01))
         finally:
             deregister()
             endpoint.close()

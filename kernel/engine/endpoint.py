@@ -120,6 +120,8 @@ Guarantees:
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import threading
 import time
@@ -162,6 +164,23 @@ __all__ = ["STEP_METHOD", "EngineEndpoint", "ErrorCode", "MethodSpec", "new_inca
 #: the longest a poll loop waits for input while replies wait for room
 _OUTBOX_RETRY = 0.005
 
+
+def _receive_within(transport: EngineTransport, timeout: float = 0.0) -> Any:
+    """The next event within ``timeout`` s, or None: ``poll()``'s receive from a
+    transport whose ``receive_one`` (if any) takes no timeout."""
+    if timeout and not transport.wait_readable(timeout):
+        return None
+    receive_one = getattr(transport, "receive_one", None)
+    return receive_one() if receive_one is not None else transport.try_receive()
+
+
+def _receiver(transport: EngineTransport) -> Callable[..., Any]:
+    """``poll()``'s receive: the transport's ``receive_one(timeout)`` where it has
+    one that waits, else :func:`_receive_within` over what it has."""
+    receive_one = getattr(transport, "receive_one", None)
+    if receive_one is not None and "timeout" in inspect.signature(receive_one).parameters:
+        return receive_one  # type: ignore[no-any-return]
+    return functools.partial(_receive_within, transport)
 
 
 class EngineEndpoint:
@@ -220,8 +239,7 @@ class EngineEndpoint:
         self._opened = False
         self._closed = False
         # poll(): the next event that can be received now (None: none)
-        self._take_one: Callable[[], Any] = (getattr(transport, "receive_one", None)
-                                             or transport.try_receive)
+        self._take_one = _receiver(transport)
         # built in, read-only, allow-listed like any method: what metrics() returns
         self.register(ENGINE_METRICS_METHOD, self.metrics, payload_type=None, read_only=True)
         self.method_table.builtin = frozenset(self.method_table.specs)
@@ -272,10 +290,15 @@ class EngineEndpoint:
         self._closed = True
         self.transport.close()
 
-    def poll(self, max_messages: int = 64) -> int:
-        """Handle up to ``max_messages`` ready requests without blocking; send a
-        heartbeat if one is due. Returns how many requests were handled.
-        Sync handlers only (an async handler gets an error reply).
+    def poll(self, max_messages: int = 64, timeout: float = 0.0) -> int:
+        """Handle up to ``max_messages`` ready requests; send a heartbeat if one is
+        due. Returns how many requests were handled. Sync handlers only (an
+        async handler gets an error reply).
+
+        With no ``timeout`` it never blocks. With one, when nothing is ready it
+        waits up to ``timeout`` seconds (at most 5 ms while replies wait in the
+        outbox) for the first event: a loop's wait and receive in one call (on
+        a sync engine's own socket, one blocking receive).
 
         Each event is handled (its reply sent) before the next is received, so
         a lone request's reply is not delayed by asking for another. The first
@@ -291,6 +314,8 @@ class EngineEndpoint:
         live.loop_came_round(time.monotonic())
         if outbox.queues:
             outbox.flush()
+            if outbox.queues and timeout > _OUTBOX_RETRY:
+                timeout = _OUTBOX_RETRY
         if max_messages < 1:
             return 0
         take, core, run = self._take_one, self.core, self.runner.run_sync
@@ -298,9 +323,9 @@ class EngineEndpoint:
         while taken < max_messages:
             # a receive that finds nothing returns None (the transport asks the
             # socket's EVENTS first): it raises nothing, so it is also the check for
-            # a second event after a lone request
+            # a second event after a lone request; only the first may wait
             try:
-                event = take()
+                event = take(timeout) if timeout and not taken else take()
             except TransportClosed:
                 if not taken:
                     return 0
@@ -308,6 +333,8 @@ class EngineEndpoint:
             except Exception:  # never let the transport end the loop: the next poll() asks again
                 self._internal_error("receiving")
                 if not taken:
+                    if timeout:  # not at once: the wait asked for, as if nothing came
+                        self._wait_quietly(timeout)
                     return 0
                 break
             if event is None:
@@ -340,6 +367,13 @@ class EngineEndpoint:
             outbox.flush()
         return handled
 
+    def _wait_quietly(self, timeout: float) -> None:
+        """Block up to ``timeout`` s for input, whatever the transport raises."""
+        try:
+            self.transport.wait_readable(timeout)
+        except Exception:  # it cannot wait either: not a busy loop
+            time.sleep(timeout)
+
     def _internal_error(self, doing: str) -> None:
         """An unexpected exception while ``doing``: counted and logged (rate-limited)."""
         self.core.counters["internal_errors"] += 1
@@ -362,12 +396,11 @@ class EngineEndpoint:
         self.open()
         try:
             while stop is None or not stop.is_set():
-                if step is not None:
-                    step()
+                if step is None:  # the wait is the receive: one request a round
+                    self.poll(1, wait)
+                    continue
+                step()
                 self.poll()
-                if step is None:
-                    # returns at once if more input is queued (level-triggered)
-                    self.transport.wait_readable(self.idle_wait(wait))
         finally:
             self.close()
 

@@ -9,8 +9,11 @@ ROUNDS = 5
 
 
 def test_a_plain_request_and_an_idle_poll_cost_a_bounded_number_of_python_calls() -> None:
-    request, burst, idle = count_poll(ROUNDS)
+    loop_round, request, burst, idle = count_poll(ROUNDS)
     own = 2  # the counter's own frames (__exit__, stop), once per counted poll()
+    # the loop's round, poll(1, timeout): as one poll() below without the second
+    # receive_one (its wait is the receive; it asks for no other)
+    assert loop_round.py_calls <= ROUNDS * (13 + own), loop_round.by_function
     # one poll(), one request: poll, loop_came_round, receive_one x2 (the second finds
     # nothing), arrive, seen, _check, run_sync, liveness.call, the handler, result,
     # outbox.send, send_encoded_nowait, pyzmq's Socket.send
@@ -21,7 +24,8 @@ def test_a_plain_request_and_an_idle_poll_cost_a_bounded_number_of_python_calls(
     # (a receive that finds nothing asks EVENTS instead of raising zmq.Again)
     assert idle.py_calls <= ROUNDS * (3 + own), idle.by_function
     assert not any("zmq/error.py" in name or "enum.py" in name
-                   for counts in (request, burst, idle) for name in counts.by_function), (
+                   for counts in (loop_round, request, burst, idle)
+                   for name in counts.by_function), (
         request.by_function, idle.by_function)
 
 
