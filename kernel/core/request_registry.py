@@ -92,13 +92,21 @@ class _Tomb:
     """What is left of a cleaned request: the ranks it addressed and those that answered.
 
     ``answered`` only ever holds ranks of ``ranks``, so a tombstone's size is
-    bounded by its request's fan-out whatever replies arrive later."""
+    bounded by its request's fan-out whatever replies arrive later. A request
+    every rank answered leaves no set of its own (made on first use)."""
 
-    __slots__ = ("answered", "ranks")
+    __slots__ = ("_answered", "ranks")
 
-    def __init__(self, ranks: tuple[int, ...], answered: set[int]) -> None:
+    def __init__(self, ranks: tuple[int, ...], answered: set[int] | None) -> None:
         self.ranks = ranks
-        self.answered = answered
+        self._answered = answered  # None: every rank of ``ranks`` answered
+
+    @property
+    def answered(self) -> set[int]:
+        answered = self._answered
+        if answered is None:
+            answered = self._answered = set(self.ranks)
+        return answered
 
 
 class PendingRequest:
@@ -395,8 +403,13 @@ class RequestRegistry:
         entry.answered += 1
         if reply.ok:
             entry.ok += 1
-        if entry.policy is Policy.ALL and entry.answered + len(entry.errors) < len(entry.ranks):
-            return ReplyDisposition.ACCEPTED, entry  # (what _decide says: others to wait for)
+        if entry.policy is Policy.ALL:
+            # what _decide says for ALL (an entry that got a reply is past Registered):
+            # others to wait for, else complete (this rank answered)
+            if entry.answered + len(entry.errors) < len(entry.ranks):
+                return ReplyDisposition.ACCEPTED, entry
+            self._go(entry, _E.COMPLETE)
+            return ReplyDisposition.COMPLETED, entry
         if self._decide(entry):
             return ReplyDisposition.COMPLETED, entry
         return ReplyDisposition.ACCEPTED, entry
@@ -468,9 +481,12 @@ class RequestRegistry:
                 del by_rank[rank]
         if self.max_tombstones:
             tombs = self._tombstones
-            answered = set(entry.replies)
-            if entry.late_ranks:
-                answered |= entry.late_ranks
+            replies = entry.replies
+            answered: set[int] | None = None  # every rank answered (late ones are of them)
+            if len(replies) < len(entry.ranks):
+                answered = set(replies)
+                if entry.late_ranks:
+                    answered |= entry.late_ranks
             tombs[rid] = _Tomb(entry.ranks, answered)
             if len(tombs) > self.max_tombstones:
                 tombs.popitem(last=False)
