@@ -7,12 +7,12 @@ message or none.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, cast
 
 import zmq
 
-__all__ = ["Frames", "frames_size", "recv_frames", "recv_queued", "send_frames",
+__all__ = ["Frames", "frames_size", "recv_frames", "recv_queued", "recv_routed", "send_frames",
            "socket_type_name"]
 
 Frames = Sequence[bytes | bytearray | memoryview | zmq.Frame]
@@ -44,9 +44,30 @@ def recv_frames(socket: zmq.Socket[bytes], meta: list[str | None] | None = None
     return parts
 
 
+def recv_routed(socket: zmq.Socket[bytes], meta: list[str | None] | None = None
+                ) -> list[bytes]:
+    """:func:`recv_frames` for a ``ROUTER`` socket: the same parts, the routing id
+    received as ``bytes`` directly (no frame object: libzmq always follows it with
+    the message's parts, at least one)."""
+    routing_id = socket.recv(_NOBLOCK)
+    frame = socket.recv(_NOBLOCK, copy=False)
+    parts = [routing_id, frame.bytes]
+    while frame.more:
+        frame = socket.recv(_NOBLOCK, copy=False)
+        parts.append(frame.bytes)
+    if meta is not None:
+        try:
+            meta[0] = str(frame.get("User-Id"))
+        except zmq.ZMQError:
+            meta[0] = None
+    return parts
+
+
 def recv_queued(socket: zmq.Socket[bytes], meta: list[str | None] | None, limit: int,
-                out: list[list[bytes]]) -> None:
-    """Append the queued messages (as :func:`recv_frames` returns them) to ``out``
+                out: list[list[bytes]], recv: Callable[..., list[bytes]] = recv_frames
+                ) -> None:
+    """Append the queued messages (as ``recv``, :func:`recv_frames` or
+    :func:`recv_routed`, returns them) to ``out``
     until none is queued or ``out`` holds ``limit``. ``EVENTS`` is read once, first;
     then messages are received until libzmq says ``EAGAIN`` (one exception for the
     burst costs less than an ``EVENTS`` read per message)."""
@@ -54,7 +75,7 @@ def recv_queued(socket: zmq.Socket[bytes], meta: list[str | None] | None, limit:
         return
     try:
         while len(out) < limit:
-            out.append(recv_frames(socket, meta))
+            out.append(recv(socket, meta))
     except zmq.Again:
         pass
 
