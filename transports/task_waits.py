@@ -130,16 +130,15 @@ def _trio_factory() -> Callable[[], TaskWaiter]:
             self._task = None
             return Abort.SUCCEEDED
 
-        async def _park(self) -> None:
+        def wait(self) -> Awaitable[Any]:
+            # the calling task parks when it awaits the result, at once (nothing
+            # suspends between this call and that await)
             if self._is_set:
-                return
+                return _SET
             if self._task is not None:
                 raise RuntimeError("another task is already waiting on this waiter")
             self._task = current_task()
-            await wait_task_rescheduled(self._abort)
-
-        def wait(self) -> Awaitable[Any]:
-            return self._park()
+            return wait_task_rescheduled(self._abort)
 
     return _TrioWaiter
 

@@ -347,18 +347,32 @@ class CallIssuer:
         Expires the request only when its own deadline has passed; a watcher
         with an earlier personal deadline just stops waiting.
         """
+        wait = self.outcome_wait(entry, deadline)
+        if wait is not None:
+            await wait
+
+    def outcome_wait(self, entry: PendingRequest, deadline: float) -> Awaitable[Any] | None:
+        """:meth:`wait_outcome` as what to await at once (None: ``entry`` is decided
+        already, nothing to wait for): a caller awaits its waiter directly, without a
+        coroutine in between, when the request's own deadline ends the wait."""
         if not (self.registry.mark_awaiting(entry) or entry.is_open):
-            return  # decided already: a reply beat the wait, or every send failed
-        entry_deadline = entry.deadline if entry.deadline is not None else float("inf")
+            return None  # decided already: a reply beat the wait, or every send failed
+        entry_deadline = entry.deadline if entry.deadline is not None else math.inf
         reaper = self.reaper
-        receiver = self.receiver
         if deadline >= entry_deadline and reaper.scope is not None:
             # the request's own deadline ends this wait: the reaper expires it and
             # wakes us (no cancel scope and no timer per call)
             reaper.arm(entry, entry_deadline)
-            await (waiter_of(entry, self.new_waiter).wait() if receiver is None
-                   else receiver.wait(entry))
-            return
+            receiver = self.receiver
+            return (waiter_of(entry, self.new_waiter).wait() if receiver is None
+                    else receiver.wait(entry))
+        return self._wait_bounded(entry, deadline, entry_deadline)
+
+    async def _wait_bounded(self, entry: PendingRequest, deadline: float,
+                            entry_deadline: float) -> None:
+        """The wait of :meth:`outcome_wait` in a cancel scope ending at ``deadline`` (the
+        caller's is earlier than the request's, or the reaper is not running)."""
+        receiver = self.receiver
         with anyio.CancelScope(deadline=deadline):
             await (waiter_of(entry, self.new_waiter).wait() if receiver is None
                    else receiver.wait(entry))
@@ -389,7 +403,9 @@ class CallIssuer:
             self.progress_callbacks.by_id[entry.id] = on_progress
         try:
             await self.send_all(entry, raw, key, fence)
-            await self.wait_outcome(entry, deadline)
+            wait = self.outcome_wait(entry, deadline)
+            if wait is not None:
+                await wait
             return self.outcomes.single_outcome(entry, rank, result_type)
         finally:
             if on_progress is not None:

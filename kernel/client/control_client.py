@@ -361,7 +361,8 @@ class ControlClient:
             rank = self.ranks[0]
         elif rank not in self.roster.rank_set:
             self.roster.check(rank)  # a removed rank passes; an unknown one raises
-        budget = self.timeout_for(method, timeout)
+        budget = (self.method_timeouts.get(method, self.default_timeout) if timeout is None
+                  else checked_timeout(timeout))  # timeout_for()
         issuer = self.issuer
         raw = issuer.encode_payload(payload, method)
         key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
