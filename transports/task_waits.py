@@ -67,13 +67,15 @@ class FdWatch(Protocol):
 
 
 class _FutureWaiter:
-    """asyncio: one future of the running loop, replaced if a wait was cancelled."""
+    """asyncio: one future of the running loop (an ``asyncio.Future`` bound to it:
+    what the default loop's ``create_future()`` makes, without that call), replaced
+    if a wait was cancelled."""
 
     __slots__ = ("_future", "_is_set", "_loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._future = loop.create_future()
+        self._future: asyncio.Future[None] = asyncio.Future(loop=loop)
         self._is_set = False
 
     def set(self) -> None:
@@ -88,7 +90,7 @@ class _FutureWaiter:
             if self._is_set:
                 return _SET
             # a cancelled wait took the future with it: park on a fresh one
-            future = self._future = self._loop.create_future()
+            future = self._future = asyncio.Future(loop=self._loop)
         return future
 
 
