@@ -12,8 +12,8 @@ from typing import Final, cast
 
 import zmq
 
-__all__ = ["Frames", "frames_size", "recv_frames", "recv_queued", "recv_routed", "send_frames",
-           "socket_type_name"]
+__all__ = ["Frames", "frames_size", "receiver_for", "recv_frames", "recv_queued", "recv_routed",
+           "send_frames", "socket_type_name"]
 
 Frames = Sequence[bytes | bytearray | memoryview | zmq.Frame]
 """A multipart message to send: one buffer per frame."""
@@ -61,6 +61,12 @@ def recv_routed(socket: zmq.Socket[bytes], meta: list[str | None] | None = None
         except zmq.ZMQError:
             meta[0] = None
     return parts
+
+
+def receiver_for(socket: zmq.Socket[bytes]) -> Callable[..., list[bytes]]:
+    """How ``socket`` receives one message: :func:`recv_routed` for a ``ROUTER``
+    (whose messages always start with a routing id), else :func:`recv_frames`."""
+    return recv_routed if socket.get(zmq.TYPE) == zmq.ROUTER else recv_frames
 
 
 def recv_queued(socket: zmq.Socket[bytes], meta: list[str | None] | None, limit: int,

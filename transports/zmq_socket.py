@@ -37,14 +37,7 @@ import zmq.asyncio
 
 from .errors import ForeignThreadError, SocketClosed
 from .task_waits import FdWatch, fd_watch
-from .zmq_frames import (
-    Frames,
-    recv_frames,
-    recv_queued,
-    recv_routed,
-    send_frames,
-    socket_type_name,
-)
+from .zmq_frames import Frames, receiver_for, recv_queued, send_frames, socket_type_name
 
 __all__ = ["AsyncZmqSocket", "ForeignThreadError", "Frames", "SocketClosed"]
 
@@ -122,8 +115,7 @@ class AsyncZmqSocket:
         self._socket = socket
         self._owner = threading.get_ident()
         self._type_name = socket_type_name(socket)
-        # a ROUTER's messages always start with a routing id: received without a frame object
-        self._recv = recv_routed if socket.get(zmq.TYPE) == zmq.ROUTER else recv_frames
+        self._recv = receiver_for(socket)  # how one message is received
         fd = socket.get(zmq.FD)
         assert isinstance(fd, int)
         self._fd = fd
@@ -294,18 +286,16 @@ class AsyncZmqSocket:
         except zmq.ZMQError as exc:
             raise self._closed_error(exc) from None
         finally:
-            events = self._events  # _after_send(), inline
-            if events[_POLLIN] is not None or events[_POLLOUT] is not None or (
-                    self._watch_flag and self._watch is not None):
+            if self._events[_POLLIN] is not None or self._events[_POLLOUT] is not None or (
+                    self._watch_flag and self._watch is not None):  # _after_send(), inline
                 if self._batch:
                     self._recheck_owed = True
                 elif not (self._closed or socket.closed):
                     self._after_call()
 
     def _after_send(self) -> None:
-        """A send may have taken the fd's edge that would wake the others: re-check
-        for them now, or at the end of the batched_sends() block (only for a waiter
-        not woken yet: a woken one re-checks when it resumes)."""
+        """A send may have taken the fd's edge that would wake the others: re-check for them
+        now, or at the end of the batched_sends() block (a woken one re-checks itself)."""
         if self._events[_POLLIN] is not None or self._events[_POLLOUT] is not None or (
                 self._watch_flag and self._watch is not None):
             if self._batch:

@@ -132,6 +132,8 @@ class CallIssuer:
         self.closed = False
         #: the clock of anyio's cancel-scope deadlines
         self.now: Callable[[], float] = anyio.current_time
+        #: the clock of the deadlines the envelopes carry
+        self.wall_clock: Callable[[], float] = time.time
         #: decodes and types each holder's outcome
         self.outcomes = CallOutcomes(transport.codec, lambda: self.closed)
         #: the ``on_progress`` callbacks of the calls in flight
@@ -274,7 +276,9 @@ class CallIssuer:
             if entry.timeout and entry.deadline is not None:
                 remaining = entry.deadline - self.now()
                 if math.isfinite(remaining):
-                    wall_deadline = time.time() + remaining
+                    wall_deadline = self.wall_clock() + remaining
+        elif wall_deadline == math.inf:
+            wall_deadline = NO_DEADLINE
         incarnation = self._incarnation
         trace = self.trace_provider() if self.trace_provider is not None else None
         rid = entry.id
@@ -409,8 +413,8 @@ class CallIssuer:
         """One attempt of ``ControlClient.call``: a fan-out to the one ``rank``
         (:meth:`send_all`'s steps, its checkpoint first: a caller cancelled before
         it leaves no entry), its outcome returned or raised as that rank's.
-        ``wall_deadline``: ``deadline`` on the wall clock, for the envelope (None:
-        read from the clocks when sending)."""
+        ``wall_deadline``: ``deadline`` on :attr:`wall_clock`, for the envelope (None:
+        read from the clocks when sending; infinite: none)."""
         await self._checkpoint_if_cancelled()
         if self.closed:
             raise ClientClosed("client is closed")

@@ -54,8 +54,6 @@ request map), the receive loop and the liveness monitor.
 from __future__ import annotations
 
 import itertools
-import math
-import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal
@@ -85,7 +83,6 @@ from ctlwire.kernel.errors import (
 )
 from ctlwire.kernel.liveness_monitor import LivenessMonitor
 from ctlwire.kernel.tracing import TraceProvider
-from ctlwire.transports.envelope import NO_DEADLINE
 from ctlwire.transports.transport import ClientTransport
 
 __all__ = ["ControlClient", "ResultTypeError"]
@@ -366,16 +363,13 @@ class ControlClient:
             self.roster.check(rank)  # a removed rank passes; an unknown one raises
         budget = (self.method_timeouts.get(method, self.default_timeout) if timeout is None
                   else checked_timeout(timeout))  # timeout_for()
-        issuer = self.issuer
-        raw = issuer.encode_payload(payload, method)
+        raw = self.issuer.encode_payload(payload, method)
         key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
-        deadline = issuer.now() + budget
-        # the same deadline on the wall clock, for the envelopes (read once, like deadline)
-        wall_deadline = time.time() + budget if budget != math.inf else NO_DEADLINE
+        deadline, wall_deadline = self.issuer.now() + budget, self.issuer.wall_clock() + budget
         while True:
             try:
-                return await issuer.call(method, raw, rank, budget, deadline, result_type,
-                                         key, fence, on_progress, wall_deadline)
+                return await self.issuer.call(method, raw, rank, budget, deadline, result_type,
+                                              key, fence, on_progress, wall_deadline)
             except (EngineDead, RemoteError) as exc:
                 if retry <= 0 or not self.retry_policy.retryable(exc, method, key):
                     raise

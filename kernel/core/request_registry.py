@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 from ctlwire.kernel.core.fan_out_policy import Decision, Policy, decide
 from ctlwire.kernel.core.request_id import RequestIdAllocator
+from ctlwire.kernel.core.tombstone import Tomb
 from ctlwire.kernel.errors import NotDelivered
 from ctlwire.states import CONTROL_REQUEST_TABLE, RequestEvent, RequestState
 from ctlwire.transports.envelope import Reply
@@ -86,27 +87,6 @@ class ReplyDisposition(Enum):
     DUPLICATE = "duplicate"        # this rank had already answered this request
     UNKNOWN = "unknown"            # the id was never issued by this registry
     STRAY = "stray"                # the request was not addressed to this rank
-
-
-class _Tomb:
-    """What is left of a cleaned request: the ranks it addressed and those that answered.
-
-    ``answered`` only ever holds ranks of ``ranks``, so a tombstone's size is
-    bounded by its request's fan-out whatever replies arrive later. A request
-    every rank answered leaves no set of its own (made on first use)."""
-
-    __slots__ = ("_answered", "ranks")
-
-    def __init__(self, ranks: tuple[int, ...], answered: set[int] | None) -> None:
-        self.ranks = ranks
-        self._answered = answered  # None: every rank of ``ranks`` answered
-
-    @property
-    def answered(self) -> set[int]:
-        answered = self._answered
-        if answered is None:
-            answered = self._answered = set(self.ranks)
-        return answered
 
 
 class PendingRequest:
@@ -207,7 +187,7 @@ class RequestRegistry:
         self._ids = RequestIdAllocator(incarnation)
         self._live: dict[int, PendingRequest] = {}
         self._by_rank: dict[int, dict[int, PendingRequest]] = {}
-        self._tombstones: OrderedDict[int, _Tomb] = OrderedDict()
+        self._tombstones: OrderedDict[int, Tomb] = OrderedDict()
         self.max_tombstones = max_tombstones
         self.observers: list[TransitionObserver] = [observer] if observer else []
         self._apply = CONTROL_REQUEST_TABLE.apply
@@ -487,7 +467,7 @@ class RequestRegistry:
                 answered = set(replies)
                 if entry.late_ranks:
                     answered |= entry.late_ranks
-            tombs[rid] = _Tomb(entry.ranks, answered)
+            tombs[rid] = Tomb(entry.ranks, answered)
             if len(tombs) > self.max_tombstones:
                 tombs.popitem(last=False)
         entry.waiter = None
