@@ -72,9 +72,9 @@ def receiver_for(socket: zmq.Socket[bytes]) -> Callable[..., list[bytes]]:
 def recv_queued(socket: zmq.Socket[bytes], meta: list[str | None] | None, limit: int,
                 out: list[list[bytes]], recv: Callable[..., list[bytes]] = recv_frames
                 ) -> None:
-    """Append the queued messages (as ``recv``, :func:`recv_frames` or
-    :func:`recv_routed`, returns them) to ``out``
-    until none is queued or ``out`` holds ``limit``. ``EVENTS`` is read once, first;
+    """Append the queued messages (as ``recv`` returns them: :func:`recv_frames`, or
+    :func:`recv_routed` for a ``ROUTER``) to ``out`` until none is queued or ``out``
+    holds ``limit``. ``EVENTS`` is read once, first;
     then messages are received until libzmq says ``EAGAIN`` (one exception for the
     burst costs less than an ``EVENTS`` read per message)."""
     if len(out) >= limit or not socket.get(_EVENTS) & _POLLIN:  # type: ignore[operator]
