@@ -17,7 +17,9 @@ less than latency:
 ``--backend asyncio trio`` runs each kind on both backends, one after the other
 (the raw client runs on the same backend). ``--profile
 seq|conc|fanout|burst`` prints a cProfile (thread CPU time) of the ctlwire
-client instead.
+client instead. ``--count`` counts instead of timing (``seq`` and ``conc``, exact
+and load-independent, :mod:`.call_counter`): Python calls, C calls and task steps
+per call of each client, and the functions the ctlwire client calls most per call.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
 from .baseline_pyzmq import PyzmqUtilityClient
+from .call_counter import CallCounter, Counts
 from .fleets import FleetPool
 from .scenarios import PAYLOAD
 
@@ -44,9 +47,14 @@ __all__ = ["main"]
 BURST = 400
 
 
+#: what ``--count`` stores: the counts of the last ``_cpu`` run made with ``count=True``
+_COUNTED: list[Counts] = []
+
+
 async def _cpu(n: int, callers: int, one: Callable[[], Awaitable[Any]],
-               prof: cProfile.Profile | None = None) -> float:
-    """µs of this thread's CPU per operation, ``n`` operations by ``callers`` tasks."""
+               prof: cProfile.Profile | None = None, count: bool = False) -> float:
+    """µs of this thread's CPU per operation, ``n`` operations by ``callers`` tasks
+    (``count``: counted, the counts kept in ``_COUNTED``; the time is then meaningless)."""
     per = n // callers
 
     async def worker() -> None:
@@ -55,18 +63,24 @@ async def _cpu(n: int, callers: int, one: Callable[[], Awaitable[Any]],
 
     if prof is not None:
         prof.enable()
+    counter = CallCounter() if count else None
+    if counter is not None:
+        counter.start()
     t0 = time.thread_time()
     async with anyio.create_task_group() as tg:
         for _ in range(callers):
             tg.start_soon(worker)
     cpu = time.thread_time() - t0
+    if counter is not None:
+        _COUNTED.append(counter.stop())
     if prof is not None:
         prof.disable()
     return cpu / (per * callers) * 1e6
 
 
 async def _ctlwire(address: str, ranks: int, kind: str, n: int,
-                   prof: cProfile.Profile | None, burst: int = BURST) -> float:
+                   prof: cProfile.Profile | None, burst: int = BURST,
+                   count: bool = False) -> float:
     async with ControlClient(ZmqRouterClientTransport(address), ranks=ranks,
                              default_timeout=30.0) as ctl:
         await ctl.wait_ready(timeout=30)
@@ -85,17 +99,17 @@ async def _ctlwire(address: str, ranks: int, kind: str, n: int,
         async def call() -> Any:
             return await ctl.call("echo", PAYLOAD, rank=0)
         await _cpu(200, 1, call)
-        return await _cpu(n, 64 if kind == "conc" else 1, call, prof)
+        return await _cpu(n, 64 if kind == "conc" else 1, call, prof, count)
 
 
-async def _raw(address: str, kind: str, n: int) -> float:
+async def _raw(address: str, kind: str, n: int, count: bool = False) -> float:
     async with PyzmqUtilityClient(address) as cli:
         await cli.wait_ready([0])
 
         async def call() -> Any:
             return await cli.call(0, "echo", PAYLOAD)
         await _cpu(200, 1, call)
-        return await _cpu(n, 64 if kind == "conc" else 1, call)
+        return await _cpu(n, 64 if kind == "conc" else 1, call, None, count)
 
 
 def _by_file(stats: pstats.Stats) -> None:
@@ -121,6 +135,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile-out", metavar="PATH", help="also dump the profile's stats")
     parser.add_argument("--burst", type=int, default=BURST,
                         help="fan-outs submitted at once by the burst kind")
+    parser.add_argument("--count", action="store_true",
+                        help="count calls and task steps per call (seq, conc) instead of timing")
+    parser.add_argument("--top", type=int, default=0,
+                        help="with --count: the ctlwire client's N functions called most")
     args = parser.parse_args(argv)
     with FleetPool() as pool:
         pool.ctlwire("one", 1)
@@ -141,6 +159,10 @@ def main(argv: list[str] | None = None) -> None:
             stats.sort_stats("tottime").print_stats(40)
             return
         for kind, backend in ((k, b) for k in args.kinds for b in args.backend):
+            if args.count:
+                if kind in ("seq", "conc"):
+                    _print_counts(pool, kind, backend, args.n, args.top)
+                continue
             if kind in ("fanout", "burst"):
                 us = anyio.run(_ctlwire, pool.address("eight"), 8, kind, args.n // 10, None,
                                args.burst, backend=backend)
@@ -153,6 +175,18 @@ def main(argv: list[str] | None = None) -> None:
             raw = anyio.run(_raw, pool.address("raw"), kind, args.n, backend=backend)
             print(f"{kind:6s}: ctlwire {ours:6.1f} µs client CPU/call, raw pyzmq {raw:6.1f}"
                   f"  ({ours / raw:.2f}x, {backend})")
+
+
+def _print_counts(pool: FleetPool, kind: str, backend: str, n: int, top: int) -> None:
+    _COUNTED.clear()
+    anyio.run(_ctlwire, pool.address("one"), 1, kind, n, None, BURST, True, backend=backend)
+    anyio.run(_raw, pool.address("raw"), kind, n, True, backend=backend)
+    ours, raw = _COUNTED
+    for name, c in (("ctlwire", ours), ("raw pyzmq", raw)):
+        print(f"{kind:6s}: {name:9s} {c.py_calls / n:6.1f} Python calls, {c.c_calls / n:6.1f} "
+              f"C calls, {c.task_steps / n:5.2f} task steps per call ({backend})")
+    for fn, k in ours.by_function.most_common(top):
+        print(f"        {k / n:6.2f}  {fn}")
 
 
 if __name__ == "__main__":

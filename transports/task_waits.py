@@ -67,13 +67,15 @@ class FdWatch(Protocol):
 
 
 class _FutureWaiter:
-    """asyncio: one future of the running loop, replaced if a wait was cancelled."""
+    """asyncio: one future of the running loop (an ``asyncio.Future`` bound to it:
+    what the default loop's ``create_future()`` makes, without that call), replaced
+    if a wait was cancelled."""
 
     __slots__ = ("_future", "_is_set", "_loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._future = loop.create_future()
+        self._future: asyncio.Future[None] = asyncio.Future(loop=loop)
         self._is_set = False
 
     def set(self) -> None:
@@ -88,7 +90,7 @@ class _FutureWaiter:
             if self._is_set:
                 return _SET
             # a cancelled wait took the future with it: park on a fresh one
-            future = self._future = self._loop.create_future()
+            future = self._future = asyncio.Future(loop=self._loop)
         return future
 
 
@@ -130,16 +132,15 @@ def _trio_factory() -> Callable[[], TaskWaiter]:
             self._task = None
             return Abort.SUCCEEDED
 
-        async def _park(self) -> None:
+        def wait(self) -> Awaitable[Any]:
+            # the calling task parks when it awaits the result, at once (nothing
+            # suspends between this call and that await)
             if self._is_set:
-                return
+                return _SET
             if self._task is not None:
                 raise RuntimeError("another task is already waiting on this waiter")
             self._task = current_task()
-            await wait_task_rescheduled(self._abort)
-
-        def wait(self) -> Awaitable[Any]:
-            return self._park()
+            return wait_task_rescheduled(self._abort)
 
     return _TrioWaiter
 

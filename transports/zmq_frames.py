@@ -7,13 +7,13 @@ message or none.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, cast
 
 import zmq
 
-__all__ = ["Frames", "frames_size", "recv_frames", "recv_queued", "send_frames",
-           "socket_type_name"]
+__all__ = ["Frames", "frames_size", "receiver_for", "recv_frames", "recv_queued", "recv_routed",
+           "send_frames", "socket_type_name"]
 
 Frames = Sequence[bytes | bytearray | memoryview | zmq.Frame]
 """A multipart message to send: one buffer per frame."""
@@ -44,17 +44,44 @@ def recv_frames(socket: zmq.Socket[bytes], meta: list[str | None] | None = None
     return parts
 
 
+def recv_routed(socket: zmq.Socket[bytes], meta: list[str | None] | None = None
+                ) -> list[bytes]:
+    """:func:`recv_frames` for a ``ROUTER`` socket: the same parts, the routing id
+    received as ``bytes`` directly (no frame object: libzmq always follows it with
+    the message's parts, at least one)."""
+    routing_id = socket.recv(_NOBLOCK)
+    frame = socket.recv(_NOBLOCK, copy=False)
+    parts = [routing_id, frame.bytes]
+    while frame.more:
+        frame = socket.recv(_NOBLOCK, copy=False)
+        parts.append(frame.bytes)
+    if meta is not None:
+        try:
+            meta[0] = str(frame.get("User-Id"))
+        except zmq.ZMQError:
+            meta[0] = None
+    return parts
+
+
+def receiver_for(socket: zmq.Socket[bytes]) -> Callable[..., list[bytes]]:
+    """How ``socket`` receives one message: :func:`recv_routed` for a ``ROUTER``
+    (whose messages always start with a routing id), else :func:`recv_frames`."""
+    return recv_routed if socket.get(zmq.TYPE) == zmq.ROUTER else recv_frames
+
+
 def recv_queued(socket: zmq.Socket[bytes], meta: list[str | None] | None, limit: int,
-                out: list[list[bytes]]) -> None:
-    """Append the queued messages (as :func:`recv_frames` returns them) to ``out``
-    until none is queued or ``out`` holds ``limit``. ``EVENTS`` is read once, first;
+                out: list[list[bytes]], recv: Callable[..., list[bytes]] = recv_frames
+                ) -> None:
+    """Append the queued messages (as ``recv`` returns them: :func:`recv_frames`, or
+    :func:`recv_routed` for a ``ROUTER``) to ``out`` until none is queued or ``out``
+    holds ``limit``. ``EVENTS`` is read once, first;
     then messages are received until libzmq says ``EAGAIN`` (one exception for the
     burst costs less than an ``EVENTS`` read per message)."""
     if len(out) >= limit or not socket.get(_EVENTS) & _POLLIN:  # type: ignore[operator]
         return
     try:
         while len(out) < limit:
-            out.append(recv_frames(socket, meta))
+            out.append(recv(socket, meta))
     except zmq.Again:
         pass
 

@@ -37,7 +37,7 @@ import zmq.asyncio
 
 from .errors import ForeignThreadError, SocketClosed
 from .task_waits import FdWatch, fd_watch
-from .zmq_frames import Frames, recv_frames, recv_queued, send_frames, socket_type_name
+from .zmq_frames import Frames, receiver_for, recv_queued, send_frames, socket_type_name
 
 __all__ = ["AsyncZmqSocket", "ForeignThreadError", "Frames", "SocketClosed"]
 
@@ -99,8 +99,8 @@ class AsyncZmqSocket:
     """
 
     __slots__ = ("_batch", "_closed", "_events", "_fd", "_fd_poll", "_fd_watch", "_meta", "_owner",
-                 "_poller", "_receiving", "_recheck_owed", "_send_batch", "_socket", "_streak",
-                 "_type_name", "_waiting", "_watch", "_watch_flag")
+                 "_poller", "_receiving", "_recheck_owed", "_recv", "_send_batch", "_socket",
+                 "_streak", "_type_name", "_waiting", "_watch", "_watch_flag")
 
     def __init__(self, socket: zmq.Socket[bytes]) -> None:
         """Wrap ``socket``; the calling thread becomes its owner.
@@ -115,6 +115,7 @@ class AsyncZmqSocket:
         self._socket = socket
         self._owner = threading.get_ident()
         self._type_name = socket_type_name(socket)
+        self._recv = receiver_for(socket)  # how one message is received
         fd = socket.get(zmq.FD)
         assert isinstance(fd, int)
         self._fd = fd
@@ -177,7 +178,7 @@ class AsyncZmqSocket:
             # EVENTS first, as the FD technique does: a receive that finds nothing
             # costs an EAGAIN exception, a read of EVENTS does not
             if int(self._socket.get(_EVENTS)) & _POLLIN:
-                msg = recv_frames(self._socket, self._meta)
+                msg = self._recv(self._socket, self._meta)
         except zmq.Again:
             pass
         except zmq.ZMQError as exc:
@@ -202,7 +203,7 @@ class AsyncZmqSocket:
             limit = min(limit, 1)
         out: list[list[bytes]] = []
         try:
-            recv_queued(self._socket, self._meta, limit, out)
+            recv_queued(self._socket, self._meta, limit, out, self._recv)
         except zmq.ZMQError as exc:
             if not out:
                 raise self._closed_error(exc) from None
@@ -226,7 +227,7 @@ class AsyncZmqSocket:
             await self._fair()
             while True:
                 try:
-                    msg = recv_frames(self._socket, self._meta)
+                    msg = self._recv(self._socket, self._meta)
                 except zmq.Again:
                     await self._wait(_POLLIN)
                     continue
@@ -285,17 +286,16 @@ class AsyncZmqSocket:
         except zmq.ZMQError as exc:
             raise self._closed_error(exc) from None
         finally:
-            if self._watch is not None or self._events[_POLLIN] is not None or (
-                    self._events[_POLLOUT] is not None):  # (a superset of its test)
+            if self._events[_POLLIN] is not None or self._events[_POLLOUT] is not None or (
+                    self._watch_flag and self._watch is not None):  # _after_send(), inline
                 if self._batch:
                     self._recheck_owed = True
-                else:
-                    self._after_send()
+                elif not (self._closed or socket.closed):
+                    self._after_call()
 
     def _after_send(self) -> None:
-        """A send may have taken the fd's edge that would wake the others: re-check
-        for them now, or at the end of the batched_sends() block (only for a waiter
-        not woken yet: a woken one re-checks when it resumes)."""
+        """A send may have taken the fd's edge that would wake the others: re-check for them
+        now, or at the end of the batched_sends() block (a woken one re-checks itself)."""
         if self._events[_POLLIN] is not None or self._events[_POLLOUT] is not None or (
                 self._watch_flag and self._watch is not None):
             if self._batch:

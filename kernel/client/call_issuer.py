@@ -6,7 +6,9 @@ the awaits between its steps. A call to one rank is a fan-out to one rank:
 ``ControlClient.call`` (:meth:`CallIssuer.call`) and every fan-out mode
 (:meth:`CallIssuer.fan_out`, admitted first by the method's
 :class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox` when queueing)
-go through the same :meth:`send_all` and :meth:`wait_outcome`::
+go through the same steps, :meth:`send_all` and :meth:`wait_outcome` (a one-rank
+call takes them without a coroutine of their own: the checkpoint first, then
+:meth:`hand_over` and the awaitable of :meth:`outcome_wait`)::
 
     entry = issuer.register("pause", (0, 1), Policy.ALL, budget=5.0)
     try:
@@ -130,6 +132,8 @@ class CallIssuer:
         self.closed = False
         #: the clock of anyio's cancel-scope deadlines
         self.now: Callable[[], float] = anyio.current_time
+        #: the clock of the deadlines the envelopes carry
+        self.wall_clock: Callable[[], float] = time.time
         #: decodes and types each holder's outcome
         self.outcomes = CallOutcomes(transport.codec, lambda: self.closed)
         #: the ``on_progress`` callbacks of the calls in flight
@@ -235,6 +239,20 @@ class CallIssuer:
         # got here (even one handed the mailbox, then cancelled before it resumed)
         # raises now, and its finish() passes the mailbox on
         await self._checkpoint_if_cancelled()
+        waiting = self.hand_over(entry, raw, key, fence)
+        if waiting:
+            await self.waiting_sends.send(entry, waiting)
+        if not entry.is_open:
+            self.wake(entry)
+
+    def hand_over(self, entry: PendingRequest, raw: msgspec.Raw, key: str,
+                  fence: int | None, wall_deadline: float | None = None
+                  ) -> list[tuple[int, Request]] | None:
+        """What :meth:`send_all` does after its checkpoint without suspending: the
+        frames handed over (released by the request map, in rank order) until one
+        cannot be; returns the sends that must wait, in order (None: none). Raises
+        ClientClosed once :meth:`close` was called. ``wall_deadline``: the wall-clock
+        deadline the envelopes carry (None: the request's, read from the clocks now)."""
         if self.closed:
             raise ClientClosed("client is closed")
         peers = self.peers
@@ -243,25 +261,24 @@ class CallIssuer:
         fence = self.fence if fence is None else fence
         if len(ranks) > 1 and self._batched_sends is not None:
             with self._batched_sends():
-                waiting = self._send_now(entry, ranks, raw, key, fence)
-        else:
-            waiting = self._send_now(entry, ranks, raw, key, fence)
-        if waiting:
-            await self.waiting_sends.send(entry, waiting)
-        if not entry.is_open:
-            self.wake(entry)
+                return self._send_now(entry, ranks, raw, key, fence, wall_deadline)
+        return self._send_now(entry, ranks, raw, key, fence, wall_deadline)
 
     def _send_now(self, entry: PendingRequest, ranks: list[int], raw: msgspec.Raw, key: str,
-                  fence: int) -> list[tuple[int, Request]] | None:
+                  fence: int, wall_deadline: float | None = None
+                  ) -> list[tuple[int, Request]] | None:
         """Hand the frames over, in rank order, until one cannot be without waiting
         (never suspends). Returns that rank and those after it, withheld from the
         sent ranks, with their frames (None: all handed over or failed)."""
-        # the wall-clock deadline the envelopes carry (NO_DEADLINE: none)
-        wall_deadline = NO_DEADLINE
-        if entry.timeout and entry.deadline is not None:
-            remaining = entry.deadline - self.now()
-            if math.isfinite(remaining):
-                wall_deadline = time.time() + remaining
+        if wall_deadline is None:
+            # the wall-clock deadline the envelopes carry (NO_DEADLINE: none)
+            wall_deadline = NO_DEADLINE
+            if entry.timeout and entry.deadline is not None:
+                remaining = entry.deadline - self.now()
+                if math.isfinite(remaining):
+                    wall_deadline = self.wall_clock() + remaining
+        elif wall_deadline == math.inf:
+            wall_deadline = NO_DEADLINE
         incarnation = self._incarnation
         trace = self.trace_provider() if self.trace_provider is not None else None
         rid = entry.id
@@ -347,18 +364,32 @@ class CallIssuer:
         Expires the request only when its own deadline has passed; a watcher
         with an earlier personal deadline just stops waiting.
         """
+        wait = self.outcome_wait(entry, deadline)
+        if wait is not None:
+            await wait
+
+    def outcome_wait(self, entry: PendingRequest, deadline: float) -> Awaitable[Any] | None:
+        """:meth:`wait_outcome` as what to await at once (None: ``entry`` is decided
+        already, nothing to wait for): a caller awaits its waiter directly, without a
+        coroutine in between, when the request's own deadline ends the wait."""
         if not (self.registry.mark_awaiting(entry) or entry.is_open):
-            return  # decided already: a reply beat the wait, or every send failed
-        entry_deadline = entry.deadline if entry.deadline is not None else float("inf")
+            return None  # decided already: a reply beat the wait, or every send failed
+        entry_deadline = entry.deadline if entry.deadline is not None else math.inf
         reaper = self.reaper
-        receiver = self.receiver
         if deadline >= entry_deadline and reaper.scope is not None:
             # the request's own deadline ends this wait: the reaper expires it and
             # wakes us (no cancel scope and no timer per call)
             reaper.arm(entry, entry_deadline)
-            await (waiter_of(entry, self.new_waiter).wait() if receiver is None
-                   else receiver.wait(entry))
-            return
+            receiver = self.receiver
+            return (waiter_of(entry, self.new_waiter).wait() if receiver is None
+                    else receiver.wait(entry))
+        return self._wait_bounded(entry, deadline, entry_deadline)
+
+    async def _wait_bounded(self, entry: PendingRequest, deadline: float,
+                            entry_deadline: float) -> None:
+        """The wait of :meth:`outcome_wait` in a cancel scope ending at ``deadline`` (the
+        caller's is earlier than the request's, or the reaper is not running)."""
+        receiver = self.receiver
         with anyio.CancelScope(deadline=deadline):
             await (waiter_of(entry, self.new_waiter).wait() if receiver is None
                    else receiver.wait(entry))
@@ -377,10 +408,14 @@ class CallIssuer:
 
     async def call(self, method: str, raw: msgspec.Raw, rank: int, budget: float,
                    deadline: float, result_type: Any, key: str = "",
-                   fence: int | None = None, on_progress: ProgressCallback | None = None
-                   ) -> Any:
-        """One attempt of ``ControlClient.call``: a fan-out to the one ``rank``,
-        its outcome returned or raised as that rank's."""
+                   fence: int | None = None, on_progress: ProgressCallback | None = None,
+                   wall_deadline: float | None = None) -> Any:
+        """One attempt of ``ControlClient.call``: a fan-out to the one ``rank``
+        (:meth:`send_all`'s steps, its checkpoint first: a caller cancelled before
+        it leaves no entry), its outcome returned or raised as that rank's.
+        ``wall_deadline``: ``deadline`` on :attr:`wall_clock`, for the envelope (None:
+        read from the clocks when sending; infinite: none)."""
+        await self._checkpoint_if_cancelled()
         if self.closed:
             raise ClientClosed("client is closed")
         entry = self.registry.register(method, (rank,), Policy.ALL, deadline=deadline,
@@ -388,8 +423,14 @@ class CallIssuer:
         if on_progress is not None:
             self.progress_callbacks.by_id[entry.id] = on_progress
         try:
-            await self.send_all(entry, raw, key, fence)
-            await self.wait_outcome(entry, deadline)
+            waiting = self.hand_over(entry, raw, key, fence, wall_deadline)
+            if waiting:
+                await self.waiting_sends.send(entry, waiting)
+            if not entry.is_open:
+                self.wake(entry)
+            wait = self.outcome_wait(entry, deadline)
+            if wait is not None:
+                await wait
             return self.outcomes.single_outcome(entry, rank, result_type)
         finally:
             if on_progress is not None:

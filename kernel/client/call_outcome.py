@@ -51,6 +51,10 @@ class CallOutcomes:
         if state is _S.DONE:
             reply = entry.replies[rank]
             if reply.ok:
+                try:  # decode_result's first step, when its decoder is cached
+                    return self._decoders[result_type](reply.result)  # type: ignore[misc]
+                except Exception:
+                    pass  # not cached, none, or refused: decode_result decides
                 try:
                     return self.decode_result(reply.result, result_type)
                 except PayloadTypeError as exc:

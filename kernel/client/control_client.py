@@ -361,15 +361,15 @@ class ControlClient:
             rank = self.ranks[0]
         elif rank not in self.roster.rank_set:
             self.roster.check(rank)  # a removed rank passes; an unknown one raises
-        budget = self.timeout_for(method, timeout)
-        issuer = self.issuer
-        raw = issuer.encode_payload(payload, method)
+        budget = (self.method_timeouts.get(method, self.default_timeout) if timeout is None
+                  else checked_timeout(timeout))  # timeout_for()
+        raw = self.issuer.encode_payload(payload, method)
         key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
-        deadline = issuer.now() + budget
+        deadline, wall_deadline = self.issuer.now() + budget, self.issuer.wall_clock() + budget
         while True:
             try:
-                return await issuer.call(method, raw, rank, budget, deadline, result_type,
-                                         key, fence, on_progress)
+                return await self.issuer.call(method, raw, rank, budget, deadline, result_type,
+                                              key, fence, on_progress, wall_deadline)
             except (EngineDead, RemoteError) as exc:
                 if retry <= 0 or not self.retry_policy.retryable(exc, method, key):
                     raise

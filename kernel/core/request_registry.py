@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 from ctlwire.kernel.core.fan_out_policy import Decision, Policy, decide
 from ctlwire.kernel.core.request_id import RequestIdAllocator
+from ctlwire.kernel.core.tombstone import Tomb
 from ctlwire.kernel.errors import NotDelivered
 from ctlwire.states import CONTROL_REQUEST_TABLE, RequestEvent, RequestState
 from ctlwire.transports.envelope import Reply
@@ -86,19 +87,6 @@ class ReplyDisposition(Enum):
     DUPLICATE = "duplicate"        # this rank had already answered this request
     UNKNOWN = "unknown"            # the id was never issued by this registry
     STRAY = "stray"                # the request was not addressed to this rank
-
-
-class _Tomb:
-    """What is left of a cleaned request: the ranks it addressed and those that answered.
-
-    ``answered`` only ever holds ranks of ``ranks``, so a tombstone's size is
-    bounded by its request's fan-out whatever replies arrive later."""
-
-    __slots__ = ("answered", "ranks")
-
-    def __init__(self, ranks: tuple[int, ...], answered: set[int]) -> None:
-        self.ranks = ranks
-        self.answered = answered
 
 
 class PendingRequest:
@@ -199,7 +187,7 @@ class RequestRegistry:
         self._ids = RequestIdAllocator(incarnation)
         self._live: dict[int, PendingRequest] = {}
         self._by_rank: dict[int, dict[int, PendingRequest]] = {}
-        self._tombstones: OrderedDict[int, _Tomb] = OrderedDict()
+        self._tombstones: OrderedDict[int, Tomb] = OrderedDict()
         self.max_tombstones = max_tombstones
         self.observers: list[TransitionObserver] = [observer] if observer else []
         self._apply = CONTROL_REQUEST_TABLE.apply
@@ -395,8 +383,13 @@ class RequestRegistry:
         entry.answered += 1
         if reply.ok:
             entry.ok += 1
-        if entry.policy is Policy.ALL and entry.answered + len(entry.errors) < len(entry.ranks):
-            return ReplyDisposition.ACCEPTED, entry  # (what _decide says: others to wait for)
+        if entry.policy is Policy.ALL:
+            # what _decide says for ALL (an entry that got a reply is past Registered):
+            # others to wait for, else complete (this rank answered)
+            if entry.answered + len(entry.errors) < len(entry.ranks):
+                return ReplyDisposition.ACCEPTED, entry
+            self._go(entry, _E.COMPLETE)
+            return ReplyDisposition.COMPLETED, entry
         if self._decide(entry):
             return ReplyDisposition.COMPLETED, entry
         return ReplyDisposition.ACCEPTED, entry
@@ -468,10 +461,13 @@ class RequestRegistry:
                 del by_rank[rank]
         if self.max_tombstones:
             tombs = self._tombstones
-            answered = set(entry.replies)
-            if entry.late_ranks:
-                answered |= entry.late_ranks
-            tombs[rid] = _Tomb(entry.ranks, answered)
+            replies = entry.replies
+            answered: set[int] | None = None  # every rank answered (late ones are of them)
+            if len(replies) < len(entry.ranks):
+                answered = set(replies)
+                if entry.late_ranks:
+                    answered |= entry.late_ranks
+            tombs[rid] = Tomb(entry.ranks, answered)
             if len(tombs) > self.max_tombstones:
                 tombs.popitem(last=False)
         entry.waiter = None
