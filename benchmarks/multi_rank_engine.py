@@ -18,6 +18,8 @@ Poll mode, one thread: a ``zmq.Poller`` waits on the K request sockets, and
 each endpoint whose socket is readable (or whose heartbeat is due) gets
 ``endpoint.poll()`` in turn — the synchronous loop of
 ``ctlwire.kernel.app.engine_process --mode poll``, over K endpoints instead of one.
+With one endpoint (K = 1) it is that loop exactly: ``poll(1, timeout)`` round after
+round, the wait being the receive.
 The request sockets are used only by this thread (one owner per socket); the
 beacon sockets only by their beacon threads.
 
@@ -78,6 +80,10 @@ def serve_ranks(address: str, ranks: Sequence[int], stop: threading.Event, *,
         # in-band heartbeats of the endpoints (the beacons carry liveness) fall due
         # at least every ``heartbeat``: wake up that often to let each poll() send them
         idle_ms = max(1, int(heartbeat * 1000 / 2))
+        if len(endpoints) == 1:  # engine_process's loop: the wait is the receive
+            while not stop.is_set():
+                endpoints[0].poll(1, idle_ms / 1000)
+            return
         while not stop.is_set():
             ready = poller.poll(idle_ms)
             if not ready:
