@@ -49,18 +49,7 @@ def recv_routed(socket: zmq.Socket[bytes], meta: list[str | None] | None = None
     """:func:`recv_frames` for a ``ROUTER`` socket: the same parts, the routing id
     received as ``bytes`` directly (no frame object: libzmq always follows it with
     the message's parts, at least one)."""
-    routing_id = socket.recv(_NOBLOCK)
-    frame = socket.recv(_NOBLOCK, copy=False)
-    parts = [routing_id, frame.bytes]
-    while frame.more:
-        frame = socket.recv(_NOBLOCK, copy=False)
-        parts.append(frame.bytes)
-    if meta is not None:
-        try:
-            meta[0] = str(frame.get("User-Id"))
-        except zmq.ZMQError:
-            meta[0] = None
-    return parts
+    return [socket.recv(_NOBLOCK), *recv_frames(socket, meta)]
 
 
 def receiver_for(socket: zmq.Socket[bytes]) -> Callable[..., list[bytes]]:

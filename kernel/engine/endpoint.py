@@ -165,22 +165,24 @@ __all__ = ["STEP_METHOD", "EngineEndpoint", "ErrorCode", "MethodSpec", "new_inca
 _OUTBOX_RETRY = 0.005
 
 
-def _receive_within(transport: EngineTransport, timeout: float = 0.0) -> Any:
-    """The next event within ``timeout`` s, or None: ``poll()``'s receive from a
-    transport whose ``receive_one`` (if any) takes no timeout."""
+def _receive_within(transport: EngineTransport, receive: Callable[[], Any],
+                    timeout: float = 0.0) -> Any:
+    """``receive()``'s next event within ``timeout`` s, or None: ``poll()``'s receive
+    from a transport whose ``receive_one`` (if any) takes no timeout."""
     if timeout and not transport.wait_readable(timeout):
         return None
-    receive_one = getattr(transport, "receive_one", None)
-    return receive_one() if receive_one is not None else transport.try_receive()
+    return receive()
 
 
 def _receiver(transport: EngineTransport) -> Callable[..., Any]:
     """``poll()``'s receive: the transport's ``receive_one(timeout)`` where it has
     one that waits, else :func:`_receive_within` over what it has."""
     receive_one = getattr(transport, "receive_one", None)
-    if receive_one is not None and "timeout" in inspect.signature(receive_one).parameters:
+    if receive_one is None:
+        return functools.partial(_receive_within, transport, transport.try_receive)
+    if "timeout" in inspect.signature(receive_one).parameters:
         return receive_one  # type: ignore[no-any-return]
-    return functools.partial(_receive_within, transport)
+    return functools.partial(_receive_within, transport, receive_one)
 
 
 class EngineEndpoint:

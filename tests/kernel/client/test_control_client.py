@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +22,7 @@ from ctlwire.kernel.errors import (
 )
 from ctlwire.kernel.testing import EngineHarness, TransitionRecorder
 from ctlwire.states import RequestState
-from ctlwire.transports.envelope import Reply, Request
+from ctlwire.transports.envelope import NO_DEADLINE, Reply, Request
 from ctlwire.transports.memory import MemoryClientTransport
 from ctlwire.transports.transport import TransportEvent
 
@@ -440,7 +442,8 @@ async def test_closing_the_client_fails_pending_calls() -> None:
         assert_clean(c)
 
 
-async def test_per_method_default_timeouts_and_deadline_in_envelope() -> None:
+def spy_requests(h: EngineHarness) -> list[Request]:
+    """The requests ``h``'s client sends from now on, in order."""
     seen: list[Request] = []
 
     class Spy(MemoryClientTransport):
@@ -449,12 +452,15 @@ async def test_per_method_default_timeouts_and_deadline_in_envelope() -> None:
                 seen.append(envelope)
             super().send_nowait(rank, envelope)
 
+    h.network._client.__class__ = Spy  # type: ignore[union-attr]
+    return seen
+
+
+async def test_per_method_default_timeouts_and_deadline_in_envelope() -> None:
     async with EngineHarness(ranks=1, setup=basic_methods,
                              client_kwargs={"method_timeouts": {"pause": 7.0},
                                             "default_timeout": 3.0}) as h:
-        h.network._client.__class__ = Spy  # type: ignore[union-attr]
-        import time
-
+        seen = spy_requests(h)
         before = time.time()
         await h.client.call("pause")
         await h.client.call("resume")
@@ -466,6 +472,19 @@ async def test_per_method_default_timeouts_and_deadline_in_envelope() -> None:
         assert 11.0 - 1 <= budgets[2] <= 11.0 + (after - before)
         assert h.client.timeout_for("pause") == 7.0
         assert [r.seq for r in seen] == [1, 2, 3]
+
+
+async def test_the_envelope_carries_the_call_deadline_and_none_for_an_infinite_budget(
+        ) -> None:
+    async with EngineHarness(ranks=1, setup=basic_methods) as h:
+        seen = spy_requests(h)
+        before = time.time()
+        assert await h.client.call("pause", timeout=math.inf) is True
+        assert await h.client.call("pause", timeout=5.0) is True
+        after = time.time()
+        unbounded, bounded = seen
+        assert unbounded.deadline == NO_DEADLINE
+        assert before + 5.0 <= bounded.deadline <= after + 5.0
 
 
 async def test_transport_event_types_are_exhaustive() -> None:
