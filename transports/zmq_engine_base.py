@@ -30,6 +30,7 @@ from ctlwire.transports.zmq_config import (
     TransportContext,
     ZmqOptions,
     bind_socket,
+    make_socket,
     remove_ipc_file,
 )
 from ctlwire.transports.zmq_socket import AsyncZmqSocket
@@ -128,7 +129,7 @@ class ZmqEngineBase:
         return self._context.get()
 
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
-        sock: zmq.Socket[bytes] = self.context.socket(kind)
+        sock = make_socket(self.context, kind)
         self._raw.append(sock)
         self.options.apply(sock, self.codec.max_message_size,
                            peer_sized_sends=self.replies_to_any_peer)

@@ -45,6 +45,7 @@ from ctlwire.transports.zmq_config import (
     beacon_address_for,
     check_address,
     connect_socket,
+    new_client_identity,
 )
 from ctlwire.transports.zmq_monitor import DOWN_EVENTS, UP_EVENTS, SocketMonitor
 from ctlwire.transports.zmq_socket import AsyncZmqSocket
@@ -100,6 +101,8 @@ class _PerRankClient(_ZmqClientBase):
         raw = self._socket(self.send_kind)
         if self.send_kind == zmq.DEALER:
             raw.setsockopt(zmq.IMMEDIATE, 1)
+            # the engine's ROUTER routes replies, and binds operations and keys, to this
+            raw.setsockopt(zmq.IDENTITY, new_client_identity())
         if self.curve is not None:
             self.curve.apply(raw, rank)
         monitor = self._monitor_of[rank] = SocketMonitor(raw)
