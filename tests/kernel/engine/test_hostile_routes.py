@@ -32,7 +32,8 @@ def _unseeded_router_starts(routers: int) -> list[int]:
          f"print(*[r() for _ in range({2 * routers})])"],
         capture_output=True, text=True, check=True).stdout.split()
     values = [int(v) for v in out]
-    return [(low | high << 31) & 0xFFFFFFFF for low, high in zip(values[::2], values[1::2], strict=True)]
+    pairs = zip(values[::2], values[1::2], strict=True)
+    return [(low | high << 31) & 0xFFFFFFFF for low, high in pairs]
 
 
 def _dealer(ctx: zmq.Context[zmq.Socket[bytes]], address: str,
