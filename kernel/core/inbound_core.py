@@ -117,16 +117,16 @@ class InboundCore:
         self._nil = codec.encode_value(None)
 
     # -- from the transport ------------------------------------------------------
-    def accept(self, req: Request, route: Route) -> InboundRequest | None:
+    def accept(self, req: Request, route: Route, size: int = 0) -> InboundRequest | None:
         """A received request (Received), or None for a duplicate of an id the
-        same route sent (dropped, counted)."""
+        same route sent (dropped, counted). ``size``: the bytes of its frame."""
         counters = self.counters
         counters["received"] += 1
         if self.duplicates.seen(route, req.id):
             counters["duplicates"] += 1
             return None
         now = self.client_last_seen = self.clock()
-        return InboundRequest(req, route, now)
+        return InboundRequest(req, route, now, size=size)
 
     def arrive(self, req: Request, route: Route) -> InboundRequest | Reply | None:
         """:meth:`accept` then :meth:`admit`, for a request that starts as it
@@ -158,7 +158,7 @@ class InboundCore:
         if type(event) is Received:
             env = event.envelope
             if type(env) is Request:
-                return self.accept(env, event.route)
+                return self.accept(env, event.route, event.size)
             counters["received"] += 1
             if type(env) is not Heartbeat:
                 counters["dropped_wrong_type"] += 1

@@ -79,6 +79,7 @@ def engine_snapshot(ep: Engine) -> dict[str, Any]:
                             "limit_bytes": queued.limit, "requests": queued.count,
                             "routes": len(queued.routes),
                             "limit_per_route": queued.per_route,
+                            "limit_bytes_per_route": queued.per_route_bytes,
                             "refused_busy": counters["busy"]},
         # replies waiting for clients that do not read, bounded per route and in total
         "outbox": {"replies": outbox.replies, "bytes": outbox.bytes,

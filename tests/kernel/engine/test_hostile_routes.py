@@ -36,6 +36,14 @@ def _unseeded_router_starts(routers: int) -> list[int]:
     return [(low | high << 31) & 0xFFFFFFFF for low, high in pairs]
 
 
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def _dealer(ctx: zmq.Context[zmq.Socket[bytes]], address: str,
             identity: bytes | None = None) -> zmq.Socket[bytes]:
     sock = ctx.socket(zmq.DEALER)

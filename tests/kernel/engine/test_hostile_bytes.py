@@ -1,0 +1,68 @@
+"""Every byte a peer sends is charged to it (real engine processes that bind, serve
+mode): a request waiting to start is charged the whole frame it came in, whatever
+field the bytes hide in, and each connection has a byte share of its own."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import pytest
+from raw_peer import CODEC, NIL, RawPeer, attacker, engine, error_type, ipc
+from test_hostile_routes import _rss_mb
+
+from ctlwire.transports.envelope import Request
+
+pytestmark = pytest.mark.timeout(180)
+
+ANSWER = 10.0
+MIB = 1 << 20
+
+
+def padded(rid: int, method: str, junk: int) -> bytes:
+    """A valid request for ``method`` followed by a ``junk``-byte string as one more
+    array element: a field this protocol version does not know, which a receiver
+    ignores, but whose bytes arrive, and stay alive with the frame."""
+    frame = CODEC.encode(Request(rid, 0, method, NIL))
+    count = frame[0] & 0x0F
+    assert frame[0] & 0xF0 == 0x90 and count < 15
+    return bytes([0x90 | (count + 1)]) + frame[1:] + b"\xdb" + struct.pack(">I", junk) + (
+        b"j" * junk)
+
+
+def test_a_waiting_request_is_charged_every_byte_of_its_frame(
+        tmp_path: Any, raw_peer: list[RawPeer]) -> None:
+    """A peer keeps ``hang`` (async, never returns) running, then sends 40 more
+    ``hang`` requests, each with 4 MiB in a trailing field. They are charged 4 MiB
+    each: the connection's share (a quarter of the 64 MiB budget) takes three or
+    four and the rest are refused ``Busy``; the engine's RSS grows by about what
+    the budget admits, not 160 MiB; another connection still queues its own."""
+    address = ipc(tmp_path)
+    with engine(address, "serve") as fleet:
+        pid = fleet.pids()[0]
+        bad = attacker(raw_peer, address)
+        bad.send("hang")  # the method's one worker is taken: the rest wait
+        before = _rss_mb(pid)
+        ids = []
+        for _ in range(40):
+            rid = bad.next_id
+            bad.next_id += 1
+            bad.sock.send(padded(rid, "hang", 4 * MIB))
+            ids.append(rid)
+        metrics = bad.metrics(timeout=ANSWER)
+        queued = metrics["queued_requests"]
+        refused = bad.replies(set(ids[queued["requests"]:]), timeout=ANSWER)
+        grown = _rss_mb(pid) - before
+        other = attacker(raw_peer, address)
+        other_id = other.send("hang")
+        other_queued = other.metrics(timeout=ANSWER)["queued_requests"]
+        other_refused = other.unclaimed.get(other_id)
+    print(f"\nqueued {queued}; RSS grew {grown:.1f} MB")
+    assert 3 <= queued["requests"] <= 4
+    assert queued["bytes"] >= queued["requests"] * 4 * MIB
+    assert queued["bytes"] <= queued["limit_bytes_per_route"] + 4 * MIB + 4096
+    assert {error_type(r) for r in refused.values()} == {"Busy"}
+    assert len(refused) == 40 - queued["requests"]
+    assert grown < 64, grown  # 40 x 4 MiB = 160 MiB if every frame were kept
+    assert other_refused is None
+    assert other_queued["requests"] == queued["requests"] + 1
