@@ -49,7 +49,7 @@ from ctlwire.kernel.core.inbound_core import BadFrame, InboundCore, InboundReque
 from ctlwire.kernel.engine.handler_runner import HandlerRunner
 from ctlwire.kernel.engine.liveness import EngineLiveness
 from ctlwire.kernel.engine.outbox import ReplyOutbox
-from ctlwire.transports.envelope import Reply, Request
+from ctlwire.transports.envelope import Reply
 from ctlwire.transports.errors import TransportClosed
 from ctlwire.transports.rate_limited_log import RateLimitedLog
 from ctlwire.transports.transport import EngineTransport, Route
