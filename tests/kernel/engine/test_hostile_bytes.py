@@ -7,11 +7,15 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+import anyio
+import msgspec
 import pytest
 from raw_peer import CODEC, NIL, RawPeer, attacker, engine, error_type, ipc
 from test_hostile_routes import _rss_mb
 
+from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.transports.envelope import Request
+from ctlwire.transports.zmq_client import ZmqDealerClientTransport
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -66,3 +70,51 @@ def test_a_waiting_request_is_charged_every_byte_of_its_frame(
     assert grown < 64, grown  # 40 x 4 MiB = 160 MiB if every frame were kept
     assert other_refused is None
     assert other_queued["requests"] == queued["requests"] + 1
+
+
+def _trace_bomb(rid: int, entries: int) -> bytes:
+    """A request whose ``trace`` has ``entries`` short keys (about 8 bytes each):
+    unbounded, decoding it would hold the GIL for about a second per million."""
+    trace = {f"{n:06x}": "" for n in range(entries)}
+    return msgspec.msgpack.encode(["q", rid, 0, "echo", None, 0.0, 0, 0, trace])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["poll", "serve"])
+async def test_frames_full_of_trace_entries_are_refused_unread_and_the_rank_stays_live(
+        mode: str, tmp_path: Any, raw_peer: list[RawPeer], anyio_backend: str) -> None:
+    """A peer sends 20 frames of about 15 MB, each a request whose ``trace`` holds
+    1.8 million entries, while a controller calls the engine ten times a second:
+    each frame is answered ``MalformedFrame`` (refused from the map's header), every
+    call succeeds and the controller never judges the rank lost."""
+    address = ipc(tmp_path)
+    bomb = _trace_bomb(1, 1_800_000)
+    with engine(address, mode, ["--backend", anyio_backend]):
+        async with ControlClient(ZmqDealerClientTransport([address]), ranks=1) as client:
+            await client.wait_ready(timeout=ANSWER)
+            bad = attacker(raw_peer, address)
+            ids = set(range(1, 21))
+
+            def flood() -> dict[int, Any]:
+                for rid in ids:
+                    bad.sock.send(bomb[:3] + bytes([rid]) + bomb[4:])  # id: a fixint
+                return bad.replies(ids, timeout=120)
+
+            calls = 0
+            async with anyio.create_task_group() as tg:
+                answers: dict[int, Any] = {}
+
+                async def run_flood() -> None:
+                    answers.update(await anyio.to_thread.run_sync(flood))
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(run_flood)
+                while True:
+                    assert await client.call("echo", calls, rank=0, timeout=ANSWER) == calls
+                    calls += 1
+                    await anyio.sleep(0.1)
+            lost = client.counters["engine_lost"]
+    print(f"\n{mode}: {len(answers)} frames answered, {calls} calls, lost {lost}")
+    assert {error_type(r) for r in answers.values()} == {"MalformedFrame"}
+    assert len(answers) == 20
+    assert lost == 0
