@@ -95,6 +95,9 @@ def engine_snapshot(ep: Engine) -> dict[str, Any]:
                         "refused": int(getattr(transport, "connections_refused", 0))},
         # client routes refused because the route table was full of live ones
         "routes_refused": int(getattr(transport, "routes_refused", 0)),
+        # a beacon that binds: routes refused (its table full of live ones) and frames
+        # that were not a client's hello
+        "beacon_refused": dict(getattr(transport, "beacon_refusals", {})),
         "counters": counters,
         # client keys this engine's CURVE authenticator refused (engines that bind)
         "auth_rejections": int(getattr(transport, "auth_rejections", 0)),

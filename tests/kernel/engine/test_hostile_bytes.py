@@ -4,12 +4,16 @@ field the bytes hide in, and each connection has a byte share of its own."""
 
 from __future__ import annotations
 
+import os
 import struct
+import threading
+import time
 from typing import Any
 
 import anyio
 import msgspec
 import pytest
+import zmq
 from raw_peer import CODEC, NIL, RawPeer, attacker, engine, error_type, ipc
 from test_hostile_routes import _rss_mb
 
@@ -117,4 +121,59 @@ async def test_frames_full_of_trace_entries_are_refused_unread_and_the_rank_stay
     print(f"\n{mode}: {len(answers)} frames answered, {calls} calls, lost {lost}")
     assert {error_type(r) for r in answers.values()} == {"MalformedFrame"}
     assert len(answers) == 20
+    assert lost == 0
+
+
+@pytest.mark.anyio
+async def test_what_peers_send_a_beacon_is_read_and_refused_never_kept(
+        tmp_path: Any, anyio_backend: str) -> None:
+    """For 4 s, four peers send random 4 KB subscriptions to an engine's beacon (an
+    XSUB each) and four send it random 4 KB frames (a DEALER each), as fast as it
+    takes them: the engine keeps none of it (its RSS grows by a few MB; a PUB keeps
+    every subscription, hundreds of MB), counts the frames refused, and a
+    controller's own beacon keeps the rank live throughout."""
+    address = ipc(tmp_path)
+    beacon = address + ".beat"
+    with engine(address, "serve", ["--backend", anyio_backend]) as fleet:
+        pid = fleet.pids()[0]
+        async with ControlClient(ZmqDealerClientTransport([address]), ranks=1) as client:
+            await client.wait_ready(timeout=ANSWER)
+            before = _rss_mb(pid)
+            stop = threading.Event()
+            sent = [0] * 8
+
+            def flood(n: int) -> None:
+                ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+                sock = ctx.socket(zmq.XSUB if n % 2 else zmq.DEALER)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.connect(beacon)
+                try:
+                    while not stop.is_set():
+                        try:
+                            sock.send(b"\x01" + os.urandom(4000), zmq.NOBLOCK)
+                            sent[n] += 1
+                        except zmq.Again:
+                            time.sleep(0.001)
+                finally:
+                    sock.close(0)
+                    ctx.term()
+
+            threads = [threading.Thread(target=flood, args=(n,)) for n in range(8)]
+            for t in threads:
+                t.start()
+            try:
+                for i in range(20):
+                    await anyio.sleep(0.2)
+                    assert await client.call("echo", i, rank=0, timeout=ANSWER) == i
+                grown = _rss_mb(pid) - before
+            finally:
+                stop.set()
+                for t in threads:
+                    t.join()
+            metrics = await client.call("ctlwire.metrics", rank=0, timeout=ANSWER)
+            lost = client.counters["engine_lost"]
+    print(f"\nsent {sum(sent)} frames and subscriptions; beacon refused "
+          f"{metrics['beacon_refused']}; RSS grew {grown:.1f} MB")
+    assert metrics["beacon_refused"]["frames"] > 100
+    assert grown < 32, grown
     assert lost == 0
