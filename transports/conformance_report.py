@@ -37,7 +37,7 @@ ERROR_TABLE: tuple[tuple[int, str, str], ...] = (
     (425, "StepOutOfOrder", "RemoteError"),
     (429, "Busy", "Busy"),
     (500, "ResultNotEncodable", "RemoteError"),
-    (501, "_AsyncHandlerInPoll", "RemoteError"),
+    (501, "AsyncHandlerInPoll", "RemoteError"),
     (505, "UnsupportedProtocolVersion", "UnsupportedProtocolVersion"),
     (507, "CacheFull", "RemoteError"),
     (CONFORMANCE_ERROR[1], CONFORMANCE_ERROR[0], "RemoteError"),

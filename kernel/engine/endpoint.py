@@ -71,14 +71,12 @@ Guarantees:
   share of the cache, so one peer cannot fill it
   for the others; a request refused by the engine or by its handler
   (:class:`~ctlwire.kernel.core.inbound_core.Refused`) holds no key. Keys are
-  scoped by route by default,
-  so no other connection can read or pre-empt them; a client whose connection
-  was re-established has a new route, and a retry over it runs again. With
-  ``key_scope="client"`` keys are scoped by the client incarnation a request
-  claims instead: retries survive reconnects, and every peer that can reach
-  the engine is trusted not to claim another client's incarnation. A
-  transport without routes (a DEALER engine, a PULL engine) is always scoped
-  that way: it cannot tell its senders apart.
+  scoped by connection: on a transport with routes (a ROUTER engine) by the
+  route, never by the ``client`` field a request carries, so no other
+  connection can read or pre-empt them (a client whose connection was
+  re-established has a new route, and a retry over it runs again); on a
+  transport without routes (a DEALER, PULL or PAIR engine, serving the one
+  client it is paired with) the request's ``client`` field names that client.
 * **Fencing.** A fencing token is microseconds since the epoch. A request
   whose token is lower than the highest this engine has accepted is refused
   with ``Fenced`` (409); one that is negative or more than ``fence_window``
@@ -108,9 +106,10 @@ Guarantees:
   :class:`~ctlwire.transports.zmq_config.ZmqOptions`).
 * **Another peer's request ids are nobody's business.** ``ctlwire.metrics``
   lists the ids of running requests only to the route that sent them (it counts
-  the others); an operation step is owned by its connection, never by a
-  number a peer could read
-  (:mod:`~ctlwire.kernel.engine.operation_ledger`).
+  the others); an operation step is owned by its connection: on a ROUTER
+  engine its route, never the ``client`` field a request carries (a number a
+  peer could read); a DEALER, PULL or PAIR engine serves one client, which the
+  ``client`` field names (:mod:`~ctlwire.kernel.engine.operation_ledger`).
 * **The engine's own guards never end it.** An unexpected exception while
   receiving, dispatching, sending a reply or a heartbeat is counted
   (``internal_errors``, ``heartbeat_failures``) and logged, and the next request
@@ -126,7 +125,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -204,7 +203,6 @@ class EngineEndpoint:
         dedup_window: int = 4096,
         dedup_peers: int = 64,
         fence_window: float = DEFAULT_FENCE_WINDOW,
-        key_scope: Literal["route", "client"] = "route",
         clock: Callable[[], float] = time.time,
         beacon: bool = True,
         result_cache: ResultCache | None = None,
@@ -227,7 +225,7 @@ class EngineEndpoint:
                                 incarnation=self.incarnation, clock=clock,
                                 duplicates=DuplicateFilter(dedup_window, dedup_peers),
                                 fences=FenceGuard(fence_window), results=result_cache,
-                                key_scope=key_scope, key_of=getattr(transport, "peer_key", None))
+                                key_of=getattr(transport, "peer_key", None))
         self.liveness = EngineLiveness(transport, rank=self.rank, incarnation=self.incarnation,
                                        heartbeat_interval=heartbeat_interval, beacon=beacon,
                                        peer_of=self.core.peer)

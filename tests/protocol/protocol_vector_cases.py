@@ -153,7 +153,7 @@ ERRORS: list[tuple[str, int, str]] = [
     ("InProgress", 425, "'load': a request with this idempotency key is still running"),
     ("ResultNotEncodable", 500, "'load': cannot encode int: can't serialize ints < -2**63 "
                                 "or > 2**64 - 1"),
-    ("_AsyncHandlerInPoll", 501, "'load' is async: serve() runs it, poll() cannot"),
+    ("AsyncHandlerInPoll", 501, "'load' is async: serve() runs it, poll() cannot"),
     ("UnsupportedProtocolVersion", 505, "this engine speaks protocol 1.0, the request 2.0"),
     ("CacheFull", 507, "'load': the idempotency cache is full of keys inside their retry "
                        "window"),
@@ -227,7 +227,7 @@ def cases() -> list[dict[str, Any]]:
                        "highest_fence": FENCE, "steps": ["pause", "load"], "undone": [],
                        "ranks": [0, 1]}))))
     for type_name, code, message in ERRORS:
-        add(_roundtrip(f"reply-error-{code}-{type_name.strip('_')}",
+        add(_roundtrip(f"reply-error-{code}-{type_name}",
                        f"An error reply: {type_name} (code {code}).",
                        _error(12, type_name, message, code)))
     add(_roundtrip("reply-error-404-UnknownMethod-methods", "UnknownMethod (code 404) whose "
