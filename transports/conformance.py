@@ -135,8 +135,7 @@ def main(argv: list[str] | None = None, *, out: Callable[[str], Any] = sys.stdou
         report = check_engine(args.address, args.rank, args.spawn, args.timeout)
     else:
         report = check_client(args.address, args.spawn, args.timeout)
-    failed = [c for c in report.checks if not c.passed]
-    out(f"{len(report.checks) - len(failed)} passed, {len(failed)} failed\n")
+    out(report.summary() + "\n")
     return 0 if report.passed else 1
 
 
