@@ -96,7 +96,7 @@ def test_every_error_code_and_decision_step_has_a_case_named_after_its_section()
     engine_side = rows - {"error-codes/501-AsyncHandlerInPoll",  # a polling engine's only
                           "error-codes/599-ConformanceError"} | {
         "error-codes/any-handler-exception"}
-    assert LANE_CASES | ONE_AT_A_TIME_CASES <= set(ENGINE_CASES)
+    assert set(ENGINE_CASES) >= LANE_CASES | ONE_AT_A_TIME_CASES
     assert not LANE_CASES & ONE_AT_A_TIME_CASES
     assert engine_side <= set(ENGINE_CASES)
     assert {f"error-codes/client-{code}-{name}" for code, name, _cls in ERROR_TABLE} <= set(
