@@ -9,36 +9,33 @@ tests (``error-codes/425-InProgress``, ``what-an-engine-does-with-a-request/3-..
 faults expects the refusal of the first step of the spec's decision order. Replies that
 must never come (to id 0, to junk, to a request sent to the beacon) are checked once
 at the end, over everything received during the run. The operation ledger's cases are
-in :mod:`ctlwire.transports.conformance_operation_check`; the cache-full case runs
-last (a full idempotency cache refuses new keys for its retention, 600 s).
-
-The spec lets an engine either receive while a request runs (its requests wait and run
-in lanes) or run one request at a time on its receiving thread; some rules hold only
-for one of the two. The harness sees which an engine does (is ``ctlwire.metrics``
-answered while ``sleep`` runs?), checks the rules of that model, and reports the other
-model's cases (:data:`LANE_CASES`, :data:`ONE_AT_A_TIME_CASES`) as skipped.
+in :mod:`ctlwire.transports.conformance_operation_check`, those that depend on how
+the engine serves (lanes, or one request at a time) in
+:mod:`ctlwire.transports.conformance_serving_check`, those about frames in
+:mod:`ctlwire.transports.conformance_frame_check`; the cache-full case runs last (a
+full idempotency cache refuses new keys for its retention, 600 s).
 """
 
 from __future__ import annotations
 
 import secrets
 import time
-from typing import Any
 
 import msgspec
 
-from ctlwire.transports.conformance_operation_check import (
-    OPERATION_CASES,
-    OPERATION_LANE_CASES,
-    OPERATION_ONE_AT_A_TIME_CASES,
-    check_operations,
-)
+from ctlwire.transports.conformance_frame_check import FRAME_CASES, check_frames
+from ctlwire.transports.conformance_operation_check import OPERATION_CASES, check_operations
 from ctlwire.transports.conformance_report import CODEC, CONFORMANCE_ERROR, Report
+from ctlwire.transports.conformance_serving_check import (
+    LANE_CASES,
+    ONE_AT_A_TIME_CASES,
+    SERVING_CASES,
+    check_serving,
+)
 from ctlwire.transports.conformance_wire import (
     CLIENT_INC,
     OTHER_INC,
     HarnessClient,
-    float32_deadline,
     malformed_frame,
     request_items,
 )
@@ -49,15 +46,8 @@ __all__ = ["ENGINE_CASES", "LANE_CASES", "ONE_AT_A_TIME_CASES", "CheckEngine"]
 
 INCARNATION_WINDOW_MS = 60_000
 _MAJOR_2 = pack_version((PROTOCOL_VERSION >> 8) + 1, 0)
-#: requests sent at once behind a held lane: more than a connection may queue (64)
-_FLOOD = 300
 _ORDER = "what-an-engine-does-with-a-request"
 _NEVER = 0.3  # seconds of quiet, at the end, for replies that must never come
-_RECEIVING = "receives while a request runs"
-_ONE_AT_A_TIME = "runs one request at a time"
-#: how far over the frame limit a frame still reaches the engine whole (below the
-#: transport's cap: the limit + max(64 KiB, limit / 16))
-_OVER_BY = 512 * 1024
 
 ENGINE_CASES: tuple[str, ...] = (
     "sockets/first-contact",
@@ -74,7 +64,6 @@ ENGINE_CASES: tuple[str, ...] = (
     "error-codes/505-UnsupportedProtocolVersion",
     "error-codes/413-ReplyTooLarge",
     "error-codes/500-ResultNotEncodable",
-    f"{_ORDER}/serving-model",
     f"{_ORDER}/1-undecodable-before-duplicate",
     f"{_ORDER}/2-duplicate-before-version",
     f"{_ORDER}/3-version-before-rank",
@@ -87,14 +76,7 @@ ENGINE_CASES: tuple[str, ...] = (
     f"{_ORDER}/8-key-length-before-payload",
     f"{_ORDER}/8-recorded-outcome-before-payload",
     f"{_ORDER}/9-payload-for-a-method-without-one",
-    "error-codes/425-InProgress",
-    f"{_ORDER}/8-in-progress-before-payload",
-    "idempotency-keys/one-at-a-time-repeat-gets-recorded-outcome",
-    "error-codes/429-Busy",
-    f"{_ORDER}/busy-engine-keeps-receiving",
-    "deadlines/checked-when-it-starts",
-    f"{_ORDER}/one-method-in-arrival-order",
-    f"{_ORDER}/methods-run-concurrently",
+    *SERVING_CASES,
     "fencing-tokens/admitted",
     "fencing-tokens/moves-only-when-validated",
     "fencing-tokens/read-only-methods-ignore-fences",
@@ -103,30 +85,7 @@ ENGINE_CASES: tuple[str, ...] = (
     "idempotency-keys/read-only-methods-ignore-keys",
     "idempotency-keys/without-routes-the-client-field-is-the-scope",
     "request-ids/salvaged-id-not-seen",
-    "envelopes/negative-seq-malformed",
-    "envelopes/version-beyond-16-bits-malformed",
-    "envelopes/nan-deadline-malformed",
-    "envelopes/float-for-integer-malformed",
-    "envelopes/float32-deadline-accepted",
-    "envelopes/fence-of-2-to-the-63-out-of-range",
-    "envelopes/fence-of-2-to-the-64-minus-1-out-of-range",
-    "envelopes/fence-of-minus-2-to-the-63-out-of-range",
-    "envelopes/rank-of-2-to-the-64-minus-1-wrong-rank",
-    "envelopes/rank-of-minus-2-to-the-63-wrong-rank",
-    "envelopes/client-of-any-integer-served",
-    "envelopes/seq-of-2-to-the-64-minus-1-served",
-    "envelopes/negative-zero-deadline-is-none",
-    "versioning/minor-version-unknown-fields-served",
-    "limits/method-of-256-characters-decoded",
-    "limits/method-of-257-characters-malformed",
-    "limits/trace-at-its-bounds-served",
-    "limits/trace-of-17-entries-malformed",
-    "limits/trace-key-of-257-characters-malformed",
-    "limits/trace-value-of-8193-characters-malformed",
-    "limits/oversized-frame-answered-413",
-    "error-codes/413-OversizedFrame",
-    "limits/connection-survives-oversized-frame",
-    "limits/frame-below-the-transport-cap-answered-413",
+    *FRAME_CASES,
     "operations-the-ledgers-messages/metrics-read-only",
     *OPERATION_CASES,
     "liveness/heartbeats-while-busy",
@@ -142,33 +101,17 @@ ENGINE_CASES: tuple[str, ...] = (
     "sockets/request-to-beacon-ignored",
 )
 
-#: cases of an engine that receives while a request runs (skipped for one that runs one
-#: request at a time)
-LANE_CASES: frozenset[str] = frozenset({
-    "error-codes/425-InProgress", f"{_ORDER}/8-in-progress-before-payload",
-    "error-codes/429-Busy", f"{_ORDER}/busy-engine-keeps-receiving",
-    f"{_ORDER}/methods-run-concurrently", *OPERATION_LANE_CASES})
-#: cases of an engine that runs one request at a time (skipped for one that receives
-#: while a request runs)
-ONE_AT_A_TIME_CASES: frozenset[str] = frozenset({
-    "idempotency-keys/one-at-a-time-repeat-gets-recorded-outcome",
-    *OPERATION_ONE_AT_A_TIME_CASES})
-
 
 class CheckEngine(HarnessClient):
     """Plays the client (a bound ROUTER) against the engine of ``rank``: every case."""
 
-    #: whether the engine receives while ``sleep`` runs (None: not known yet)
-    receiving: bool | None = None
-
     # -- the run -------------------------------------------------------------------------
     def run(self, report: Report) -> None:
         if self.first_contact(report):
-            for case in (self.served, self.refusals, self.serving_model, self.decision_order,
-                         self.in_progress, self.busy, self.deadline_at_start, self.fences,
-                         self.keys, self.ids, self.ranges, self.bounds, self.oversized,
-                         self.metrics, self.operations, self.liveness, self.reconnect,
-                         self.cache_full, self.probes):
+            for case in (self.served, self.refusals, self.decision_order, self.serving,
+                         self.fences, self.keys, self.ids, self.frames, self.metrics,
+                         self.operations, self.liveness, self.reconnect, self.cache_full,
+                         self.probes):
                 try:
                     case(report)
                 except Exception as exc:  # a case that broke is a failed case
@@ -235,28 +178,6 @@ class CheckEngine(HarnessClient):
         expect(report, "error-codes/500-ResultNotEncodable", self.call("unencodable"),
                "ResultNotEncodable", 500)
 
-    def serving_model(self, report: Report) -> None:
-        """Does the engine receive while a request runs (is ``ctlwire.metrics``, a
-        read-only built-in, answered while ``sleep`` runs), or does it run one request
-        at a time? Either is allowed; the cases that depend on it follow its answer."""
-        running = self.send_request("sleep", 0.6)
-        self.idle(0.1)
-        probe = self.send_request("ctlwire.metrics")
-        first, answered = self.reply(running), self.reply(probe)
-        self.receiving = self.before(probe, running)
-        report.add(f"{_ORDER}/serving-model", first is not None and first.ok
-                   and answered is not None and answered.ok,
-                   _RECEIVING if self.receiving else _ONE_AT_A_TIME)
-
-    def skip(self, report: Report, names: frozenset[str] | set[str]) -> None:
-        """Skip ``names``: this engine follows the other model's rule."""
-        why = (f"this engine {_RECEIVING}: the rule of an engine that "
-               f"{_ONE_AT_A_TIME} does not apply" if self.receiving else
-               f"this engine {_ONE_AT_A_TIME}: the rule of an engine that {_RECEIVING} "
-               "does not apply")
-        for name in sorted(names):
-            report.skip(name, why)
-
     def decision_order(self, report: Report) -> None:
         """Each step's refusal wins over every later step's."""
         expect = self.expect_error
@@ -309,86 +230,6 @@ class CheckEngine(HarnessClient):
                    repr(again.error if again is not None and again.error else again))
         expect(report, f"{_ORDER}/9-payload-for-a-method-without-one", self.call("count", 5),
                "InvalidPayload", 422)
-
-    def in_progress(self, report: Report) -> None:
-        """A keyed request repeated while its first run runs: an engine that receives
-        meanwhile refuses it ``InProgress`` at once (before the first run's reply); one
-        that runs one request at a time reads it after the first run and answers the
-        recorded outcome."""
-        key = f"slow-{secrets.token_hex(4)}"
-        first = self.send_request("sleep", 1.0, key=key)
-        self.idle(0.1)
-        repeat = self.send_request("sleep", 1.0, key=key)
-        bad_payload = self.send_request("sleep", "not a number", key=key)
-        probe = self.send_request("ctlwire.metrics")
-        done = self.reply(first)
-        again, refused = self.reply(repeat), self.reply(bad_payload)
-        self.reply(probe)
-        if self.before(probe, first):  # it received while the first ran
-            self.skip(report, {"idempotency-keys/one-at-a-time-repeat-gets-recorded-outcome"})
-            for name, reply, rid in (("error-codes/425-InProgress", again, repeat),
-                                     (f"{_ORDER}/8-in-progress-before-payload", refused,
-                                      bad_payload)):
-                if reply is not None and not self.before(rid, first):
-                    report.add(name, False, "answered only once the first run ended: "
-                               f"{reply.error.type if reply.error else 'ok'}")
-                else:
-                    self.expect_error(report, name, reply, "InProgress", 425)
-            return
-        self.skip(report, {"error-codes/425-InProgress", f"{_ORDER}/8-in-progress-before-payload"})
-        outcome = self.value(done)
-        ok = all(r is not None and r.ok and CODEC.decode_value(r.result) == outcome
-                 for r in (again, refused)) and self.before(first, repeat)
-        report.add("idempotency-keys/one-at-a-time-repeat-gets-recorded-outcome", ok,
-                   f"first {outcome!r}; repeats {again!r:.80}, {refused!r:.80}")
-
-    def busy(self, report: Report) -> None:
-        """A flood of one method on one connection while its lane is held: each request
-        is answered, run or refused Busy (429) at once, and the engine keeps receiving
-        (another method is answered before the lane frees). An engine that runs one
-        request at a time queues nothing: it never answers Busy."""
-        if not self.receiving:
-            self.skip(report, {"error-codes/429-Busy", f"{_ORDER}/busy-engine-keeps-receiving"})
-            return
-        held = self.send_request("sleep", 1.0)
-        flood = [self.send_request("sleep", 0.0) for _ in range(_FLOOD)]
-        other = self.reply(self.send_request("echo", "meanwhile"), timeout=0.8)
-        replies = [self.reply(rid) for rid in flood]
-        busy = [r for r in replies if r is not None and not r.ok]
-        refused = busy[0] if busy else None
-        if refused is None:
-            report.add("error-codes/429-Busy", False,
-                       f"{_FLOOD} requests queued behind a held lane, none refused Busy")
-        else:
-            self.expect_error(report, "error-codes/429-Busy", refused, "Busy", 429)
-        report.add(f"{_ORDER}/busy-engine-keeps-receiving",
-                   other is not None and other.ok and all(
-                       r is not None and (r.ok or (r.error is not None
-                                                   and r.error.code == 429)) for r in replies),
-                   "echo answered while the lane was full" if other is not None else
-                   "echo not answered while the lane was full (the engine stopped receiving)")
-        self.reply(held)
-
-    def deadline_at_start(self, report: Report) -> None:
-        """Requests of one method start in arrival order, one at a time, and a queued one's
-        deadline is checked when it starts; other methods run meanwhile."""
-        busy = self.send_request("sleep", 0.4)
-        queued = self.send_request("sleep", 0.0)
-        late = self.send_request("sleep", 0.0, deadline=time.time() + 0.2)
-        other = self.call("echo", "meanwhile")
-        self.expect_error(report, "deadlines/checked-when-it-starts", self.reply(late),
-                          "DeadlineExpired", 408)
-        first, second = self.reply(busy), self.reply(queued)
-        times = [self.arrived.get(i, 0.0) for i in (busy, queued, late)]
-        report.add(f"{_ORDER}/one-method-in-arrival-order", first is not None and first.ok
-                   and second is not None and second.ok and times == sorted(times),
-                   "replies in the order sent" if times == sorted(times) else "out of order")
-        if not self.receiving:
-            self.skip(report, {f"{_ORDER}/methods-run-concurrently"})
-            return
-        report.add(f"{_ORDER}/methods-run-concurrently", other is not None and other.ok
-                   and self.arrived.get(other.id, 1e18) < self.arrived.get(busy, 0.0),
-                   "echo answered while sleep ran")
 
     def fences(self, report: Report) -> None:
         """The fence moves only for a fully validated request of a state-changing method."""
@@ -465,105 +306,19 @@ class CheckEngine(HarnessClient):
         self.never_answered("request-ids/zero-not-answered", [0], "a request of id 0")
         self.never_answered("request-ids/negative-not-answered", [-7], "a request of id -7")
 
-    def ranges(self, report: Report) -> None:
-        """A field out of its range is malformed (400, its id answered)."""
-        for name, fields in (("envelopes/negative-seq-malformed", {"seq": -1}),
-                             ("envelopes/version-beyond-16-bits-malformed",
-                              {"version": 0x10000 | PROTOCOL_VERSION}),
-                             ("envelopes/nan-deadline-malformed", {"deadline": float("nan")}),
-                             ("envelopes/float-for-integer-malformed", {"fence": 2.0})):
-            self.expect_error(report, name, self.call("echo", 1, **fields),
-                              "MalformedFrame", 400)
-        rid = self.new_id()
-        frame = float32_deadline(request_items(rid, self.rank, "echo", "f32"),
-                                 time.time() + 600.0)
-        reply = self.call("echo", frame=frame, request_id=rid)
-        report.add("envelopes/float32-deadline-accepted", reply is not None and reply.ok,
-                   repr(reply.error if reply else None))
-        limits: list[tuple[str, str, dict[str, Any], tuple[str, int]]] = [
-                ("envelopes/fence-of-2-to-the-63-out-of-range", "count", {"fence": 2**63},
-                 ("FenceOutOfRange", 416)),
-                ("envelopes/fence-of-2-to-the-64-minus-1-out-of-range", "count",
-                 {"fence": 2**64 - 1}, ("FenceOutOfRange", 416)),
-                ("envelopes/fence-of-minus-2-to-the-63-out-of-range", "count",
-                 {"fence": -(2**63)}, ("FenceOutOfRange", 416)),
-                ("envelopes/rank-of-2-to-the-64-minus-1-wrong-rank", "echo",
-                 {"rank": 2**64 - 1}, ("WrongRank", 421)),
-                ("envelopes/rank-of-minus-2-to-the-63-wrong-rank", "echo", {"rank": -(2**63)},
-                 ("WrongRank", 421))]
-        for name, method, fields, (type_name, code) in limits:
-            self.expect_error(report, name, self.call(method, **fields), type_name, code)
-        served = [self.call("echo", client, client=client)
-                  for client in (-1, 0, 2**64 - 1, -(2**63))]
-        report.add("envelopes/client-of-any-integer-served", all(
-            r is not None and r.ok for r in served), repr([r.error if r else None
-                                                           for r in served]))
-        reply = self.call("echo", "last", seq=2**64 - 1)
-        report.add("envelopes/seq-of-2-to-the-64-minus-1-served",
-                   reply is not None and reply.ok, repr(reply.error if reply else None))
-        reply = self.call("echo", "no deadline", deadline=-0.0)
-        report.add("envelopes/negative-zero-deadline-is-none", reply is not None and reply.ok,
-                   repr(reply.error if reply else None))
-        rid = self.new_id()
-        items = request_items(rid, self.rank, "echo", "newer", version=pack_version(1, 9))
-        reply = self.call("echo", frame=msgspec.msgpack.encode(
-            [*items, "a later field", {"x": 1}]), request_id=rid)
-        report.add("versioning/minor-version-unknown-fields-served",
-                   reply is not None and reply.ok and CODEC.decode_value(reply.result) == "newer")
-
-    def bounds(self, report: Report) -> None:
-        """A request's method and trace map are bounded while decoding: beyond a bound
-        the frame is malformed (its id answered 400); at the bound it is decoded."""
-        reply = self.call("🚀" * 256)  # characters, not bytes: 1024 bytes of UTF-8
-        self.expect_error(report, "limits/method-of-256-characters-decoded", reply,
-                          "UnknownMethod", 404)
-        trace = {"k" * 256: "ü" * 8192, **{f"t{i}": "v" for i in range(15)}}
-        reply = self.call("echo", "traced", trace=trace)
-        report.add("limits/trace-at-its-bounds-served", reply is not None and reply.ok,
-                   repr(reply.error if reply else None))
-        beyond: list[tuple[str, str, dict[str, Any]]] = [
-                ("limits/method-of-257-characters-malformed", "m" * 257, {}),
-                ("limits/trace-of-17-entries-malformed", "echo",
-                 {"trace": {f"t{i}": "v" for i in range(17)}}),
-                ("limits/trace-key-of-257-characters-malformed", "echo",
-                 {"trace": {"k" * 257: "v"}}),
-                ("limits/trace-value-of-8193-characters-malformed", "echo",
-                 {"trace": {"traceparent": "v" * 8193}})]
-        for name, method, fields in beyond:
-            self.expect_error(report, name, self.call(method, 1, **fields), "MalformedFrame",
-                              400)
-
-    def oversized(self, report: Report) -> None:
-        """A frame over the limit (by 100 bytes: below libzmq's backstop) is answered."""
-        rid = self.new_id()
-        head = msgspec.msgpack.encode(request_items(rid, self.rank, "echo", ""))
-        frame = msgspec.msgpack.encode(request_items(
-            rid, self.rank, "echo", "x" * (self.limit + 100 - len(head))))
-        reply = self.call("echo", frame=frame, request_id=rid)
-        report.add("limits/oversized-frame-answered-413", reply is not None and not reply.ok
-                   and reply.error is not None and reply.error.code == 413,
-                   f"{len(frame)} bytes: {reply.error if reply else 'no reply'}")
-        self.expect_error(report, "error-codes/413-OversizedFrame", reply, "OversizedFrame", 413)
-        after = self.call("echo", "still connected")
-        report.add("limits/connection-survives-oversized-frame", after is not None and after.ok)
-        rid = self.new_id()
-        frame = msgspec.msgpack.encode(request_items(
-            rid, self.rank, "echo", "x" * (self.limit + _OVER_BY - len(head))))
-        reply = self.call("echo", frame=frame, request_id=rid)
-        after = self.call("echo", "still connected")
-        report.add("limits/frame-below-the-transport-cap-answered-413",
-                   reply is not None and reply.error is not None and reply.error.code == 413
-                   and after is not None and after.ok,
-                   f"{len(frame)} bytes: {reply.error if reply else 'no reply'}; then "
-                   f"{'served' if after is not None and after.ok else 'nothing'}")
-
     def metrics(self, report: Report) -> None:
         reply = self.call("ctlwire.metrics", None, fence=1)  # read-only: the fence is ignored
         report.add("operations-the-ledgers-messages/metrics-read-only",
                    reply is not None and reply.ok)
 
+    def serving(self, report: Report) -> None:
+        check_serving(self, report)
+
+    def frames(self, report: Report) -> None:
+        check_frames(self, report)
+
     def operations(self, report: Report) -> None:
-        check_operations(self, report, self.skip)
+        check_operations(self, report)
 
     def liveness(self, report: Report) -> None:
         """Busy is not dead: heartbeats keep coming while a handler sleeps, and say so."""

@@ -13,7 +13,6 @@ field names its one client, the owner of the operations it begins.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
 from typing import Any
 
 from ctlwire.transports.conformance_report import CODEC, Report
@@ -76,10 +75,9 @@ class _Steps:
         return self.engine.reply(self.send(step, phase, **kw))
 
 
-def check_operations(engine: HarnessClient, report: Report,
-                     skip: Callable[[Report, frozenset[str]], None]) -> None:
-    """Every ledger case against ``engine``; ``skip(report, names)`` reports the cases
-    of the serving model the engine does not follow."""
+def check_operations(engine: HarnessClient, report: Report) -> None:
+    """Every ledger case against ``engine``; the cases of the serving model it does not
+    follow are reported skipped."""
     expect = engine.expect_error
     ops = _Steps(engine)
     applied = ops.call("s0", args="a")
@@ -146,14 +144,14 @@ def check_operations(engine: HarnessClient, report: Report,
     answer = engine.reply(asked)
     engine.reply(probe)
     if engine.before(probe, running):  # it received while the step ran
-        skip(report, OPERATION_ONE_AT_A_TIME_CASES)
+        engine.skip_other_model(report, OPERATION_ONE_AT_A_TIME_CASES)
         if answer is not None and not engine.before(asked, running):
             report.add("error-codes/409-StepInFlight", False,
                        "the take-over was answered only once the step returned")
         else:
             expect(report, "error-codes/409-StepInFlight", answer, "StepInFlight", 409)
     else:
-        skip(report, OPERATION_LANE_CASES)
+        engine.skip_other_model(report, OPERATION_LANE_CASES)
         view = CODEC.decode_value(answer.result) if answer is not None and answer.ok else {}
         report.add(f"{_OPS}/one-at-a-time-take-over-after-step",
                    view.get("highest_fence") == token and engine.before(running, asked),

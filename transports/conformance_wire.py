@@ -71,6 +71,9 @@ class HarnessClient:
         #: where the engine's heartbeats come from (``beat-N``, or a group beacon's identity)
         self.beacon_identity = b"beat-%d" % rank
         self.client = CLIENT_INC  # the client incarnation of this harness's ids
+        #: whether the engine receives while a request runs (lanes), or runs one request
+        #: at a time; None until seen
+        self.receiving: bool | None = None
         self._next_id = 1
         self._last_fence = 0
         self._at_end: list[Callable[[Report], None]] = []
@@ -205,6 +208,20 @@ class HarnessClient:
             report.add(name, not got, f"{why}: {len(got)} of {len(ids)} answered")
 
         self._at_end.append(check)
+
+    @property
+    def serving_model(self) -> str:
+        """How the engine serves, as the harness saw it (:attr:`receiving`)."""
+        return ("receives while a request runs" if self.receiving else
+                "runs one request at a time")
+
+    def skip_other_model(self, report: Report, names: frozenset[str] | set[str]) -> None:
+        """Report ``names``, the cases of the model this engine does not follow, skipped."""
+        other = ("runs one request at a time" if self.receiving else
+                 "receives while a request runs")
+        for name in sorted(names):
+            report.skip(name, f"this engine {self.serving_model}: the rule of an engine "
+                        f"that {other} does not apply")
 
     def expect_error(self, report: Report, name: str, reply: Reply | None, type_name: str,
                      code: int) -> bool:

@@ -24,15 +24,18 @@ Guarantees:
   (Received → Running → Replied, or Rejected / Expired) and gets exactly one
   reply; a handler that raises gets an error reply carrying its class name,
   message and ``code`` attribute. With :meth:`poll` (sync handlers) requests
-  run one at a time in arrival order. With :meth:`serve`, requests are taken
-  in arrival order; sync inline handlers run one at a time on the event loop,
-  while async and ``threaded`` handlers run in a lane per method: **per
-  method, requests start in arrival order, at most ``concurrency`` at a time
-  (default 1, so each method stays serial)**, and different methods run
-  concurrently — ``get_server_info`` is answered while a long
-  ``update_weights`` runs, and a hung handler blocks only its own method.
-  Across methods there is no ordering; read-only sync handlers (and the
-  built-ins) run as they arrive. A request that waits is validated as it
+  run one at a time in arrival order, and nothing is received while one runs.
+  With :meth:`serve`, requests are taken in arrival order; async and
+  ``threaded`` handlers run in a lane per method: **per method, requests start
+  in arrival order, at most ``concurrency`` at a time (default 1, so each
+  method stays serial)**, and the lanes of different methods run concurrently
+  while the engine keeps receiving — ``get_server_info`` is answered while a
+  long async ``update_weights`` runs, and a hung lane handler blocks only its
+  own method. A plain sync handler runs on the event loop as it arrives, one
+  at a time: while it runs the engine receives nothing (no ``InProgress``, no
+  ``Busy``, no read-only built-in answered, no other method started) and
+  nothing else on the loop runs. Across methods there is no ordering; read-only sync handlers
+  (and the built-ins) run as they arrive. A request that waits is validated as it
   arrives and checked again (deadline, fence, key) when it starts.
   :attr:`EngineEndpoint.running` maps each request id being handled to its
   method and start time (``time.monotonic``).
@@ -257,7 +260,18 @@ class EngineEndpoint:
     def method(self, name: str | None = None, *, payload_type: Any = NO_PAYLOAD,
                threaded: bool = False, concurrency: int = 1, read_only: bool = False
                ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorator form of :meth:`register` (name defaults to the function's)."""
+        """Decorator form of :meth:`register` (name defaults to the function's).
+
+        Under :meth:`serve` an ``async def`` handler, or a sync one with
+        ``threaded=True``, runs in its method's lane (at most ``concurrency`` at a
+        time, in arrival order) while the engine keeps receiving; lanes of
+        different methods run concurrently. A plain sync handler runs on the
+        receive loop: while it runs the engine receives nothing (no
+        ``InProgress``, no ``Busy``, no read-only built-in answered, no other
+        method started) and nothing else on the loop runs -- two 1 s sync
+        handlers of two methods called at once take about 2 s (as do a sync and a
+        lane one), two threaded or async ones about 1 s. Make a handler that
+        blocks ``threaded`` (its state then shared across threads) or async."""
         return self.method_table.method(name, payload_type=payload_type, threaded=threaded,
                                         concurrency=concurrency, read_only=read_only)
 
@@ -411,8 +425,9 @@ class EngineEndpoint:
         transport; runs heartbeats in a task of its own, so a long async
         handler does not make the engine look dead. Async and threaded
         handlers run in one lane per method (see the ordering
-        guarantee above), so a long or hung handler delays only requests
-        of its own method."""
+        guarantee above), so a long or hung one delays only requests of its
+        own method; a plain sync handler runs on the loop and holds it,
+        receiving included, until it returns."""
         await EngineServer(self.transport, self.core, self.outbox, self.liveness, self.runner,
                            self.queued_requests, mailbox_size=self.mailbox_size
                            ).serve(task_status)
