@@ -108,7 +108,8 @@ class HarnessClient:
 
     def _take(self, timeout: float) -> None:
         """Receive one message (or none within ``timeout``): heartbeats and replies
-        recorded; a group beacon's message (``beats-F-C``) is a heartbeat a frame."""
+        recorded; a group beacon's message (``beats-F-C``) is a heartbeat a frame, of
+        which only this harness's rank's are kept."""
         if not self.sock.poll(int(timeout * 1000)):
             return
         identity, *frames = self.sock.recv_multipart()
@@ -119,6 +120,8 @@ class HarnessClient:
             except MalformedFrame:
                 continue
             if isinstance(env, Heartbeat):
+                if group and env.rank != self.rank:
+                    continue  # another rank of the engine's process
                 self.heartbeats.append((time.monotonic(), env))
                 if group or identity.startswith(b"beat-"):
                     self.beacon_identity = identity
