@@ -362,7 +362,7 @@ def test_values_nested_near_the_recursion_limit_give_payload_type_errors(name: s
 # "KeyTooLong" and "CacheFull": a key the idempotency cache does not take,
 # "UnsupportedProtocolVersion": a request announcing another major protocol version
 REQUEST_ERRORS = {"WrongRank", "UnknownMethod", "DeadlineExpired", "InvalidPayload",
-                  "RuntimeError", "ResultNotEncodable", "_AsyncHandlerInPoll", "ReplyTooLarge",
+                  "RuntimeError", "ResultNotEncodable", "AsyncHandlerInPoll", "ReplyTooLarge",
                   "Fenced", "FenceOutOfRange", "InProgress", "KeyTooLong", "CacheFull",
                   "UnsupportedProtocolVersion"}
 

@@ -19,6 +19,11 @@ LEDGER_TYPES: dict[str, type[msgspec.Struct]] = {
     "StepRequest": StepRequest, "LastOperation": LastOperation, "TakeOver": TakeOver}
 
 FILES = sorted(VECTORS.glob("*.json"))
+#: frames beyond a decode bound of docs/protocol.md's Limits (a method's and a trace's
+#: length) that this implementation's decoder does not refuse yet (strict: a vector that
+#: starts passing must leave this list)
+DECODER_GAPS = frozenset({"reject-method-too-long", "reject-trace-too-many-entries",
+                          "reject-trace-key-too-long", "reject-trace-value-too-long"})
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -33,7 +38,10 @@ def test_every_case_has_its_file_and_nothing_else() -> None:
     assert {load(p)["expect"] for p in FILES} == {"roundtrip", "decode", "reject"}
 
 
-@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+@pytest.mark.parametrize("path", [
+    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="the decoder does not bound "
+                                            "a method's and a trace's length yet"))
+    if p.stem in DECODER_GAPS else p for p in FILES], ids=[p.stem for p in FILES])
 def test_vector(path: Path) -> None:
     vector = load(path)
     data = bytes.fromhex(vector["hex"])
@@ -84,3 +92,12 @@ def test_one_changed_byte_fails_a_vector() -> None:
         except MalformedFrame:
             continue
         assert meaning_of(decoded) != vector["meaning"], at
+
+
+def test_the_largest_id_vector_holds_the_spec_s_largest_id() -> None:
+    """The spec's id range is ``1 ≤ id < 2^64``: the vector of the largest id holds
+    2**64 - 1, and the 64-bit one an id no signed 64-bit integer holds."""
+    spec = (VECTORS.parents[1] / "docs" / "protocol.md").read_text(encoding="utf-8")
+    assert "an id is `1 ≤ id < 2^64`" in spec
+    assert load(VECTORS / "request-largest-id.json")["meaning"]["fields"]["id"] == 2**64 - 1
+    assert load(VECTORS / "request-id-64-bits.json")["meaning"]["fields"]["id"] >= 2**63
