@@ -65,16 +65,11 @@ needs_node = pytest.mark.skipif(
     reason="the Node.js implementation needs node and `npm ci` in interop/node "
            "(.ci/run installs both)")
 
-_DECODE_BOUNDS = ("the decoder does not bound a request's method and trace map yet "
-                  "(docs/protocol.md, Limits): such a frame is served, not malformed")
-#: Where the Python reference engine does not yet do what the spec says: each case is an
+#: Where the Python reference engine does not do what the spec says: each case is an
 #: expected failure of the Python engine only (in both modes), with the rule it lacks
 #: (strict: a case that starts passing must leave this list). The Node.js engine passes
 #: every case.
-KNOWN_ENGINE_GAPS: dict[str, str] = dict.fromkeys((
-    "limits/method-of-257-characters-malformed", "limits/trace-of-17-entries-malformed",
-    "limits/trace-key-of-257-characters-malformed",
-    "limits/trace-value-of-8193-characters-malformed"), _DECODE_BOUNDS)
+KNOWN_ENGINE_GAPS: dict[str, str] = {}
 
 
 def failures(report: object) -> list[str]:

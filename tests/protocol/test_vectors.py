@@ -19,13 +19,6 @@ LEDGER_TYPES: dict[str, type[msgspec.Struct]] = {
     "StepRequest": StepRequest, "LastOperation": LastOperation, "TakeOver": TakeOver}
 
 FILES = sorted(VECTORS.glob("*.json"))
-#: frames beyond a decode bound of docs/protocol.md's Limits (a method's and a trace's
-#: length) that this implementation's decoder does not refuse yet (strict: a vector that
-#: starts passing must leave this list)
-DECODER_GAPS = frozenset({"reject-method-too-long", "reject-trace-too-many-entries",
-                          "reject-trace-key-too-long", "reject-trace-value-too-long"})
-
-
 def load(path: Path) -> dict[str, Any]:
     vector: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     return vector
@@ -38,10 +31,7 @@ def test_every_case_has_its_file_and_nothing_else() -> None:
     assert {load(p)["expect"] for p in FILES} == {"roundtrip", "decode", "reject"}
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="the decoder does not bound "
-                                            "a method's and a trace's length yet"))
-    if p.stem in DECODER_GAPS else p for p in FILES], ids=[p.stem for p in FILES])
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_vector(path: Path) -> None:
     vector = load(path)
     data = bytes.fromhex(vector["hex"])
