@@ -16,7 +16,8 @@ from ctlwire.kernel.engine.operation_ledger import (
     LastOperation,
     TakeOver,
 )
-from ctlwire.kernel.errors import RemoteError, RequestTimedOut
+from ctlwire.kernel.errors import RequestTimedOut
+from ctlwire.kernel.step_dispatch import retry_safe
 from ctlwire.kernel.step_outcomes import answers
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ async def read_last_operations(client: ControlClient, targets: Sequence[int],
                 error = res.errors.get(rank)
                 if error is not None:
                     out[rank] = error
-                    if isinstance(error, RemoteError) and error.type_name == "StepInFlight":
+                    if retry_safe(error):
                         busy.append(rank)
             ask = tuple(busy)
             if ask:

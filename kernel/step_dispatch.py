@@ -26,9 +26,10 @@ from ctlwire.kernel.core.operation_core import Dispatch
 from ctlwire.kernel.engine.ledger_messages import StepRequest
 from ctlwire.kernel.engine.operation_ledger import STEP_METHOD
 from ctlwire.kernel.engine.step_abort import ABORT_STEP_METHOD, AbortStep
+from ctlwire.kernel.errors import Busy, NotDelivered, RemoteError
 from ctlwire.kernel.step_outcomes import answers
 
-__all__ = ["abort_on_loss", "step_answers"]
+__all__ = ["abort_on_loss", "retry_safe", "step_answers"]
 
 
 async def step_answers(client: ControlClient, d: Dispatch, payload: StepRequest,
@@ -77,7 +78,15 @@ async def abort_on_loss(client: ControlClient, d: Dispatch) -> None:
                                 timeout=4 * interval, result_type=bool)
         except Exception:  # the client closed: the dispatch itself says so
             return
-        if res is not None:  # aborted there, or refused (asking again will not help)
-            others = [r for r in others
-                      if res.results.get(r) is not True and r not in res.errors]
+        if res is not None:  # done where it aborted, or was refused for good
+            others = [r for r in others if res.results.get(r) is not True
+                      and (r not in res.errors or retry_safe(res.errors[r]))]
         await anyio.sleep(interval)
+
+
+def retry_safe(error: Exception) -> bool:
+    """Whether a control request's refusal means "ask again": it did not run and may
+    another time (``Busy``, ``NotDelivered``), or a step ran meanwhile
+    (``StepInFlight``)."""
+    return isinstance(error, (Busy, NotDelivered)) or (
+        isinstance(error, RemoteError) and error.type_name == "StepInFlight")

@@ -230,7 +230,7 @@ class ZmqOptions:
             sock.setsockopt(zmq.ROUTER_HANDOVER, int(handover))
 
 
-_log = logging.getLogger("ctlwire.transport")
+_log = logging.getLogger("ctlwire.zmq")
 _seed_lock = threading.Lock()
 
 

@@ -39,6 +39,9 @@ class MethodSpec:
     ``decode_value``); whatever it refuses, ``decode_value`` judges."""
     encode: Callable[[Any], bytes] | None = field(default=None, repr=False, compare=False)
     """The codec's shortcut value encoder (None: ``encode_value``)."""
+    control: bool = False
+    """A sync handler that never blocks and must reach the engine whatever else waits
+    (the ledger's take-over and abort): run as it arrives, never queued."""
 
 
 # INBOUND_REQUEST_TABLE as one dict, read on the per-request path:

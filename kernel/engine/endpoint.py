@@ -250,12 +250,13 @@ class EngineEndpoint:
     # -- the method table ----------------------------------------------------------
     def register(self, name: str, handler: Callable[..., Any], *, payload_type: Any = NO_PAYLOAD,
                  threaded: bool = False, concurrency: int = 1, read_only: bool = False,
-                 _caller_frame: int = 1) -> MethodSpec:
+                 control: bool = False, _caller_frame: int = 1) -> MethodSpec:
         """Allow ``name``, served by ``handler``
         (:meth:`~ctlwire.kernel.engine.method_table.MethodTable.register`)."""
         return self.method_table.register(
             name, handler, payload_type=payload_type, threaded=threaded,
-            concurrency=concurrency, read_only=read_only, _caller_frame=_caller_frame + 1)
+            concurrency=concurrency, read_only=read_only, control=control,
+            _caller_frame=_caller_frame + 1)
 
     def method(self, name: str | None = None, *, payload_type: Any = NO_PAYLOAD,
                threaded: bool = False, concurrency: int = 1, read_only: bool = False

@@ -41,7 +41,7 @@ class MethodTable:
     # -- registration ----------------------------------------------------------
     def register(self, name: str, handler: Callable[..., Any], *, payload_type: Any = _NONE,
                  threaded: bool = False, concurrency: int = 1, read_only: bool = False,
-                 _caller_frame: int = 1) -> MethodSpec:
+                 control: bool = False, _caller_frame: int = 1) -> MethodSpec:
         """Allow ``name``, served by ``handler``.
 
         ``handler`` takes no argument or one (the payload, decoded as its
@@ -67,6 +67,13 @@ class MethodTable:
         engine's fence and are never recorded under an idempotency key. Every
         other method is state-changing.
 
+        ``control=True`` (with ``threaded=True``: the operation ledger's take-over
+        and abort) declares a sync handler that never blocks (it holds the
+        engine's state for a moment) and must reach the engine whatever else
+        waits: under ``serve()`` it runs as it arrives, on the receive loop, never
+        queued in a lane and never refused ``Busy``; a busy loop still serves it
+        from a worker thread beside its steps.
+
         The payload annotation is resolved here, string annotations
         (``from __future__ import annotations``) included, in the handler's
         module and then in the scope that registers it (a ``msgspec.Struct``
@@ -91,10 +98,13 @@ class MethodTable:
             if takes_payload:
                 payload_type = _payload_annotation(name, handler, params[0], _caller_frame)
         optional = bool(params) and params[0].default is not params[0].empty
+        is_async = inspect.iscoroutinefunction(handler)
+        if control and is_async:
+            raise TypeError(f"control method {name!r} must be a sync handler that never blocks")
         fast = self.codec.fast_value_codec(payload_type)
-        spec = MethodSpec(name, handler, payload_type, takes_payload,
-                          inspect.iscoroutinefunction(handler), threaded, optional, concurrency,
-                          read_only, fast[1] if fast else None, fast[0] if fast else None)
+        spec = MethodSpec(name, handler, payload_type, takes_payload, is_async, threaded,
+                          optional, concurrency, read_only, fast[1] if fast else None,
+                          fast[0] if fast else None, control=control)
         if self.place_handler is not None:
             spec = self.place_handler(spec)
         self.specs[name] = spec

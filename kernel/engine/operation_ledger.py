@@ -218,9 +218,10 @@ class OperationLedger:
         endpoint.register(LAST_OPERATION_METHOD, self.last_operation, read_only=True)
         endpoint.register(STEP_METHODS_METHOD, self.step_methods, read_only=True)
         # threaded: served apart from the steps (a busy loop's thread, a worker), so
-        # a take-over sees a step that runs and is refused StepInFlight
-        endpoint.register(TAKE_OVER_METHOD, self.take_over, threaded=True)
-        endpoint.register(ABORT_STEP_METHOD, self.abort_step, threaded=True)
+        # a take-over sees a step that runs and is refused StepInFlight; control:
+        # under serve() on the receive loop as they arrive, never queued behind data
+        endpoint.register(TAKE_OVER_METHOD, self.take_over, threaded=True, control=True)
+        endpoint.register(ABORT_STEP_METHOD, self.abort_step, threaded=True, control=True)
 
     # -- the step ------------------------------------------------------------------
     def step(self, req: StepRequest) -> Any:

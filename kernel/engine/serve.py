@@ -8,13 +8,15 @@ Guarantees:
 * **The receive loop never waits** on a lane, a budget or a client. A request
   is validated as it arrives (:meth:`InboundCore.check`: method, deadline,
   fence, key, payload) and answered at once when refused. A valid one for a
-  sync handler runs at once, on the loop, one at a time, in arrival order; one
-  for an async or threaded handler waits in its method's lane -- unless that
+  sync handler, or a ``control`` one (the ledger's take-over and abort, which
+  never block), runs at once, on the loop, one at a time, in arrival order; one
+  for another async or threaded handler waits in its method's lane -- unless that
   lane is full, its connection's share is, or the byte budget of waiting
   requests is: then it is refused ``Busy`` (429, counted ``busy``), did not
-  run, and a retry later is safe. So a busy method, or a peer flooding one,
-  delays no other method, no read-only call or built-in, and no other
-  connection's requests of other methods.
+  run, and a retry later is safe. Control never waits behind data: no lane,
+  byte budget or share can refuse a take-over or an abort. So a busy method, or
+  a peer flooding one, delays no other method, no read-only call or built-in,
+  and no other connection's requests of other methods.
 * **Bounded.** Requests taken and not started: at most ``mailbox_size`` per
   lane, ``max_queued_per_route`` per connection (all lanes together), a quarter
   of ``max_queued_request_bytes`` per connection and all of it in all, or one
@@ -209,7 +211,7 @@ class EngineServer:
         """Run, queue or refuse a request as it arrives; never waits."""
         core = self.core
         spec = core.methods.get(item.request.method)
-        if spec is not None and (spec.is_async or spec.threaded):
+        if spec is not None and (spec.is_async or spec.threaded) and not spec.control:
             refused = core.check(item, item.received)
             if refused is None:
                 lane = self.lanes.get(spec.name)

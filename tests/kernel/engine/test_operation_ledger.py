@@ -56,15 +56,18 @@ class FakeEndpoint:
         self.methods: dict[str, Any] = {}
         self.read_only: set[str] = set()
         self.threaded: set[str] = set()
+        self.control: set[str] = set()
         self.running: dict[int, tuple[str, float]] = {}
 
     def register(self, name: str, fn: Any, *, read_only: bool = False,
-                 threaded: bool = False) -> None:
+                 threaded: bool = False, control: bool = False) -> None:
         self.methods[name] = fn
         if read_only:
             self.read_only.add(name)
         if threaded:
             self.threaded.add(name)
+        if control:
+            self.control.add(name)
 
 
 def ledger() -> tuple[OperationLedger, list[int]]:
@@ -97,8 +100,8 @@ def test_the_ledger_declares_its_reads_read_only_and_its_steps_not() -> None:
     OperationLedger({"bump": lambda arg: arg}).install(endpoint)  # type: ignore[arg-type]
     assert endpoint.read_only == {"ctlwire.last_operation", "ctlwire.step_methods"}
     assert {"ctlwire.step", "ctlwire.take_over"} <= set(endpoint.methods) - endpoint.read_only
-    # served apart from the steps
-    assert endpoint.threaded == {"ctlwire.take_over", "ctlwire.abort_step"}
+    # served apart from the steps, never queued behind data
+    assert endpoint.threaded == endpoint.control == {"ctlwire.take_over", "ctlwire.abort_step"}
 
 
 def test_a_key_runs_once_and_replays_its_result() -> None:

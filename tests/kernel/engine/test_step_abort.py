@@ -16,6 +16,7 @@ from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.engine.liveness import _current_request
 from ctlwire.kernel.engine.operation_ledger import (
     ABORT_STEP_METHOD,
+    TAKE_OVER_METHOD,
     AbortStep,
     OperationLedger,
     OperationOwned,
@@ -86,11 +87,15 @@ def wait_step(op: str, fence: int) -> StepRequest:
 
 
 def test_the_abort_is_served_apart_from_the_steps() -> None:
-    seen: dict[str, bool] = {}
+    """Threaded (a busy loop serves it beside its steps) and control (serve() runs it
+    as it arrives, never queued): the abort and the take-over, not the steps."""
+    seen: dict[str, tuple[bool, bool]] = {}
     endpoint = SimpleNamespace(rank=0, codec=CODEC, running={}, register=lambda name, fn, *,
-                               read_only=False, threaded=False: seen.__setitem__(name, threaded))
+                               read_only=False, threaded=False, control=False:
+                               seen.__setitem__(name, (threaded, control)))
     OperationLedger({"wait": lambda: None}).install(endpoint)  # type: ignore[arg-type]
-    assert seen[ABORT_STEP_METHOD] is True and seen["ctlwire.step"] is False
+    assert seen[ABORT_STEP_METHOD] == seen[TAKE_OVER_METHOD] == (True, True)
+    assert seen["ctlwire.step"] == (False, False)
 
 
 def test_only_the_steps_own_controller_aborts_it_and_the_step_fails_unrecorded() -> None:
