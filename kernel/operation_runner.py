@@ -170,7 +170,6 @@ class OperationRunner:
 
         Without ``ranks`` the present ranks left out are in ``result.left_out``
         and count against its ``ok`` (not with ``ranks="admissible"``).
-
         ``op_id``/``fence`` default to fresh ones (a controller taking over another's
         operation uses :meth:`finish`; the same id with the same fence from another
         client is refused by the ledgers). Raises
@@ -199,6 +198,7 @@ class OperationRunner:
         core = await self._start(plan, targets, op_id or new_operation_id(plan.name, fence),
                                  fence, on_progress)
         result = replace(await self._drive(core), left_out=left_out, admissible_only=only)
+        self.history[-1] = result  # what metrics() shows says which ranks it left out
         if result.state is OperationState.COMMITTED and set(targets) >= set(self.routable_ranks()):
             self.client.quarantine.serving = plan.postcondition or self.client.quarantine.serving
         return result
