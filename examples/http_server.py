@@ -82,12 +82,15 @@ def _error(status: int, message: str, **more: Any) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": message, **more})
 
 
-def _answer(res: FanOutResult) -> JSONResponse:
+def _answer(res: FanOutResult, client: ControlClient) -> JSONResponse:
     """200 with every rank's answer when the fleet answered ok, else 503 naming
-    every rank that did not: its typed error, or why it was left out."""
+    every rank that did not: its typed error, or why it was left out (and, for a
+    quarantined rank, the operation, step and detail that put it there)."""
     body: dict[str, Any] = {"ranks": res.results}
     if res.left_out:
         body["left_out"] = res.left_out
+        held = client.quarantine.snapshot()
+        body["quarantined"] = {r: held[r] for r in res.left_out if r in held}
     if res.ok:
         return JSONResponse(body)
     body["errors"] = {r: f"{type(e).__name__}: {e}" for r, e in res.failures.items()}
@@ -110,7 +113,7 @@ async def _fan_out(client: ControlClient, method: str, payload: Any = None, *,
             "left_out": partial.left_out}))
     except NoAdmissibleRanks as exc:
         return _error(503, str(exc), left_out=exc.left_out)
-    return _answer(res)
+    return _answer(res, client)
 
 
 async def _body(request: Request) -> bytes | None:

@@ -209,6 +209,7 @@ def test_http_server_example_names_a_killed_rank_until_it_is_back_and_released()
         held = until(503, server_info, holds=lambda body: "left_out" in body)
         assert held["left_out"] == {"1": "quarantined"}, held
         assert held["errors"] == {"1": "RankLeftOut: rank 1 left out: quarantined"}, held
+        assert "engine process exited" in held["quarantined"]["1"]["detail"], held
         assert held["error"] == "get_server_info: 1 ok (rank 0); 1 left out (rank 1: quarantined)"
         # asked for explicitly, the admissible ranks alone are a 200 that lists the rest
         only = server_info("admissible")
