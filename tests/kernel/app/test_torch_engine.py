@@ -224,6 +224,8 @@ async def test_a_broadcast_blocked_past_the_operation_is_abandoned_not_awaited(
         sync, after_death = await _sync_timed_from_death(trainer, runner,
                                                          engines.engines[1].proc,
                                                          update_timeout=60)
+        print(f"\nsync returned {after_death:.2f} s after the rank died, its broadcast "
+              "still blocked")
         assert after_death < 15, (after_death, sync.result.summary())
         assert sync.result.state is OperationState.DEGRADED, sync.result.summary()
         assert sync.sender_error == ("abandoned: the operation ended during the trainer's "
