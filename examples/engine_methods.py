@@ -9,6 +9,7 @@ handler runs.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -69,7 +70,7 @@ class Engine:
 
     def get_server_info(self) -> dict[str, Any]:
         return {"rank": self.rank, "version": self.version, "paused": self.paused,
-                "steps": self.steps}
+                "steps": self.steps, "pid": os.getpid()}
 
 
 def register(ep: EngineEndpoint) -> Callable[[], bool]:

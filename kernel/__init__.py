@@ -71,6 +71,7 @@ if TYPE_CHECKING:
     from ctlwire.kernel.errors import NotDelivered as NotDelivered
     from ctlwire.kernel.errors import OutcomeUnknown as OutcomeUnknown
     from ctlwire.kernel.errors import PostConditionFailed as PostConditionFailed
+    from ctlwire.kernel.errors import RankLeftOut as RankLeftOut
     from ctlwire.kernel.errors import ReleaseRefused as ReleaseRefused
     from ctlwire.kernel.errors import RemoteError as RemoteError
     from ctlwire.kernel.errors import RequestTimedOut as RequestTimedOut

@@ -42,6 +42,7 @@ __all__ = [
     "NotDelivered",
     "OutcomeUnknown",
     "PostConditionFailed",
+    "RankLeftOut",
     "ReleaseRefused",
     "RemoteError",
     "RequestTimedOut",
@@ -194,6 +195,19 @@ class NoAdmissibleRanks(CtlwireError):
         self.left_out = dict(left_out)
         super().__init__(f"{method!r}: no admissible rank to send to (left out: "
                          f"{self.left_out})")
+
+
+class RankLeftOut(CtlwireError):
+    """A fan-out or operation without explicit ranks did not address ``rank``:
+    it is present but not admissible. ``reason`` is one of ``"not admitted"``,
+    ``"quarantined"``, ``"admission condition not met"``. Nothing was sent to it;
+    it counts against the result's ``ok`` unless the caller asked for the
+    admissible ranks only."""
+
+    def __init__(self, rank: int, reason: str) -> None:
+        self.rank = rank
+        self.reason = reason
+        super().__init__(f"rank {rank} left out: {reason}")
 
 
 class Fenced(RemoteError):

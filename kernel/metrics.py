@@ -2,8 +2,15 @@
 
 * :class:`RequestMetrics` — a transition observer that times every request
   (from Sent to its outcome) into a per-method histogram and counts outcomes
-  per method. Add it with ``ControlClient(observer=...)`` or
+  per method: ``DONE``, ``PARTIAL``, ``FAILED``, ``TIMED_OUT``, ``CANCELLED``,
+  from what the ranks answered (:mod:`~ctlwire.kernel.core.request_outcome`).
+  Add it with ``ControlClient(observer=...)`` or
   ``client.registry.observers.append(...)``.
+* :class:`MethodLabels` — the bounded set of values a ``method`` label takes:
+  the methods declared or built in, and those an engine served, up to a limit;
+  every other method is counted as ``(other)``. Nothing a caller or a peer
+  chooses adds a series without bound; operation ids and other unbounded
+  values are never labels (they are in the snapshot's JSON, spans and logs).
 * :class:`TransitionLog` — a transition observer that emits one structured
   :mod:`logging` record per state transition, carrying ``request_id``,
   ``method``, ``ranks``, ``old``, ``event`` and ``new`` as record attributes
@@ -30,12 +37,13 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ctlwire.kernel.builtin_methods import ENGINE_METRICS_METHOD
+from ctlwire.kernel.builtin_methods import BUILTIN_METHODS, ENGINE_METRICS_METHOD
 from ctlwire.kernel.core.peer_table import PeerTable
+from ctlwire.kernel.core.request_outcome import request_outcome
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
 from ctlwire.states import CONTROL_REQUEST_TABLE, RequestEvent, RequestState
 
@@ -45,6 +53,7 @@ __all__ = [
     "EngineMetricsSource",
     "EnginePrometheusExporter",
     "LatencyHistogram",
+    "MethodLabels",
     "PrometheusExporter",
     "RequestMetrics",
     "TransitionLog",
@@ -140,13 +149,61 @@ class LatencyHistogram:
         return float("inf")  # pragma: no cover
 
 
+class MethodLabels:
+    """The bounded set of values a ``method`` label takes.
+
+    A method has a label of its own when it is declared (``methods``: say, the
+    methods your engines register) or built in, and otherwise once a request of
+    it ended without an engine refusing it as unknown (``UnknownMethod``), up
+    to ``limit`` such names; every other method is :attr:`OTHER`. So method
+    names the engines refuse never add a series, and nothing else can add more
+    than ``limit``."""
+
+    OTHER = "(other)"
+
+    def __init__(self, methods: Iterable[str] = (), *, limit: int = 128) -> None:
+        self.limit = limit
+        self.declared: set[str] = set(BUILTIN_METHODS)
+        self.declared.update(methods)
+        self.learned: set[str] = set()
+
+    def label(self, method: str) -> str:
+        """``method`` when it has a label of its own, else :attr:`OTHER`."""
+        return method if method in self.declared or method in self.learned else self.OTHER
+
+    def learn(self, entry: PendingRequest) -> str:
+        """The label of ``entry``'s method (a decided request), naming the method
+        first unless an engine refused it as unknown or the limit is reached."""
+        method = entry.method
+        if method in self.declared or method in self.learned:
+            return method
+        if len(self.learned) >= self.limit or any(
+                not r.ok and r.error is not None and r.error.type == "UnknownMethod"
+                for r in entry.replies.values()):
+            return self.OTHER
+        self.learned.add(method)
+        return method
+
+
 class RequestMetrics:
-    """Times requests per method and counts outcomes; a registry observer."""
+    """Times requests per method and counts their outcomes; a registry observer.
+
+    Outcomes are :func:`~ctlwire.kernel.core.request_outcome.request_outcome`'s:
+    a request whose every rank answered with an error is ``FAILED``, one with
+    some ranks failed or left out ``PARTIAL``. Methods are labelled through
+    ``method_labels`` (:class:`MethodLabels`; ``methods``: the ones to name from
+    the start)."""
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter,
-                 buckets: Sequence[float] = DEFAULT_BUCKETS) -> None:
+                 buckets: Sequence[float] = DEFAULT_BUCKETS, *,
+                 methods: Iterable[str] = (),
+                 method_labels: MethodLabels | None = None) -> None:
         self.clock = clock
         self.buckets = tuple(buckets)
+        self.method_labels = method_labels if method_labels is not None else MethodLabels(
+            methods)
+        if method_labels is not None:
+            self.method_labels.declared.update(methods)
         self.latency: dict[str, LatencyHistogram] = {}
         self.outcomes: dict[tuple[str, str], int] = {}
         self.peak_live = 0
@@ -159,12 +216,13 @@ class RequestMetrics:
             self.peak_live = max(self.peak_live, len(self._started))
         if new in _TERMINAL:
             start = self._started.pop(entry.id, None)
-            key = (entry.method, new.name)
+            method = self.method_labels.learn(entry)
+            key = (method, request_outcome(entry))
             self.outcomes[key] = self.outcomes.get(key, 0) + 1
             if start is not None:
-                hist = self.latency.get(entry.method)
+                hist = self.latency.get(method)
                 if hist is None:
-                    hist = self.latency[entry.method] = LatencyHistogram(self.buckets)
+                    hist = self.latency[method] = LatencyHistogram(self.buckets)
                 hist.observe(self.clock() - start)
 
     def snapshot(self) -> dict[str, Any]:
@@ -287,19 +345,28 @@ class PrometheusExporter:
 
     ``PrometheusExporter(client).register()`` adds it to the default registry;
     serve it with ``prometheus_client.start_http_server(port)``. Needs the
-    ``prometheus`` extra.
+    ``prometheus`` extra. Every label's values come from a bounded set: ranks,
+    states, reasons, and methods through ``method_labels`` (default: the
+    request metrics' own, else one naming ``methods`` and the built-ins).
     """
 
     def __init__(self, client: _ClientView, request_metrics: RequestMetrics | None = None,
-                 namespace: str = "ctlwire", operations: _OperationsView | None = None
-                 ) -> None:
+                 namespace: str = "ctlwire", operations: _OperationsView | None = None,
+                 *, methods: Iterable[str] = (),
+                 method_labels: MethodLabels | None = None) -> None:
         try:
             import prometheus_client  # noqa: F401
         except ImportError as exc:  # pragma: no cover - depends on the extra
             raise RuntimeError("PrometheusExporter needs: pip install 'ctlwire[prometheus]'"
                                ) from exc
         self.client = client
-        self.request_metrics = request_metrics
+        self.request_metrics = request_metrics or next(
+            (o for o in client.registry.observers if isinstance(o, RequestMetrics)), None)
+        if method_labels is None:
+            method_labels = (self.request_metrics.method_labels
+                             if self.request_metrics is not None else MethodLabels())
+        method_labels.declared.update(methods)
+        self.method_labels = method_labels
         self.operations = operations
         self.ns = namespace
 
@@ -338,7 +405,12 @@ class PrometheusExporter:
         yield p
         q = GaugeMetricFamily(f"{ns}_mailbox_depth", "Callers waiting for admission",
                               labels=["method"])
+        depths: dict[str, int] = {}
+        label = self.method_labels.label
         for method, depth in snap["mailbox_depth"].items():
+            key = label(method)
+            depths[key] = depths.get(key, 0) + depth
+        for method, depth in sorted(depths.items()):
             q.add_metric([method], depth)
         yield q
         f = CounterMetricFamily(f"{ns}_frames_dropped", "Frames the client dropped",
@@ -351,11 +423,12 @@ class PrometheusExporter:
             yield from engine_families(ns, engines)
         ops = snap.get("operations")
         if ops is not None:
+            # the operation and step that quarantined it are in the snapshot, not labels
             qr = GaugeMetricFamily(f"{ns}_rank_quarantined",
                                    "1 for each rank out of routing after an operation",
-                                   labels=["rank", "op", "step"])
-            for rank, why in ops["quarantined"].items():
-                qr.add_metric([str(rank), why["op"], why["step"]], 1)
+                                   labels=["rank"])
+            for rank in ops["quarantined"]:
+                qr.add_metric([str(rank)], 1)
             yield qr
             oc = CounterMetricFamily(f"{ns}_operations", "Operations by final state",
                                      labels=["state"])
@@ -389,15 +462,21 @@ def engine_families(ns: str, engines: dict[int, dict[str, Any]]) -> Iterator[Any
                                  labels=["rank", "counter"])
     dropped = CounterMetricFamily(f"{ns}_engine_frames_dropped", "Frames the engine dropped",
                                   labels=["rank", "reason"])
+    contexts = CounterMetricFamily(
+        f"{ns}_engine_trace_contexts", "Trace contexts the engine process's traced handlers "
+        "read: continued, absent, invalid (served as a new root)", labels=["rank", "verdict"])
     for rank, m in sorted(engines.items()):
         live.add_metric([str(rank)], m["live_requests"])
         for name, n in sorted(m["counters"].items()):
             events.add_metric([str(rank), name], n)
         for reason, n in sorted(m["frames_dropped"].items()):
             dropped.add_metric([str(rank), reason], n)
+        for verdict, n in sorted(m.get("trace_contexts", {}).items()):
+            contexts.add_metric([str(rank), verdict], n)
     yield live
     yield events
     yield dropped
+    yield contexts
 
 
 class EnginePrometheusExporter:

@@ -6,8 +6,8 @@
     result = await runner.run(plan, on_progress=print)      # OperationResult
     if not result.ok:
         print(result.summary(), result.failed_ranks, result.quarantined)
-    await client.fan_out("get_load")                        # skips quarantined ranks
-    await runner.release(2)              # back in routing once its post-condition holds
+    await client.fan_out("get_load")              # skips quarantined ranks: not ok
+    await runner.release(2)   # back in routing once it serves what the fleet serves
 
     # a new controller, after the old one died mid-operation:
     recovery = await runner.recover(plan)                   # what remains, per rank
@@ -30,7 +30,8 @@ Guarantees, on top of the core's:
   (``client.quarantine``, shared by every runner over the client): left out of
   every fan-out that does not name it, of :meth:`routable_ranks` and of every
   later operation (naming it raises InvalidPlan) until :meth:`release`; shown
-  by :meth:`metrics`, ``client.rank_status()`` and the client's metrics.
+  by :meth:`metrics`, ``client.rank_status()`` and the client's metrics; ranks
+  an operation left out count against its ``ok``. :meth:`release` checks what it serves.
 * **A lost rank frees the others.** A rank lost mid-step ends its part at once
   (``OutcomeUnknown``); the step's other ranks are asked to abort it
   (:mod:`~ctlwire.kernel.step_dispatch`): one blocked in a collective with it
@@ -39,15 +40,13 @@ Guarantees, on top of the core's:
   happens, and each rank's progress reports (``fraction``, ``note``: what its
   step says with ``report_progress``) as its heartbeats bring them;
   :meth:`progress` is a snapshot of the operations in flight.
-* **Restart, honestly.** A run that is cancelled, or whose controller dies,
-  leaves the operation undecided. A new controller calls :meth:`recover` (per
-  rank, what its ledger applied and undid, and what remains) and
-  :meth:`finish`, which takes the operation over with a newer fence and
-  finishes its compensation or rolls it forward: steps already applied answer
-  their recorded results and do not run twice. :meth:`restore_quarantine`
-  rebuilds the quarantine from the ledgers. A rank that was restarted itself
-  has lost its ledger; an operation that was compensated cannot be replayed
-  forward.
+* **Restart, honestly.** A run that is cancelled, or whose controller dies, leaves the
+  operation undecided. A new controller calls :meth:`recover` (per rank, what its ledger
+  applied and undid, and what remains) and :meth:`finish`, which takes the operation over
+  with a newer fence and finishes its compensation or rolls it forward: steps already
+  applied answer their recorded results and do not run twice. :meth:`restore_quarantine`
+  rebuilds the quarantine from the ledgers. A rank that was restarted itself has lost its
+  ledger; an operation that was compensated cannot be replayed forward.
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ import inspect
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
@@ -85,6 +84,7 @@ from ctlwire.kernel.ledger_reads import read_last_operations
 from ctlwire.kernel.operation_recovery import Recovery, recovery_of, unsettled
 from ctlwire.kernel.step_dispatch import step_answers
 from ctlwire.kernel.step_outcomes import Outcome, answers, classify, outcomes, refused
+from ctlwire.states import OperationState
 from ctlwire.transports.codec import PayloadTypeError
 
 __all__ = ["OperationRunner", "Quarantine", "Recovery", "ReleaseRefused", "classify",
@@ -110,11 +110,6 @@ class OperationRunner:
         self.counters: dict[str, int] = {"operations": 0, "committed": 0, "aborted": 0,
                                          "degraded": 0, "superseded": 0, "quarantines": 0,
                                          "released": 0}
-        # envelope_fields: also put each step's key and fence into the request envelope
-        # (Request.key / Request.fence, checked by the endpoint itself) where
-        # ControlClient.fan_out takes them. Off by default: the engine's endpoint keeps
-        # one highest fence for every request, so operation tokens (microseconds since
-        # the epoch) must not share it with tokens from another scheme.
         params = inspect.signature(client.fan_out).parameters
         self._envelope_fields = (envelope_fields and "idempotency_key" in params
                                  and "fence" in params)
@@ -134,7 +129,8 @@ class OperationRunner:
                    error: Exception | None = None,
                    postcondition: PostCondition | None = None) -> None:
         """Take ``rank`` out of routing (operations do this themselves when needed);
-        ``postcondition``: what it must meet to be released without ``force``."""
+        ``postcondition``: what it must meet to be released without ``force``
+        until an operation sets what the fleet serves (see :meth:`release`)."""
         if not self.client.knows_rank(rank):  # a rank removed meanwhile is held too
             raise ValueError(f"rank {rank} is not one of {self.client.ranks}")
         if rank not in self.quarantined:
@@ -143,13 +139,13 @@ class OperationRunner:
 
     async def release(self, rank: int, *, postcondition: PostCondition | None = None,
                       force: bool = False, timeout: float = 5.0) -> Quarantine:
-        """Put a quarantined ``rank`` back in routing. Unless ``force``, the rank
-        must first meet ``postcondition`` (default: the post-condition of the
-        plan that quarantined it, if it had one), read from the rank itself;
-        otherwise :class:`ReleaseRefused` and the rank stays quarantined.
-        KeyError when it is not quarantined."""
+        """Put a quarantined ``rank`` back in routing. Unless ``force``, the rank must
+        first meet ``postcondition``, read from the rank itself (default: what the
+        fleet serves, ``client.quarantine.serving``, else the quarantining plan's);
+        otherwise :class:`ReleaseRefused` and it stays quarantined (:meth:`catch_up`
+        brings it there). KeyError when it is not quarantined."""
         record = self.quarantined[rank]
-        pc = postcondition if postcondition is not None else record.postcondition
+        pc = postcondition or self.client.quarantine.serving or record.postcondition
         if pc is not None and not force:
             try:
                 answer = await self.client.call(pc.method, pc.payload, rank=rank,
@@ -165,12 +161,15 @@ class OperationRunner:
         return record
 
     # -- running -----------------------------------------------------------------
-    async def run(self, plan: OperationPlan, *, ranks: Sequence[int] | None = None,
+    async def run(self, plan: OperationPlan, *,
+                  ranks: Sequence[int] | Literal["admissible"] | None = None,
                   op_id: str | None = None, fence: int | None = None,
                   on_progress: Callable[[ProgressEvent], None] | None = None
                   ) -> OperationResult:
         """Run ``plan`` on ``ranks`` (default: :meth:`routable_ranks`) as one operation.
 
+        Without ``ranks`` the present ranks left out are in ``result.left_out``
+        and count against its ``ok`` (not with ``ranks="admissible"``).
         ``op_id``/``fence`` default to fresh ones (a controller taking over another's
         operation uses :meth:`finish`; the same id with the same fence from another
         client is refused by the ledgers). Raises
@@ -186,18 +185,23 @@ class OperationRunner:
         ranks' progress reports, which the client's receive loop delivers as
         they arrive: keep it short.
         """
-        targets = tuple(ranks) if ranks is not None else self.routable_ranks()
+        only = ranks == "admissible"
+        targets, left_out = (self.client.routable_ranks() if ranks is None or ranks == "admissible"
+                             else (tuple(ranks), {}))
         if not targets:
-            raise InvalidPlan(["no routable rank to run the operation on"])
+            raise InvalidPlan([f"no routable rank to run the operation on ({left_out})"])
         if len(set(targets)) != len(targets):
             raise InvalidPlan([f"ranks {targets} name a rank twice"])
-        unknown = set(targets) - set(self.client.ranks)
-        if unknown:
+        if unknown := set(targets) - set(self.client.ranks):
             raise InvalidPlan([f"ranks {sorted(unknown)} are not one of {self.client.ranks}"])
         fence = fence if fence is not None else new_fence()
         core = await self._start(plan, targets, op_id or new_operation_id(plan.name, fence),
                                  fence, on_progress)
-        return await self._drive(core)
+        result = replace(await self._drive(core), left_out=left_out, admissible_only=only)
+        self.history[-1] = result  # what metrics() shows says which ranks it left out
+        if result.state is OperationState.COMMITTED and set(targets) >= set(self.routable_ranks()):
+            self.client.quarantine.serving = plan.postcondition or self.client.quarantine.serving
+        return result
 
     async def catch_up(self, plan: OperationPlan, rank: int, *, op_id: str | None = None,
                        fence: int | None = None,
@@ -487,8 +491,7 @@ class OperationRunner:
     def metrics(self) -> dict[str, Any]:
         """Quarantined ranks (with why), operations in flight, counters, recent results."""
         return {
-            "quarantined": {r: {"op": q.op_id, "step": q.step, "detail": q.detail}
-                            for r, q in sorted(self.quarantined.items())},
+            "quarantined": self.client.quarantine.snapshot(),
             "routable": list(self.routable_ranks()),
             "active": self.progress(),
             "recent": [r.summary() for r in self.history],

@@ -6,15 +6,21 @@ only when one of these is used (``pip install 'ctlwire[tracing]'``):
 
 * :class:`ClientTracing` -- ``ClientTracing().install(client)``: one CLIENT span
   per control request (from its first send to its cleanup, named
-  ``ctlwire.call <method>``, ended with the request's outcome), a child of whatever
-  span is current where the call is made; its W3C trace context goes in the
-  envelope.
+  ``ctlwire.call <method>``, ended with the request's outcome: ``ctlwire.outcome``
+  is DONE, PARTIAL, FAILED, TIMED_OUT or CANCELLED as
+  :mod:`~ctlwire.kernel.core.request_outcome` defines them, the status ERROR for
+  all but DONE, and one event per rank that failed or was left out), a child
+  of whatever span is current where the call is made; its W3C trace context
+  goes in the envelope.
 * :meth:`ClientTracing.operation` -- a span for an operation and one per step
   (and per compensation), around ``OperationRunner.run``; each step's control
   request is a child of its step's span.
 * :func:`traced` -- wraps an engine handler in a SERVER span that continues the
   caller's trace (``@endpoint.method()`` over ``@traced()``, or the functions
-  given to an ``OperationLedger``).
+  given to an ``OperationLedger``), with the method, the engine's rank and the
+  outcome as attributes. A carrier whose ``traceparent`` is not valid W3C is
+  counted (:data:`~ctlwire.kernel.tracing.trace_contexts`) and the handler
+  runs in a new root span.
 
 Spans use the global tracer provider and propagator unless given others.
 """
@@ -27,7 +33,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ctlwire.kernel.tracing import current_trace
+from ctlwire.kernel.core.request_outcome import request_outcome
+from ctlwire.kernel.engine.liveness import current_rank, current_request_id
+from ctlwire.kernel.tracing import current_trace, trace_contexts
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
@@ -41,7 +49,6 @@ __all__ = ["TRACER_NAME", "ClientTracing", "traced"]
 
 TRACER_NAME = "ctlwire"
 _F = TypeVar("_F", bound=Callable[..., Any])
-_FAILED_STATES = ("TIMED_OUT", "FAILED", "CANCELLED")
 
 
 def _tracer(tracer: Tracer | None) -> Tracer:
@@ -60,9 +67,12 @@ class ClientTracing:
     A transition observer and a trace provider in one: the request's span starts
     when its first frame is about to leave (in the caller's task, under the
     caller's current span) and its context is what the envelope carries; the
-    span ends when the request is cleaned, with an error status for a timeout,
-    a failure or a cancellation and one event per rank that failed. Costs nothing
-    on a client it is not installed on.
+    span ends when the request is cleaned. Its ``ctlwire.outcome`` follows what
+    the ranks answered (:func:`~ctlwire.kernel.core.request_outcome.request_outcome`):
+    every outcome but DONE sets an error status, and every rank that answered
+    with an error, failed locally (lost, not delivered) or was left out is one
+    event (``rank failed``, ``rank left out``). Costs nothing on a client it is
+    not installed on.
     """
 
     def __init__(self, tracer: Tracer | None = None) -> None:
@@ -98,21 +108,48 @@ class ClientTracing:
                                                       "ctlwire.ranks": list(entry.ranks)})
             self._spans[entry.id] = self._sending = span
             return
-        if new.name in _FAILED_STATES or new.name == "DONE":
-            from opentelemetry.trace import Status, StatusCode
-
-            span.set_attribute("ctlwire.outcome", new.name)
-            for rank, error in entry.errors.items():
-                span.add_event("rank failed", {"ctlwire.rank": rank,
-                                               "exception.type": type(error).__name__,
-                                               "exception.message": str(error)})
-            if new.name in _FAILED_STATES:
-                span.set_status(Status(StatusCode.ERROR, new.name.lower()))
+        if entry.is_terminal:
+            self._end_outcome(span, entry)
         elif new.name == "CLEANED":
             del self._spans[entry.id]
             if self._sending is span:
                 self._sending = None
             span.end()
+
+    @staticmethod
+    def _end_outcome(span: Span, entry: PendingRequest) -> None:
+        """The request is decided: its outcome, status and per-rank failures."""
+        from opentelemetry.trace import Status, StatusCode
+
+        outcome = request_outcome(entry)
+        span.set_attribute("ctlwire.outcome", outcome)
+        failed = 0
+        for rank in entry.ranks:
+            reply = entry.replies.get(rank)
+            if reply is not None:
+                if reply.ok:
+                    continue
+                info = reply.error
+                attributes: dict[str, Any] = {
+                    "ctlwire.rank": rank,
+                    "exception.type": info.type if info is not None else "RemoteError",
+                    "exception.message": info.message if info is not None else ""}
+                if info is not None:
+                    attributes["ctlwire.error_code"] = info.code
+            elif (error := entry.errors.get(rank)) is not None:
+                attributes = {"ctlwire.rank": rank, "exception.type": type(error).__name__,
+                              "exception.message": str(error)}
+            else:
+                continue  # no outcome: the policy was met without it
+            failed += 1
+            span.add_event("rank failed", attributes)
+        for rank, why in sorted((entry.left_out or {}).items()):
+            span.add_event("rank left out", {"ctlwire.rank": rank, "ctlwire.reason": why})
+        if outcome != "DONE":
+            left = len(entry.left_out or ())
+            span.set_status(Status(StatusCode.ERROR, (
+                f"{outcome.lower()}: {failed} of {len(entry.ranks)} ranks failed"
+                + (f", {left} left out" if left else ""))))
 
     def carrier(self) -> dict[str, str] | None:
         """The trace provider: the W3C trace context of the request being sent."""
@@ -184,31 +221,58 @@ class ClientTracing:
 def traced(name: str | None = None, *, tracer: Tracer | None = None) -> Callable[[_F], _F]:
     """Decorate an engine handler: it runs in a SERVER span (``ctlwire.handle
     <name>``, default the function's name) that continues the trace the request
-    carried (:data:`current_trace`), or starts one when it carried none.
-    Signature and annotations are kept, so payload validation is unchanged."""
+    carried (:data:`current_trace`), or starts one when it carried none or one
+    that is not valid W3C (counted in :data:`~ctlwire.kernel.tracing.trace_contexts`
+    and marked ``ctlwire.trace_context=invalid``). The span's attributes:
+    ``ctlwire.method`` (``name``), ``ctlwire.rank`` and ``ctlwire.request_id``
+    (inside an engine's handler) and ``ctlwire.outcome``: ``ok``, ``error`` (the
+    exception is recorded, the status ERROR) or ``cancelled``. Signature and
+    annotations are kept, so payload validation is unchanged."""
 
     def deco(fn: _F) -> _F:
-        span_name = f"ctlwire.handle {name or fn.__name__}"
+        method = name or fn.__name__
+        span_name = f"ctlwire.handle {method}"
 
-        def start() -> Any:
+        @contextmanager
+        def handling() -> Iterator[None]:
             from opentelemetry import propagate
             from opentelemetry.trace import SpanKind
 
-            parent = propagate.extract(current_trace.get() or {})
-            return _tracer(tracer).start_as_current_span(span_name, context=parent,
-                                                         kind=SpanKind.SERVER)
+            carrier = current_trace.get()
+            verdict = trace_contexts.check(carrier)
+            parent = propagate.extract(carrier if verdict == "continued" else {})
+            attributes: dict[str, Any] = {"ctlwire.method": method}
+            rank, request_id = current_rank(), current_request_id()
+            if rank is not None:
+                attributes["ctlwire.rank"] = rank
+            if request_id is not None:
+                attributes["ctlwire.request_id"] = request_id
+            if verdict == "invalid":
+                attributes["ctlwire.trace_context"] = "invalid"
+            with _tracer(tracer).start_as_current_span(span_name, context=parent,
+                                                       kind=SpanKind.SERVER,
+                                                       attributes=attributes) as span:
+                outcome = "cancelled"  # unless it returns or raises an Exception
+                try:
+                    yield
+                    outcome = "ok"
+                except Exception:
+                    outcome = "error"
+                    raise
+                finally:
+                    span.set_attribute("ctlwire.outcome", outcome)
 
         if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
             async def run_async(*args: Any, **kwargs: Any) -> Any:
-                with start():
+                with handling():
                     return await fn(*args, **kwargs)
 
             return run_async  # type: ignore[return-value]
 
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
-            with start():
+            with handling():
                 return fn(*args, **kwargs)
 
         return run  # type: ignore[return-value]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import signal
 import socket
@@ -10,7 +12,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -49,13 +53,16 @@ def test_rl_weight_sync_example(backend: str) -> None:
     assert all(int(pct) == 25 * int(shard) for _, pct, shard in shown), shown
 
 
-def test_http_server_example_answers_200_concurrent_mixed_requests() -> None:
+@contextlib.contextmanager
+def _http_server(engines: int = 2) -> Iterator[str]:
+    """The FastAPI example running with ``engines`` engine processes: its URL. On
+    leaving, it is shut down and must have exited cleanly, no engine reported lost."""
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
     port = _free_port()
     server = subprocess.Popen([sys.executable, str(EXAMPLES / "http_server.py"), "--port",
-                               str(port), "--engines", "2"], stdout=subprocess.PIPE,
+                               str(port), "--engines", str(engines)], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -69,7 +76,25 @@ def test_http_server_example_answers_200_concurrent_mixed_requests() -> None:
                 pass
             assert time.monotonic() < deadline, "the example server did not come up"
             time.sleep(0.2)
+        yield base
+    finally:
+        server.send_signal(signal.SIGINT)  # uvicorn shuts down: lifespan stops the engines
+        try:
+            output = server.communicate(timeout=30)[0]
+        except subprocess.TimeoutExpired:
+            server.kill()
+            output = server.communicate()[0]
+        print(output[-2000:])
+    assert server.returncode == 0, output[-2000:]
+    assert f"ctlwire example API server on {base} with {engines} engines" in output, (
+        output[-2000:])
+    assert "lost" not in output  # a normal shutdown is not an engine loss
+    assert "Traceback" not in output, output[-2000:]
 
+
+def test_http_server_example_answers_200_concurrent_mixed_requests() -> None:
+    httpx = pytest.importorskip("httpx")
+    with _http_server() as base:
         mix = (["GET /server_info"] * 5 + ["POST /v1/pause", "POST /v1/resume",
                                              "POST /v1/update_weights"]) * 25
         statuses: Counter[int] = Counter()
@@ -115,17 +140,91 @@ def test_http_server_example_answers_200_concurrent_mixed_requests() -> None:
             assert resp.status_code == 422, (body, resp.status_code, resp.text)
             assert says in resp.json()["error"], resp.json()
         assert httpx.get(f"{base}/server_info", timeout=10).status_code == 200
-    finally:
-        server.send_signal(signal.SIGINT)  # uvicorn shuts down: lifespan stops the engines
-        try:
-            output = server.communicate(timeout=30)[0]
-        except subprocess.TimeoutExpired:
-            server.kill()
-            output = server.communicate()[0]
-        print(output[-2000:])
-    assert server.returncode == 0, output[-2000:]
-    assert f"ctlwire example API server on {base} with 2 engines" in output, output[-2000:]
-    assert "lost" not in output  # a normal shutdown is not an engine loss
+
+
+def test_http_server_example_answers_whatever_it_is_sent_with_a_4xx_not_a_500() -> None:
+    httpx = pytest.importorskip("httpx")
+    with _http_server() as base:
+        def post(path: str, **kwargs: Any) -> Any:
+            return httpx.post(base + path, timeout=30, **kwargs)
+
+        refused = {
+            "a version past int64": (post("/v1/update_weights", json={"version": 2**64}), 422,
+                                     "Expected `int` <= 9223372036854775807"),
+            "a version of 0": (post("/v1/update_weights", json={"version": 0}), 422, ">= 1"),
+            "an unknown field": (post("/v1/update_weights", json={"versoin": 3}), 422,
+                                 "unknown field `versoin`"),
+            "a 24 MiB path": (post("/v1/update_weights",
+                                   json={"path": "x" * (24 << 20)}), 413, "65536 bytes"),
+            "valid JSON and 20 MiB of blanks": (post("/v1/update_weights",
+                                                     content=b"{}" + b" " * (20 << 20)), 413,
+                                                "65536 bytes"),
+            "a pause mode of nonsense": (post("/v1/pause?mode=nonsense"), 422, "abort"),
+            "ranks of nonsense": (httpx.get(f"{base}/server_info?ranks=some", timeout=10),
+                                  422, "admissible"),
+            "an unknown rank": (post("/v1/ranks/7/release"), 404, "no rank 7"),
+            "a rank that is not a number": (post("/v1/ranks/one/release"), 422, "integer"),
+            "a rank not quarantined": (post("/v1/ranks/1/release"), 409, "not quarantined"),
+        }
+        for what, (resp, status, says) in refused.items():
+            assert resp.status_code == status, (what, resp.status_code, resp.text[:300])
+            assert says in resp.text, (what, resp.text[:300])
+        # the last versions: 2^63 - 1 commits; the one after it is refused, not a 500
+        top = post("/v1/update_weights", json={"version": 2**63 - 1})
+        assert top.status_code == 200 and top.json()["version"] == 2**63 - 1, top.text
+        after = post("/v1/update_weights")
+        assert after.status_code == 409 and "is the last one" in after.text, after.text
+        info = httpx.get(f"{base}/server_info", timeout=10)
+        assert info.status_code == 200
+        assert {v["version"] for v in info.json()["ranks"].values()} == {2**63 - 1}
+
+
+def test_http_server_example_names_a_killed_rank_until_it_is_back_and_released() -> None:
+    httpx = pytest.importorskip("httpx")
+
+    def until(status: int, request: Callable[[], Any], within: float = 60,
+              holds: Callable[[Any], bool] = lambda body: True) -> Any:
+        """The first answer of ``request()`` with ``status`` and a body that ``holds``."""
+        deadline = time.monotonic() + within
+        while (resp := request()).status_code != status or not holds(resp.json()):
+            assert time.monotonic() < deadline, (resp.status_code, resp.text[:500])
+            time.sleep(0.1)
+        return resp.json()
+
+    with _http_server() as base:
+        def server_info(ranks: str = "all") -> Any:
+            return httpx.get(f"{base}/server_info?ranks={ranks}", timeout=30)
+
+        def update() -> Any:
+            return httpx.post(f"{base}/v1/update_weights", timeout=60)
+
+        assert update().json()["version"] == 1
+        pid = server_info().json()["ranks"]["1"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        # the fleet is not healthy: the answer is a 503 that names rank 1, and why
+        down = until(503, server_info)
+        assert "0" in down["ranks"] and "1" in down["errors"], down
+        assert "rank 1" in down["error"], down
+        # restarted on its initial weights, it is held out of routing, and says so
+        held = until(503, server_info, holds=lambda body: "left_out" in body)
+        assert held["left_out"] == {"1": "quarantined"}, held
+        assert held["errors"] == {"1": "RankLeftOut: rank 1 left out: quarantined"}, held
+        assert "engine process exited" in held["quarantined"]["1"]["detail"], held
+        assert held["error"] == "get_server_info: 1 ok (rank 0); 1 left out (rank 1: quarantined)"
+        # asked for explicitly, the admissible ranks alone are a 200 that lists the rest
+        only = server_info("admissible")
+        assert only.status_code == 200 and only.json()["left_out"] == {"1": "quarantined"}
+        # an update commits on rank 0 and is not a 200: the fleet has a rank out
+        partial = update()
+        assert partial.status_code == 503, partial.text
+        assert partial.json()["state"] == "COMMITTED" and partial.json()["version"] == 2
+        assert partial.json()["left_out"] == {"1": "quarantined"}, partial.text
+        # back, brought to version 2 and released: 200 again, one version everywhere
+        released = until(200, lambda: httpx.post(f"{base}/v1/ranks/1/release", timeout=60))
+        assert released["state"] == "COMMITTED" and released["version"] == 2, released
+        healthy = until(200, server_info, within=5)
+        assert {r: v["version"] for r, v in healthy["ranks"].items()} == {"0": 2, "1": 2}
+        assert "left_out" not in healthy and healthy["ranks"]["1"]["pid"] != pid
 
 
 def test_torch_engine_example_every_rank_decodes_like_the_trainer() -> None:

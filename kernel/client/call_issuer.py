@@ -441,11 +441,13 @@ class CallIssuer:
                       policy: Policy, budget: float, deadline: float,
                       result_type: Any, key: str = "", fence: int | None = None,
                       mailbox: FanOutMailbox | None = None,
-                      on_progress: ProgressCallback | None = None) -> FanOutResult:
+                      on_progress: ProgressCallback | None = None,
+                      left_out: dict[int, str] | None = None) -> FanOutResult:
         """One fan-out, its outcome returned or raised; admitted first by ``mailbox``
         (first come, first served, one in flight) when given (mode ``queueing``),
         at once without (``concurrent``). ``on_progress`` hears this request's
-        progress only."""
+        progress only; ``left_out``: the present ranks it does not address, and
+        why (the request's observers see them)."""
         ticket = waiter = None
         if mailbox is not None:
             ticket = await mailbox.admit(deadline, budget)
@@ -453,6 +455,7 @@ class CallIssuer:
         entry: PendingRequest | None = None
         try:
             entry = self.register(method, ranks, policy, budget, deadline, waiter)
+            entry.left_out = left_out
             if on_progress is not None:
                 self.progress_callbacks.by_id[entry.id] = on_progress
             await self.send_all(entry, raw, key, fence)

@@ -36,11 +36,10 @@ Guarantees:
 * **Ranks come and go** (:meth:`add_rank`, :meth:`remove_rank`,
   :meth:`apply_membership`). A fan-out without ``ranks`` goes to the
   *admissible* ranks (present, admitted, not in :attr:`quarantine`, meeting
-  ``admission_condition``) and its result's ``left_out`` says which present
-  ranks were not, and why. Removing a rank fails its pending calls
-  (NotDelivered or OutcomeUnknown); a fan-out already started or queued keeps
-  its ranks (a removed one fails NotDelivered, unsent), and the mailboxes'
-  FIFO order is unchanged.
+  ``admission_condition``); its result's ``left_out`` says which present ranks
+  were not and why, counted against its ``ok``. Removing a rank fails its pending
+  calls (NotDelivered or OutcomeUnknown); a fan-out already started or queued keeps
+  its ranks (a removed one fails NotDelivered, unsent), the mailboxes' FIFO order too.
 * **Fan-out admission** (:class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox`):
   ``queueing`` admits callers of one method first come, first served, one in
   flight; ``watching`` shares an identical in-flight request.
@@ -66,7 +65,7 @@ from ctlwire.kernel.client.call_arguments import check_method, checked_timeout
 from ctlwire.kernel.client.call_issuer import CallIssuer
 from ctlwire.kernel.client.fan_out_mailbox import FanOutMailbox, FanOutMailboxes, FanOutMode
 from ctlwire.kernel.client.progress_callbacks import ProgressCallback
-from ctlwire.kernel.client.rank_roster import RankRoster
+from ctlwire.kernel.client.rank_roster import RankRoster, leave_out
 from ctlwire.kernel.client.receiver import ClientReceiver
 from ctlwire.kernel.client.retry_policy import RetryPolicy, merge_retried
 from ctlwire.kernel.core.fan_out_policy import MethodKinds, Policy
@@ -299,8 +298,7 @@ class ControlClient:
 
     def routable_ranks(self) -> tuple[tuple[int, ...], dict[int, str]]:
         """The ranks a fan-out without ``ranks`` goes to, and the present ranks it
-        leaves out with why (``not admitted``, ``quarantined``, ``admission
-        condition not met``)."""
+        leaves out with why (a :data:`~ctlwire.kernel.core.fan_out_result.LeftOutReason`)."""
         return self.roster.routable()
 
     def knows_rank(self, rank: int) -> bool:
@@ -382,7 +380,7 @@ class ControlClient:
         method: str,
         payload: Any = None,
         *,
-        ranks: Sequence[int] | None = None,
+        ranks: Sequence[int] | Literal["admissible"] | None = None,
         timeout: float | None = None,
         mode: FanOutMode | None = None,
         policy: Literal["all", "quorum", "first"] | Policy = "all",
@@ -392,29 +390,29 @@ class ControlClient:
         retry: int = 0,
         on_progress: ProgressCallback | None = None,
     ) -> FanOutResult:
-        """Send ``method(payload)`` to every rank in ``ranks`` (default: every rank
-        not in :attr:`quarantine`; a quarantined rank is reached only by naming it).
+        """Send ``method(payload)`` to every rank in ``ranks`` (default: the
+        admissible ranks; a quarantined rank is reached only by naming it).
 
         Returns a :class:`FanOutResult` with each rank's result or typed error
-        once ``policy`` is met. Raises FanOutFailed when it cannot be met,
-        RequestTimedOut (with ``partial``) at the deadline, ClientClosed.
+        once ``policy`` is met, the present ranks it left out counted against ``ok``
+        (unless ``ranks="admissible"``). Raises FanOutFailed when it cannot be
+        met, RequestTimedOut (with ``partial``) at the deadline, ClientClosed.
         ``mode``: ``queueing`` (FIFO, one in flight per method), ``watching``
         (share an identical in-flight request) or ``concurrent`` (no admission);
         by default ``watching`` for a read-only method, else ``queueing``
-        (:attr:`method_kinds`).
-        ``idempotency_key``, ``fence``, ``on_progress`` as for :meth:`call`;
+        (:attr:`method_kinds`). ``idempotency_key``, ``fence``, ``on_progress`` as for :meth:`call`;
         ``retry`` re-sends to the ranks whose failure is safe to retry (and
         only to them), within the one ``timeout``, and merges their outcomes.
         Argument errors, size errors, cancellation and first contact as for
         :meth:`call`. Policy ``"all"`` returns normally even when every rank
-        answered with an error: read ``errors`` or call ``raise_for_errors()``;
-        FanOutFailed means ranks could not answer at all (lost, unreachable).
-        """
+        answered with an error (judge it by ``ok``); FanOutFailed means ranks
+        could not answer at all (lost, unreachable)."""
         check_method(method)
         pol = _POLICIES.get(policy) if type(policy) is str else None
         if pol is None:
             pol = policy if isinstance(policy, Policy) else Policy(policy)
         targets, left_out = self.roster.targets(method, ranks)
+        counted = None if ranks == "admissible" else left_out or None
         budget = self.timeout_for(method, timeout)
         issuer = self.issuer
         raw = issuer.encode_payload(payload, method)
@@ -431,12 +429,13 @@ class ControlClient:
             while True:
                 try:
                     more = await (watch(raw, targets, pol, budget, deadline, result_type, key,
-                                        fence) if watch is not None else issuer.fan_out(
+                                        fence, counted) if watch is not None else issuer.fan_out(
                         method, raw, targets, pol, budget, deadline, result_type, key, fence,
-                        box, on_progress))
+                        box, on_progress, counted))
                     error = None
                 except FanOutFailed as exc:
                     more, error = exc.result, exc
+                counted = None  # a retry's request addresses only ranks that failed
                 if result is None:
                     result, failed = more, error
                 else:  # a retry: its ranks' outcomes replace their failures
@@ -450,13 +449,13 @@ class ControlClient:
                 retry -= 1
                 budget = deadline - issuer.now()
             if left_out:
-                result.left_out = left_out
+                leave_out(result, left_out, ranks == "admissible")
             if failed is not None:
                 raise failed
             return result
         except RequestTimedOut as exc:
             if left_out and exc.partial is not None:
-                exc.partial.left_out = left_out
+                leave_out(exc.partial, left_out, ranks == "admissible")
             raise
         finally:
             if by_method is not None:
@@ -498,3 +497,4 @@ class ControlClient:
                                                  timeout=timeout)
         self.last_engine_metrics[rank] = result
         return result
+

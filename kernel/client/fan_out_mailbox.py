@@ -158,10 +158,12 @@ class FanOutMailbox:
 
     async def watching(self, raw: msgspec.Raw, ranks: tuple[int, ...], policy: Policy,
                        budget: float, deadline: float, result_type: Any, key: str = "",
-                       fence: int | None = None) -> FanOutResult:
+                       fence: int | None = None, left_out: dict[int, str] | None = None
+                       ) -> FanOutResult:
         """Join an identical in-flight request, or start one, and wait for it by
-        ``deadline``; own copy of the result. ``key`` and ``fence`` go in the
-        envelopes of a request this caller starts."""
+        ``deadline``; own copy of the result. ``key``, ``fence`` and ``left_out``
+        (the present ranks it does not address) go with a request this caller
+        starts."""
         sender = self.sender
         registry = sender.registry
         shared: _WatchKey = (bytes(raw), ranks, policy)
@@ -177,6 +179,7 @@ class FanOutMailbox:
             # several callers wait for it: an event, not a one-task waiter
             entry = sender.register(self.method, ranks, policy, budget, deadline,
                                     anyio.Event())
+            entry.left_out = left_out
             self._watched[shared] = entry
             leader = True
         try:

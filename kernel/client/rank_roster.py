@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.membership import (
     ChangeKind,
     Membership,
@@ -29,11 +30,11 @@ from ctlwire.kernel.core.membership import (
     MembershipEvent,
 )
 from ctlwire.kernel.core.quarantine import FleetQuarantine
-from ctlwire.kernel.errors import NoAdmissibleRanks
+from ctlwire.kernel.errors import NoAdmissibleRanks, RankLeftOut
 from ctlwire.kernel.liveness_monitor import LivenessMonitor
 from ctlwire.transports.transport import ClientTransport
 
-__all__ = ["RankRoster"]
+__all__ = ["RankRoster", "leave_out"]
 
 
 class RankRoster:
@@ -66,12 +67,16 @@ class RankRoster:
         return rank in self.rank_set or (
             rank in self.membership.removed and self.peers.is_lost(rank))
 
-    def targets(self, method: str, ranks: Sequence[int] | None
+    def targets(self, method: str, ranks: Sequence[int] | str | None
                 ) -> tuple[tuple[int, ...], dict[int, str]]:
         """The ranks a fan-out of ``method`` goes to and the present ranks it leaves
-        out, with why: ``ranks`` when given (ValueError unless a non-empty set of
-        known ranks), else :meth:`routable` (NoAdmissibleRanks when none is)."""
-        if ranks is not None:
+        out, with why: ``ranks`` when given as ranks (ValueError unless a non-empty
+        set of known ranks), else (None or ``"admissible"``) :meth:`routable`
+        (NoAdmissibleRanks when none is)."""
+        if ranks is not None and ranks != "admissible":
+            if isinstance(ranks, str):
+                raise ValueError(f"ranks must be a sequence of ranks, None or 'admissible', "
+                                 f"not {ranks!r}")
             targets = tuple(ranks)
             if not targets or not (self.rank_set.issuperset(targets)
                                    or all(map(self.knows, targets))):
@@ -179,3 +184,12 @@ class RankRoster:
         hook = getattr(self.transport, name, None)
         if hook is not None:
             hook(*args)
+
+
+def leave_out(result: FanOutResult, left_out: dict[int, str], admissible_only: bool) -> None:
+    """Record on ``result`` the present ranks its fan-out did not address (from
+    :meth:`RankRoster.targets`), each with its typed error; ``admissible_only``:
+    the caller asked for the admissible ranks only, so they do not count."""
+    result.left_out = left_out
+    result.left_out_errors = {r: RankLeftOut(r, why) for r, why in left_out.items()}
+    result.admissible_only = admissible_only

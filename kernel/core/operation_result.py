@@ -64,12 +64,17 @@ class RankReport:
 class OperationResult:
     """The outcome of one operation: its final state and every rank's report.
 
-    ``ok`` only when the operation committed on every rank. Otherwise
+    ``ok`` only when the operation committed on every rank of the fleet. Otherwise
     ``failed_ranks`` names the ranks where a step (or its compensation) failed,
     ``quarantined`` those that could not be brought back (the runner excludes
-    them from later operations until released) and ``superseded`` those where a
-    newer operation fenced this one out. ``observed``: each rank's answer to
-    the plan's post-condition (e.g. its weight version), where it was read."""
+    them from later operations until released), ``superseded`` those where a
+    newer operation fenced this one out, and ``left_out`` the present ranks an
+    operation run without explicit ranks did not include, with why (e.g.
+    ``quarantined``): they count against ``ok`` (the state may still be
+    COMMITTED, on the ranks it ran on) unless the caller asked for the
+    admissible ranks only (``admissible_only``). ``observed``: each rank's
+    answer to the plan's post-condition (e.g. its weight version), where it
+    was read."""
 
     op_id: str
     fence: int
@@ -77,10 +82,14 @@ class OperationResult:
     state: OperationState
     ranks: dict[int, RankReport] = field(default_factory=dict)
     observed: dict[int, Any] = field(default_factory=dict)
+    left_out: dict[int, str] = field(default_factory=dict)
+    admissible_only: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.state is OperationState.COMMITTED
+        """Committed, and no present rank left out (unless ``admissible_only``)."""
+        return self.state is OperationState.COMMITTED and (
+            self.admissible_only or not self.left_out)
 
     def _with(self, *states: RankState) -> tuple[int, ...]:
         return tuple(sorted(r for r, rep in self.ranks.items() if rep.state in states))
@@ -106,6 +115,12 @@ class OperationResult:
         return tuple(sorted(r for r, rep in self.ranks.items() if rep.failed_step is not None))
 
     def summary(self) -> str:
-        """One line: the state and each rank's, e.g. ``aborted: 0=compensated 1=quarantined``."""
+        """One line: the state and each rank's, and the ranks left out, e.g.
+        ``... committed: 0=committed 2=committed; 1 left out (rank 1: quarantined)``."""
         ranks = " ".join(f"{r}={rep.state.value}" for r, rep in sorted(self.ranks.items()))
-        return f"{self.op_id} {self.state.value}: {ranks}"
+        line = f"{self.op_id} {self.state.value}: {ranks}"
+        if self.left_out:
+            only = ", admissible ranks only" if self.admissible_only else ""
+            line += f"; {len(self.left_out)} left out{only} (" + ", ".join(
+                f"rank {r}: {why}" for r, why in sorted(self.left_out.items())) + ")"
+        return line

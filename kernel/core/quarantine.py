@@ -6,6 +6,10 @@ and every :class:`~ctlwire.kernel.operation_runner.OperationRunner` over that
 client shares it. A fan-out without explicit ``ranks`` leaves quarantined
 ranks out; a caller reaches one only by naming it. The set is shown by
 ``client.rank_status(rank)["quarantined"]`` and the client's metrics.
+
+It also keeps what the ranks in routing serve (:attr:`FleetQuarantine.serving`):
+the post-condition of the newest operation that committed on every admissible
+rank, which a quarantined rank must meet to be released.
 """
 
 from __future__ import annotations
@@ -33,11 +37,14 @@ class Quarantine:
 
 
 class FleetQuarantine:
-    """Quarantined ranks by rank, with counters."""
+    """Quarantined ranks by rank, with counters; ``serving``: the post-condition
+    (a :class:`~ctlwire.kernel.core.operation_plan.PostCondition`) of the newest
+    operation that committed on every admissible rank, None before one did."""
 
     def __init__(self) -> None:
         self.held: dict[int, Quarantine] = {}
         self.counters: dict[str, int] = {"quarantines": 0, "released": 0}
+        self.serving: Any = None
 
     def __bool__(self) -> bool:
         return bool(self.held)

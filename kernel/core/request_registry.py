@@ -93,8 +93,8 @@ class PendingRequest:
     """One entry of the request map. Mutated only by its registry."""
 
     __slots__ = ("answered", "cursor", "deadline", "errors", "id", "is_open", "late_ranks",
-                 "method", "ok", "policy", "ranks", "refs", "replies", "sent_ranks", "state",
-                 "timeout", "waiter")
+                 "left_out", "method", "ok", "policy", "ranks", "refs", "replies", "sent_ranks",
+                 "state", "timeout", "waiter")
 
     def __init__(self, request_id: int, method: str, ranks: tuple[int, ...], policy: Policy,
                  deadline: float | None, timeout: float, waiter: Waiter | None) -> None:
@@ -113,6 +113,9 @@ class PendingRequest:
         self.sent_ranks: list[int] = []
         self.cursor = 0  # ranks[:cursor] were released to the caller for sending
         self.late_ranks: set[int] | None = None
+        # the present ranks a fan-out without explicit ranks did not address, and why
+        # (set by the caller before the first send; read by observers)
+        self.left_out: dict[int, str] | None = None
         self.ok = 0
         self.answered = 0
         self.refs = 1

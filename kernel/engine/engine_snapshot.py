@@ -11,6 +11,7 @@ from ctlwire.kernel.core.inbound_core import InboundCore
 from ctlwire.kernel.engine.liveness import EngineLiveness
 from ctlwire.kernel.engine.outbox import ReplyOutbox
 from ctlwire.kernel.engine.serve import QueuedRequests
+from ctlwire.kernel.tracing import trace_contexts
 from ctlwire.transports.transport import EngineTransport
 
 __all__ = ["engine_snapshot"]
@@ -99,6 +100,8 @@ def engine_snapshot(ep: Engine) -> dict[str, Any]:
         # that were not a client's hello
         "beacon_refused": dict(getattr(transport, "beacon_refusals", {})),
         "counters": counters,
+        # trace contexts the process's traced handlers read: continued, absent, invalid
+        "trace_contexts": trace_contexts.snapshot(),
         # client keys this engine's CURVE authenticator refused (engines that bind)
         "auth_rejections": int(getattr(transport, "auth_rejections", 0)),
     }

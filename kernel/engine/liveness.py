@@ -30,8 +30,8 @@ from ctlwire.transports.errors import TransportError, WouldBlock
 from ctlwire.transports.rate_limited_log import RateLimitedLog
 from ctlwire.transports.transport import EngineTransport, Route
 
-__all__ = ["STEP_METHOD", "EngineLiveness", "current_peer", "current_request_id",
-           "new_incarnation", "report_progress"]
+__all__ = ["STEP_METHOD", "EngineLiveness", "current_peer", "current_rank",
+           "current_request_id", "new_incarnation", "report_progress"]
 
 STEP_METHOD = "(step)"
 """The method a heartbeat names while the engine's own step keeps it from polling."""
@@ -61,6 +61,13 @@ def current_request_id() -> int | None:
     async handlers); None outside a handler."""
     current = _current_request.get()
     return None if current is None else current[1]
+
+
+def current_rank() -> int | None:
+    """The rank of the engine whose handler is calling (sync, threaded or async
+    handlers); None outside a handler."""
+    current = _current_request.get()
+    return None if current is None else current[0].rank
 
 
 def current_peer() -> Hashable | None:

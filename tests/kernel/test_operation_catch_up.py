@@ -67,7 +67,7 @@ async def test_a_status_fan_out_names_the_rank_it_left_out(ctlwire_harness: Any)
         runner = OperationRunner(h.client)
         runner.quarantine(1, detail="left mid-operation")
         res = await h.client.fan_out("get_server_info", timeout=10)
-    assert res.ok and sorted(res.results) == [0, 2]  # ok: every rank it was sent to
+    assert not res.ok and sorted(res.results) == [0, 2]  # a rank left out counts
     assert res.summary() == ("get_server_info: 2 ok (ranks 0, 2); "
                              "1 left out (rank 1: quarantined)")
     table = res.table()
@@ -128,3 +128,24 @@ async def test_a_failed_catch_up_keeps_the_rank_quarantined(ctlwire_harness: Any
             await runner.catch_up(OperationPlan("bare", plan(1).steps), 1)
         with pytest.raises(InvalidPlan, match="not quarantined"):
             await runner.catch_up(plan(1), 0)
+
+
+async def test_release_checks_what_the_fleet_serves_not_the_quarantining_plan(
+        ctlwire_harness: Any) -> None:
+    async with ctlwire_harness(ranks=3, setup=setup) as h:
+        runner = OperationRunner(h.client)
+        # held while on version 0, with what it had to meet then
+        runner.quarantine(2, detail="restarted", postcondition=PostCondition(
+            "get_server_info", {"version": 0, "paused": False}))
+        result = await runner.run(plan(1))  # the fleet moves on without it
+        assert result.state is OperationState.COMMITTED and result.committed == (0, 1)
+        assert not result.ok and result.left_out == {2: "quarantined"}
+        assert h.client.quarantine.serving == plan(1).postcondition
+        # its record's post-condition holds (version 0); the fleet serves version 1
+        with pytest.raises(ReleaseRefused, match="'version': 1"):
+            await runner.release(2)
+        assert 2 in runner.quarantined
+        caught_up = await runner.catch_up(plan(1), 2)
+        assert caught_up.ok and 2 not in runner.quarantined
+        info = await h.client.fan_out("get_server_info", timeout=10)
+    assert info.ok and {r: v["version"] for r, v in info.results.items()} == {0: 1, 1: 1, 2: 1}

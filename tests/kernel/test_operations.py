@@ -124,10 +124,15 @@ async def test_killed_rank_is_quarantined_and_skipped_until_released(
         # later fan-outs and operations skip it
         res = await c.fan_out("get_load", ranks=runner.routable_ranks(), mode="concurrent")
         assert sorted(res.results) == [0, 1]
+        # committed on the two ranks it ran on, and not ok: the fleet has a rank out
         again = await runner.run(weight_update_plan(2, 0))
-        assert again.ok and again.committed == (0, 1)
+        assert again.state is OperationState.COMMITTED and again.committed == (0, 1)
+        assert not again.ok and again.left_out == {2: "quarantined"}, again.summary()
+        assert again.summary().endswith("; 1 left out (rank 2: quarantined)")
+        only = await runner.run(weight_update_plan(3, 2), ranks="admissible")
+        assert only.ok and only.left_out == {2: "quarantined"} and only.admissible_only
         with pytest.raises(ValueError, match="quarantined"):
-            await runner.run(weight_update_plan(3, 2), ranks=(1, 2))
+            await runner.run(weight_update_plan(4, 3), ranks=(1, 2))
         # the rank comes back (a new process) on its old weights: its release is refused
         # until forced (or until it meets the post-condition), then it joins the next one
         engines.restart(2)
@@ -137,9 +142,9 @@ async def test_killed_rank_is_quarantined_and_skipped_until_released(
         assert runner.routable_ranks() == (0, 1)
         await runner.release(2, force=True)
         assert runner.routable_ranks() == (0, 1, 2)
-        third = await runner.run(weight_update_plan(3, 2))
+        third = await runner.run(weight_update_plan(4, 3))
         assert third.ok and third.committed == (0, 1, 2), third.summary()
-        assert await info(c) == {r: (3, False) for r in range(N)}
+        assert await info(c) == {r: (4, False) for r in range(N)}
 
 
 async def test_stale_operation_is_refused_by_every_engine(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ pytest.importorskip("torch")
 import anyio
 import msgspec
 
+from ctlwire.kernel.app import torch_weight_sync
 from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.app.torch_engine import (
     DecoderConfig,
@@ -34,11 +36,11 @@ from ctlwire.kernel.app.torch_engine import (
     WeightsRef,
     save_weights,
 )
-from ctlwire.kernel.app.torch_weight_sync import Trainer, weight_sync_plan
+from ctlwire.kernel.app.torch_weight_sync import Trainer, WeightSync, weight_sync_plan
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_plan import OperationPlan, OperationStep, StepCall
 from ctlwire.kernel.errors import EngineDead, OutcomeUnknown
-from ctlwire.kernel.operation_runner import OperationRunner
+from ctlwire.kernel.operation_runner import OperationRunner, ReleaseRefused
 from ctlwire.states import OperationState
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
@@ -118,6 +120,28 @@ async def test_weights_move_by_broadcast_and_every_rank_decodes_like_the_trainer
         assert len({str(s) for s in seen}) > 1  # training really changed the outputs
 
 
+async def _sync_timed_from_death(trainer: Trainer, runner: OperationRunner,
+                                 engine: subprocess.Popen[str], **options: Any
+                                 ) -> tuple[WeightSync, float]:
+    """``trainer.sync`` while ``engine`` dies mid-broadcast; the sync and how long
+    after the death it returned (s)."""
+    died: list[float] = []
+
+    async def watch() -> None:
+        while engine.poll() is None:
+            await anyio.sleep(0.01)
+        died.append(time.monotonic())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch)
+        sync = await trainer.sync(runner, **options)
+        returned = time.monotonic()
+        with anyio.fail_after(10):
+            while not died:
+                await anyio.sleep(0.01)
+    return sync, returned - died[0]
+
+
 async def test_rank_killed_mid_broadcast_survivors_freed_by_liveness_not_timeout(
         fleet: tuple[str, EngineFleet]) -> None:
     address, engines = fleet
@@ -130,13 +154,16 @@ async def test_rank_killed_mid_broadcast_survivors_freed_by_liveness_not_timeout
         await c.call("arm_fault", TorchFault("crash_mid_broadcast", after=3), rank=1)
         trainer.train()
         # the collective's own timeout is 36 s (60 * collective_share)
-        sync = await trainer.sync(runner, update_timeout=60)
+        sync, after_death = await _sync_timed_from_death(trainer, runner,
+                                                         engines.engines[1].proc,
+                                                         update_timeout=60)
         result = sync.result
         assert engines.engines[1].proc.wait(timeout=10) == 9
         # the lost rank's step ended as it was lost; its controller aborted the step on
         # the survivors, whose broadcasts gave up, answered, and were compensated back to
-        # version 1, long before the collective's timeout
-        assert sync.seconds < 15, (sync.seconds, result.summary())
+        # version 1, long before the collective's timeout; the sync returned then
+        print(f"\nsync returned {after_death:.2f} s after the rank died")
+        assert after_death < 15, (after_death, result.summary(), sync.sender_error)
         assert result.state is OperationState.DEGRADED, result.summary()
         assert result.quarantined == (1,) and result.compensated == (0, 2), result.summary()
         assert result.ranks[1].failed_step == "update", result.ranks[1]
@@ -149,12 +176,61 @@ async def test_rank_killed_mid_broadcast_survivors_freed_by_liveness_not_timeout
         assert {(i["version"], i["paused"], i["group"], i["transfers_aborted"])
                 for i in info.values()} == {(1, False, "", 1)}  # old weights, serving
         assert runner.routable_ranks() == (0, 2)
-        # the next sync forms a new group with the survivors and commits
+        # the next sync forms a new group with the survivors and commits there; with a
+        # rank out of the fleet, it is not ok
         trainer.train()
         again = await trainer.sync(runner, update_timeout=30)
-        assert again.result.ok and again.result.committed == (0, 2), again.result.summary()
+        assert again.result.state is OperationState.COMMITTED, again.result.summary()
+        assert again.result.committed == (0, 2) and not again.result.ok
+        assert again.result.left_out == {1: "quarantined"}
         expected = trainer.greedy(PROMPTS, 6)
         assert await outputs(c, (0, 2)) == {0: expected, 2: expected}
+        # the rank restarts on the initial weights: not released, until caught up
+        engines.restart(1)
+        await c.wait_ready(timeout=30)
+        with pytest.raises(ReleaseRefused, match="'version': 3"):
+            await runner.release(1)
+        assert runner.routable_ranks() == (0, 2)
+        caught_up = await trainer.catch_up(runner, 1, update_timeout=30)
+        assert caught_up.result.ok, (caught_up.result.summary(), caught_up.sender_error)
+        assert runner.routable_ranks() == (0, 1, 2)
+        assert await outputs(c, (0, 1, 2)) == {r: expected for r in range(N)}
+        info = await infos(c, (0, 1, 2))
+        assert {(i["version"], i["checksum"], i["paused"]) for i in info.values()} == {
+            (3, trainer.checksum(), False)}
+
+
+async def test_a_broadcast_blocked_past_the_operation_is_abandoned_not_awaited(
+        fleet: tuple[str, EngineFleet], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer's own broadcast may stay blocked in gloo until the collective's
+    timeout when a peer dies (no connection reset reaches it): the sync still
+    returns when the operation ends, its thread abandoned."""
+    address, engines = fleet
+    broadcast = torch_weight_sync._Group.broadcast
+
+    def broadcast_then_block(group: Any, tensors: Any, timeout: float) -> None:
+        try:
+            broadcast(group, tensors, timeout)
+        finally:
+            time.sleep(timeout)  # as gloo does until the collective's timeout
+
+    trainer = Trainer(CONFIG)
+    async with client_for(address) as c:
+        await c.wait_ready(timeout=30)
+        runner = OperationRunner(c)
+        await c.call("arm_fault", TorchFault("crash_mid_broadcast", after=3), rank=1)
+        trainer.train()
+        monkeypatch.setattr(torch_weight_sync._Group, "broadcast", broadcast_then_block)
+        sync, after_death = await _sync_timed_from_death(trainer, runner,
+                                                         engines.engines[1].proc,
+                                                         update_timeout=60)
+        print(f"\nsync returned {after_death:.2f} s after the rank died, its broadcast "
+              "still blocked")
+        assert after_death < 15, (after_death, sync.result.summary())
+        assert sync.result.state is OperationState.DEGRADED, sync.result.summary()
+        assert sync.sender_error == ("abandoned: the operation ended during the trainer's "
+                                     "broadcast")
+        assert trainer.group is None and trainer.served.version == 0  # nothing committed
 
 
 async def test_corrupt_or_mismatched_weight_file_is_refused_old_weights_kept(
@@ -249,7 +325,7 @@ import sys, time, anyio, msgspec
 from ctlwire.kernel.app import torch_weight_sync as tws
 from ctlwire.kernel.app.torch_engine import DecoderConfig
 from ctlwire.kernel.client.control_client import ControlClient
-from ctlwire.kernel.operation_runner import OperationRunner
+from ctlwire.kernel.operation_runner import OperationRunner, ReleaseRefused
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
 def stuck(self, tensors, timeout):   # the trainer is killed before its broadcast ends
