@@ -85,6 +85,9 @@ if TYPE_CHECKING:
     from ctlwire.kernel.metrics import snapshot as snapshot
     from ctlwire.kernel.operation_recovery import Recovery as Recovery
     from ctlwire.kernel.operation_runner import OperationRunner as OperationRunner
+    from ctlwire.kernel.primitives.admission_gate import AdmissionGate as AdmissionGate
+    from ctlwire.kernel.primitives.coalescer import Coalescer as Coalescer
+    from ctlwire.kernel.primitives.coalescer import SharedOutcome as SharedOutcome
     from ctlwire.kernel.testing import EngineHarness as EngineHarness
     from ctlwire.kernel.testing import TransitionRecorder as TransitionRecorder
     from ctlwire.kernel.testing import virtual_backend as virtual_backend

@@ -43,7 +43,7 @@ Guarantees:
   FIFO order is unchanged.
 * **Fan-out admission** (:class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox`):
   ``queueing`` admits callers of one method first come, first served, one in
-  flight; ``watching`` shares an identical in-flight request.
+  flight; ``watching`` shares a request in flight.
 
 One client runs in one event loop thread, its tasks in its ``async with``
 block. Its parts: the ranks (:class:`~ctlwire.kernel.client.rank_roster.RankRoster`),
@@ -82,6 +82,7 @@ from ctlwire.kernel.errors import (
     ResultTypeError,
 )
 from ctlwire.kernel.liveness_monitor import LivenessMonitor
+from ctlwire.kernel.primitives.coalescer import Joins
 from ctlwire.kernel.tracing import TraceProvider
 from ctlwire.transports.transport import ClientTransport
 
@@ -378,19 +379,11 @@ class ControlClient:
                     raise
 
     async def fan_out(
-        self,
-        method: str,
-        payload: Any = None,
-        *,
-        ranks: Sequence[int] | None = None,
-        timeout: float | None = None,
-        mode: FanOutMode | None = None,
-        policy: Literal["all", "quorum", "first"] | Policy = "all",
-        result_type: Any = Any,
-        idempotency_key: str | None = None,
-        fence: int | None = None,
-        retry: int = 0,
-        on_progress: ProgressCallback | None = None,
+        self, method: str, payload: Any = None, *, ranks: Sequence[int] | None = None,
+        timeout: float | None = None, mode: FanOutMode | None = None,
+        policy: Literal["all", "quorum", "first"] | Policy = "all", result_type: Any = Any,
+        idempotency_key: str | None = None, fence: int | None = None, retry: int = 0,
+        on_progress: ProgressCallback | None = None, joins: Joins = "identical",
     ) -> FanOutResult:
         """Send ``method(payload)`` to every rank in ``ranks`` (default: every rank
         not in :attr:`quarantine`; a quarantined rank is reached only by naming it).
@@ -399,7 +392,9 @@ class ControlClient:
         once ``policy`` is met. Raises FanOutFailed when it cannot be met,
         RequestTimedOut (with ``partial``) at the deadline, ClientClosed.
         ``mode``: ``queueing`` (FIFO, one in flight per method), ``watching``
-        (share an identical in-flight request) or ``concurrent`` (no admission);
+        (join a request in flight: ``joins="identical"``, the same payload, ranks
+        and policy; ``"any"``, whichever this method has in flight; the result's
+        ``joined`` says whether it joined) or ``concurrent`` (no admission);
         by default ``watching`` for a read-only method, else ``queueing``
         (:attr:`method_kinds`).
         ``idempotency_key``, ``fence``, ``on_progress`` as for :meth:`call`;
@@ -423,6 +418,7 @@ class ControlClient:
             mode = self.method_kinds.default_mode(method)
         box = self.mailboxes.for_mode(mode, method)  # None: concurrent
         watch = box.watching if box is not None and mode == "watching" else None
+        gate = box.gate if box is not None else None
         if (by_method := on_progress if watch is not None else None) is not None:
             self.progress_callbacks.add_method(method, by_method)
         deadline = issuer.now() + budget
@@ -431,9 +427,9 @@ class ControlClient:
             while True:
                 try:
                     more = await (watch(raw, targets, pol, budget, deadline, result_type, key,
-                                        fence) if watch is not None else issuer.fan_out(
+                                        fence, joins) if watch is not None else issuer.fan_out(
                         method, raw, targets, pol, budget, deadline, result_type, key, fence,
-                        box, on_progress))
+                        gate, on_progress))
                     error = None
                 except FanOutFailed as exc:
                     more, error = exc.result, exc

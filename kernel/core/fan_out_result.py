@@ -51,7 +51,8 @@ class FanOutResult:
     address to why (``not admitted``, ``quarantined``, ``admission condition
     not met``). :meth:`table` has a row for every rank, left out or not, and
     :meth:`summary` says it in one line: a status page built from them loses no
-    rank.
+    rank. ``joined``: a watching caller joined a request in flight (False: this
+    caller's own request).
     """
 
     method: str
@@ -62,6 +63,7 @@ class FanOutResult:
     errors: dict[int, Exception] = field(default_factory=dict)
     pending: tuple[int, ...] = ()
     left_out: dict[int, str] = field(default_factory=dict)
+    joined: bool = False
 
     @property
     def ok(self) -> bool:
