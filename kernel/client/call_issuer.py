@@ -54,7 +54,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -71,6 +71,7 @@ from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
 from ctlwire.kernel.errors import (
+    BUILTIN_EXCEPTIONS,
     AuthenticationFailed,
     ClientClosed,
     NotDelivered,
@@ -114,13 +115,15 @@ class CallIssuer:
 
     ``fence`` is the client's fencing token (0: none), used unless a call sets
     its own (``send_all(..., fence=)``). ``first_contact_retry`` paces
-    the re-tries of a send to a rank never heard from.
+    the re-tries of a send to a rank never heard from. ``exceptions``: the classes
+    an engine's error is raised as (:class:`CallOutcomes`).
     """
 
     def __init__(self, transport: ClientTransport, registry: RequestRegistry,
                  liveness: LivenessMonitor, *, fence: int = 0,
                  trace_provider: TraceProvider | None = None,
-                 first_contact_retry: float = 0.25) -> None:
+                 first_contact_retry: float = 0.25,
+                 exceptions: Mapping[str, type[Exception]] = BUILTIN_EXCEPTIONS) -> None:
         self.transport = transport
         self.codec = transport.codec
         self.registry = registry
@@ -135,7 +138,7 @@ class CallIssuer:
         #: the clock of the deadlines the envelopes carry
         self.wall_clock: Callable[[], float] = time.time
         #: decodes and types each holder's outcome
-        self.outcomes = CallOutcomes(transport.codec, lambda: self.closed)
+        self.outcomes = CallOutcomes(transport.codec, lambda: self.closed, exceptions)
         #: the ``on_progress`` callbacks of the calls in flight
         self.progress_callbacks = ProgressCallbacks()
         #: ends the waits of requests and admission tickets at their deadlines (one task)

@@ -10,7 +10,7 @@ RequestTimedOut (with the partial result), FanOutFailed, ClientClosed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -18,6 +18,7 @@ import msgspec
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.request_registry import PendingRequest
 from ctlwire.kernel.errors import (
+    BUILTIN_EXCEPTIONS,
     ClientClosed,
     FanOutFailed,
     OutcomeUnknown,
@@ -38,11 +39,15 @@ _NO_ERROR_INFO = ErrorInfo("UnknownRemoteError", "the engine replied ok=false wi
 
 class CallOutcomes:
     """Each holder's outcome of a decided request; ``closed()`` says whether the
-    client closed (a request it failed then raises ClientClosed)."""
+    client closed (a request it failed then raises ClientClosed). ``exceptions``:
+    the classes an engine's error is raised as, by name (see
+    :func:`~ctlwire.kernel.errors.remote_error`)."""
 
-    def __init__(self, codec: Codec, closed: Callable[[], bool]) -> None:
+    def __init__(self, codec: Codec, closed: Callable[[], bool],
+                 exceptions: Mapping[str, type[Exception]] = BUILTIN_EXCEPTIONS) -> None:
         self.codec = codec
         self.closed = closed
+        self.exceptions = exceptions
         # result type -> the codec's fast decoder for it (None: none, or unhashable)
         self._decoders: dict[Any, Callable[[Any], Any] | None] = {}
 
@@ -80,7 +85,8 @@ class CallOutcomes:
             except PayloadTypeError:
                 names = None
             methods = tuple(names) if names is not None else None
-        return remote_error(info, rank=rank, method=method, methods=methods)
+        return remote_error(info, rank=rank, method=method, methods=methods,
+                            exceptions=self.exceptions)
 
     def decode_result(self, raw: msgspec.Raw, result_type: Any) -> Any:
         """``codec.decode_value(raw, result_type)``: a fresh object, or PayloadTypeError.

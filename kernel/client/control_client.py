@@ -12,11 +12,10 @@ Guarantees:
   first frame is handed to the transport; a reply that arrives before the
   caller reaches its wait completes the call at once.
 * **Exactly one outcome per call, by its deadline.** A value, or one of
-  :class:`~ctlwire.kernel.errors.RemoteError` (the engine's exception class
-  name, message and code), :class:`~ctlwire.kernel.errors.EngineDead` (the rank
-  was lost: raised as soon as liveness says so, not at the timeout),
-  :class:`~ctlwire.kernel.errors.RequestTimedOut`,
-  :class:`~ctlwire.kernel.errors.FanOutFailed`,
+  :class:`~ctlwire.kernel.errors.RemoteError` (the engine's exception: class
+  name, message, code; a builtin's class too), :class:`~ctlwire.kernel.errors.EngineDead`
+  (the rank was lost: raised as soon as liveness says so, not at the timeout),
+  :class:`~ctlwire.kernel.errors.RequestTimedOut`, :class:`~ctlwire.kernel.errors.FanOutFailed`,
   :class:`~ctlwire.kernel.errors.ClientClosed`.
 * **Nothing left behind.** Whatever ends a call — outcome, timeout, exception
   or cancellation at any await — its entry is cleaned before the call returns;
@@ -80,6 +79,7 @@ from ctlwire.kernel.errors import (
     RemoteError,
     RequestTimedOut,
     ResultTypeError,
+    allowed_exceptions,
 )
 from ctlwire.kernel.liveness_monitor import LivenessMonitor
 from ctlwire.kernel.primitives.coalescer import Joins
@@ -115,6 +115,8 @@ class ControlClient:
     also meet to be routed to by default (for example that its last reported
     weight version is the current one); ``admit_on_join=True`` admits ranks that
     join (:meth:`add_rank`) at once instead of waiting for :meth:`admit`.
+    ``remote_exceptions``: an engine's error of one of these classes (by name; None:
+    the builtins', ``()``: none) is raised as that class and RemoteError in one.
     """
 
     def __init__(
@@ -136,6 +138,7 @@ class ControlClient:
         incarnation_window: float = 60.0,
         admission_condition: Callable[[int], bool] | None = None,
         admit_on_join: bool = False,
+        remote_exceptions: Collection[type[Exception]] | None = None,
     ) -> None:
         self.transport = transport
         self.codec = transport.codec
@@ -172,7 +175,8 @@ class ControlClient:
             # a fencing token for every request: engines refuse tokens older than the
             # highest they accepted, so a replaced controller cannot act after its successor
             fence=new_fence() if fence is True else int(fence) if fence else 0,
-            first_contact_retry=heartbeat_interval or 0.25)
+            first_contact_retry=heartbeat_interval or 0.25,
+            exceptions=allowed_exceptions(remote_exceptions))
         self.progress_callbacks = self.issuer.progress_callbacks  # of the calls in flight
         self.mailboxes = FanOutMailboxes(self.issuer)  # one per method: admission, watching
         #: the ranks: present, alive, admissible, and their changes at run time

@@ -15,9 +15,9 @@ engine rank becomes unroutable and/or is declared lost by liveness; optionally
 there is no mailbox (concurrent ``call``/``fan_out``: several requests in the
 registry at once), or the callers watch: they share requests through a
 :class:`~ctlwire.kernel.primitives.coalescer.Coalescer` (``join``: start one, or
-join the one in flight), as watching fan-outs do. Every such event is *optional*: an exploration covers the
-paths where it fires at every possible point and the paths where it never
-fires.
+join the one in flight), as watching fan-outs do. Every such event is
+*optional*: an exploration covers the paths where it fires at every possible
+point and the paths where it never fires.
 
 :func:`explore` drives the real cores --
 :class:`~ctlwire.kernel.core.admission_queue.AdmissionQueue` (the order of the
