@@ -88,6 +88,7 @@ if TYPE_CHECKING:
     from ctlwire.kernel.primitives.admission_gate import AdmissionGate as AdmissionGate
     from ctlwire.kernel.primitives.coalescer import Coalescer as Coalescer
     from ctlwire.kernel.primitives.coalescer import SharedOutcome as SharedOutcome
+    from ctlwire.kernel.primitives.own_io_fan_out import OwnIoFanOut as OwnIoFanOut
     from ctlwire.kernel.testing import EngineHarness as EngineHarness
     from ctlwire.kernel.testing import TransitionRecorder as TransitionRecorder
     from ctlwire.kernel.testing import virtual_backend as virtual_backend

@@ -83,7 +83,8 @@ def test_the_readme_is_a_five_minute_read() -> None:
     assert not re.search(r"\b(first|second|third|\w+th) pass\b", text, re.I)
     assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text)
     assert "the brief" not in text  # a reader has no brief: say what it is
-    for folder in ("benchmarks", "kernel", "states", "transports"):  # no lab notebooks
+    # no lab notebooks
+    for folder in ("benchmarks", "kernel", "states", "transports", "integrations"):
         assert not list((ROOT / folder).rglob("*.md")), folder
     for page in re.findall(r"\]\((docs/[^)#]+|CHANGELOG\.md)", text):
         assert (ROOT / page).exists(), page

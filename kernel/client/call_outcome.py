@@ -11,7 +11,7 @@ RequestTimedOut (with the partial result), FanOutFailed, ClientClosed.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -27,14 +27,24 @@ from ctlwire.kernel.errors import (
     remote_error,
 )
 from ctlwire.states import RequestState
-from ctlwire.transports.codec import Codec, PayloadTypeError
+from ctlwire.transports.codec import PayloadTypeError
 from ctlwire.transports.envelope import ErrorInfo, Reply
 
-__all__ = ["CallOutcomes"]
+__all__ = ["CallOutcomes", "ValueCodec"]
 
 _S = RequestState
 # a failed reply that carries no ErrorInfo (a buggy or hostile peer): still a typed error
 _NO_ERROR_INFO = ErrorInfo("UnknownRemoteError", "the engine replied ok=false without an error")
+
+
+class ValueCodec(Protocol):
+    """What decodes a reply's result: a :class:`~ctlwire.transports.codec.Codec`, or
+    anything that hands values over as they are."""
+
+    def fast_value_codec(self, tp: Any = Any
+                         ) -> tuple[Callable[[Any], bytes], Callable[[Any], Any]] | None: ...
+
+    def decode_value(self, raw: msgspec.Raw, tp: Any = Any) -> Any: ...
 
 
 class CallOutcomes:
@@ -43,7 +53,7 @@ class CallOutcomes:
     the classes an engine's error is raised as, by name (see
     :func:`~ctlwire.kernel.errors.remote_error`)."""
 
-    def __init__(self, codec: Codec, closed: Callable[[], bool],
+    def __init__(self, codec: ValueCodec, closed: Callable[[], bool],
                  exceptions: Mapping[str, type[Exception]] = BUILTIN_EXCEPTIONS) -> None:
         self.codec = codec
         self.closed = closed

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ctlwire.kernel.primitives.admission_gate import AdmissionGate as AdmissionGate
     from ctlwire.kernel.primitives.coalescer import Coalescer as Coalescer
     from ctlwire.kernel.primitives.coalescer import SharedOutcome as SharedOutcome
+    from ctlwire.kernel.primitives.own_io_fan_out import OwnIoFanOut as OwnIoFanOut
 
 if not TYPE_CHECKING:
     __getattr__, __dir__ = lazy_exports(globals())
