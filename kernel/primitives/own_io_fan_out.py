@@ -308,10 +308,12 @@ class OwnIoFanOut(Generic[Req]):
 
     def _pass_on(self, ticket: Ticket) -> None:
         """``ticket``'s request is drained (or was never sent): send the next ones, in
-        order, until one holds the fan-out."""
+        order, until one holds the fan-out (its callers already wait for it)."""
         nxt = self.queue.leave(ticket)
         while nxt is not None and not self._send(nxt):
             nxt = self.queue.leave(nxt)
+        if nxt is not None:
+            self.registry.mark_awaiting(nxt.waiter.entry)
 
     async def _wait(self, entry: PendingRequest, deadline: float) -> None:
         if not entry.is_open:

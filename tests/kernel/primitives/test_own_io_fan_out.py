@@ -211,10 +211,10 @@ async def test_a_deadline_while_queued_sends_nothing_and_says_so() -> None:
 async def test_reset_gives_up_on_replies_that_never_come_and_sends_the_next() -> None:
     later = Later(2)
     fan = later.fan
-    outcomes: list[Any] = []
+    outcomes: dict[str, Any] = {}
 
     async def call(name: str) -> None:
-        outcomes.append(await fan.call(name))
+        outcomes[name] = await fan.call(name)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(call, "A")
@@ -226,7 +226,7 @@ async def test_reset_gives_up_on_replies_that_never_come_and_sends_the_next() ->
         assert later.sent == ["A", "B"] and fan.counters["reset"] == 1
         fan.deliver("b0")
         fan.deliver("b1")
-    given_up, done = outcomes  # the slot that answered, and the one given up on
+    given_up, done = outcomes["A"], outcomes["B"]  # A: one slot answered, one given up
     assert given_up.results == {0: "a0"} and isinstance(given_up.errors[1], OutcomeUnknown)
     assert done.results == {0: "b0", 1: "b1"} and done.ok
 
