@@ -340,6 +340,8 @@ class OwnIoFanOut(Generic[Req]):
             raise error
         if entry.state is RequestState.TIMED_OUT and not entry.sent_ranks:
             raise RequestTimedOut(self.name, budget, admission=True)
+        if self._closed and any(type(e) is ClientClosed for e in entry.errors.values()):
+            raise ClientClosed(f"{self.name} closed")  # also after some slots answered
         result = outcomes.fan_out_outcome(entry, self.result_type)
         if self.codec is None and self.copy is not None and entry.refs > 1:
             copy = self.copy  # others still read the values: this caller gets its own
