@@ -451,7 +451,8 @@ class CallIssuer:
         progress only."""
         ticket = waiter = None
         if gate is not None:
-            ticket = await gate.enter(deadline, budget)
+            # (send_all's checkpoint is the cancellation check after the hand-off)
+            ticket = await gate.enter(deadline, budget, check_cancelled=False)
             waiter = gate.hand_off(ticket, self.new_waiter())
         entry: PendingRequest | None = None
         try:

@@ -148,14 +148,18 @@ class AdmissionGate:
         TypeError/ValueError for a bad ``timeout``, before arriving."""
         return Admission(self, math.inf if timeout is None else checked_timeout(timeout))
 
-    async def enter(self, deadline: float = math.inf, budget: float | None = None) -> Ticket:
+    async def enter(self, deadline: float = math.inf, budget: float | None = None, *,
+                    check_cancelled: bool = True) -> Ticket:
         """Wait for this caller's turn by ``deadline`` (on the host's clock) and
         return its admitted ticket; the caller must :meth:`leave` it on every path
         out. Raises ClientClosed, or RequestTimedOut (``admission=True``; its
         ``timeout`` is ``budget``, default what was left) when still queued at
-        ``deadline``. Arrival happens before the first await."""
+        ``deadline``. Arrival happens before the first await. A caller handed the
+        gate and cancelled before it ran again raises its cancellation (and passes
+        the gate on); ``check_cancelled=False``: the caller's own first step checks
+        that (a client's send does)."""
         host = self.host
-        if self.closed:
+        if self._closed or host.closed:
             raise ClientClosed(f"{self.name or 'admission gate'} is closed")
         queue = self.queue
         ticket = queue.arrive()
@@ -174,14 +178,14 @@ class AdmissionGate:
             else:
                 with anyio.CancelScope(deadline=deadline):
                     await waiter.wait()
-            if self.closed:
+            if self._closed or host.closed:
                 raise ClientClosed(f"{self.name or 'admission gate'} closed")  # nothing done
             if queue.holder is not ticket or now() >= deadline:
                 # timed out in the queue (possibly at the very moment of hand-off:
                 # then leaving passes the gate on)
                 raise RequestTimedOut(self.name, budget, admission=True)
-            # handed the gate, then cancelled before running again: pass it on
-            await anyio.lowlevel.checkpoint_if_cancelled()
+            if check_cancelled:  # handed the gate, then cancelled before running again
+                await anyio.lowlevel.checkpoint_if_cancelled()
         except BaseException:
             self.leave(ticket)
             raise
