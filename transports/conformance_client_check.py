@@ -1,9 +1,11 @@
 """The conformance harness as engines, checking a client: engines 0 and 1 (this
 protocol version) and 2 (announcing 2.0), played over raw pyzmq sockets while the
 client under test runs its conformance script (``docs/protocol.md``, Conformance
-harness). Engine 0 also answers ``error_table()`` with every row of the error table
-and ``error([type, code])`` with that error, so the client's class for every row is
-checked (``error-codes/client-...``)."""
+harness). Engine 1 sends its heartbeats from a group beacon (``beats-1-1``), which
+every client must accept; engine 0's ``fail`` answers an ErrorInfo with elements after
+its code, which every client must ignore. Engine 0 also answers ``error_table()`` with
+every row of the error table and ``error([type, code])`` with that error, so the
+client's class for every row is checked (``error-codes/client-...``)."""
 
 from __future__ import annotations
 
@@ -39,21 +41,26 @@ CLIENT_CASES: tuple[str, ...] = (
         "echo", "unknown-method", "fail", "timeout", "fan-out", "version", "idempotency-key",
         "frames-valid", "version-announced", "ids-unique", "ranks-addressed",
         "deadlines-carried", "major-2-engine-untouched", "heartbeats")),
+    "sockets/client-accepts-group-beacons",
+    "envelopes/client-ignores-error-info-elements-after-its-code",
+    "request-ids/client-field-is-the-ids-incarnation",
     *(_row_case(code, type_name) for code, type_name, _cls in ERROR_TABLE),
 )
 
 
 class PlayedEngine:
-    """One engine rank played by the harness: request DEALER and beacon DEALER."""
+    """One engine rank played by the harness: request DEALER and beacon DEALER (its
+    identity ``beat-N``, or ``beats-N-1``: a group beacon of this one rank)."""
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str, rank: int,
-                 version: int) -> None:
+                 version: int, *, group_beacon: bool = False) -> None:
         self.rank, self.version = rank, version
         self.incarnation = (int(time.time() * 1000) << 12) | secrets.randbits(12)
         self.req = ctx.socket(zmq.DEALER)
         self.req.setsockopt(zmq.IDENTITY, b"rank-%d" % rank)
         self.beat = ctx.socket(zmq.DEALER)
-        self.beat.setsockopt(zmq.IDENTITY, b"beat-%d" % rank)
+        self.beat.setsockopt(zmq.IDENTITY, b"beats-%d-1" % rank if group_beacon
+                             else b"beat-%d" % rank)
         for s in (self.req, self.beat):
             s.setsockopt(zmq.LINGER, 0)
             s.connect(address)
@@ -105,9 +112,11 @@ class PlayedEngine:
         elif env.method == "sleep":
             self.later.append((time.monotonic() + float(value), self.reply(env, True, value)))
             out = None
-        elif env.method == "fail":
-            out = self.reply(env, False, None, ErrorInfo(*CONFORMANCE_ERROR[:1], str(value),
-                                                         CONFORMANCE_ERROR[1]))
+        elif env.method == "fail":  # an ErrorInfo with elements after its code
+            self.req.send(msgspec.msgpack.encode(
+                ["r", env.id, self.rank, self.incarnation, False, None,
+                 [CONFORMANCE_ERROR[0], str(value), CONFORMANCE_ERROR[1], "later", {"x": 1}]]))
+            return
         elif env.method == "error_table":
             out = self.reply(env, True, [[t, c] for c, t, _cls in ERROR_TABLE])
         elif env.method == "error" and isinstance(value, list) and len(value) == 2:
@@ -133,7 +142,8 @@ class CheckClient:
         self.interval = interval
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.engines = [PlayedEngine(self.ctx, address, 0, PROTOCOL_VERSION),
-                        PlayedEngine(self.ctx, address, 1, PROTOCOL_VERSION),
+                        PlayedEngine(self.ctx, address, 1, PROTOCOL_VERSION,
+                                     group_beacon=True),
                         PlayedEngine(self.ctx, address, 2, pack_version(2, 0))]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -224,6 +234,22 @@ class CheckClient:
         hbs = [h for e in self.engines[:2] for h in e.client_heartbeats]
         report.add(f"{_SCRIPT}/client-heartbeats", bool(hbs) and all(h.rank == -1 for h in hbs),
                    f"{len(hbs)} heartbeats")
+        fan = outcome("fan-out")
+        report.add("sockets/client-accepts-group-beacons", fan.get("ok") is True
+                   and bool(self.engines[1].requests),
+                   f"rank 1 (heard only through beats-1-1) got "
+                   f"{len(self.engines[1].requests)} requests")
+        o = outcome("fail")
+        report.add("envelopes/client-ignores-error-info-elements-after-its-code",
+                   o.get("ok") is False and o.get("type") == CONFORMANCE_ERROR[0]
+                   and o.get("code") == CONFORMANCE_ERROR[1],
+                   json.dumps(o, ensure_ascii=False)[:200])
+        odd = [(r.id, r.client) for r in requests
+               if not (1 << 30 <= r.client < 1 << 31 and r.client == r.id >> 32)]
+        report.add("request-ids/client-field-is-the-ids-incarnation",
+                   bool(requests) and not odd,
+                   f"{len(odd)} requests whose client field is not 2**30 <= C < 2**31 and "
+                   "the id's top bits")
         # the client's class for every row of the error table
         rows = outcome("errors").get("value") or []
         for (code, type_name, cls), got in zip(ERROR_TABLE, [*rows, *[{}] * len(ERROR_TABLE)],

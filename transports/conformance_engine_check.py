@@ -9,8 +9,11 @@ tests (``error-codes/425-InProgress``, ``what-an-engine-does-with-a-request/3-..
 faults expects the refusal of the first step of the spec's decision order. Replies that
 must never come (to id 0, to junk, to a request sent to the beacon) are checked once
 at the end, over everything received during the run. The operation ledger's cases are
-in :mod:`ctlwire.transports.conformance_operation_check`; the cache-full case runs
-last (a full idempotency cache refuses new keys for its retention, 600 s).
+in :mod:`ctlwire.transports.conformance_operation_check`, those that depend on how
+the engine serves (lanes, or one request at a time) in
+:mod:`ctlwire.transports.conformance_serving_check`, those about frames in
+:mod:`ctlwire.transports.conformance_frame_check`; the cache-full case runs last (a
+full idempotency cache refuses new keys for its retention, 600 s).
 """
 
 from __future__ import annotations
@@ -20,24 +23,29 @@ import time
 
 import msgspec
 
+from ctlwire.transports.conformance_frame_check import FRAME_CASES, check_frames
 from ctlwire.transports.conformance_operation_check import OPERATION_CASES, check_operations
 from ctlwire.transports.conformance_report import CODEC, CONFORMANCE_ERROR, Report
+from ctlwire.transports.conformance_serving_check import (
+    LANE_CASES,
+    ONE_AT_A_TIME_CASES,
+    SERVING_CASES,
+    check_serving,
+)
 from ctlwire.transports.conformance_wire import (
     CLIENT_INC,
+    OTHER_INC,
     HarnessClient,
-    float32_deadline,
     malformed_frame,
     request_items,
 )
 from ctlwire.transports.envelope import Reply
 from ctlwire.transports.protocol_version import PROTOCOL_VERSION, pack_version, supported_version
 
-__all__ = ["ENGINE_CASES", "CheckEngine"]
+__all__ = ["ENGINE_CASES", "LANE_CASES", "ONE_AT_A_TIME_CASES", "CheckEngine"]
 
 INCARNATION_WINDOW_MS = 60_000
 _MAJOR_2 = pack_version((PROTOCOL_VERSION >> 8) + 1, 0)
-#: requests sent at once behind a held lane: more than a connection may queue (64)
-_FLOOD = 300
 _ORDER = "what-an-engine-does-with-a-request"
 _NEVER = 0.3  # seconds of quiet, at the end, for replies that must never come
 
@@ -68,33 +76,21 @@ ENGINE_CASES: tuple[str, ...] = (
     f"{_ORDER}/8-key-length-before-payload",
     f"{_ORDER}/8-recorded-outcome-before-payload",
     f"{_ORDER}/9-payload-for-a-method-without-one",
-    "error-codes/425-InProgress",
-    f"{_ORDER}/8-in-progress-before-payload",
-    "error-codes/429-Busy",
-    f"{_ORDER}/busy-engine-keeps-receiving",
-    "deadlines/checked-when-it-starts",
-    f"{_ORDER}/one-method-in-arrival-order",
-    f"{_ORDER}/methods-run-concurrently",
+    *SERVING_CASES,
     "fencing-tokens/admitted",
     "fencing-tokens/moves-only-when-validated",
     "fencing-tokens/read-only-methods-ignore-fences",
     "idempotency-keys/replayed-run-once",
     "idempotency-keys/failed-run-recorded",
     "idempotency-keys/read-only-methods-ignore-keys",
+    "idempotency-keys/without-routes-the-client-field-is-the-scope",
     "request-ids/salvaged-id-not-seen",
-    "envelopes/negative-seq-malformed",
-    "envelopes/version-beyond-16-bits-malformed",
-    "envelopes/nan-deadline-malformed",
-    "envelopes/float-for-integer-malformed",
-    "envelopes/float32-deadline-accepted",
-    "versioning/minor-version-unknown-fields-served",
-    "limits/oversized-frame-answered-413",
-    "error-codes/413-OversizedFrame",
-    "limits/connection-survives-oversized-frame",
+    *FRAME_CASES,
     "operations-the-ledgers-messages/metrics-read-only",
     *OPERATION_CASES,
     "liveness/heartbeats-while-busy",
     "liveness/incarnation-stable",
+    "sockets/reconnects-after-drop",
     "error-codes/507-CacheFull",
     f"{_ORDER}/9-payload-before-cache-full",
     f"{_ORDER}/10-cache-full-request-not-run",
@@ -112,11 +108,10 @@ class CheckEngine(HarnessClient):
     # -- the run -------------------------------------------------------------------------
     def run(self, report: Report) -> None:
         if self.first_contact(report):
-            for case in (self.served, self.refusals, self.decision_order, self.in_progress,
-                         self.busy,
-                         self.deadline_at_start, self.fences, self.keys, self.ids,
-                         self.ranges, self.oversized, self.metrics, self.operations,
-                         self.liveness, self.cache_full, self.probes):
+            for case in (self.served, self.refusals, self.decision_order, self.serving,
+                         self.fences, self.keys, self.ids, self.frames, self.metrics,
+                         self.operations, self.liveness, self.reconnect, self.cache_full,
+                         self.probes):
                 try:
                     case(report)
                 except Exception as exc:  # a case that broke is a failed case
@@ -236,58 +231,6 @@ class CheckEngine(HarnessClient):
         expect(report, f"{_ORDER}/9-payload-for-a-method-without-one", self.call("count", 5),
                "InvalidPayload", 422)
 
-    def in_progress(self, report: Report) -> None:
-        """A keyed request repeated while its first run runs: InProgress, at once."""
-        key = f"slow-{secrets.token_hex(4)}"
-        first = self.send_request("sleep", 0.6, key=key)
-        time.sleep(0.1)
-        self.expect_error(report, "error-codes/425-InProgress",
-                          self.call("sleep", 0.6, key=key), "InProgress", 425)
-        self.expect_error(report, f"{_ORDER}/8-in-progress-before-payload",
-                          self.call("sleep", "not a number", key=key), "InProgress", 425)
-        self.reply(first)
-
-    def busy(self, report: Report) -> None:
-        """A flood of one method on one connection while its lane is held: each request
-        is answered, run or refused Busy (429) at once, and the engine keeps receiving
-        (another method is answered before the lane frees)."""
-        held = self.send_request("sleep", 1.0)
-        flood = [self.send_request("sleep", 0.0) for _ in range(_FLOOD)]
-        other = self.reply(self.send_request("echo", "meanwhile"), timeout=0.8)
-        replies = [self.reply(rid) for rid in flood]
-        busy = [r for r in replies if r is not None and not r.ok]
-        refused = busy[0] if busy else None
-        if refused is None:
-            report.add("error-codes/429-Busy", False,
-                       f"{_FLOOD} requests queued behind a held lane, none refused Busy")
-        else:
-            self.expect_error(report, "error-codes/429-Busy", refused, "Busy", 429)
-        report.add(f"{_ORDER}/busy-engine-keeps-receiving",
-                   other is not None and other.ok and all(
-                       r is not None and (r.ok or (r.error is not None
-                                                   and r.error.code == 429)) for r in replies),
-                   "echo answered while the lane was full" if other is not None else
-                   "echo not answered while the lane was full (the engine stopped receiving)")
-        self.reply(held)
-
-    def deadline_at_start(self, report: Report) -> None:
-        """Requests of one method start in arrival order, one at a time, and a queued one's
-        deadline is checked when it starts; other methods run meanwhile."""
-        busy = self.send_request("sleep", 0.4)
-        queued = self.send_request("sleep", 0.0)
-        late = self.send_request("sleep", 0.0, deadline=time.time() + 0.2)
-        other = self.call("echo", "meanwhile")
-        self.expect_error(report, "deadlines/checked-when-it-starts", self.reply(late),
-                          "DeadlineExpired", 408)
-        first, second = self.reply(busy), self.reply(queued)
-        times = [self.arrived.get(i, 0.0) for i in (busy, queued, late)]
-        report.add(f"{_ORDER}/one-method-in-arrival-order", first is not None and first.ok
-                   and second is not None and second.ok and times == sorted(times),
-                   "replies in the order sent" if times == sorted(times) else "out of order")
-        report.add(f"{_ORDER}/methods-run-concurrently", other is not None and other.ok
-                   and self.arrived.get(other.id, 1e18) < self.arrived.get(busy, 0.0),
-                   "echo answered while sleep ran")
-
     def fences(self, report: Report) -> None:
         """The fence moves only for a fully validated request of a state-changing method."""
         low = self.fence()
@@ -323,6 +266,15 @@ class CheckEngine(HarnessClient):
         reply = self.call("ctlwire.metrics", key="k" * 300)
         report.add("idempotency-keys/read-only-methods-ignore-keys",
                    reply is not None and reply.ok, repr(reply.error if reply else None))
+        # the engine dials this harness: no routes, its one client named by `client`
+        key = f"scope-{secrets.token_hex(4)}"
+        mine = self.count(key=key)
+        other = self.count(key=key, client=OTHER_INC, request_id=self.new_id(CLIENT_INC))
+        again = self.count(key=key, request_id=self.new_id(OTHER_INC))
+        report.add("idempotency-keys/without-routes-the-client-field-is-the-scope",
+                   other == mine + 1 and again == mine,
+                   f"{mine}; another client field {other} (runs); the same client field "
+                   f"under another id's incarnation {again} (replayed)")
 
     def ids(self, report: Report) -> None:
         rid = self.new_id()
@@ -354,46 +306,16 @@ class CheckEngine(HarnessClient):
         self.never_answered("request-ids/zero-not-answered", [0], "a request of id 0")
         self.never_answered("request-ids/negative-not-answered", [-7], "a request of id -7")
 
-    def ranges(self, report: Report) -> None:
-        """A field out of its range is malformed (400, its id answered)."""
-        for name, fields in (("envelopes/negative-seq-malformed", {"seq": -1}),
-                             ("envelopes/version-beyond-16-bits-malformed",
-                              {"version": 0x10000 | PROTOCOL_VERSION}),
-                             ("envelopes/nan-deadline-malformed", {"deadline": float("nan")}),
-                             ("envelopes/float-for-integer-malformed", {"fence": 2.0})):
-            self.expect_error(report, name, self.call("echo", 1, **fields),
-                              "MalformedFrame", 400)
-        rid = self.new_id()
-        frame = float32_deadline(request_items(rid, self.rank, "echo", "f32"),
-                                 time.time() + 600.0)
-        reply = self.call("echo", frame=frame, request_id=rid)
-        report.add("envelopes/float32-deadline-accepted", reply is not None and reply.ok,
-                   repr(reply.error if reply else None))
-        rid = self.new_id()
-        items = request_items(rid, self.rank, "echo", "newer", version=pack_version(1, 9))
-        reply = self.call("echo", frame=msgspec.msgpack.encode(
-            [*items, "a later field", {"x": 1}]), request_id=rid)
-        report.add("versioning/minor-version-unknown-fields-served",
-                   reply is not None and reply.ok and CODEC.decode_value(reply.result) == "newer")
-
-    def oversized(self, report: Report) -> None:
-        """A frame over the limit (by 100 bytes: below libzmq's backstop) is answered."""
-        rid = self.new_id()
-        head = msgspec.msgpack.encode(request_items(rid, self.rank, "echo", ""))
-        frame = msgspec.msgpack.encode(request_items(
-            rid, self.rank, "echo", "x" * (self.limit + 100 - len(head))))
-        reply = self.call("echo", frame=frame, request_id=rid)
-        report.add("limits/oversized-frame-answered-413", reply is not None and not reply.ok
-                   and reply.error is not None and reply.error.code == 413,
-                   f"{len(frame)} bytes: {reply.error if reply else 'no reply'}")
-        self.expect_error(report, "error-codes/413-OversizedFrame", reply, "OversizedFrame", 413)
-        after = self.call("echo", "still connected")
-        report.add("limits/connection-survives-oversized-frame", after is not None and after.ok)
-
     def metrics(self, report: Report) -> None:
         reply = self.call("ctlwire.metrics", None, fence=1)  # read-only: the fence is ignored
         report.add("operations-the-ledgers-messages/metrics-read-only",
                    reply is not None and reply.ok)
+
+    def serving(self, report: Report) -> None:
+        check_serving(self, report)
+
+    def frames(self, report: Report) -> None:
+        check_frames(self, report)
 
     def operations(self, report: Report) -> None:
         check_operations(self, report)
@@ -409,6 +331,18 @@ class CheckEngine(HarnessClient):
                    f"{len(during)} heartbeats, {len(busy)} naming 'sleep'")
         incs = {hb.incarnation for _t, hb in self.heartbeats}
         report.add("liveness/incarnation-stable", incs == {self.incarnation}, f"{len(incs)} seen")
+
+    def reconnect(self, report: Report) -> None:
+        """The harness drops the engine's connections (it closes its bound socket) and
+        binds again: the engine, the side that connects, reconnects on its own."""
+        self.rebind(0.5)
+        since = time.monotonic()
+        heard = self.heard_after(since, max(self.timeout, 10.0))
+        reply = self.call("echo", "reconnected")
+        report.add("sockets/reconnects-after-drop", heard and reply is not None and reply.ok
+                   and reply.incarnation == self.incarnation,
+                   f"{'heard' if heard else 'not heard'} within {max(self.timeout, 10.0):g} s; "
+                   f"{'served' if reply is not None and reply.ok else 'not served'}")
 
     def cache_full(self, report: Report) -> None:
         """New keys until the idempotency cache refuses one (CacheFull); the refused one
@@ -448,7 +382,7 @@ class CheckEngine(HarnessClient):
         rid = self.new_id()
         sent = time.monotonic()
         self.send(msgspec.msgpack.encode(request_items(rid, self.rank, "echo", "beacon")),
-                  identity=b"beat-%d" % self.rank)
+                  identity=self.beacon_identity)
         served = self.call("echo", "after the beacon")
 
         def beacon(r: Report) -> None:

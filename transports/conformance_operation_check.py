@@ -5,7 +5,9 @@ after ``s`` seconds), ``ctlwire.take_over``, ``ctlwire.last_operation`` and
 ``ctlwire.step_methods``, and every ledger row of the error table.
 
 Each case uses an operation of its own and fencing tokens newer than any sent before
-(a step's request carries its token, which the engine's request fence checks too).
+(a step's request carries its token, which the engine's request fence checks too). The
+engine under test dials the harness: it has no routes, and the request's ``client``
+field names its one client, the owner of the operations it begins.
 """
 
 from __future__ import annotations
@@ -14,14 +16,13 @@ import secrets
 from typing import Any
 
 from ctlwire.transports.conformance_report import CODEC, Report
-from ctlwire.transports.conformance_wire import HarnessClient
+from ctlwire.transports.conformance_wire import OTHER_INC, HarnessClient
 from ctlwire.transports.envelope import Reply
 
-__all__ = ["OPERATION_CASES", "check_operations"]
+__all__ = ["OPERATION_CASES", "OPERATION_LANE_CASES", "OPERATION_ONE_AT_A_TIME_CASES",
+           "check_operations"]
 
 _OPS = "operations-the-ledgers-messages"
-#: a second controller (the client incarnation of its request ids)
-OTHER_INC = (1 << 30) | secrets.randbits(30)
 
 OPERATION_CASES: tuple[str, ...] = (
     f"{_OPS}/step-applied",
@@ -34,10 +35,16 @@ OPERATION_CASES: tuple[str, ...] = (
     "error-codes/412-StepNotApplied",
     "error-codes/410-OperationAborted",
     "error-codes/403-OperationOwned",
+    f"{_OPS}/without-routes-the-client-field-is-the-owner",
     "error-codes/409-StepInFlight",
+    f"{_OPS}/one-at-a-time-take-over-after-step",
     f"{_OPS}/take-over",
     f"{_OPS}/take-over-older-fence-refused",
 )
+#: of an engine that receives while a step runs
+OPERATION_LANE_CASES = frozenset({"error-codes/409-StepInFlight"})
+#: of an engine that runs one request at a time
+OPERATION_ONE_AT_A_TIME_CASES = frozenset({f"{_OPS}/one-at-a-time-take-over-after-step"})
 
 
 class _Steps:
@@ -50,7 +57,9 @@ class _Steps:
 
     def send(self, step: str, phase: str = "apply", *, index: int = 0, method: str = "mark",
              args: Any = None, fence: int | None = None, key: str | None = None,
-             client: int | None = None) -> int:
+             client: int | None = None, id_client: int | None = None) -> int:
+        """Send a step; ``client``: the request's ``client`` field, ``id_client``: the
+        client incarnation its id carries (default: the same)."""
         engine = self.engine
         client = self.client if client is None else client
         fence = engine.fence() if fence is None else fence
@@ -59,14 +68,16 @@ class _Steps:
                    "key": own_key if key is None else key, "method": method, "args": args,
                    "index": index, "ranks": [engine.rank]}
         return engine.send_request("ctlwire.step", payload, key=payload["key"], fence=fence,
-                                   client=client, request_id=engine.new_id(client))
+                                   client=client, request_id=engine.new_id(
+                                       client if id_client is None else id_client))
 
     def call(self, step: str, phase: str = "apply", **kw: Any) -> Reply | None:
         return self.engine.reply(self.send(step, phase, **kw))
 
 
 def check_operations(engine: HarnessClient, report: Report) -> None:
-    """Every ledger case against ``engine``."""
+    """Every ledger case against ``engine``; the cases of the serving model it does not
+    follow are reported skipped."""
     expect = engine.expect_error
     ops = _Steps(engine)
     applied = ops.call("s0", args="a")
@@ -109,13 +120,42 @@ def check_operations(engine: HarnessClient, report: Report) -> None:
     expect(report, "error-codes/403-OperationOwned",
            owned.call("s1", index=1, fence=token, client=OTHER_INC), "OperationOwned", 403)
 
-    # a take-over while a step runs: refused, ask again
+    # the owner is the request's client field (an engine without routes), not its id
+    mine = _Steps(engine)
+    token = engine.fence()
+    mine.call("s0", fence=token)
+    own = mine.call("s1", index=1, fence=token, id_client=OTHER_INC)
+    other = mine.call("s2", index=2, fence=token, client=OTHER_INC, id_client=engine.client)
+    report.add(f"{_OPS}/without-routes-the-client-field-is-the-owner",
+               own is not None and own.ok and other is not None and other.error is not None
+               and other.error.type == "OperationOwned",
+               f"own client field: {own.error if own else None}; another: "
+               f"{other.error if other else None}")
+
+    # a take-over while a step runs: an engine that receives meanwhile refuses it (ask
+    # again); one that runs one request at a time reads it after the step, and accepts it
     held = _Steps(engine)
     running = held.send("s0", method="hold", args=0.6)
     engine.idle(0.1)  # the step starts meanwhile
-    expect(report, "error-codes/409-StepInFlight",
-           engine.call("ctlwire.take_over", {"fence": engine.fence()}), "StepInFlight", 409)
+    token = engine.fence()
+    asked = engine.send_request("ctlwire.take_over", {"fence": token})
+    probe = engine.send_request("ctlwire.metrics")
     engine.reply(running)
+    answer = engine.reply(asked)
+    engine.reply(probe)
+    if engine.before(probe, running):  # it received while the step ran
+        engine.skip_other_model(report, OPERATION_ONE_AT_A_TIME_CASES)
+        if answer is not None and not engine.before(asked, running):
+            report.add("error-codes/409-StepInFlight", False,
+                       "the take-over was answered only once the step returned")
+        else:
+            expect(report, "error-codes/409-StepInFlight", answer, "StepInFlight", 409)
+    else:
+        engine.skip_other_model(report, OPERATION_LANE_CASES)
+        view = CODEC.decode_value(answer.result) if answer is not None and answer.ok else {}
+        report.add(f"{_OPS}/one-at-a-time-take-over-after-step",
+                   view.get("highest_fence") == token and engine.before(running, asked),
+                   repr(answer.error if answer is not None and answer.error else view))
     successor = engine.fence()
     taken = engine.call("ctlwire.take_over", {"fence": successor})
     view = CODEC.decode_value(taken.result) if taken is not None and taken.ok else {}

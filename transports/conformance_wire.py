@@ -20,11 +20,13 @@ from ctlwire.transports.envelope import Heartbeat, Reply
 from ctlwire.transports.errors import MalformedFrame
 from ctlwire.transports.protocol_version import PROTOCOL_VERSION
 
-__all__ = ["CLIENT_INC", "HarnessClient", "float32_deadline", "malformed_frame",
+__all__ = ["CLIENT_INC", "OTHER_INC", "HarnessClient", "float32_deadline", "malformed_frame",
            "request_items"]
 
 #: the client incarnation the harness's request ids carry (``id >> 32``)
 CLIENT_INC = (1 << 30) | secrets.randbits(30)
+#: a second client incarnation (another controller's, or another ``client`` field)
+OTHER_INC = CLIENT_INC ^ (1 + secrets.randbits(29))
 
 
 def request_items(rid: int, rank: int, method: str, payload: Any = None, **fields: Any
@@ -57,11 +59,8 @@ class HarnessClient:
     def __init__(self, address: str, rank: int = 0, *, timeout: float = 10.0,
                  max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(address)
         self.address = address
+        self.sock = self._bind()
         self.rank = rank
         self.timeout = timeout
         self.limit = max_message_size
@@ -69,14 +68,33 @@ class HarnessClient:
         self.answers: defaultdict[int, list[Reply]] = defaultdict(list)  # every reply, by id
         self.arrived: dict[int, float] = {}  # when the first reply to an id came
         self.incarnation = 0
+        #: where the engine's heartbeats come from (``beat-N``, or a group beacon's identity)
+        self.beacon_identity = b"beat-%d" % rank
         self.client = CLIENT_INC  # the client incarnation of this harness's ids
+        #: whether the engine receives while a request runs (lanes), or runs one request
+        #: at a time; None until seen
+        self.receiving: bool | None = None
         self._next_id = 1
         self._last_fence = 0
         self._at_end: list[Callable[[Report], None]] = []
 
+    def _bind(self) -> zmq.Socket[bytes]:
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(self.address)
+        return sock
+
     def close(self) -> None:
         self.sock.close(0)
         self.ctx.term()
+
+    def rebind(self, pause: float) -> None:
+        """Drop every connection (close the bound socket), wait ``pause`` seconds, and
+        bind the same address again: the engine, the side that connects, must come back."""
+        self.sock.close(0)
+        time.sleep(pause)
+        self.sock = self._bind()
 
     # -- the wire ------------------------------------------------------------------------
     def new_id(self, client: int = CLIENT_INC) -> int:
@@ -89,19 +107,27 @@ class HarnessClient:
         return self._last_fence
 
     def _take(self, timeout: float) -> None:
-        """Receive one frame (or none within ``timeout``): heartbeats and replies recorded."""
+        """Receive one message (or none within ``timeout``): heartbeats and replies
+        recorded; a group beacon's message (``beats-F-C``) is a heartbeat a frame, of
+        which only this harness's rank's are kept."""
         if not self.sock.poll(int(timeout * 1000)):
             return
-        data = self.sock.recv_multipart()[-1]
-        try:
-            env = CODEC.decode(data)
-        except MalformedFrame:
-            return
-        if isinstance(env, Heartbeat):
-            self.heartbeats.append((time.monotonic(), env))
-        elif isinstance(env, Reply):
-            self.answers[env.id].append(env)
-            self.arrived.setdefault(env.id, time.monotonic())
+        identity, *frames = self.sock.recv_multipart()
+        group = identity.startswith(b"beats-")
+        for data in frames if group else frames[-1:]:
+            try:
+                env = CODEC.decode(data)
+            except MalformedFrame:
+                continue
+            if isinstance(env, Heartbeat):
+                if group and env.rank != self.rank:
+                    continue  # another rank of the engine's process
+                self.heartbeats.append((time.monotonic(), env))
+                if group or identity.startswith(b"beat-"):
+                    self.beacon_identity = identity
+            elif isinstance(env, Reply):
+                self.answers[env.id].append(env)
+                self.arrived.setdefault(env.id, time.monotonic())
 
     def send(self, data: bytes, identity: bytes | None = None) -> None:
         end = time.monotonic() + self.timeout
@@ -119,6 +145,21 @@ class HarnessClient:
         end = time.monotonic() + seconds
         while (left := end - time.monotonic()) > 0:
             self._take(left)
+
+    def heard_after(self, since: float, timeout: float) -> bool:
+        """Whether a heartbeat arrives after ``since`` (``time.monotonic``), waiting up to
+        ``timeout`` seconds."""
+        end = time.monotonic() + timeout
+        while not (self.heartbeats and self.heartbeats[-1][0] > since) and (
+                left := end - time.monotonic()) > 0:
+            self._take(left)
+        return bool(self.heartbeats) and self.heartbeats[-1][0] > since
+
+    def before(self, first: int, then: int) -> bool:
+        """Whether the reply to ``first`` arrived before the reply to ``then`` (one that
+        never came arrives last)."""
+        never = float("inf")
+        return self.arrived.get(first, never) < self.arrived.get(then, never)
 
     def reply(self, rid: int, timeout: float | None = None) -> Reply | None:
         """The first reply to ``rid``, waiting up to ``timeout`` (default: the harness's)."""
@@ -170,6 +211,20 @@ class HarnessClient:
             report.add(name, not got, f"{why}: {len(got)} of {len(ids)} answered")
 
         self._at_end.append(check)
+
+    @property
+    def serving_model(self) -> str:
+        """How the engine serves, as the harness saw it (:attr:`receiving`)."""
+        return ("receives while a request runs" if self.receiving else
+                "runs one request at a time")
+
+    def skip_other_model(self, report: Report, names: frozenset[str] | set[str]) -> None:
+        """Report ``names``, the cases of the model this engine does not follow, skipped."""
+        other = ("runs one request at a time" if self.receiving else
+                 "receives while a request runs")
+        for name in sorted(names):
+            report.skip(name, f"this engine {self.serving_model}: the rule of an engine "
+                        f"that {other} does not apply")
 
     def expect_error(self, report: Report, name: str, reply: Reply | None, type_name: str,
                      code: int) -> bool:

@@ -40,6 +40,16 @@ positive finite number; a rank is ``0 .. 999 999 999`` (``-1``: a client's
 heartbeat); a heartbeat's ``busy_for`` is not negative and its ``progress`` at most
 1 (negative: none). Constructing an envelope checks nothing: the encoder sends what
 it is given.
+
+**Bounded decoding.** Every field a peer can make large is bounded while it is
+decoded, so no frame costs more than a walk over its bytes: a request's
+``method`` has at most :data:`MAX_METHOD_CHARS` characters, its ``trace`` at most
+:data:`MAX_TRACE_ENTRIES` entries (refused from the map's header, before any is
+decoded) with keys and values of at most :data:`MAX_TRACE_KEY_CHARS` and
+:data:`MAX_TRACE_VALUE_CHARS` characters; a frame beyond them is malformed.
+``payload`` and ``result`` are skipped over, not decoded (linear in their bytes);
+they are decoded later into the types a handler or caller declares, which bound
+their own containers (``msgspec.Meta(max_length=...)``).
 """
 
 from __future__ import annotations
@@ -51,11 +61,19 @@ import msgspec
 
 from ctlwire.transports.protocol_version import PROTOCOL_VERSION
 
-__all__ = ["MAX_RANK", "NO_DEADLINE", "Envelope", "ErrorInfo", "Heartbeat", "Reply", "Request"]
+__all__ = ["MAX_METHOD_CHARS", "MAX_RANK", "MAX_TRACE_ENTRIES", "MAX_TRACE_KEY_CHARS",
+           "MAX_TRACE_VALUE_CHARS", "NO_DEADLINE", "Envelope", "ErrorInfo", "Heartbeat",
+           "Reply", "Request"]
 
 NO_DEADLINE = 0.0
 #: the largest rank (an identity spells it in at most 9 decimal digits)
 MAX_RANK = 999_999_999
+#: a request's ``method``: at most this many characters
+MAX_METHOD_CHARS = 256
+#: a request's ``trace``: at most this many entries, keys and values at most this long
+MAX_TRACE_ENTRIES = 16
+MAX_TRACE_KEY_CHARS = 256
+MAX_TRACE_VALUE_CHARS = 8192
 
 _Id = Annotated[int, msgspec.Meta(ge=1)]  # 1 .. 2**64 - 1 (msgpack's largest integer)
 _Count = Annotated[int, msgspec.Meta(ge=0)]
@@ -64,6 +82,11 @@ _Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=sys.float_info.max)]  # fini
 _EngineRank = Annotated[int, msgspec.Meta(ge=0, le=MAX_RANK)]
 _SenderRank = Annotated[int, msgspec.Meta(ge=-1, le=MAX_RANK)]
 _Progress = Annotated[float, msgspec.Meta(le=1.0)]  # negative: none; NaN refused
+_Method = Annotated[str, msgspec.Meta(max_length=MAX_METHOD_CHARS)]
+# checked from the map's header, before any entry is decoded
+_Trace = Annotated[dict[Annotated[str, msgspec.Meta(max_length=MAX_TRACE_KEY_CHARS)],
+                        Annotated[str, msgspec.Meta(max_length=MAX_TRACE_VALUE_CHARS)]],
+                   msgspec.Meta(max_length=MAX_TRACE_ENTRIES)]
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, array_like=True):
@@ -77,12 +100,12 @@ class ErrorInfo(msgspec.Struct, frozen=True, array_like=True):
 class Request(msgspec.Struct, frozen=True, array_like=True, tag="q"):
     id: _Id
     rank: int  # any: an engine refuses all but its own (WrongRank)
-    method: str
+    method: _Method
     payload: msgspec.Raw
     deadline: _Seconds = NO_DEADLINE
     seq: _Count = 0
     client: int = 0  # a label: compared, never interpreted
-    trace: dict[str, str] | None = None
+    trace: _Trace | None = None
     key: str = ""
     fence: int = 0  # any: an engine refuses one out of its window (FenceOutOfRange)
     version: _Version = PROTOCOL_VERSION

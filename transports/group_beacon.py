@@ -2,7 +2,8 @@
 
 A process hosting ranks ``F .. F+C-1`` may send their heartbeats from one beacon
 with identity ``beats-F-C`` (``beats-F-C.TAG`` under CURVE), a heartbeat frame per
-rank in one message, instead of a beacon per rank. The identity grammar is here,
+rank in one message, instead of a beacon per rank; every client of protocol 1.0
+must accept them (there is no opt-in on the wire). The identity grammar is here,
 and :class:`GroupBeaconReader`, which turns such a message into one event per
 frame: a heartbeat of a rank the identity speaks for, else a counted drop.
 """

@@ -36,6 +36,10 @@ The beacon's socket is small and never blocks: a high-water mark of a few
 frames, ``IMMEDIATE`` (nothing queued for a peer that is not connected),
 ``LINGER`` 0, and heartbeats dropped (counted) when the peer does not read.
 libzmq's ZMTP heartbeats are not needed for any of this.
+
+A beacon that binds (an engine that binds its request socket) is a ROUTER that
+heartbeats to the clients that said hello (:class:`~ctlwire.transports.beacon_routes.BeaconRoutes`),
+never a PUB: a PUB keeps whatever subscriptions a peer sends.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from collections.abc import Callable
 
 import zmq
 
+from ctlwire.transports.beacon_routes import BeaconRoutes
 from ctlwire.transports.codec import Codec
 from ctlwire.transports.connection_guard import ConnectionGuard
 from ctlwire.transports.envelope import Heartbeat
@@ -66,6 +71,8 @@ def configure_beacon_socket(sock: zmq.Socket[bytes]) -> None:
     sock.setsockopt(zmq.MAXMSGSIZE, 4096)
     if sock.type in (zmq.DEALER, zmq.PUSH):
         sock.setsockopt(zmq.IMMEDIATE, 1)
+    if sock.type == zmq.ROUTER:  # a route that is gone is an error, not a silent drop
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.RECONNECT_IVL, 100)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1_000)
 
@@ -82,13 +89,16 @@ class LivenessBeacon:
 
     def __init__(self, make_socket: Callable[[], zmq.Socket[bytes]], codec: Codec,
                  interval: float, status: BeaconStatus, *, name: str = "ctlwire-beacon",
-                 max_connections: int | None = None) -> None:
+                 max_connections: int | None = None,
+                 routes: BeaconRoutes | None = None) -> None:
         if interval <= 0:
             raise ValueError("beacon interval must be > 0")
         self.interval = interval
         #: a socket that binds: at most this many connections stay open (None: no bound)
         self.max_connections = max_connections
         self._guard: ConnectionGuard | None = None
+        #: a ROUTER beacon's clients (None: the socket has one peer, or routes itself)
+        self.routes = routes
         self.sent = 0
         self.dropped = 0
         self._make_socket = make_socket
@@ -116,6 +126,9 @@ class LivenessBeacon:
             self._thread.join(timeout)
 
     def _beat(self, sock: zmq.Socket[bytes]) -> None:
+        routes = self.routes
+        if routes is not None:
+            routes.read(sock)
         try:
             hb = self._status()
         except Exception:  # a status bug must not silence the beacon
@@ -123,12 +136,15 @@ class LivenessBeacon:
             self.dropped += 1
         if not hb:
             return
+        encode = self._codec.encode
+        frames = [encode(one) for one in hb] if isinstance(hb, list) else [encode(hb)]
+        if routes is not None:
+            sent, dropped = routes.send(sock, frames)
+            self.sent += sent
+            self.dropped += dropped
+            return
         try:
-            if isinstance(hb, list):
-                encode = self._codec.encode
-                sock.send_multipart([encode(one) for one in hb], zmq.NOBLOCK)
-            else:
-                sock.send(self._codec.encode(hb), zmq.NOBLOCK)
+            sock.send_multipart(frames, zmq.NOBLOCK)
             self.sent += 1
         except zmq.Again:
             self.dropped += 1  # the peer is not reading, or not connected yet

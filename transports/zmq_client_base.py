@@ -35,6 +35,7 @@ from ctlwire.transports.zmq_config import (
     TransportContext,
     ZmqOptions,
     bind_socket,
+    make_socket,
     private_ipc_address,
     remove_ipc_file,
 )
@@ -76,9 +77,12 @@ class _ZmqClientBase:
         return self._context.get()
 
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
-        sock: zmq.Socket[bytes] = self.context.socket(kind)
+        """A socket with the options applied; a ROUTER (the client's own, which its
+        engines dial under their rank names) with ``ROUTER_HANDOVER``: an engine that
+        comes back takes its identity back at once."""
+        sock = make_socket(self.context, kind)
         self._raw.append(sock)
-        self.options.apply(sock, self.codec.max_message_size)
+        self.options.apply(sock, self.codec.max_message_size, handover=kind == zmq.ROUTER)
         return sock
 
     def _wrap(self, sock: zmq.Socket[bytes]) -> AsyncZmqSocket:

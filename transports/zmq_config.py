@@ -4,8 +4,21 @@ Defaults are defensive: explicit high-water marks, a bounded ``LINGER``,
 ``MAXMSGSIZE`` as a backstop (libzmq drops the connection of a peer that
 exceeds it) a sixteenth above the codec's own limit, the protocol's (an engine
 answers a frame between the two with ``OversizedFrame``, 413),
-``ROUTER_MANDATORY`` so an unroutable message is an error, ``ROUTER_HANDOVER``
-so a restarted engine can take its identity back at once.
+``ROUTER_MANDATORY`` so an unroutable message is an error, and
+``ROUTER_HANDOVER`` only on a client's ROUTER (a restarted engine takes its
+identity back at once): an engine's ROUTER keeps a live route for the connection
+that has it, so a peer naming itself after another's route is refused by libzmq
+(never delivered to, never sent to).
+
+**Routing ids.** A ROUTER's peer names itself, or gets an automatic id from
+libzmq: ``0x00`` and a counter started from the C library's ``rand()``, which
+nothing seeds, so it is the same in every process. A peer that claims the id
+libzmq is about to assign makes libzmq abort the process (a duplicate in its
+route table). :func:`make_socket` therefore seeds ``rand()`` from the operating
+system's randomness before it makes a ROUTER, so the counter's start is
+unpredictable, and ctlwire's own DEALERs that dial a ROUTER name themselves
+with 128 random bits (:func:`new_client_identity`): their routes can be neither
+guessed nor taken over.
 
 ZMTP heartbeats (``HEARTBEAT_IVL``) are **off** by default: with them on, a peer
 that fills a socket's receive pipe past ``RCVHWM`` while the owner is busy and
@@ -34,11 +47,15 @@ enabled for IPv6 hosts (``tcp://[::1]:PORT``).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import ipaddress
+import logging
 import os
 import secrets
 import stat
 import tempfile
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
@@ -66,6 +83,8 @@ __all__ = [
     "check_bind_address",
     "connect_socket",
     "ipc_path",
+    "make_socket",
+    "new_client_identity",
     "new_identity_tag",
     "private_ipc_address",
     "rank_from_beacon_identity",
@@ -181,10 +200,12 @@ class ZmqOptions:
         return max(1, min(hwm, self.max_queued_bytes // self.hard_limit(codec_limit)))
 
     def apply(self, sock: zmq.Socket[bytes], codec_limit: int, *,
-              peer_sized_sends: bool = False) -> None:
+              peer_sized_sends: bool = False, handover: bool = False) -> None:
         """Set every option on ``sock``. ``peer_sized_sends``: what ``sock`` sends is
         sized by any peer that connects (the replies of an engine that binds), so its
-        ``SNDHWM`` is bounded in bytes."""
+        ``SNDHWM`` is bounded in bytes. ``handover`` (a ROUTER): a peer naming an id
+        in use takes the route over (a client's ROUTER, whose engines come back under
+        their own names); without it libzmq refuses such a peer."""
         hard = self.hard_limit(codec_limit)
         sock.setsockopt(zmq.SNDHWM, self.effective_sndhwm(codec_limit,
                                                           peer_sized=peer_sized_sends))
@@ -206,7 +227,46 @@ class ZmqOptions:
         sock.setsockopt(zmq.HANDSHAKE_IVL, self.handshake_ivl_ms)
         if sock.type == zmq.ROUTER:
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            sock.setsockopt(zmq.ROUTER_HANDOVER, int(handover))
+
+
+_log = logging.getLogger("ctlwire.transport")
+_seed_lock = threading.Lock()
+
+
+def _c_srand() -> Callable[[int], None] | None:
+    try:
+        srand = ctypes.CDLL(None).srand
+    except (OSError, AttributeError):
+        _log.warning("the C library's srand() is not reachable: a ROUTER's automatic "
+                     "routing ids stay predictable")
+        return None
+    srand.argtypes = [ctypes.c_uint]
+    srand.restype = None
+    seed: Callable[[int], None] = srand
+    return seed
+
+
+_srand = _c_srand()
+
+
+def make_socket(context: zmq.Context[zmq.Socket[bytes]], kind: int) -> zmq.Socket[bytes]:
+    """A new socket of ``kind`` in ``context``. A ROUTER is made just after the C
+    library's ``rand()`` is seeded from the operating system's randomness: libzmq
+    draws the start of the ROUTER's automatic routing ids from it (see the module
+    docstring), so a peer cannot predict them."""
+    if kind != zmq.ROUTER or _srand is None:
+        return context.socket(kind)
+    with _seed_lock:
+        _srand(secrets.randbits(32))
+        return context.socket(kind)
+
+
+def new_client_identity() -> bytes:
+    """A routing identity for a client's DEALER that dials an engine's ROUTER:
+    ``client-`` and 32 random hex digits (128 bits), fixed for the socket's life, so
+    the engine's route for it can be neither guessed nor claimed by another peer."""
+    return b"client-" + secrets.token_hex(16).encode()
 
 
 class TransportContext:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import zmq
 
+from ctlwire.transports.beacon_routes import BeaconRoutes
 from ctlwire.transports.codec import Codec, check_pickle_allowed
 from ctlwire.transports.curve import CurveAuthenticator, CurveClientConfig, CurveServerConfig
 from ctlwire.transports.envelope import Heartbeat, Request
@@ -153,10 +154,12 @@ class ZmqRouterEngineTransport(ZmqEngineBase):
     """The engine binds a ROUTER at ``address``; clients connect DEALERs.
 
     Replies go back to the identity that sent the request. The liveness
-    beacon binds a PUB at ``beacon_address`` (default
+    beacon binds a ROUTER at ``beacon_address`` (default
     :func:`~ctlwire.transports.zmq_config.beacon_address_for` ``(address)``)
-    that clients subscribe to; without one, heartbeats go in-band to every
-    client heard from (up to ``max_clients``).
+    and heartbeats to every client whose beacon DEALER said hello there (up to
+    ``max_clients``, :class:`~ctlwire.transports.beacon_routes.BeaconRoutes`);
+    without one, heartbeats go in-band to every client heard from (up to
+    ``max_clients``).
 
     The table of client routes holds only routes that sent a valid request or
     heartbeat (a frame that does not decode as one never enters it). When it
@@ -215,7 +218,7 @@ class ZmqRouterEngineTransport(ZmqEngineBase):
             return None
 
         def make() -> zmq.Socket[bytes]:
-            raw = self._new_beacon_socket(zmq.PUB)
+            raw = self._new_beacon_socket(zmq.ROUTER)
             if self.curve is not None:
                 self.curve.apply(raw)
             try:
@@ -229,6 +232,9 @@ class ZmqRouterEngineTransport(ZmqEngineBase):
 
     def _beacon_max_connections(self) -> int | None:
         return self.max_connections
+
+    def _beacon_routes(self) -> BeaconRoutes | None:
+        return BeaconRoutes(self.codec, max_routes=self.max_clients, idle=self.route_idle)
 
     def _note_route(self, route: bytes, event: TransportEvent) -> None:
         if type(event) is not Received or type(event.envelope) not in (Request, Heartbeat):

@@ -18,6 +18,7 @@ from typing import Any
 
 import zmq
 
+from ctlwire.transports.beacon_routes import BeaconRoutes
 from ctlwire.transports.codec import Codec, MsgpackCodec
 from ctlwire.transports.connection_guard import ConnectionGuard
 from ctlwire.transports.curve import CurveAuthenticator
@@ -30,6 +31,7 @@ from ctlwire.transports.zmq_config import (
     TransportContext,
     ZmqOptions,
     bind_socket,
+    make_socket,
     remove_ipc_file,
 )
 from ctlwire.transports.zmq_socket import AsyncZmqSocket
@@ -128,7 +130,7 @@ class ZmqEngineBase:
         return self._context.get()
 
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
-        sock: zmq.Socket[bytes] = self.context.socket(kind)
+        sock = make_socket(self.context, kind)
         self._raw.append(sock)
         self.options.apply(sock, self.codec.max_message_size,
                            peer_sized_sends=self.replies_to_any_peer)
@@ -177,7 +179,8 @@ class ZmqEngineBase:
             return False
         beacon = LivenessBeacon(make, self.codec, interval, status,
                                 name=f"ctlwire-beacon-{self.rank}",
-                                max_connections=self._beacon_max_connections())
+                                max_connections=self._beacon_max_connections(),
+                                routes=self._beacon_routes())
         beacon.start()
         self._beacon = beacon
         return True
@@ -186,12 +189,25 @@ class ZmqEngineBase:
         """The bound on the beacon socket's connections where it binds (None: none)."""
         return None
 
+    def _beacon_routes(self) -> BeaconRoutes | None:
+        """The clients a beacon that binds (a ROUTER) heartbeats to (None: it dials)."""
+        return None
+
+    @property
+    def beacon_refusals(self) -> dict[str, int]:
+        """What a beacon that binds refused: routes (its table full of live ones) and
+        frames that were not a client's hello."""
+        routes = self._beacon.routes if self._beacon is not None else None
+        if routes is None:
+            return {"routes": 0, "frames": 0}
+        return {"routes": routes.refused_routes, "frames": routes.refused_frames}
+
     @property
     def beacon(self) -> LivenessBeacon | None:
         return self._beacon
 
     def _new_beacon_socket(self, kind: int) -> zmq.Socket[bytes]:
-        raw: zmq.Socket[bytes] = self.context.socket(kind)
+        raw = make_socket(self.context, kind)
         configure_beacon_socket(raw)
         return raw
 

@@ -1,8 +1,8 @@
 """ZeroMQ client transports with one sending socket per engine rank.
 
 * :class:`ZmqDealerClientTransport` — the reverse orientation (FastDeploy's):
-  each engine binds a ROUTER, the client connects one DEALER per rank (and a
-  SUB per rank to the engine's liveness beacon).
+  each engine binds a ROUTER, the client connects one DEALER per rank (and one
+  per rank to the engine's liveness beacon, a ROUTER too).
 * :class:`ZmqPushPullClientTransport` — separate channels: one PUSH per rank for
   requests, one bound PULL for all replies.
 * :class:`ZmqPairClientTransport` — one PAIR per rank, for inproc engines in
@@ -45,6 +45,7 @@ from ctlwire.transports.zmq_config import (
     beacon_address_for,
     check_address,
     connect_socket,
+    new_client_identity,
 )
 from ctlwire.transports.zmq_monitor import DOWN_EVENTS, UP_EVENTS, SocketMonitor
 from ctlwire.transports.zmq_socket import AsyncZmqSocket
@@ -100,6 +101,8 @@ class _PerRankClient(_ZmqClientBase):
         raw = self._socket(self.send_kind)
         if self.send_kind == zmq.DEALER:
             raw.setsockopt(zmq.IMMEDIATE, 1)
+            # the engine's ROUTER routes replies, and binds operations and keys, to this
+            raw.setsockopt(zmq.IDENTITY, new_client_identity())
         if self.curve is not None:
             self.curve.apply(raw, rank)
         monitor = self._monitor_of[rank] = SocketMonitor(raw)
@@ -271,8 +274,9 @@ class _PerRankClient(_ZmqClientBase):
 
 class ZmqDealerClientTransport(_PerRankClient):
     """Reverse orientation: each engine binds a ROUTER at ``addresses[rank]``; the
-    client connects one DEALER per rank, and one SUB per rank to the engine's
-    liveness beacon at ``beacon_addresses[rank]`` (default
+    client connects one DEALER per rank, and one per rank to the engine's
+    liveness beacon (a DEALER saying hello with every client heartbeat) at
+    ``beacon_addresses[rank]`` (default
     :func:`~ctlwire.transports.zmq_config.beacon_address_for` of the rank's
     address; a rank without one relies on in-band heartbeats). ``curve`` is a
     :class:`CurveClientConfig` (the engines are the CURVE servers) naming each
@@ -306,17 +310,33 @@ class ZmqDealerClientTransport(_PerRankClient):
         address = self.beacon_addresses.get(rank)
         if address is None:
             return
-        raw = self.context.socket(zmq.SUB)
+        raw = self.context.socket(zmq.DEALER)
         raw.setsockopt(zmq.RCVHWM, 16)
+        raw.setsockopt(zmq.SNDHWM, 4)
         raw.setsockopt(zmq.LINGER, 0)
         raw.setsockopt(zmq.MAXMSGSIZE, 4096)
         raw.setsockopt(zmq.RECONNECT_IVL, self.options.reconnect_ivl_ms)
         raw.setsockopt(zmq.RECONNECT_IVL_MAX, self.options.reconnect_ivl_max_ms)
-        raw.setsockopt(zmq.SUBSCRIBE, b"")
+        raw.setsockopt(zmq.IDENTITY, new_client_identity())
         if self.curve is not None:
             self.curve.apply(raw, rank)
         raw.connect(address)
-        self._beacons[rank] = self._wrap(raw)
+        beacon = self._beacons[rank] = self._wrap(raw)
+        self._say_hello(beacon)
+
+    def _say_hello(self, beacon: AsyncZmqSocket) -> None:
+        """A client heartbeat on a beacon DEALER: the engine's beacon heartbeats to
+        the routes that sent one (queued until the connection is up; repeated with
+        every client heartbeat to the rank, so a restarted engine learns it again)."""
+        with contextlib.suppress(zmq.ZMQError, SocketClosed):
+            beacon.send_multipart_nowait([self._hello])
+
+    def send_nowait(self, rank: int, envelope: Envelope) -> None:
+        if type(envelope) is Heartbeat:  # first: the request connection may be down
+            beacon = self._beacons.get(rank)
+            if beacon is not None:
+                self._say_hello(beacon)
+        super().send_nowait(rank, envelope)
 
     def _start_rank(self, tg: TaskGroup, rank: int) -> None:
         super()._start_rank(tg, rank)

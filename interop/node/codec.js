@@ -55,6 +55,27 @@ const seconds = (v) => (typeof v === 'number' && v >= 0 && v <= Number.MAX_VALUE
 const progress = (v) => (typeof v === 'number' && v <= 1) || (typeof v === 'bigint' && v <= 1n);
 const count = between(0n, ID_MAX);
 const version = between(0n, 0xffffn);
+// decode bounds (docs/protocol.md, Limits): a request's method and its trace map
+const MAX_METHOD_CHARS = 256;
+const MAX_TRACE_ENTRIES = 16;
+const MAX_TRACE_KEY_CHARS = 256;
+const MAX_TRACE_VALUE_CHARS = 8192;
+// at most `max` characters (Unicode code points, not UTF-16 units)
+function chars(s, max) {
+  if (s.length <= max) return true; // code points <= UTF-16 units
+  if (s.length > 2 * max) return false; // code points >= units / 2
+  let n = 0;
+  for (const _ of s) if (++n > max) return false; // eslint-disable-line no-unused-vars
+  return true;
+}
+const method = (v) => isStr(v) && chars(v, MAX_METHOD_CHARS);
+const trace = (v) => v === null || (typeof v === 'object' && !Array.isArray(v) && !(v instanceof Uint8Array)
+  && Object.keys(v).length <= MAX_TRACE_ENTRIES
+  && Object.entries(v).every(([k, x]) => chars(k, MAX_TRACE_KEY_CHARS) && isStr(x) && chars(x, MAX_TRACE_VALUE_CHARS)));
+// an ErrorInfo: [type, message, code = 0, ...ignored]; fewer than two elements, or an
+// element of the wrong type (a float code included), is malformed
+const errorInfo = (v) => v === null || (Array.isArray(v) && v.length >= 2 && isStr(v[0]) && isStr(v[1])
+  && (v.length < 3 || (!(v[2] instanceof Float) && isInt(v[2]))));
 
 class MalformedFrame extends Error {
   constructor(message, salvagedId = 0, oversized = false) {
@@ -67,14 +88,12 @@ class MalformedFrame extends Error {
 // field list per kind: [name, check, default] (docs/protocol.md, Envelopes); the checks
 // of float fields are `seconds` and `progress`, and only they accept a float
 const SCHEMA = {
-  q: [['id', between(1n, ID_MAX)], ['rank', isInt], ['method', isStr], ['payload', any],
-    ['deadline', seconds, 0.0], ['seq', count, 0], ['client', isInt, 0],
-    ['trace', (v) => v === null || (typeof v === 'object' && !Array.isArray(v)
-      && Object.values(v).every(isStr)), null],
+  q: [['id', between(1n, ID_MAX)], ['rank', isInt], ['method', method], ['payload', any],
+    ['deadline', seconds, 0.0], ['seq', count, 0], ['client', isInt, 0], ['trace', trace, null],
     ['key', isStr, ''], ['fence', isInt, 0], ['version', version, PROTOCOL_VERSION]],
   r: [['id', between(1n, ID_MAX)], ['rank', between(0n, BigInt(MAX_RANK))], ['incarnation', count],
     ['ok', (v) => typeof v === 'boolean'], ['result', any],
-    ['error', (v) => v === null || (Array.isArray(v) && v.length >= 2), null]],
+    ['error', errorInfo, null]],
   h: [['rank', between(-1n, BigInt(MAX_RANK))], ['incarnation', count], ['seq', count, 0],
     ['busy', count, 0], ['method', isStr, ''], ['busy_for', seconds, 0.0], ['loops', count, 0],
     ['progress', progress, -1.0], ['note', isStr, ''], ['version', version, PROTOCOL_VERSION]],
@@ -118,13 +137,13 @@ function decodeEnvelope(data, limit = MAX_MESSAGE_SIZE) {
     if (!has && dflt === undefined) throw new MalformedFrame(`missing field ${name}`, salvaged);
     const floatOk = check === seconds || check === progress || check === any;
     if (has && arr[i + 1] instanceof Float && !floatOk) throw new MalformedFrame(`field ${name} is a float, not an integer`, salvaged);
+    if (check === errorInfo && has && !errorInfo(arr[i + 1])) throw new MalformedFrame('bad error info');
     const v = has ? norm(arr[i + 1]) : dflt;
     if (!check(v)) throw new MalformedFrame(`field ${name} has the wrong type or is out of range`, salvaged);
     env[name] = v;
   });
   if (env.kind === 'reply' && env.error) {
-    const [type, message, code = 0] = env.error;
-    if (!isStr(type) || !isStr(message) || !isInt(code)) throw new MalformedFrame('bad error info');
+    const [type, message, code = 0] = env.error; // elements after the code are ignored
     env.error = { type, message, code };
   }
   return env; // trailing fields of a newer minor version are ignored
@@ -171,7 +190,7 @@ function unencodable(v, depth = 0) {
 }
 
 module.exports = {
-  PROTOCOL_MAJOR, PROTOCOL_MINOR, PROTOCOL_VERSION, MAX_MESSAGE_SIZE, MAX_RANK, backstop, norm, isInt,
+  PROTOCOL_MAJOR, PROTOCOL_MINOR, PROTOCOL_VERSION, MAX_MESSAGE_SIZE, MAX_RANK, MAX_METHOD_CHARS, backstop, norm, isInt,
   MalformedFrame, salvageId, decodeEnvelope, encodeRequest, encodeReply, encodeHeartbeat, unencodable,
   encodeValue: (v) => msgpack.encode(v, ENCODE),
   decodeValue: (b) => norm(decoder.decode(b)),

@@ -188,7 +188,8 @@ class Engine {
       if (fence < this.fenceHigh) return this._error(id, 'Fenced', `'${method}': fencing token ${fence} is older than ${this.fenceHigh}, already accepted`, 409);
     }
     const key = spec.readOnly ? '' : req.key;
-    // a DEALER engine has one route: keys are scoped by the client incarnation the request names
+    // a DEALER engine has one connection, which the request's client field names: keys are
+    // scoped by it (docs/protocol.md, Idempotency keys)
     const entry = key ? ResultCache.id(String(req.client), method, key) : '';
     if (key) {
       if (Buffer.byteLength(key, 'utf8') > MAX_KEY_BYTES) return this._error(id, 'KeyTooLong', `'${method}': an idempotency key is at most ${MAX_KEY_BYTES} bytes`, 414);

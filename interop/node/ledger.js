@@ -72,7 +72,9 @@ class Ledger {
   }
 
   async step(req, request) {
-    const owner = BigInt(request.id) >> 32n; // the client incarnation of the request id
+    // the owner: this engine's one connection, named by the request's client field (an
+    // engine without routes; never the id, whose bits any request may choose apart)
+    const owner = BigInt(request.client);
     if (!PHASES.includes(req.phase)) throw new LedgerError('InvalidStep', 422, `phase '${req.phase}' is not one of ${PHASES}`);
     const fence = this._checkFence(req.fence, `operation '${req.op}'`);
     const undo = req.phase === 'compensate';

@@ -2,8 +2,13 @@
 an engine serving the spec's conformance methods, and a client running the spec's
 conformance script (``docs/protocol.md``, Conformance)::
 
-    python -m ctlwire.kernel.app.conformance_peers engine --connect ADDR --rank N
+    python -m ctlwire.kernel.app.conformance_peers engine --connect ADDR --rank N [--mode poll]
     python -m ctlwire.kernel.app.conformance_peers client --bind ADDR
+
+The engine serves (``--mode serve``, the default: ``sleep`` and ``hold`` are async, so
+they wait and run in their methods' lanes while the engine keeps receiving) or polls
+(``--mode poll``: a synchronous loop of :meth:`EngineEndpoint.poll`, every handler sync,
+one request at a time).
 
 Both use NULL security (ipc addresses, tcp with ``--allow-insecure-tcp``, or an abstract
 ipc name with ``--allow-abstract-ipc``); the engine speaks CURVE with ``--curve-keys
@@ -17,7 +22,8 @@ import argparse
 import contextlib
 import json
 import sys
-from typing import Any
+import time
+from typing import Any, Literal
 
 import anyio
 
@@ -43,10 +49,12 @@ class ConformanceError(CtlwireError):
 
 def conformance_engine(address: str, rank: int, *, allow_insecure_tcp: bool = False,
                        allow_abstract_ipc: bool = False,
-                       curve: CurveClientConfig | None = None) -> EngineEndpoint:
+                       curve: CurveClientConfig | None = None,
+                       mode: Literal["serve", "poll"] = "serve") -> EngineEndpoint:
     """An engine of ``rank`` connecting to ``address``, serving ``echo``, ``count``,
     ``sleep``, ``fail``, ``blob`` and ``unencodable``, and an operation ledger whose
-    step methods are ``mark`` and ``hold``."""
+    step methods are ``mark`` and ``hold``; ``sleep`` and ``hold`` are async for
+    ``mode="serve"`` and sync for ``mode="poll"``."""
     endpoint = EngineEndpoint(ZmqDealerEngineTransport(address, rank, curve=curve,
                                                        allow_insecure_tcp=allow_insecure_tcp,
                                                        allow_abstract_ipc=allow_abstract_ipc),
@@ -62,10 +70,16 @@ def conformance_engine(address: str, rank: int, *, allow_insecure_tcp: bool = Fa
         counted[0] += 1
         return counted[0]
 
-    @endpoint.method()
-    async def sleep(seconds: float) -> float:
+    async def sleep_async(seconds: float) -> float:
         await anyio.sleep(seconds)
         return seconds
+
+    def sleep_sync(seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    waits = {"serve": sleep_async, "poll": sleep_sync}[mode]
+    endpoint.register("sleep", waits)
 
     @endpoint.method()
     def fail(message: str) -> None:
@@ -82,11 +96,7 @@ def conformance_engine(address: str, rank: int, *, allow_insecure_tcp: bool = Fa
     def mark(value: Any = None) -> Any:
         return value
 
-    async def hold(seconds: float) -> float:
-        await anyio.sleep(seconds)
-        return seconds
-
-    OperationLedger({"mark": mark, "hold": hold}).install(endpoint)
+    OperationLedger({"mark": mark, "hold": waits}).install(endpoint)
     return endpoint
 
 
@@ -162,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     eng.add_argument("--allow-abstract-ipc", action="store_true")
     eng.add_argument("--curve-keys", help="this engine's key pair (a NAME.key_secret file)")
     eng.add_argument("--server-key", help="the client's public key (z85, or a NAME.key file)")
+    eng.add_argument("--mode", choices=("serve", "poll"), default="serve",
+                     help="serve (an event loop, lanes) or poll (a sync loop, one request "
+                          "at a time)")
     cli = sub.add_parser("client")
     cli.add_argument("--bind", required=True)
     cli.add_argument("--allow-insecure-tcp", action="store_true")
@@ -175,9 +188,13 @@ def main(argv: list[str] | None = None) -> int:
                 server.encode() if len(server) == 40 else load_public_key(server)))
         endpoint = conformance_engine(args.connect, args.rank, curve=curve,
                                       allow_insecure_tcp=args.allow_insecure_tcp,
-                                      allow_abstract_ipc=args.allow_abstract_ipc)
+                                      allow_abstract_ipc=args.allow_abstract_ipc,
+                                      mode=args.mode)
         with contextlib.suppress(KeyboardInterrupt):
-            anyio.run(endpoint.serve)
+            if args.mode == "poll":
+                endpoint.run_blocking()
+            else:
+                anyio.run(endpoint.serve)
         return 0
     anyio.run(lambda: run_client_script(args.bind, allow_insecure_tcp=args.allow_insecure_tcp,
                                         allow_abstract_ipc=args.allow_abstract_ipc))

@@ -5,7 +5,7 @@ use to form a weight-update group and bound each broadcast."""
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import torch.distributed as dist
@@ -19,6 +19,13 @@ __all__ = ["DrainTimedOut", "Generate", "GroupSpec", "NoUpdateGroup", "Overloade
 
 
 # -- payloads -------------------------------------------------------------------------
+# Every container is bounded while it is decoded (``msgspec.Meta(max_length=...)``):
+# no payload within the frame limit holds the engine's interpreter for long.
+_Ranks = Annotated[list[int], msgspec.Meta(max_length=65_536)]
+_Shape = Annotated[list[int], msgspec.Meta(max_length=32)]
+_Prompts = Annotated[list[Annotated[list[int], msgspec.Meta(max_length=8_192)]],
+                     msgspec.Meta(max_length=1_024)]
+
 class Pause(msgspec.Struct, frozen=True):
     """``drain`` runs the sequences to completion for at most ``drain_timeout`` s."""
 
@@ -32,14 +39,14 @@ class GroupSpec(msgspec.Struct, frozen=True):
 
     host: str
     port: int
-    ranks: list[int]
+    ranks: _Ranks
     name: str
     timeout: float
 
 
 class TensorMeta(msgspec.Struct, frozen=True):
     name: str
-    shape: list[int]
+    shape: _Shape
     dtype: str
 
 
@@ -49,7 +56,7 @@ class UpdateFromDistributed(msgspec.Struct, frozen=True):
 
     version: int
     checksum: str
-    tensors: list[TensorMeta]
+    tensors: Annotated[list[TensorMeta], msgspec.Meta(max_length=65_536)]
     timeout: float
 
 
@@ -67,12 +74,12 @@ class WeightsRef(msgspec.Struct, frozen=True):
 
 
 class Submit(msgspec.Struct, frozen=True):
-    prompts: list[list[int]]
+    prompts: _Prompts
     max_new_tokens: int = 16
 
 
 class Generate(msgspec.Struct, frozen=True):
-    prompts: list[list[int]]
+    prompts: _Prompts
     new_tokens: int = 8
 
 

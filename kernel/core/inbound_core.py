@@ -26,9 +26,10 @@ Guarantees:
   so nothing it was refused for waits in a queue, a repeat of its key is
   answered ``InProgress`` at once, and nothing that changed while it waited is
   missed; refused after it arrived, it forgets its key.
-* **Idempotency keys** are scoped by ``(route, method, key)`` (``key_scope=
-  "route"``) or by the client incarnation a request claims (``"client"``, and
-  always where there is no route). A repeat gets the first run's outcome,
+* **Idempotency keys** are scoped by the connection a request came on:
+  ``(route, method, key)``, never the ``client`` field a request carries; where
+  there is no route (a DEALER, PULL or PAIR engine: one client connection) the
+  request's ``client`` field stands for that connection. A repeat gets the first run's outcome,
   result or error; a run that ends with no outcome (:meth:`InboundCore.cancelled`),
   or that its handler refused (:class:`Refused`), forgets its key, so a retry
   is judged again. A new key is charged to its sender (:meth:`InboundCore.peer`:
@@ -42,7 +43,7 @@ Guarantees:
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -96,10 +97,7 @@ class InboundCore:
                  incarnation: int, clock: Callable[[], float],
                  duplicates: DuplicateFilter | None = None, fences: FenceGuard | None = None,
                  results: ResultCache | None = None,
-                 key_scope: Literal["route", "client"] = "route",
                  key_of: Callable[[Route], str | None] | None = None) -> None:
-        if key_scope not in ("route", "client"):
-            raise ValueError(f"key_scope must be 'route' or 'client', not {key_scope!r}")
         self.methods = methods
         self.codec = codec
         self.rank = rank
@@ -108,7 +106,6 @@ class InboundCore:
         self.duplicates = duplicates if duplicates is not None else DuplicateFilter()
         self.fences = fences if fences is not None else FenceGuard()
         self.results = results if results is not None else ResultCache()
-        self.key_scope = key_scope
         #: the authenticated key of a route's connection (a CURVE engine that binds), if any
         self.key_of = key_of
         self.client_last_seen: float | None = None
@@ -117,16 +114,16 @@ class InboundCore:
         self._nil = codec.encode_value(None)
 
     # -- from the transport ------------------------------------------------------
-    def accept(self, req: Request, route: Route) -> InboundRequest | None:
+    def accept(self, req: Request, route: Route, size: int = 0) -> InboundRequest | None:
         """A received request (Received), or None for a duplicate of an id the
-        same route sent (dropped, counted)."""
+        same route sent (dropped, counted). ``size``: the bytes of its frame."""
         counters = self.counters
         counters["received"] += 1
         if self.duplicates.seen(route, req.id):
             counters["duplicates"] += 1
             return None
         now = self.client_last_seen = self.clock()
-        return InboundRequest(req, route, now)
+        return InboundRequest(req, route, now, size=size)
 
     def arrive(self, req: Request, route: Route) -> InboundRequest | Reply | None:
         """:meth:`accept` then :meth:`admit`, for a request that starts as it
@@ -158,7 +155,7 @@ class InboundCore:
         if type(event) is Received:
             env = event.envelope
             if type(env) is Request:
-                return self.accept(env, event.route)
+                return self.accept(env, event.route, event.size)
             counters["received"] += 1
             if type(env) is not Heartbeat:
                 counters["dropped_wrong_type"] += 1
@@ -313,7 +310,7 @@ class InboundCore:
         if not req.key or spec.read_only:
             return None
         if not self.results.start(self._scope(item), req.method, req.key, now,
-                                  owner=self.peer(item.route, req.id)):
+                                  owner=self.peer(item.route, req.client)):
             self.counters["idempotency_cache_full"] += 1
             return self._reject(item, "CacheFull", f"{req.method!r}: no room for a new "
                                 "idempotency key (this connection's share of the cache, or "
@@ -336,14 +333,15 @@ class InboundCore:
         return self._reject(item, "Busy", f"{item.request.method!r}: {why}; not run, retry "
                             "later", ErrorCode.BUSY)
 
-    def peer(self, route: Route, request_id: int) -> Hashable:
+    def peer(self, route: Route, client: int) -> Hashable:
         """Who sent a request, as far as this engine can tell and no other peer can
         claim: the authenticated key its transport names for the connection
         (``transport.peer_key(route)``, where it has one), else its connection
-        (``route``); a transport without routes has one
-        peer, the client it dialed, named by the client incarnation of the id."""
+        (``route``) -- never the ``client`` field, which any request may carry. A
+        transport without routes has one connection, the client it dialed: the
+        request's ``client`` field (the client's incarnation) names it."""
         if route is None:
-            return ("client", request_id >> 32)
+            return ("client", client)
         key_of = self.key_of
         if key_of is not None:
             key = key_of(route)
@@ -399,12 +397,11 @@ class InboundCore:
             msgspec.Raw(recorded.result) if recorded.ok else self._nil, recorded.error))
 
     def _scope(self, item: InboundRequest) -> Hashable:
-        """Whose keys ``item``'s key is among: its route's, or the client
-        incarnation it claims (``key_scope="client"``, or no route to tell
-        peers apart: a DEALER engine's one client, a PULL engine's senders)."""
-        if item.route is None or self.key_scope == "client":
-            return ("client", item.request.client)
-        return item.route
+        """Whose keys ``item``'s key is among: its connection's (its route), never
+        the ``client`` field it carries; without a route (a DEALER, PULL or PAIR
+        engine's one client connection) the ``client`` field names the connection."""
+        route = item.route
+        return ("client", item.request.client) if route is None else route
 
     # -- completion ----------------------------------------------------------------
     def result(self, item: InboundRequest, value: Any) -> Reply:

@@ -59,6 +59,8 @@ class InboundRequest(msgspec.Struct):
     args: tuple[Any, ...] = ()
     #: its idempotency key is recorded as running (taken as it arrived, or as it started)
     key_held: bool = False
+    #: the bytes of the frame it came in (what its undecoded payload keeps alive)
+    size: int = 0
 
     def go(self, event: InboundEvent) -> InboundState:
         """Move through the table (the only way a request's state changes)."""

@@ -24,15 +24,18 @@ Guarantees:
   (Received → Running → Replied, or Rejected / Expired) and gets exactly one
   reply; a handler that raises gets an error reply carrying its class name,
   message and ``code`` attribute. With :meth:`poll` (sync handlers) requests
-  run one at a time in arrival order. With :meth:`serve`, requests are taken
-  in arrival order; sync inline handlers run one at a time on the event loop,
-  while async and ``threaded`` handlers run in a lane per method: **per
-  method, requests start in arrival order, at most ``concurrency`` at a time
-  (default 1, so each method stays serial)**, and different methods run
-  concurrently — ``get_server_info`` is answered while a long
-  ``update_weights`` runs, and a hung handler blocks only its own method.
-  Across methods there is no ordering; read-only sync handlers (and the
-  built-ins) run as they arrive. A request that waits is validated as it
+  run one at a time in arrival order, and nothing is received while one runs.
+  With :meth:`serve`, requests are taken in arrival order; async and
+  ``threaded`` handlers run in a lane per method: **per method, requests start
+  in arrival order, at most ``concurrency`` at a time (default 1, so each
+  method stays serial)**, and the lanes of different methods run concurrently
+  while the engine keeps receiving — ``get_server_info`` is answered while a
+  long async ``update_weights`` runs, and a hung lane handler blocks only its
+  own method. A plain sync handler runs on the event loop as it arrives, one
+  at a time: while it runs the engine receives nothing (no ``InProgress``, no
+  ``Busy``, no read-only built-in answered, no other method started) and
+  nothing else on the loop runs. Across methods there is no ordering; read-only sync handlers
+  (and the built-ins) run as they arrive. A request that waits is validated as it
   arrives and checked again (deadline, fence, key) when it starts.
   :attr:`EngineEndpoint.running` maps each request id being handled to its
   method and start time (``time.monotonic``).
@@ -71,14 +74,12 @@ Guarantees:
   share of the cache, so one peer cannot fill it
   for the others; a request refused by the engine or by its handler
   (:class:`~ctlwire.kernel.core.inbound_core.Refused`) holds no key. Keys are
-  scoped by route by default,
-  so no other connection can read or pre-empt them; a client whose connection
-  was re-established has a new route, and a retry over it runs again. With
-  ``key_scope="client"`` keys are scoped by the client incarnation a request
-  claims instead: retries survive reconnects, and every peer that can reach
-  the engine is trusted not to claim another client's incarnation. A
-  transport without routes (a DEALER engine, a PULL engine) is always scoped
-  that way: it cannot tell its senders apart.
+  scoped by connection: on a transport with routes (a ROUTER engine) by the
+  route, never by the ``client`` field a request carries, so no other
+  connection can read or pre-empt them (a client whose connection was
+  re-established has a new route, and a retry over it runs again); on a
+  transport without routes (a DEALER, PULL or PAIR engine, serving the one
+  client it is paired with) the request's ``client`` field names that client.
 * **Fencing.** A fencing token is microseconds since the epoch. A request
   whose token is lower than the highest this engine has accepted is refused
   with ``Fenced`` (409); one that is negative or more than ``fence_window``
@@ -108,9 +109,10 @@ Guarantees:
   :class:`~ctlwire.transports.zmq_config.ZmqOptions`).
 * **Another peer's request ids are nobody's business.** ``ctlwire.metrics``
   lists the ids of running requests only to the route that sent them (it counts
-  the others); an operation step is owned by its connection, never by a
-  number a peer could read
-  (:mod:`~ctlwire.kernel.engine.operation_ledger`).
+  the others); an operation step is owned by its connection: on a ROUTER
+  engine its route, never the ``client`` field a request carries (a number a
+  peer could read); a DEALER, PULL or PAIR engine serves one client, which the
+  ``client`` field names (:mod:`~ctlwire.kernel.engine.operation_ledger`).
 * **The engine's own guards never end it.** An unexpected exception while
   receiving, dispatching, sending a reply or a heartbeat is counted
   (``internal_errors``, ``heartbeat_failures``) and logged, and the next request
@@ -126,7 +128,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -204,7 +206,6 @@ class EngineEndpoint:
         dedup_window: int = 4096,
         dedup_peers: int = 64,
         fence_window: float = DEFAULT_FENCE_WINDOW,
-        key_scope: Literal["route", "client"] = "route",
         clock: Callable[[], float] = time.time,
         beacon: bool = True,
         result_cache: ResultCache | None = None,
@@ -227,7 +228,7 @@ class EngineEndpoint:
                                 incarnation=self.incarnation, clock=clock,
                                 duplicates=DuplicateFilter(dedup_window, dedup_peers),
                                 fences=FenceGuard(fence_window), results=result_cache,
-                                key_scope=key_scope, key_of=getattr(transport, "peer_key", None))
+                                key_of=getattr(transport, "peer_key", None))
         self.liveness = EngineLiveness(transport, rank=self.rank, incarnation=self.incarnation,
                                        heartbeat_interval=heartbeat_interval, beacon=beacon,
                                        peer_of=self.core.peer)
@@ -259,7 +260,18 @@ class EngineEndpoint:
     def method(self, name: str | None = None, *, payload_type: Any = NO_PAYLOAD,
                threaded: bool = False, concurrency: int = 1, read_only: bool = False
                ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorator form of :meth:`register` (name defaults to the function's)."""
+        """Decorator form of :meth:`register` (name defaults to the function's).
+
+        Under :meth:`serve` an ``async def`` handler, or a sync one with
+        ``threaded=True``, runs in its method's lane (at most ``concurrency`` at a
+        time, in arrival order) while the engine keeps receiving; lanes of
+        different methods run concurrently. A plain sync handler runs on the
+        receive loop: while it runs the engine receives nothing (no
+        ``InProgress``, no ``Busy``, no read-only built-in answered, no other
+        method started) and nothing else on the loop runs -- two 1 s sync
+        handlers of two methods called at once take about 2 s (as do a sync and a
+        lane one), two threaded or async ones about 1 s. Make a handler that
+        blocks ``threaded`` (its state then shared across threads) or async."""
         return self.method_table.method(name, payload_type=payload_type, threaded=threaded,
                                         concurrency=concurrency, read_only=read_only)
 
@@ -413,8 +425,9 @@ class EngineEndpoint:
         transport; runs heartbeats in a task of its own, so a long async
         handler does not make the engine look dead. Async and threaded
         handlers run in one lane per method (see the ordering
-        guarantee above), so a long or hung handler delays only requests
-        of its own method."""
+        guarantee above), so a long or hung one delays only requests of its
+        own method; a plain sync handler runs on the loop and holds it,
+        receiving included, until it returns."""
         await EngineServer(self.transport, self.core, self.outbox, self.liveness, self.runner,
                            self.queued_requests, mailbox_size=self.mailbox_size
                            ).serve(task_status)

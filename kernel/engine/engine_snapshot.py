@@ -79,6 +79,7 @@ def engine_snapshot(ep: Engine) -> dict[str, Any]:
                             "limit_bytes": queued.limit, "requests": queued.count,
                             "routes": len(queued.routes),
                             "limit_per_route": queued.per_route,
+                            "limit_bytes_per_route": queued.per_route_bytes,
                             "refused_busy": counters["busy"]},
         # replies waiting for clients that do not read, bounded per route and in total
         "outbox": {"replies": outbox.replies, "bytes": outbox.bytes,
@@ -94,6 +95,9 @@ def engine_snapshot(ep: Engine) -> dict[str, Any]:
                         "refused": int(getattr(transport, "connections_refused", 0))},
         # client routes refused because the route table was full of live ones
         "routes_refused": int(getattr(transport, "routes_refused", 0)),
+        # a beacon that binds: routes refused (its table full of live ones) and frames
+        # that were not a client's hello
+        "beacon_refused": dict(getattr(transport, "beacon_refusals", {})),
         "counters": counters,
         # client keys this engine's CURVE authenticator refused (engines that bind)
         "auth_rejections": int(getattr(transport, "auth_rejections", 0)),

@@ -22,7 +22,7 @@ from ctlwire.kernel.errors import CtlwireError
 from ctlwire.kernel.tracing import current_trace
 from ctlwire.transports.envelope import Reply
 
-__all__ = ["HandlerRunner"]
+__all__ = ["AsyncHandlerInPoll", "HandlerRunner"]
 
 
 class HandlerRunner:
@@ -39,7 +39,7 @@ class HandlerRunner:
         assert spec is not None
         core = self.core
         if spec.is_async:
-            return core.error(item, _AsyncHandlerInPoll(
+            return core.error(item, AsyncHandlerInPoll(
                 f"{spec.name!r} is async; serve it with EngineEndpoint.serve()"), record=False)
         req = item.request
         # the trace carrier: set only when there is one to set, or one to clear
@@ -47,7 +47,8 @@ class HandlerRunner:
         trace_token = (current_trace.set(trace)
                        if trace is not None or current_trace.get() is not None else None)
         try:
-            value = self.liveness.call(spec.handler, item.args, req.id, req.method, item.route)
+            value = self.liveness.call(spec.handler, item.args, req.id, req.method, item.route,
+                                       req.client)
         except Refused as exc:
             return core.error(item, exc, record=False)
         except Exception as exc:
@@ -69,7 +70,7 @@ class HandlerRunner:
         core = self.core
         req = item.request
         trace_token = current_trace.set(req.trace)
-        token = self.liveness.begin(req.id, req.method, item.route)
+        token = self.liveness.begin(req.id, req.method, item.route, req.client)
         try:
             if spec.is_async:
                 value = await spec.handler(*item.args)
@@ -91,5 +92,8 @@ class HandlerRunner:
             current_trace.reset(trace_token)
 
 
-class _AsyncHandlerInPoll(CtlwireError):
+class AsyncHandlerInPoll(CtlwireError):
+    """The error reply (501) to a request whose handler is async, run by a loop that
+    cannot await it (:meth:`~ctlwire.kernel.engine.endpoint.EngineEndpoint.poll`)."""
+
     code = ErrorCode.ASYNC_HANDLER_IN_POLL

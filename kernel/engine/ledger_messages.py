@@ -4,9 +4,16 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
-__all__ = ["LastOperation", "StepRequest", "TakeOver"]
+__all__ = ["MAX_STEP_RANKS", "LastOperation", "Name", "StepRequest", "TakeOver"]
+
+#: a step names at most this many ranks (an operation's whole fleet)
+MAX_STEP_RANKS = 65_536
+#: an operation id, a step, a phase, a key or a method: at most 1,024 characters
+Name = Annotated[str, msgspec.Meta(max_length=1024)]
 
 
 class StepRequest(msgspec.Struct, frozen=True):
@@ -15,15 +22,16 @@ class StepRequest(msgspec.Struct, frozen=True):
     ``index``: the step's position in its plan; ``ranks``: every rank of the
     operation (recorded, so a successor knows whom the operation concerns)."""
 
-    op: str
-    step: str
-    phase: str
+    op: Name
+    step: Name
+    phase: Name
     fence: int
-    key: str
-    method: str
-    args: msgspec.Raw
+    key: Name
+    method: Name
+    args: msgspec.Raw  # decoded as the step method's own payload type
     index: int = -1
-    ranks: list[int] = msgspec.field(default_factory=list)
+    ranks: Annotated[list[int], msgspec.Meta(max_length=MAX_STEP_RANKS)] = msgspec.field(
+        default_factory=list)
 
 
 class TakeOver(msgspec.Struct, frozen=True):

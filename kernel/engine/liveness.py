@@ -36,11 +36,12 @@ __all__ = ["STEP_METHOD", "EngineLiveness", "current_peer", "current_request_id"
 STEP_METHOD = "(step)"
 """The method a heartbeat names while the engine's own step keeps it from polling."""
 
-# the request the calling handler runs: its engine's liveness, its id, its route
-_current_request: contextvars.ContextVar[tuple[EngineLiveness, int, Route] | None] = (
+# the request the calling handler runs: its engine's liveness, its id, its route and
+# its ``client`` field
+_current_request: contextvars.ContextVar[tuple[EngineLiveness, int, Route, int] | None] = (
     contextvars.ContextVar("ctlwire_current_request", default=None))
 
-RunningToken = contextvars.Token[tuple["EngineLiveness", int, Route] | None]
+RunningToken = contextvars.Token[tuple["EngineLiveness", int, Route, int] | None]
 
 
 def report_progress(fraction: float, note: str = "") -> bool:
@@ -51,7 +52,7 @@ def report_progress(fraction: float, note: str = "") -> bool:
     current = _current_request.get()
     if current is None:
         return False
-    endpoint, request_id, _ = current
+    endpoint, request_id, _, _ = current
     return endpoint.report_progress(request_id, fraction, note)
 
 
@@ -64,14 +65,15 @@ def current_request_id() -> int | None:
 
 def current_peer() -> Hashable | None:
     """Who sent the request the calling handler runs, as no other peer can claim:
-    its connection (or the key its transport names for it)
-    (:meth:`~ctlwire.kernel.core.inbound_core.InboundCore.peer`); None outside a
+    its connection (or the key its transport names for it), never the ``client``
+    field it carries; on a transport without routes (one client) that field
+    (:meth:`~ctlwire.kernel.core.inbound_core.InboundCore.peer`). None outside a
     handler."""
     current = _current_request.get()
     if current is None:
         return None
-    live, request_id, route = current
-    return live.peer_of(route, request_id)
+    live, _, route, client = current
+    return live.peer_of(route, client)
 
 
 _incarnation_lock = threading.Lock()
@@ -104,7 +106,7 @@ class EngineLiveness:
                  heartbeat_interval: float | None = 0.25, beacon: bool = True,
                  peer_of: Callable[[Route, int], Hashable] | None = None) -> None:
         self.transport = transport
-        #: who sent a request, from its route and id (:func:`current_peer`)
+        #: who sent a request, from its route and ``client`` field (:func:`current_peer`)
         self.peer_of: Callable[[Route, int], Hashable] = peer_of or _route_or_client
         self.rank = rank
         self.incarnation = incarnation
@@ -135,22 +137,24 @@ class EngineLiveness:
         self._next_progress_send = 0.0
 
     # -- what is running (read by the beacon's thread) ---------------------------
-    def begin(self, request_id: int, method: str, route: Route) -> RunningToken:
-        """A request starts running (on this thread or task)."""
+    def begin(self, request_id: int, method: str, route: Route, client: int = 0
+              ) -> RunningToken:
+        """A request (its id, method, route and ``client`` field) starts running
+        (on this thread or task)."""
         self.running[request_id] = (method, time.monotonic())
         if self.shared_heartbeats:
             self._routes[request_id] = route
-        return _current_request.set((self, request_id, route))
+        return _current_request.set((self, request_id, route, client))
 
     def call(self, handler: Callable[..., Any], args: tuple[Any, ...], request_id: int,
-             method: str, route: Route) -> Any:
+             method: str, route: Route, client: int = 0) -> Any:
         """``handler(*args)`` on this thread, its request running meanwhile
         (:meth:`begin` and :meth:`end` around it, in one call); what it raises
         propagates."""
         self.running[request_id] = (method, time.monotonic())
         if self.shared_heartbeats:
             self._routes[request_id] = route
-        token = _current_request.set((self, request_id, route))
+        token = _current_request.set((self, request_id, route, client))
         try:
             return handler(*args)
         finally:
@@ -296,6 +300,6 @@ class EngineLiveness:
                                       self.rank, exc)
 
 
-def _route_or_client(route: Route, request_id: int) -> Hashable:
-    """A request's peer without an inbound core: its route, else its client incarnation."""
-    return ("client", request_id >> 32) if route is None else route
+def _route_or_client(route: Route, client: int) -> Hashable:
+    """A request's peer without an inbound core: its route, else its ``client`` field."""
+    return ("client", client) if route is None else route

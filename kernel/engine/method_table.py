@@ -45,11 +45,22 @@ class MethodTable:
         """Allow ``name``, served by ``handler``.
 
         ``handler`` takes no argument or one (the payload, decoded as its
-        annotation or ``payload_type``). Async handlers run in :meth:`serve`;
-        sync ones run inline, or in a worker thread with ``threaded=True``.
-        Under :meth:`serve`, async and threaded handlers of one method run at
-        most ``concurrency`` at a time (default 1: serial, in arrival order),
-        concurrently with other methods.
+        annotation or ``payload_type``). Where it runs, under ``serve()``:
+
+        * ``async def``, or sync with ``threaded=True`` (then in a worker thread):
+          in its method's lane, at most ``concurrency`` at a time (default 1:
+          serial, in arrival order), concurrently with other methods' lanes while
+          the engine keeps receiving. A threaded handler shares its state with the
+          event loop and other handlers across threads: lock it, or replace it whole.
+        * sync (plain): on the receive loop, as it arrives. While it runs the
+          engine receives nothing -- no ``InProgress``, no ``Busy``, no read-only
+          built-in answered, no other method started -- and nothing else on the
+          loop runs (a lane handler starts only after it): keep it quick, or make
+          it ``threaded`` or async.
+
+        ``poll()`` runs sync handlers only, one at a time on its caller's thread
+        (``threaded`` changes nothing there); an async one is answered
+        ``AsyncHandlerInPoll`` (501).
 
         ``read_only=True`` declares that the handler does not change the
         engine's state (a query): its requests neither check nor move the
@@ -92,7 +103,8 @@ class MethodTable:
     def method(self, name: str | None = None, *, payload_type: Any = _NONE,
                threaded: bool = False, concurrency: int = 1, read_only: bool = False
                ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorator form of :meth:`register` (name defaults to the function's)."""
+        """Decorator form of :meth:`register` (name defaults to the function's); where
+        the handler runs (a lane, or the receive loop) is :meth:`register`'s."""
 
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
             self.register(name or fn.__name__, fn, payload_type=payload_type, threaded=threaded,

@@ -16,8 +16,9 @@ Guarantees:
   delays no other method, no read-only call or built-in, and no other
   connection's requests of other methods.
 * **Bounded.** Requests taken and not started: at most ``mailbox_size`` per
-  lane, ``max_queued_per_route`` per connection (all lanes together), and
-  ``max_queued_request_bytes`` in all, or one request (:class:`QueuedRequests`).
+  lane, ``max_queued_per_route`` per connection (all lanes together), a quarter
+  of ``max_queued_request_bytes`` per connection and all of it in all, or one
+  request (:class:`QueuedRequests`), counting every byte received for each.
   Replies that wait for room: the outbox's bounds, per route and in all
   (:class:`~ctlwire.kernel.engine.outbox.ReplyOutbox`); neither the receive
   loop nor a lane waits for a client to read.
@@ -48,7 +49,7 @@ from ctlwire.kernel.core.inbound_core import BadFrame, InboundCore, InboundReque
 from ctlwire.kernel.engine.handler_runner import HandlerRunner
 from ctlwire.kernel.engine.liveness import EngineLiveness
 from ctlwire.kernel.engine.outbox import ReplyOutbox
-from ctlwire.transports.envelope import Reply, Request
+from ctlwire.transports.envelope import Reply
 from ctlwire.transports.errors import TransportClosed
 from ctlwire.transports.rate_limited_log import RateLimitedLog
 from ctlwire.transports.transport import EngineTransport, Route
@@ -58,57 +59,83 @@ __all__ = ["EngineServer", "QueuedRequests"]
 log = logging.getLogger("ctlwire.engine")
 
 
-def request_bytes(req: Request) -> int:
-    """What a received request holds in memory, for :class:`QueuedRequests`."""
-    return 64 + len(req.payload) + len(req.method) + len(req.key)
+#: what a queued request's objects hold beyond its bytes (the request, its lane entry)
+_OBJECT_BYTES = 512
+
+
+def request_bytes(item: InboundRequest) -> int:
+    """What a received request holds in memory, for :class:`QueuedRequests`: the
+    whole frame it came in (its undecoded payload keeps that frame alive), the
+    strings decoded out of it, and its objects."""
+    req = item.request
+    held = _OBJECT_BYTES + item.size + len(req.method) + len(req.key)
+    trace = req.trace
+    if trace:
+        held += sum(len(k) + len(v) for k, v in trace.items())
+    return held
 
 
 class QueuedRequests:
-    """Requests taken from the transport and not yet started, against two budgets:
-    ``limit`` bytes in all (or one request, however large) and ``per_route``
-    requests per route. :meth:`add` refuses one beyond either (its sender is
+    """Requests taken from the transport and not yet started, against three
+    budgets: ``limit`` bytes in all (or one request, however large, when none
+    waits), ``per_route`` requests per route, and ``per_route_bytes`` bytes per
+    route (default a quarter of ``limit``; or one request when the route has none
+    waiting). Bytes are what :func:`request_bytes` charges: every byte received
+    for the request. :meth:`add` refuses one beyond any budget (its sender is
     answered ``Busy``); nothing waits for room."""
 
-    def __init__(self, limit: int, per_route: int) -> None:
+    def __init__(self, limit: int, per_route: int, per_route_bytes: int | None = None) -> None:
         if limit < 0 or per_route < 1:
             raise ValueError("the byte budget must be >= 0 and per_route >= 1")
         self.limit = limit
         self.per_route = per_route
+        self.per_route_bytes = limit // 4 if per_route_bytes is None else per_route_bytes
+        if self.per_route_bytes < 0:
+            raise ValueError("per_route_bytes must be >= 0")
         self.held = 0
         self.peak = 0
-        #: route -> its requests waiting (routes with none are forgotten)
-        self.routes: dict[Hashable, int] = {}
+        #: route -> [its requests waiting, their bytes] (routes with none are forgotten)
+        self.routes: dict[Hashable, list[int]] = {}
 
     @property
     def count(self) -> int:
         """Requests waiting."""
-        return sum(self.routes.values())
+        return sum(waiting for waiting, _ in self.routes.values())
 
-    def add(self, req: Request, route: Route) -> str:
-        """Count ``req`` as waiting: ``""``, or why it does not fit (nothing counted)."""
-        size = request_bytes(req)
+    def add(self, item: InboundRequest) -> str:
+        """Count ``item`` as waiting: ``""``, or why it does not fit (nothing counted)."""
+        size = request_bytes(item)
         held = self.held + size
         if held > self.limit and self.held:
             return f"requests waiting to start hold {self.held} bytes of {self.limit}"
-        routes = self.routes
-        waiting = routes.get(route, 0)
-        if waiting >= self.per_route:
-            return f"this connection has {waiting} requests waiting to start"
-        routes[route] = waiting + 1
+        route = item.route
+        share = self.routes.get(route)
+        if share is not None:
+            waiting, route_bytes = share
+            if waiting >= self.per_route:
+                return f"this connection has {waiting} requests waiting to start"
+            if route_bytes + size > self.per_route_bytes:
+                return (f"this connection's requests waiting to start hold {route_bytes} "
+                        f"bytes of its {self.per_route_bytes}")
+            share[0] = waiting + 1
+            share[1] = route_bytes + size
+        else:
+            self.routes[route] = [1, size]
         self.held = held
         if held > self.peak:
             self.peak = held
         return ""
 
-    def release(self, req: Request, route: Route) -> None:
-        """``req`` (counted by :meth:`add`) starts, or will not."""
-        self.held -= request_bytes(req)
-        routes = self.routes
-        waiting = routes[route] - 1
-        if waiting:
-            routes[route] = waiting
+    def release(self, item: InboundRequest) -> None:
+        """``item`` (counted by :meth:`add`) starts, or will not."""
+        size = request_bytes(item)
+        self.held -= size
+        share = self.routes[item.route]
+        if share[0] > 1:
+            share[0] -= 1
+            share[1] -= size
         else:
-            del routes[route]
+            del self.routes[item.route]
 
 
 _FLUSH_MIN = 0.001
@@ -200,16 +227,15 @@ class EngineServer:
     def _queue(self, item: InboundRequest, lane: MemoryObjectSendStream[InboundRequest]
                ) -> Reply | None:
         """Queue a checked request in ``lane``: None, or its ``Busy`` refusal."""
-        req, route = item.request, item.route
-        why = self.queued.add(req, route)
+        why = self.queued.add(item)
         if why:
             return self.core.busy(item, why)
         try:
             lane.send_nowait(item)
         except anyio.WouldBlock:
-            self.queued.release(req, route)
-            return self.core.busy(item, f"{self.mailbox_size} requests of {req.method!r} "
-                                  "wait to start")
+            self.queued.release(item)
+            return self.core.busy(item, f"{self.mailbox_size} requests of "
+                                  f"{item.request.method!r} wait to start")
         return None
 
     def reply(self, route: Route, reply: Reply) -> None:
@@ -261,7 +287,7 @@ class EngineServer:
 
     async def run(self, item: InboundRequest) -> None:
         """Start a request that waited (checked again), run its handler, send its reply."""
-        self.queued.release(item.request, item.route)
+        self.queued.release(item)
         reply = self.core.start(item)
         if reply is None:
             reply = await self.runner.run_async(item)

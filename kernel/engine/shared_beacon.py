@@ -6,7 +6,8 @@ and socket (:func:`~ctlwire.transports.zmq_engine.group_beacon`) instead of a
 beacon per rank: the client reads one message a beat for the process, not one
 per rank. What each heartbeat says and how the client judges each rank are
 unchanged: a blocked handler on one rank still shows as busy, a frozen or
-killed process still loses all its ranks.
+killed process still loses all its ranks. There is no opt-in on the wire: every
+client of protocol 1.0 accepts group beacons, so any client can be sent one.
 """
 
 from __future__ import annotations

@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from ctlwire.kernel.engine.ledger_messages import Name
+
 __all__ = ["ABORT_STEP_METHOD", "AbortStep", "RunningStep", "step_aborted"]
 
 ABORT_STEP_METHOD = "ctlwire.abort_step"
@@ -47,9 +49,9 @@ ABORT_STEP_METHOD = "ctlwire.abort_step"
 class AbortStep(msgspec.Struct, frozen=True):
     """Abort step ``step`` (phase ``phase``) of operation ``op``, under ``fence``."""
 
-    op: str
-    step: str
-    phase: str
+    op: Name
+    step: Name
+    phase: Name
     fence: int
 
 

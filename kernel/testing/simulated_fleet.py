@@ -30,7 +30,7 @@ class _ByController:
     """Who sent a simulated step: the controller it names (its "connection")."""
 
     @staticmethod
-    def peer_of(route: Any, request_id: int) -> Any:
+    def peer_of(route: Any, client: int) -> Any:
         return route
 
 class Version(msgspec.Struct, frozen=True):
@@ -168,7 +168,7 @@ class SimEngine:
         self.current = req
         # the step runs as if its controller's connection (``peer``) had sent it
         token = _current_request.set(cast(Any, (_ByController, msg["peer"] << 32 | msg["seq"],
-                                                msg["peer"])))
+                                                msg["peer"], msg["peer"])))
         try:
             result = self.ledger.step(req)
             reply: dict[str, Any] = {"ok": True, "result": result}

@@ -48,7 +48,7 @@ from ctlwire.kernel.errors import EngineDead, RemoteError, RequestTimedOut
 from ctlwire.kernel.testing import EngineHarness
 from ctlwire.states import RequestEvent, RequestState
 from ctlwire.transports.codec import Codec, JsonCodec, MsgpackCodec, PayloadTypeError
-from ctlwire.transports.envelope import ErrorInfo, Heartbeat, Reply, Request
+from ctlwire.transports.envelope import MAX_METHOD_CHARS, ErrorInfo, Heartbeat, Reply, Request
 from ctlwire.transports.errors import MalformedFrame, OversizedFrame
 from ctlwire.transports.memory import MemoryNetwork
 from ctlwire.transports.transport import Received
@@ -362,7 +362,7 @@ def test_values_nested_near_the_recursion_limit_give_payload_type_errors(name: s
 # "KeyTooLong" and "CacheFull": a key the idempotency cache does not take,
 # "UnsupportedProtocolVersion": a request announcing another major protocol version
 REQUEST_ERRORS = {"WrongRank", "UnknownMethod", "DeadlineExpired", "InvalidPayload",
-                  "RuntimeError", "ResultNotEncodable", "_AsyncHandlerInPoll", "ReplyTooLarge",
+                  "RuntimeError", "ResultNotEncodable", "AsyncHandlerInPoll", "ReplyTooLarge",
                   "Fenced", "FenceOutOfRange", "InProgress", "KeyTooLong", "CacheFull",
                   "UnsupportedProtocolVersion"}
 
@@ -510,22 +510,24 @@ def test_handler_returning_a_too_deep_result_gets_a_typed_error() -> None:
 
 
 def test_reply_too_large_for_the_codec_becomes_a_typed_error() -> None:
-    """Regression: an error reply quoting a near-limit method name (or a result
-    over the limit) was refused by the codec on send, so no reply went out."""
+    """A result over the limit becomes ``ReplyTooLarge`` (the codec would refuse it on
+    send, and no reply would go out); a method name too long to quote in an error is
+    malformed as it is decoded, and answered ``MalformedFrame``."""
     codec = make_codec("msgpack")
     net = MemoryNetwork(codec)
     ep = EngineEndpoint(net.engine_transport(0), heartbeat_interval=None)
     engine_methods(ep)
     client = net.client_transport()
     ep.open()
-    client.send_nowait(0, Request(6, 0, "m" * (MAX - 60), codec.encode_value(None), 0.0, 1, 1))
+    long_name = "m" * (MAX_METHOD_CHARS + 1)
+    client.send_nowait(0, Request(6, 0, long_name, codec.encode_value(None), 0.0, 1, 1))
     client.send_nowait(0, Request(7, 0, "big", codec.encode_value(None), 0.0, 2, 1))
-    assert ep.poll() == 2
+    assert ep.poll() == 1  # the malformed frame is answered, not handled
     got = [client.try_receive() for _ in range(2)]
     errors = [e.envelope.error for e in got if isinstance(e, Received)
               and isinstance(e.envelope, Reply)]
-    assert [e.type if e else None for e in errors] == ["ReplyTooLarge", "ReplyTooLarge"]
-    assert ep.counters["replies_too_large"] == 2 and ep.counters["reply_send_failures"] == 0
+    assert [e.type if e else None for e in errors] == ["MalformedFrame", "ReplyTooLarge"]
+    assert ep.counters["replies_too_large"] == 1 and ep.counters["reply_send_failures"] == 0
 
 
 # -- 3. the client -----------------------------------------------------------------------

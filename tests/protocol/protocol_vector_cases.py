@@ -153,7 +153,7 @@ ERRORS: list[tuple[str, int, str]] = [
     ("InProgress", 425, "'load': a request with this idempotency key is still running"),
     ("ResultNotEncodable", 500, "'load': cannot encode int: can't serialize ints < -2**63 "
                                 "or > 2**64 - 1"),
-    ("_AsyncHandlerInPoll", 501, "'load' is async: serve() runs it, poll() cannot"),
+    ("AsyncHandlerInPoll", 501, "'load' is async: serve() runs it, poll() cannot"),
     ("UnsupportedProtocolVersion", 505, "this engine speaks protocol 1.0, the request 2.0"),
     ("CacheFull", 507, "'load': the idempotency cache is full of keys inside their retry "
                        "window"),
@@ -181,9 +181,9 @@ def cases() -> list[dict[str, Any]]:
                    Request(2, 0, "重みを更新_ü_🚀", raw(["ß", 1.5, None, True]))))
     add(_roundtrip("request-max-key", "An idempotency key of 256 bytes, the default maximum "
                    "an engine accepts.", Request(3, 0, "load", raw(1), key="k" * 256)))
-    add(_roundtrip("request-largest-id", "The largest id (2**63 - 1) and a negative rank "
+    add(_roundtrip("request-largest-id", "The largest id (2**64 - 1) and a negative rank "
                    "field value an engine refuses as WrongRank.",
-                   Request(2**63 - 1, -1, "ping", NIL)))
+                   Request(2**64 - 1, -1, "ping", NIL)))
     add(_roundtrip("request-metrics", "The built-in read-only method every engine serves.",
                    Request(4, 0, "ctlwire.metrics", NIL)))
     add(_roundtrip("request-step", "An operation step: method ctlwire.step, payload a "
@@ -213,8 +213,34 @@ def cases() -> list[dict[str, Any]]:
                      "accepted, its value widened; an encoder writes float64.",
                      _frame("q", 10, 0, "ping", None, 0.0, 0, 0, None, "", 0, 256).replace(
                          b"\xcb" + bytes(8), b"\xca" + struct.pack(">f", 1_767_225_600.0))))
-    add(_roundtrip("request-id-64-bits", "The largest id, 2**64 - 1 (a uint64).",
-                   Request(2**64 - 1, 0, "ping", NIL)))
+    add(_roundtrip("request-id-64-bits", "An id of 2**63: beyond a signed 64-bit integer, "
+                   "a uint64 on the wire.", Request(2**63, 0, "ping", NIL)))
+    add(_roundtrip("request-integers-largest", "rank, seq, client and fence at 2**64 - 1, the "
+                   "largest MessagePack integer: it decodes; an engine refuses the rank "
+                   "(WrongRank) and the fence (FenceOutOfRange), and only compares the "
+                   "client.", Request(20, 2**64 - 1, "ping", NIL, seq=2**64 - 1,
+                                      client=2**64 - 1, fence=2**64 - 1)))
+    add(_roundtrip("request-integers-most-negative", "rank, client and fence at -2**63, "
+                   "the most negative MessagePack integer: it decodes; an engine refuses the "
+                   "rank (WrongRank) and the fence (FenceOutOfRange), and only compares the "
+                   "client.", Request(21, -(2**63), "ping", NIL, client=-(2**63),
+                                      fence=-(2**63))))
+    add(_roundtrip("request-client-outside-its-range", "A client field a client must not "
+                   "send (clients send 2**30 <= client < 2**31): a receiver accepts any "
+                   "integer and only compares it.", Request(22, 0, "ping", NIL, client=-1)))
+    negative_zero = _frame("q", 23, 0, "ping", None, -0.0)
+    vector = _decode_only("request-negative-zero-deadline", "A deadline of -0.0: equal to "
+                          "0, no deadline; an encoder writes 0.0.", negative_zero)
+    vector["meaning"]["fields"]["deadline"] = 0.0
+    vector["canonical_hex"] = CODEC.encode(Request(23, 0, "ping", NIL)).hex()
+    add(vector)
+    add(_roundtrip("request-method-longest", "A method of 256 characters, the most a "
+                   "request may name (characters, not bytes: 1024 bytes of UTF-8 here).",
+                   Request(24, 0, "🚀" * 256, NIL)))
+    add(_roundtrip("request-trace-largest", "A trace map of 16 entries, the most a request "
+                   "may carry, with a key of 256 characters and a value of 8192 characters.",
+                   Request(25, 0, "ping", NIL, trace={
+                       "k" * 256: "ü" * 8192, **{f"t{i}": "v" for i in range(15)}})))
     # -- replies --------------------------------------------------------------------
     add(_roundtrip("reply-ok", "A successful reply: the engine's incarnation and a result.",
                    Reply(REQ_ID, 3, ENGINE_INC, True, raw({"loaded": True, "bytes": 12345}))))
@@ -227,7 +253,7 @@ def cases() -> list[dict[str, Any]]:
                        "highest_fence": FENCE, "steps": ["pause", "load"], "undone": [],
                        "ranks": [0, 1]}))))
     for type_name, code, message in ERRORS:
-        add(_roundtrip(f"reply-error-{code}-{type_name.strip('_')}",
+        add(_roundtrip(f"reply-error-{code}-{type_name}",
                        f"An error reply: {type_name} (code {code}).",
                        _error(12, type_name, message, code)))
     add(_roundtrip("reply-error-404-UnknownMethod-methods", "UnknownMethod (code 404) whose "
@@ -241,6 +267,18 @@ def cases() -> list[dict[str, Any]]:
                                             "`payload`", 400)))
     add(_decode_only("reply-error-without-code", "An ErrorInfo of two elements: code 0.",
                      _frame("r", 13, 0, ENGINE_INC, False, None, ["RuntimeError", "boom"])))
+    add(_decode_only("reply-error-extra-elements", "An ErrorInfo with elements after its "
+                     "code (a newer minor version's): ignored, like an envelope's.",
+                     _frame("r", 13, 0, ENGINE_INC, False, None,
+                            ["RuntimeError", "boom", 7, "later", {"x": 1}])))
+    add(_roundtrip("reply-error-code-largest", "An error code of 2**64 - 1: any MessagePack "
+                   "integer is a code.", _error(14, "Odd", "a code beyond the table", 2**64 - 1)))
+    add(_roundtrip("reply-error-code-most-negative", "An error code of -2**63: any "
+                   "MessagePack integer is a code.",
+                   _error(15, "Odd", "a code below the table", -(2**63))))
+    add(_roundtrip("reply-incarnation-largest", "An engine incarnation of 2**64 - 1, the "
+                   "largest: it decodes (a client then judges whether it is plausible).",
+                   Reply(16, 0, 2**64 - 1, True, NIL)))
     # -- heartbeats -----------------------------------------------------------------
     add(_roundtrip("heartbeat-engine-idle", "An idle engine's heartbeat.",
                    Heartbeat(0, ENGINE_INC, 5, 0, "", 0.0, 100)))
@@ -268,6 +306,9 @@ def cases() -> list[dict[str, Any]]:
                      _frame("h", *_fields(hb), {"gpu_util": 0.93})))
     add(_decode_only("heartbeat-old-frame", "The first three fields only.",
                      _frame("h", 0, ENGINE_INC, 3)))
+    add(_roundtrip("heartbeat-counters-largest", "incarnation, seq, busy and loops at "
+                   "2**64 - 1, the largest MessagePack integer: it decodes.",
+                   Heartbeat(0, 2**64 - 1, 2**64 - 1, 2**64 - 1, "load", 1.0, 2**64 - 1)))
     # -- values -----------------------------------------------------------------------
     add(_value("value-step-request", "The payload of ctlwire.step (a map, by field name).", {
         "op": "op-7", "step": "load", "phase": "compensate", "fence": FENCE,
@@ -323,6 +364,24 @@ def cases() -> list[dict[str, Any]]:
                 _frame("h", 1_000_000_000, ENGINE_INC)))
     add(_reject("reject-heartbeat-negative-busy-for", "A heartbeat whose busy_for is "
                 "negative.", _frame("h", 0, ENGINE_INC, 1, 0, "x", -0.5)))
+    add(_reject("reject-reply-error-one-element", "An ErrorInfo of one element (fewer "
+                "than two): the reply is malformed.",
+                _frame("r", 26, 0, ENGINE_INC, False, None, ["RuntimeError"])))
+    add(_reject("reject-reply-error-code-as-float", "An ErrorInfo whose code is a float: "
+                "the reply is malformed.",
+                _frame("r", 27, 0, ENGINE_INC, False, None, ["RuntimeError", "boom", 1.0])))
+    # -- refused: beyond a decode bound (docs/protocol.md, Limits) --------------------
+    add(_reject("reject-method-too-long", "A method of 257 characters (at most 256): "
+                "malformed, its id answered.", _frame("q", 28, 0, "m" * 257, None)))
+    add(_reject("reject-trace-too-many-entries", "A trace map of 17 entries (at most 16): "
+                "malformed, its id answered.",
+                _frame("q", 29, 0, "ping", None, 0.0, 0, 0, {f"t{i}": "v" for i in range(17)})))
+    add(_reject("reject-trace-key-too-long", "A trace key of 257 characters (at most 256): "
+                "malformed, its id answered.",
+                _frame("q", 30, 0, "ping", None, 0.0, 0, 0, {"k" * 257: "v"})))
+    add(_reject("reject-trace-value-too-long", "A trace value of 8193 characters (at most "
+                "8192): malformed, its id answered.",
+                _frame("q", 31, 0, "ping", None, 0.0, 0, 0, {"traceparent": "v" * 8193})))
     add(_reject("reject-heartbeat-progress-above-one", "A heartbeat whose progress is above "
                 "1 (negative: none; else 0 .. 1).",
                 _frame("h", 0, ENGINE_INC, 1, 0, "x", 0.5, 1, 1.5)))

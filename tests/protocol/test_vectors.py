@@ -19,8 +19,6 @@ LEDGER_TYPES: dict[str, type[msgspec.Struct]] = {
     "StepRequest": StepRequest, "LastOperation": LastOperation, "TakeOver": TakeOver}
 
 FILES = sorted(VECTORS.glob("*.json"))
-
-
 def load(path: Path) -> dict[str, Any]:
     vector: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     return vector
@@ -84,3 +82,12 @@ def test_one_changed_byte_fails_a_vector() -> None:
         except MalformedFrame:
             continue
         assert meaning_of(decoded) != vector["meaning"], at
+
+
+def test_the_largest_id_vector_holds_the_spec_s_largest_id() -> None:
+    """The spec's id range is ``1 ≤ id < 2^64``: the vector of the largest id holds
+    2**64 - 1, and the 64-bit one an id no signed 64-bit integer holds."""
+    spec = (VECTORS.parents[1] / "docs" / "protocol.md").read_text(encoding="utf-8")
+    assert "an id is `1 ≤ id < 2^64`" in spec
+    assert load(VECTORS / "request-largest-id.json")["meaning"]["fields"]["id"] == 2**64 - 1
+    assert load(VECTORS / "request-id-64-bits.json")["meaning"]["fields"]["id"] >= 2**63

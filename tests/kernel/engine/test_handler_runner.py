@@ -102,7 +102,7 @@ def test_an_async_handler_is_refused_by_run_sync_and_its_key_not_kept() -> None:
 
     table.register("later", later)
     reply = runner.run_sync(admit(core, 1, "later", key="k"))
-    assert reply.error is not None and reply.error.type == "_AsyncHandlerInPoll"
+    assert reply.error is not None and reply.error.type == "AsyncHandlerInPoll"
     assert admit(core, 2, "later", key="k").spec is not None  # a retry is admitted to run
 
 

@@ -111,12 +111,13 @@ async def test_ids_sent_on_another_connection_never_drop_a_legitimate_call(
 
 
 def beacon_heartbeats(address: str, seconds: float) -> list[Heartbeat]:
-    """What any local peer subscribed to the engine's beacon reads for ``seconds``."""
+    """What any local peer that says hello to the engine's beacon (a client
+    heartbeat) reads for ``seconds``."""
     ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
+    sub = ctx.socket(zmq.DEALER)
     sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(address + ".beat")
+    sub.send(CODEC.encode(Heartbeat(-1, 0, 0)))
     got: list[Heartbeat] = []
     end = time.monotonic() + seconds
     try:
@@ -134,7 +135,7 @@ def beacon_heartbeats(address: str, seconds: float) -> list[Heartbeat]:
 @pytest.mark.anyio
 @pytest.mark.parametrize("mode", ["poll", "serve"])
 async def test_the_beacon_names_no_running_request(mode: str, tmp_path: Any) -> None:
-    """While a client's call runs, a peer reading the engine's PUB beacon learns
+    """While a client's call runs, a peer reading the engine's beacon learns
     that the rank is busy and with which method -- never the request's id or
     its handler's progress; the caller still sees the rank Busy."""
     address = ipc(tmp_path)

@@ -167,7 +167,7 @@ async def test_a_keyed_run_cancelled_without_an_outcome_forgets_its_key() -> Non
 
 async def test_an_async_handler_refused_by_poll_leaves_no_key_behind() -> None:
     p = Pump()
-    assert error(p.call("apply_async", 1, key="k")) == "_AsyncHandlerInPoll"
+    assert error(p.call("apply_async", 1, key="k")) == "AsyncHandlerInPoll"
     assert len(p.ep.results) == 0 and p.ep.results.bytes == 0
 
 
@@ -199,24 +199,19 @@ def test_a_heartbeat_every_peer_sees_names_no_request() -> None:
     assert shared.busy == 0 and shared.progress < 0 and shared.note == ""
 
 
-def test_keys_can_be_scoped_by_the_claimed_client_to_survive_a_new_route() -> None:
-    """Default: a key is its route's own; with key_scope="client", the same
-    client's retry over another route replays, another client's runs."""
+def test_keys_are_scoped_by_the_connection_and_without_routes_by_the_client_field() -> None:
+    """A key is its route's own, whatever ``client`` a request names; a transport
+    without routes serves one client, which the ``client`` field names."""
     ran = {}
-    for scope, routes in (("route", (b"a", b"b")), ("client", (b"a", b"b")),
-                          ("no routes", (None, None))):
+    for scope, routes in (("routes", (b"a", b"b")), ("no routes", (None, None))):
         net = MemoryNetwork()
         transport = _Inbox(net)
-        ep = EngineEndpoint(transport, heartbeat_interval=None,
-                            key_scope="client" if scope == "client" else "route")
+        ep = EngineEndpoint(transport, heartbeat_interval=None)
         setup(ep)
         ep.open()
-        for n, client, route in ((1, 5, routes[0]), (2, 5, routes[1]), (3, 6, routes[1])):
+        for n, client, route in ((1, 5, routes[0]), (2, 6, routes[0]), (3, 5, routes[1])):
             req = Request(n, 0, "apply", net.codec.encode_value(n), client=client, key="k")
             transport.inbox.append(Received(req, route=route))
             assert ep.poll() == 1
         ran[scope] = [n for _, n in ep.__dict__["ran"]]
-    # a transport without routes cannot tell its senders apart: by the claimed client
-    assert ran == {"route": [1, 2], "client": [1, 3], "no routes": [1, 3]}
-    with pytest.raises(ValueError):
-        EngineEndpoint(MemoryNetwork().engine_transport(0), key_scope="peer")  # type: ignore[arg-type]
+    assert ran == {"routes": [1, 3], "no routes": [1, 2]}

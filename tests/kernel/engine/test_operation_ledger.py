@@ -321,27 +321,29 @@ def test_a_compensation_runs_once_and_only_for_what_applied() -> None:
 
 def test_an_operation_is_bound_to_its_connection_until_a_newer_fence_takes_it_over() -> None:
     """The owner is the connection a step came on (what the engine's inbound core
-    names as its peer), not the client incarnation its request id carries: a peer
-    that copies the controller's ids and fence is still another peer."""
+    names as its peer), not the ``client`` field its request carries: a peer that
+    copies the controller's client number and fence is still another peer, and the
+    controller's own connection stays the owner whatever number it sends."""
     from types import SimpleNamespace
 
     from ctlwire.kernel.engine.liveness import _current_request
 
     led, calls = ledger()
-    live = SimpleNamespace(peer_of=lambda route, rid: route)  # the inbound core's peer()
+    live = SimpleNamespace(peer_of=lambda route, client: route)  # the inbound core's peer()
 
     def as_peer(route: bytes, req: StepRequest, client: int = 7) -> Any:
-        token = _current_request.set((live, client << 32 | 1, route))  # type: ignore[arg-type]
+        token = _current_request.set((live, client << 32 | 1, route, client))  # type: ignore[arg-type]
         try:
             return led.step(req)
         finally:
             _current_request.reset(token)
 
     as_peer(b"A", step("op", "a", 5))
-    with pytest.raises(OperationOwned):  # the controller's own client incarnation, copied
+    with pytest.raises(OperationOwned):  # the controller's own client number, copied
         as_peer(b"B", step("op", "a", 5, phase="compensate", arg=Bump(-1)))
     with pytest.raises(OperationOwned):
         as_peer(b"C", step("op", "a", 5, phase="compensate", arg=Bump(-1)), client=8)
+    assert as_peer(b"A", step("op", "a", 5), client=9) == 1  # its own connection: replayed
     assert as_peer(b"B", step("op", "a", 6), client=8) == 1  # a successor: replays, takes over
     with pytest.raises(EngineFenced):
         as_peer(b"A", step("op", "b", 5))  # the old controller is fenced out

@@ -30,7 +30,7 @@ from ctlwire.states import OperationState, RankState
 from ctlwire.transports.codec import MsgpackCodec
 
 CODEC = MsgpackCodec()
-LIVE = SimpleNamespace(peer_of=lambda route, rid: route)  # the inbound core's peer()
+LIVE = SimpleNamespace(peer_of=lambda route, client: route)  # the inbound core's peer()
 
 
 class Aborted(Exception):
@@ -58,7 +58,7 @@ def waiting_ledger() -> tuple[OperationLedger, threading.Event]:
 
 
 def as_peer(route: bytes, fn: Any, *args: Any) -> Any:
-    token = _current_request.set((LIVE, 1, route))  # type: ignore[arg-type]
+    token = _current_request.set((LIVE, 1, route, 0))  # type: ignore[arg-type]
     try:
         return fn(*args)
     finally:
