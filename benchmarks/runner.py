@@ -24,9 +24,15 @@ Groups (``--only`` takes any of them; default: all, in this order):
                  bare non-blocking receive attempt (timed alternately)
 ``weight_sync``  one weight-sync operation of a real model over 4 torch engine ranks:
                  ctlwire's share vs the data movement (needs the torch extra)
+``poll_status``  status pollers' p99 during a weight update on busy-loop engines, ``--mode
+                 loop`` vs ``--mode poll``
+``cpu``          CPU per call, client and engine, against the baselines (both backends)
+``import_time``  ``import ctlwire.kernel`` in a fresh process vs the same import reading
+                 the package metadata (``-X importtime``, alternately)
 
 (``scale`` to ``detect256``: :mod:`ctlwire.benchmarks.scale`; ``fanout_profile``,
-``idle_cpu``, ``engine_calls``: their own modules; ``weight_sync``:
+``idle_cpu``, ``engine_calls``, ``poll_status``, ``import_time``: their own modules;
+``cpu``: :mod:`ctlwire.benchmarks.cpu_per_call`; ``weight_sync``:
 :mod:`ctlwire.benchmarks.weight_sync`)
 
 Every engine process is started by a :class:`FleetPool` and stopped in
@@ -44,6 +50,7 @@ from . import (
     engine_calls,
     fanout_profile,
     idle_cpu,
+    import_time,
     poll_status,
     scale,
     scenarios,
@@ -59,7 +66,8 @@ __all__ = ["GROUPS", "run_bench"]
 
 GROUPS = ("latency", "floor", "throughput", "fanout", *fanout_profile.GROUPS, "trio", "live",
           "memory", "state_table", *scale.GROUPS, *idle_cpu.GROUPS, *weight_sync.GROUPS,
-          *poll_status.GROUPS, *engine_calls.GROUPS, *cpu_per_call.GROUPS)
+          *poll_status.GROUPS, *engine_calls.GROUPS, *cpu_per_call.GROUPS,
+          *import_time.GROUPS)
 FAN_ENGINES = 8
 _BASE1 = ("raw pyzmq ROUTER read with the FD technique on anyio, dict of reply slots "
           "(vLLM utility-call pattern)")
@@ -277,6 +285,8 @@ def run_bench(*, quick: bool = False, only: Sequence[str] | None = None,
         step("poll_status", lambda: poll_status.rows(quick, progress))
     if "engine_calls" in selected:
         step("engine_calls", lambda: engine_calls.rows(quick))
+    if "import_time" in selected:
+        step("import_time", lambda: import_time.rows(quick))
     if "state_table" in selected:
         lives = (10, 1_000) if quick else (10, 10_000)
         step("state_table", lambda: _state_table_rows(state_table.measure(quick, lives)))

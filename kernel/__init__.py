@@ -4,8 +4,9 @@ transports of :mod:`ctlwire.transports` on anyio (asyncio or trio).
 The public API is importable from here (``from ctlwire.kernel import ControlClient,
 EngineEndpoint, RequestTimedOut``); every name also stays at its deep path
 (``ctlwire.kernel.client.control_client.ControlClient`` is the same object). Names are
-imported on first use. Every error a caller can see is defined in
-:mod:`ctlwire.kernel.errors`.
+imported on first use, ``__version__`` too (it reads the installed distribution's
+metadata, which importing the kernel does not). Every error a caller can see is
+defined in :mod:`ctlwire.kernel.errors`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from ctlwire.kernel._version import __version__ as __version__
 from ctlwire.transports._lazy_exports import lazy_exports
 
 # A library does not print unless the application configured logging: without
@@ -23,6 +23,7 @@ logging.getLogger("ctlwire").addHandler(logging.NullHandler())
 # The one list of exported names (see ctlwire.transports._lazy_exports): __all__
 # and the lazy imports are derived from it; type checkers read it as re-exports.
 if TYPE_CHECKING:
+    __version__: str  # read from the installed distribution's metadata on first use
     from ctlwire.kernel.app.engine_fleet import EngineFleet as EngineFleet
     from ctlwire.kernel.app.engine_fleet import EngineProcess as EngineProcess
     from ctlwire.kernel.app.engine_fleet import EngineStartError as EngineStartError
@@ -86,10 +87,22 @@ if TYPE_CHECKING:
     from ctlwire.kernel.metrics import snapshot as snapshot
     from ctlwire.kernel.operation_recovery import Recovery as Recovery
     from ctlwire.kernel.operation_runner import OperationRunner as OperationRunner
+    from ctlwire.kernel.primitives.admission_gate import AdmissionGate as AdmissionGate
+    from ctlwire.kernel.primitives.coalescer import Coalescer as Coalescer
+    from ctlwire.kernel.primitives.coalescer import SharedOutcome as SharedOutcome
+    from ctlwire.kernel.primitives.own_io_fan_out import OwnIoFanOut as OwnIoFanOut
     from ctlwire.kernel.testing import EngineHarness as EngineHarness
     from ctlwire.kernel.testing import TransitionRecorder as TransitionRecorder
     from ctlwire.kernel.testing import virtual_backend as virtual_backend
     from ctlwire.kernel.tracing import TraceProvider as TraceProvider
 
 if not TYPE_CHECKING:  # type checkers see the names above, and no catch-all __getattr__
-    __getattr__, __dir__ = lazy_exports(globals())
+    _exported, __dir__ = lazy_exports(globals())
+
+    def __getattr__(name: str) -> object:
+        if name == "__version__":  # importing the kernel reads no package metadata
+            from ctlwire.kernel._version import __version__ as version
+
+            globals()["__version__"] = version
+            return version
+        return _exported(name)

@@ -9,12 +9,17 @@ by their class name). An argument error is also a ``ValueError`` (or
 ``TypeError``); plain ``ValueError``/``TypeError`` mean a bad argument,
 ``RuntimeError`` a misuse (a client entered twice). Only a kernel bug raises
 :class:`~ctlwire.states.IllegalTransition`, which is not one. Remote failures
-keep the remote exception's class name, message and code.
+keep the remote exception's class name, message and code; one whose class the
+client allows (the builtins' by default) is also an instance of that class
+(``RemoteValueError``: a ``RemoteError`` and a ``ValueError``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import builtins
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ctlwire.states import IllegalTransition
@@ -50,8 +55,10 @@ __all__ = [
     "ResultTypeError",
     "UnknownMethod",
     "UnsupportedProtocolVersion",
+    "allowed_exceptions",
     "error_info",
     "remote_error",
+    "remote_error_class",
 ]
 
 
@@ -97,7 +104,12 @@ class RequestTooLarge(CtlwireError, ValueError):
 
 
 class RemoteError(CtlwireError):
-    """The engine answered with an error: its class name, message and code."""
+    """The engine answered with an error: its class name, message and code.
+
+    An error whose class the client allows (``ControlClient(remote_exceptions=)``,
+    the builtins' by default) is raised as a class derived from both this one and
+    that class (``RemoteValueError``): ``except ValueError`` catches it, and so
+    does ``except RemoteError``."""
 
     def __init__(self, type_name: str, message: str, code: int = 0, *, rank: int | None = None,
                  method: str = "") -> None:
@@ -283,11 +295,70 @@ BUSY_CODE = 429
 UNKNOWN_METHOD_CODE = 404
 
 
+# raising them on a client would change its control flow (a generator's end, an iterator's)
+_NOT_RAISED = frozenset({"StopIteration", "StopAsyncIteration"})
+
+BUILTIN_EXCEPTIONS: Mapping[str, type[Exception]] = MappingProxyType({
+    name: value for name, value in vars(builtins).items()
+    if isinstance(value, type) and issubclass(value, Exception) and name not in _NOT_RAISED})
+"""The builtins' exception classes (``Exception`` and below, but ``StopIteration`` and
+``StopAsyncIteration``) by name: those a client raises as themselves by default."""
+
+
+def allowed_exceptions(classes: Iterable[type[Exception]] | None = None
+                       ) -> Mapping[str, type[Exception]]:
+    """The exception classes an engine's error may be raised as on the client, by
+    the class name its reply carries (``ErrorInfo.type``): the builtins' for None
+    (:data:`BUILTIN_EXCEPTIONS`), else ``classes`` (empty: none). TypeError for
+    something that is not an ``Exception`` subclass."""
+    if classes is None:
+        return BUILTIN_EXCEPTIONS
+    allowed: dict[str, type[Exception]] = {}
+    for cls in classes:
+        if not (isinstance(cls, type) and issubclass(cls, Exception)):
+            raise TypeError(f"{cls!r} is not an Exception subclass")
+        allowed[cls.__name__] = cls
+    return MappingProxyType(allowed)
+
+
+_REMOTE_CLASSES: dict[type[Exception], type[RemoteError] | None] = {}
+_REMOTE_CLASSES_LOCK = threading.Lock()
+
+
+def remote_error_class(cls: type[Exception]) -> type[RemoteError] | None:
+    """One class derived from both :class:`RemoteError` and ``cls`` (``RemoteValueError``
+    for ``ValueError``): an ``except ValueError`` and an ``except RemoteError`` both
+    catch it. Made once per class; None when the two cannot be combined (a class
+    whose constructor needs other arguments, like ``UnicodeDecodeError``)."""
+    try:
+        return _REMOTE_CLASSES[cls]
+    except KeyError:
+        pass
+    with _REMOTE_CLASSES_LOCK:
+        if cls in _REMOTE_CLASSES:
+            return _REMOTE_CLASSES[cls]
+        derived: type[RemoteError] | None
+        try:
+            derived = type(f"Remote{cls.__name__}", (RemoteError, cls), {
+                "__module__": __name__, "__str__": BaseException.__str__,
+                "__doc__": f"An engine's {cls.__name__}: a RemoteError and a {cls.__name__}."})
+            derived("probe", "")  # its constructor takes RemoteError's arguments
+        except Exception:
+            derived = None
+        _REMOTE_CLASSES[cls] = derived
+        return derived
+
+
 def remote_error(info: ErrorInfo, *, rank: int | None = None, method: str = "",
-                 methods: tuple[str, ...] | None = None
+                 methods: tuple[str, ...] | None = None,
+                 exceptions: Mapping[str, type[Exception]] = BUILTIN_EXCEPTIONS,
                  ) -> RemoteError | UnsupportedProtocolVersion:
     """The typed error of an engine's error reply (``methods``: the names an
-    ``UnknownMethod`` reply listed)."""
+    ``UnknownMethod`` reply listed). ctlwire's own refusals first (``Fenced``,
+    ``Busy``, ``UnknownMethod``, ``UnsupportedProtocolVersion``); then a class named
+    in ``exceptions`` (by default the builtins') is raised as that class, still a
+    RemoteError (:func:`remote_error_class`); any other is a RemoteError with the
+    class name in ``type_name``."""
     if info.code == UnsupportedProtocolVersion.code and info.type == "UnsupportedProtocolVersion":
         return UnsupportedProtocolVersion(rank if rank is not None else -1, info.message)
     if info.code == UNKNOWN_METHOD_CODE and info.type == "UnknownMethod":
@@ -298,6 +369,11 @@ def remote_error(info: ErrorInfo, *, rank: int | None = None, method: str = "",
         cls = Fenced
     elif info.code == BUSY_CODE and info.type == "Busy":
         cls = Busy
+    else:
+        allowed = exceptions.get(info.type)
+        derived = remote_error_class(allowed) if allowed is not None else None
+        if derived is not None:
+            cls = derived
     return cls(info.type, info.message, info.code, rank=rank, method=method)
 
 

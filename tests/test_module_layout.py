@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGES = ("ctlwire.kernel", "ctlwire.transports", "ctlwire.states")
+PACKAGES = ("ctlwire.kernel", "ctlwire.transports", "ctlwire.states", "ctlwire.integrations")
 
 # Known edges that still close a circle. Empty: keep it so. An entry would have
 # to name a real edge (checked below), and none may be added for new code.
@@ -171,6 +171,18 @@ def test_the_sans_io_cores_import_no_io_and_no_shell(graph: dict[str, set[str]])
             if target.startswith("ctlwire.kernel"):
                 assert (target.startswith("ctlwire.kernel.core")
                         or target == "ctlwire.kernel.errors"), (name, target)
+
+
+def test_integrations_build_on_the_kernel_and_nothing_imports_them(
+        graph: dict[str, set[str]]) -> None:
+    """An integration (a drop-in for another stack) may import the kernel; the
+    kernel, the transports and the states never import an integration."""
+    integrations = {m for m in graph if m.startswith("ctlwire.integrations.")}
+    assert "ctlwire.integrations.sglang" in integrations
+    for name, targets in graph.items():
+        if name not in integrations:
+            assert not targets & integrations, (name, sorted(targets & integrations))
+    assert "ctlwire.kernel.primitives.own_io_fan_out" in graph["ctlwire.integrations.sglang"]
 
 
 def test_the_import_graph_has_no_circle(graph: dict[str, set[str]]) -> None:

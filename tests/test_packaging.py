@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("kernel", "states", "transports", "benchmarks")
+FOLDERS = ("kernel", "states", "transports", "benchmarks", "integrations")
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -110,7 +110,7 @@ def test_the_wheel_holds_every_module_of_the_tree(dists: dict[str, Path]) -> Non
         names = set(whl.namelist())
     in_wheel = {n for n in names if n.endswith(".py")}
     assert in_wheel == _tree_modules()
-    for folder in ("kernel", "states", "transports"):
+    for folder in ("kernel", "states", "transports", "integrations"):
         assert f"ctlwire/{folder}/py.typed" in names
 
 

@@ -22,7 +22,7 @@ README = ROOT / "README.md"
 BLOCK = re.compile(r"(?:^(<!-- readme-test: [^\n]*-->)\n)?^```python\n(.*?)^```", re.M | re.S)
 INSTALL_AND_DEMO = ("python3 -m venv .venv && .venv/bin/pip install -q -e . && "
                     ".venv/bin/ctlwire demo")
-TEST_COMMAND = ".venv/bin/pip install -q -e '.[test]' && .venv/bin/python -m pytest -q"
+TEST_COMMAND = ".venv/bin/pip install -q -e '.[dev-test]' && .venv/bin/python -m pytest -q"
 
 
 def blocks() -> list[tuple[int, str, str]]:
@@ -61,7 +61,7 @@ def test_the_two_commands_are_the_readmes_and_ci_runs_the_second() -> None:
 
 
 def test_the_first_command_pulls_no_torch_and_the_test_extra_does() -> None:
-    """The default demo installs the core dependencies only; CI's test extra brings
+    """The default demo installs the core dependencies only; CI's dev-test extra brings
     the torch extra (the pinned CPU wheel first), so the real-engine tests run there."""
     project = (ROOT / "pyproject.toml").read_text()
 
@@ -72,7 +72,9 @@ def test_the_first_command_pulls_no_torch_and_the_test_extra_does() -> None:
 
     assert "-e ." in INSTALL_AND_DEMO and "[" not in INSTALL_AND_DEMO
     assert "torch" not in listed("dependencies")
-    assert '"ctlwire[torch]"' in listed("test")
+    assert '"ctlwire[torch]"' in listed("dev-test")
+    # no extra named like the light one (testing) pulls in the heavy tools
+    assert not re.search(r"^test = ", project, re.M)
     assert listed("torch").startswith('"torch==2.13.0"')
 
 
@@ -83,10 +85,26 @@ def test_the_readme_is_a_five_minute_read() -> None:
     assert not re.search(r"\b(first|second|third|\w+th) pass\b", text, re.I)
     assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text)
     assert "the brief" not in text  # a reader has no brief: say what it is
-    for folder in ("benchmarks", "kernel", "states", "transports"):  # no lab notebooks
+    # no lab notebooks
+    for folder in ("benchmarks", "kernel", "states", "transports", "integrations"):
         assert not list((ROOT / folder).rglob("*.md")), folder
-    for page in re.findall(r"\]\((docs/[^)#]+|CHANGELOG\.md)", text):
-        assert (ROOT / page).exists(), page
+
+
+def test_the_readmes_links_work_on_a_package_index_page() -> None:
+    """A package index shows the README without the repository: every link is
+    absolute, to a page the docs site builds or a file of the repository."""
+    text = README.read_text()
+    links = re.findall(r"\]\(([^)]+)\)", text)
+    assert links and all(link.startswith("https://") for link in links), links
+    site, repo = "https://ctlwire.github.io/ctlwire/", "https://github.com/ctlwire/ctlwire/"
+    for link in links:
+        if link.startswith(site):
+            page = link[len(site):].split("#")[0].rstrip("/") or "index"
+            assert ((ROOT / "docs" / f"{page}.md").exists()
+                    or (ROOT / "docs" / page / "index.md").exists()), link
+        elif link.startswith(repo):
+            path = link[len(repo):].split("/", 2)[2]  # blob/main/PATH or tree/main/PATH
+            assert (ROOT / path).exists(), link
 
 
 def _env() -> dict[str, str]:

@@ -185,12 +185,32 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from ctlwire.kernel._version import __version__
+#: the groups ``ctlwire bench --only`` takes (``ctlwire.benchmarks.runner.GROUPS``: the
+#: benchmarks are not imported to print the help)
+BENCH_GROUPS = ("latency", "floor", "throughput", "fanout", "fanout_profile", "trio", "live",
+                "memory", "state_table", "scale", "multi_client", "detect256", "idle_cpu",
+                "weight_sync", "poll_status", "engine_calls", "cpu", "import_time")
 
+
+class _Version(argparse.Action):
+    """``--version``: the installed distribution's version, read only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0,
+                         help="show the installed version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        from ctlwire.kernel._version import __version__
+
+        print(f"ctlwire {__version__}")
+        parser.exit()
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="ctlwire", description=DESCRIPTION,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"ctlwire {__version__}")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("diagrams", help="write the state diagram of every machine",
@@ -198,11 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
                        "a README.md embedding them all) into a folder, created if missing "
                        "(in an existing folder).")
     p.add_argument("--out", metavar="DIR",
-                   help="folder to write into (default: the checkout's diagrams/)")
+                   help="folder to write into (default: ./diagrams, or the diagrams/ folder "
+                        "of the source checkout ctlwire runs from)")
     p.add_argument("--format", choices=["mermaid", "dot", "svg"], default="mermaid",
                    help="mermaid (default; no extra needed), dot or svg (need graphviz: "
                    "pip install 'ctlwire[diagrams]')")
-    p.set_defaults(func=_cmd_diagrams)
+    p.set_defaults(func=_cmd_diagrams, command_parser=p)
 
     p = sub.add_parser("demo", help="the RL weight-update cycle against real engine processes",
                        description="Start N engine processes over real ZeroMQ sockets and run "
@@ -225,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "cycles run (needs the etcd binary and httpx: the etcd extra)")
     p.add_argument("--etcd-ttl", type=positive_int, default=5, metavar="SECONDS",
                    help="--membership etcd: the engines' lease TTL (default 5)")
-    p.set_defaults(func=_cmd_demo)
+    p.set_defaults(func=_cmd_demo, command_parser=p)
 
     p = sub.add_parser("keys", help="generate CURVE key pairs for tcp across hosts",
                        description="CURVE key pairs (z85 certificate files) for tcp:// "
@@ -240,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("names", nargs="*", default=["server", "client"], metavar="NAME",
                    help="key pair names (default: server client)")
     g.add_argument("--force", action="store_true", help="replace existing key pairs")
-    g.set_defaults(func=_cmd_keys)
+    g.set_defaults(func=_cmd_keys, command_parser=g)
 
     p = sub.add_parser("bench", help="measure ctlwire against baselines, side by side",
                        description="Measure ctlwire against the baselines a user would "
@@ -248,9 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a reduced run (under 30 s)")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     p.add_argument("--only", nargs="+", metavar="GROUP",
-                   help="run only these groups: latency floor throughput fanout trio live "
-                   "fanout_profile memory state_table scale multi_client detect256 idle_cpu "
-                   "weight_sync")
+                   help="run only these groups: " + " ".join(BENCH_GROUPS))
     p.add_argument("--runs", type=positive_int, default=1, metavar="N",
                    help="N whole runs one after the other, then each row's ratios, their "
                    "median against the target and the runs it passed in")
@@ -259,14 +278,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the fault matrix instead: outcomes, lost, leaked, detection times")
     mode.add_argument("--soak", action="store_true",
                       help="the soak (100,000 calls with faults) and the 10,000 in-flight load run")
-    p.set_defaults(func=_cmd_bench)
+    p.set_defaults(func=_cmd_bench, command_parser=p)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (argument errors exit with 2)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # said by the command's own parser: "ctlwire demo: error: ..."
+        args.command_parser.error(f"unrecognized arguments: {' '.join(extras)}")
     prog = f"ctlwire {args.command}"
     try:
         return int(args.func(args))

@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ctlwire.kernel.app.arguments import ArgumentParser, UsageError
 from ctlwire.kernel.busy_loop import BusyLoop
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.transports.codec import codec_by_name
@@ -46,8 +47,10 @@ from ctlwire.transports.curve import (
     load_keypair,
     load_public_key,
 )
+from ctlwire.transports.errors import CtlwireError, PickleRefused
+from ctlwire.transports.ipc_path import IpcPathUnsafe, check_ipc_connect
 from ctlwire.transports.transport import EngineTransport
-from ctlwire.transports.zmq_config import ZmqOptions
+from ctlwire.transports.zmq_config import InsecureAbstractIpc, InsecureTcp, ZmqOptions
 from ctlwire.transports.zmq_engine import (
     ZmqDealerEngineTransport,
     ZmqPushPullEngineTransport,
@@ -163,59 +166,138 @@ def stepping_methods(ep: EngineEndpoint) -> Callable[[], bool]:
 
 
 def load_methods(spec: str) -> Callable[[EngineEndpoint], Callable[[], bool] | None]:
+    """The function ``MODULE:FUNC`` names (``FUNC`` defaults to ``register``);
+    UsageError, in one line, when it cannot be imported or is not callable."""
     module, _, func = spec.partition(":")
-    fn = getattr(importlib.import_module(module), func or "register")
+    try:
+        fn = getattr(importlib.import_module(module), func or "register")
+    except ImportError as exc:
+        raise UsageError(f"--methods {spec}: cannot import {module!r}: {exc}") from None
+    except AttributeError:
+        raise UsageError(f"--methods {spec}: {module!r} has no {func or 'register'!r} "
+                         "(expected MODULE:FUNC)") from None
     if not callable(fn):
-        raise TypeError(f"{spec} is not callable")
+        raise UsageError(f"--methods {spec}: {func!r} is not a function")
     return fn  # type: ignore[no-any-return]
 
 
+def _key_file(flag: str, path: str | None) -> str:
+    """``path``, a certificate file that exists; UsageError saying what is missing."""
+    if not path:
+        raise UsageError(f"{flag} is required with --curve-secret")
+    if not os.path.exists(path):
+        raise UsageError(f"{flag} {path}: no such key file (make one with "
+                         "'ctlwire keys generate DIR NAME')")
+    if not os.path.isfile(path):
+        raise UsageError(f"{flag} {path}: not a file")
+    return path
+
+
+def _keys(flag: str, path: str | None, load: Callable[[str], Any]) -> Any:
+    path = _key_file(flag, path)
+    try:
+        return load(path)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{flag} {path}: not a CURVE key file ({exc})") from None
+
+
 def build_transport(args: argparse.Namespace) -> EngineTransport:
-    codec = codec_by_name(args.codec, allow_pickle=args.allow_pickle)
+    """The transport the flags describe; UsageError (one line) for flags that do not
+    make one."""
+    try:
+        codec = codec_by_name(args.codec, allow_pickle=args.allow_pickle)
+    except PickleRefused:
+        raise UsageError("--codec pickle needs --allow-pickle (unpickling runs code the "
+                         "peer chose)") from None
+    except ValueError as exc:
+        raise UsageError(f"--codec {args.codec}: {exc}") from None
     options = ZmqOptions()
-    if args.connect:
-        curve_client = None
-        if args.curve_secret:
-            curve_client = CurveClientConfig(load_keypair(args.curve_secret),
-                                             load_public_key(args.curve_server_key))
-        return ZmqDealerEngineTransport(args.connect, args.rank, codec=codec, options=options,
-                                        curve=curve_client,
-                                        allow_insecure_tcp=args.allow_insecure_tcp,
-                                        allow_abstract_ipc=args.allow_abstract_ipc)
-    if args.bind:
-        curve_server = None
-        if args.curve_secret:
-            curve_server = CurveServerConfig.allowing(
-                load_keypair(args.curve_secret), [load_public_key(f) for f in args.curve_allow])
-        return ZmqRouterEngineTransport(args.bind, args.rank, codec=codec, options=options,
-                                        curve=curve_server,
-                                        allow_insecure_tcp=args.allow_insecure_tcp,
-                                        allow_abstract_ipc=args.allow_abstract_ipc)
-    if args.pull and args.push:
-        return ZmqPushPullEngineTransport(args.pull, args.push, args.rank, codec=codec,
-                                          options=options,
-                                          allow_insecure_tcp=args.allow_insecure_tcp,
-                                          allow_abstract_ipc=args.allow_abstract_ipc)
-    raise SystemExit("one of --connect, --bind or --pull/--push is required")
+    try:
+        if args.connect:
+            check_ipc_connect(args.connect)  # at once: a refusal at open is a traceback
+            curve_client = None
+            if args.curve_secret:
+                curve_client = CurveClientConfig(
+                    _keys("--curve-secret", args.curve_secret, load_keypair),
+                    _keys("--curve-server-key", args.curve_server_key, load_public_key))
+            return ZmqDealerEngineTransport(args.connect, args.rank, codec=codec,
+                                            options=options, curve=curve_client,
+                                            allow_insecure_tcp=args.allow_insecure_tcp,
+                                            allow_abstract_ipc=args.allow_abstract_ipc)
+        if args.bind:
+            curve_server = None
+            if args.curve_secret:
+                if not args.curve_allow:
+                    raise UsageError("--curve-secret with --bind needs --curve-allow FILE...: "
+                                     "the public keys of the clients allowed in")
+                curve_server = CurveServerConfig.allowing(
+                    _keys("--curve-secret", args.curve_secret, load_keypair),
+                    [_keys("--curve-allow", f, load_public_key) for f in args.curve_allow])
+            return ZmqRouterEngineTransport(args.bind, args.rank, codec=codec, options=options,
+                                            curve=curve_server,
+                                            allow_insecure_tcp=args.allow_insecure_tcp,
+                                            allow_abstract_ipc=args.allow_abstract_ipc)
+        if args.pull and args.push:
+            return ZmqPushPullEngineTransport(args.pull, args.push, args.rank, codec=codec,
+                                              options=options,
+                                              allow_insecure_tcp=args.allow_insecure_tcp,
+                                              allow_abstract_ipc=args.allow_abstract_ipc)
+    except InsecureTcp as exc:
+        address = args.connect or args.bind or args.pull
+        raise UsageError(f"{address}: tcp without CURVE is refused (any process that reaches "
+                         "the port could speak for a rank): add --curve-secret and "
+                         "--curve-server-key (--curve-allow when binding), use ipc://, or "
+                         "pass --allow-insecure-tcp") from exc
+    except InsecureAbstractIpc as exc:
+        address = args.connect or args.bind or args.pull or args.push
+        raise UsageError(f"{address}: an abstract ipc name has no file permissions (any "
+                         "local process could connect and speak for a rank): use an ipc "
+                         "path, or pass --allow-abstract-ipc") from exc
+    except (CtlwireError, ValueError, OSError) as exc:
+        raise UsageError(str(exc)) from exc
+    raise UsageError("one of --connect ADDR, --bind ADDR or --pull ADDR --push ADDR is "
+                     "required")
+
+
+_PROG = "python -m ctlwire.kernel.app.engine_process"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ctlwire.kernel.app.engine_process")
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--connect")
-    p.add_argument("--bind")
-    p.add_argument("--pull")
-    p.add_argument("--push")
-    p.add_argument("--methods", default="ctlwire.kernel.app.engine_process:diagnostic_methods")
-    p.add_argument("--mode", choices=["poll", "serve", "loop"], default="poll")
-    p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
-    p.add_argument("--codec", default="msgpack")
-    p.add_argument("--allow-pickle", action="store_true")
-    p.add_argument("--allow-insecure-tcp", action="store_true")
+    p = ArgumentParser(prog=_PROG, description="Run one engine rank as a process: it "
+                       "prints 'READY RANK INCARNATION' once its socket is open and stops "
+                       "cleanly on SIGTERM or SIGINT.")
+    p.add_argument("--rank", type=int, required=True, help="this engine's rank (required)")
+    where = p.add_argument_group("where the client is (one of)")
+    where.add_argument("--connect", metavar="ADDR",
+                       help="dial the client's ROUTER at ADDR (ipc://PATH or tcp://HOST:PORT)")
+    where.add_argument("--bind", metavar="ADDR", help="bind a ROUTER at ADDR that the client "
+                       "dials (the reverse orientation)")
+    where.add_argument("--pull", metavar="ADDR", help="with --push: receive requests on a "
+                       "PULL socket at ADDR")
+    where.add_argument("--push", metavar="ADDR", help="with --pull: send replies on a PUSH "
+                       "socket at ADDR")
+    p.add_argument("--methods", default="ctlwire.kernel.app.engine_process:diagnostic_methods",
+                   metavar="MODULE:FUNC",
+                   help="FUNC(endpoint) registers the engine's methods and may return a "
+                        "step function called between polls (default: the diagnostic "
+                        "methods: echo, sleep, fail, ...)")
+    p.add_argument("--mode", choices=["poll", "serve", "loop"], default="poll",
+                   help="poll (default): a synchronous loop; serve: an anyio event loop; "
+                        "loop: the synchronous loop with its socket on an I/O thread")
+    p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio",
+                   help="the event loop of --mode serve and loop (default asyncio)")
+    p.add_argument("--codec", default="msgpack",
+                   help="msgpack (default), json, or pickle (needs --allow-pickle)")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="allow --codec pickle: unpickling runs code the peer chose")
+    p.add_argument("--allow-insecure-tcp", action="store_true",
+                   help="allow tcp without CURVE: any process that reaches the port could "
+                        "speak for a rank")
     p.add_argument("--allow-abstract-ipc", action="store_true",
                    help="accept an abstract ipc name (ipc://@name): any local process can "
                         "connect to it")
-    p.add_argument("--heartbeat", type=float, default=0.25)
+    p.add_argument("--heartbeat", type=float, default=0.25, metavar="SECONDS",
+                   help="heartbeat interval (default 0.25)")
     p.add_argument("--max-queued", type=int, default=None, metavar="N",
                    help="serve mode: requests that may wait to start, per method and per "
                         "connection (the endpoint's mailbox_size and max_queued_per_route; "
@@ -223,18 +305,27 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--exit-with-parent", type=int, metavar="PID",
                    help="stop (as on SIGTERM) once process PID is no longer this one's "
                         "parent: the launcher died without stopping its engines")
-    p.add_argument("--curve-secret")
-    p.add_argument("--curve-server-key")
-    p.add_argument("--curve-allow", nargs="*", default=[])
-    p.add_argument("--etcd", metavar="URL[,URL...]",
-                   help="register this rank in etcd (the JSON gateway of a cluster's client "
-                        "endpoints) under a lease kept alive at TTL/3, registering again "
-                        "(same incarnation) when the lease is lost; deregister on a clean "
-                        "stop")
-    p.add_argument("--etcd-prefix", default="/ctlwire/engines/")
-    p.add_argument("--etcd-ttl", type=float, default=10.0)
-    p.add_argument("--etcd-address", default=None,
-                   help="the address clients reach this rank at (default: --bind, else none)")
+    curve = p.add_argument_group("CURVE (tcp across hosts)")
+    curve.add_argument("--curve-secret", metavar="FILE",
+                       help="this engine's key pair (NAME.key_secret, from 'ctlwire keys "
+                            "generate')")
+    curve.add_argument("--curve-server-key", metavar="FILE",
+                       help="with --connect: the client's public key (NAME.key)")
+    curve.add_argument("--curve-allow", nargs="*", default=[], metavar="FILE",
+                       help="with --bind: the public keys (NAME.key) of the clients allowed in")
+    etcd = p.add_argument_group("membership in etcd")
+    etcd.add_argument("--etcd", metavar="URL[,URL...]",
+                      help="register this rank in etcd (the JSON gateway of a cluster's "
+                           "client endpoints) under a lease kept alive at TTL/3, "
+                           "registering again (same incarnation) when the lease is lost; "
+                           "deregister on a clean stop")
+    etcd.add_argument("--etcd-prefix", default="/ctlwire/engines/", metavar="PREFIX",
+                      help="the key prefix of the registrations (default /ctlwire/engines/)")
+    etcd.add_argument("--etcd-ttl", type=float, default=10.0, metavar="SECONDS",
+                      help="the lease's time to live (default 10)")
+    etcd.add_argument("--etcd-address", default=None, metavar="ADDR",
+                      help="the address clients reach this rank at (default: --bind, else "
+                           "none)")
     return p
 
 
@@ -281,14 +372,22 @@ def _watch_parent(pid: int, stop: threading.Event, interval: float = 0.25) -> No
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the engine; returns the exit code. A problem with the flags (a key file
+    missing, tcp without CURVE, a --methods that does not load) is one line on
+    stderr and exit code 2, before the engine starts."""
     args = parser().parse_args(argv)
-    transport = build_transport(args)
+    try:
+        transport = build_transport(args)
+        methods = load_methods(args.methods)
+    except UsageError as exc:
+        print(f"{_PROG}: error: {exc}", file=sys.stderr)
+        return 2
     queued = {} if args.max_queued is None else {"mailbox_size": args.max_queued,
                                                   "max_queued_per_route": args.max_queued}
     endpoint = EngineEndpoint(transport, rank=args.rank, heartbeat_interval=args.heartbeat,
                               **queued)
     loop = BusyLoop(endpoint, backend=args.backend) if args.mode == "loop" else None
-    step = load_methods(args.methods)(endpoint)
+    step = methods(endpoint)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -314,6 +413,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             loop.run_blocking(stop, step=step, idle_wait=0.01 if step is not None else 0.05)
             return 0
         return _run(args, endpoint, transport, step, stop, deregister)
+    except IpcPathUnsafe as exc:  # a bind address refused when the socket opens
+        print(f"{_PROG}: error: {exc}", file=sys.stderr)
+        return 2
     finally:
         deregister()
 

@@ -5,7 +5,7 @@
 the awaits between its steps. A call to one rank is a fan-out to one rank:
 ``ControlClient.call`` (:meth:`CallIssuer.call`) and every fan-out mode
 (:meth:`CallIssuer.fan_out`, admitted first by the method's
-:class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox` when queueing)
+:class:`~ctlwire.kernel.primitives.admission_gate.AdmissionGate` when queueing)
 go through the same steps, :meth:`send_all` and :meth:`wait_outcome` (a one-rank
 call takes them without a coroutine of their own: the checkpoint first, then
 :meth:`hand_over` and the awaitable of :meth:`outcome_wait`)::
@@ -54,7 +54,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -63,7 +63,6 @@ import msgspec
 
 from ctlwire.kernel.client.call_outcome import CallOutcomes
 from ctlwire.kernel.client.deadline_reaper import DeadlineReaper
-from ctlwire.kernel.client.fan_out_mailbox import FanOutMailbox
 from ctlwire.kernel.client.loop_clock import loop_clock
 from ctlwire.kernel.client.progress_callbacks import ProgressCallback, ProgressCallbacks
 from ctlwire.kernel.client.waiting import Receiver, waiter_of
@@ -72,6 +71,7 @@ from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
 from ctlwire.kernel.errors import (
+    BUILTIN_EXCEPTIONS,
     AuthenticationFailed,
     ClientClosed,
     NotDelivered,
@@ -80,6 +80,7 @@ from ctlwire.kernel.errors import (
     UnsupportedProtocolVersion,
 )
 from ctlwire.kernel.liveness_monitor import LivenessMonitor
+from ctlwire.kernel.primitives.admission_gate import AdmissionGate
 from ctlwire.kernel.tracing import TraceProvider
 from ctlwire.states import PeerState
 from ctlwire.transports.codec import PayloadTypeError
@@ -114,13 +115,15 @@ class CallIssuer:
 
     ``fence`` is the client's fencing token (0: none), used unless a call sets
     its own (``send_all(..., fence=)``). ``first_contact_retry`` paces
-    the re-tries of a send to a rank never heard from.
+    the re-tries of a send to a rank never heard from. ``exceptions``: the classes
+    an engine's error is raised as (:class:`CallOutcomes`).
     """
 
     def __init__(self, transport: ClientTransport, registry: RequestRegistry,
                  liveness: LivenessMonitor, *, fence: int = 0,
                  trace_provider: TraceProvider | None = None,
-                 first_contact_retry: float = 0.25) -> None:
+                 first_contact_retry: float = 0.25,
+                 exceptions: Mapping[str, type[Exception]] = BUILTIN_EXCEPTIONS) -> None:
         self.transport = transport
         self.codec = transport.codec
         self.registry = registry
@@ -135,7 +138,7 @@ class CallIssuer:
         #: the clock of the deadlines the envelopes carry
         self.wall_clock: Callable[[], float] = time.time
         #: decodes and types each holder's outcome
-        self.outcomes = CallOutcomes(transport.codec, lambda: self.closed)
+        self.outcomes = CallOutcomes(transport.codec, lambda: self.closed, exceptions)
         #: the ``on_progress`` callbacks of the calls in flight
         self.progress_callbacks = ProgressCallbacks()
         #: ends the waits of requests and admission tickets at their deadlines (one task)
@@ -440,18 +443,19 @@ class CallIssuer:
     async def fan_out(self, method: str, raw: msgspec.Raw, ranks: tuple[int, ...],
                       policy: Policy, budget: float, deadline: float,
                       result_type: Any, key: str = "", fence: int | None = None,
-                      mailbox: FanOutMailbox | None = None,
+                      gate: AdmissionGate | None = None,
                       on_progress: ProgressCallback | None = None,
                       left_out: dict[int, str] | None = None) -> FanOutResult:
-        """One fan-out, its outcome returned or raised; admitted first by ``mailbox``
+        """One fan-out, its outcome returned or raised; admitted first by ``gate``
         (first come, first served, one in flight) when given (mode ``queueing``),
         at once without (``concurrent``). ``on_progress`` hears this request's
         progress only; ``left_out``: the present ranks it does not address, and
         why (the request's observers see them)."""
         ticket = waiter = None
-        if mailbox is not None:
-            ticket = await mailbox.admit(deadline, budget)
-            waiter = mailbox.hand_off(ticket)
+        if gate is not None:
+            # (send_all's checkpoint is the cancellation check after the hand-off)
+            ticket = await gate.enter(deadline, budget, check_cancelled=False)
+            waiter = gate.hand_off(ticket, self.new_waiter())
         entry: PendingRequest | None = None
         try:
             entry = self.register(method, ranks, policy, budget, deadline, waiter)
@@ -466,8 +470,17 @@ class CallIssuer:
                 if on_progress is not None:
                     self.progress_callbacks.by_id.pop(entry.id, None)
                 self.registry.release(entry)
-            if mailbox is not None and ticket is not None:
-                mailbox.leave(ticket)
+            if gate is not None and ticket is not None:
+                gate.leave(ticket)
+
+    def abandon_unsent(self, entry: PendingRequest) -> None:
+        """The caller sending ``entry`` left before handing every frame over (others
+        share the request): each rank not handed over fails NotDelivered now."""
+        registry = self.registry
+        for rank in entry.outstanding():
+            if rank not in entry.sent_ranks and registry.rank_failed(
+                    entry, rank, NotDelivered(rank, "not sent: the caller sending it left")):
+                self.wake(entry)
 
     def fail_rank(self, rank: int, detail: str) -> None:
         """``rank`` is lost (or restarted): its requests fail, typed by whether each

@@ -10,14 +10,15 @@ RequestTimedOut (with the partial result), FanOutFailed, ClientClosed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import msgspec
 
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.request_registry import PendingRequest
 from ctlwire.kernel.errors import (
+    BUILTIN_EXCEPTIONS,
     ClientClosed,
     FanOutFailed,
     OutcomeUnknown,
@@ -26,23 +27,37 @@ from ctlwire.kernel.errors import (
     remote_error,
 )
 from ctlwire.states import RequestState
-from ctlwire.transports.codec import Codec, PayloadTypeError
+from ctlwire.transports.codec import PayloadTypeError
 from ctlwire.transports.envelope import ErrorInfo, Reply
 
-__all__ = ["CallOutcomes"]
+__all__ = ["CallOutcomes", "ValueCodec"]
 
 _S = RequestState
 # a failed reply that carries no ErrorInfo (a buggy or hostile peer): still a typed error
 _NO_ERROR_INFO = ErrorInfo("UnknownRemoteError", "the engine replied ok=false without an error")
 
 
+class ValueCodec(Protocol):
+    """What decodes a reply's result: a :class:`~ctlwire.transports.codec.Codec`, or
+    anything that hands values over as they are."""
+
+    def fast_value_codec(self, tp: Any = Any
+                         ) -> tuple[Callable[[Any], bytes], Callable[[Any], Any]] | None: ...
+
+    def decode_value(self, raw: msgspec.Raw, tp: Any = Any) -> Any: ...
+
+
 class CallOutcomes:
     """Each holder's outcome of a decided request; ``closed()`` says whether the
-    client closed (a request it failed then raises ClientClosed)."""
+    client closed (a request it failed then raises ClientClosed). ``exceptions``:
+    the classes an engine's error is raised as, by name (see
+    :func:`~ctlwire.kernel.errors.remote_error`)."""
 
-    def __init__(self, codec: Codec, closed: Callable[[], bool]) -> None:
+    def __init__(self, codec: ValueCodec, closed: Callable[[], bool],
+                 exceptions: Mapping[str, type[Exception]] = BUILTIN_EXCEPTIONS) -> None:
         self.codec = codec
         self.closed = closed
+        self.exceptions = exceptions
         # result type -> the codec's fast decoder for it (None: none, or unhashable)
         self._decoders: dict[Any, Callable[[Any], Any] | None] = {}
 
@@ -80,7 +95,8 @@ class CallOutcomes:
             except PayloadTypeError:
                 names = None
             methods = tuple(names) if names is not None else None
-        return remote_error(info, rank=rank, method=method, methods=methods)
+        return remote_error(info, rank=rank, method=method, methods=methods,
+                            exceptions=self.exceptions)
 
     def decode_result(self, raw: msgspec.Raw, result_type: Any) -> Any:
         """``codec.decode_value(raw, result_type)``: a fresh object, or PayloadTypeError.

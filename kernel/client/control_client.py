@@ -12,11 +12,10 @@ Guarantees:
   first frame is handed to the transport; a reply that arrives before the
   caller reaches its wait completes the call at once.
 * **Exactly one outcome per call, by its deadline.** A value, or one of
-  :class:`~ctlwire.kernel.errors.RemoteError` (the engine's exception class
-  name, message and code), :class:`~ctlwire.kernel.errors.EngineDead` (the rank
-  was lost: raised as soon as liveness says so, not at the timeout),
-  :class:`~ctlwire.kernel.errors.RequestTimedOut`,
-  :class:`~ctlwire.kernel.errors.FanOutFailed`,
+  :class:`~ctlwire.kernel.errors.RemoteError` (the engine's exception: class
+  name, message, code; a builtin's class too), :class:`~ctlwire.kernel.errors.EngineDead`
+  (the rank was lost: raised as soon as liveness says so, not at the timeout),
+  :class:`~ctlwire.kernel.errors.RequestTimedOut`, :class:`~ctlwire.kernel.errors.FanOutFailed`,
   :class:`~ctlwire.kernel.errors.ClientClosed`.
 * **Nothing left behind.** Whatever ends a call — outcome, timeout, exception
   or cancellation at any await — its entry is cleaned before the call returns;
@@ -42,7 +41,7 @@ Guarantees:
   its ranks (a removed one fails NotDelivered, unsent), the mailboxes' FIFO order too.
 * **Fan-out admission** (:class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox`):
   ``queueing`` admits callers of one method first come, first served, one in
-  flight; ``watching`` shares an identical in-flight request.
+  flight; ``watching`` shares a request in flight.
 
 One client runs in one event loop thread, its tasks in its ``async with``
 block. Its parts: the ranks (:class:`~ctlwire.kernel.client.rank_roster.RankRoster`),
@@ -79,8 +78,10 @@ from ctlwire.kernel.errors import (
     RemoteError,
     RequestTimedOut,
     ResultTypeError,
+    allowed_exceptions,
 )
 from ctlwire.kernel.liveness_monitor import LivenessMonitor
+from ctlwire.kernel.primitives.coalescer import Joins
 from ctlwire.kernel.tracing import TraceProvider
 from ctlwire.transports.transport import ClientTransport
 
@@ -113,6 +114,8 @@ class ControlClient:
     also meet to be routed to by default (for example that its last reported
     weight version is the current one); ``admit_on_join=True`` admits ranks that
     join (:meth:`add_rank`) at once instead of waiting for :meth:`admit`.
+    ``remote_exceptions``: an engine's error of one of these classes (by name; None:
+    the builtins', ``()``: none) is raised as that class and RemoteError in one.
     """
 
     def __init__(
@@ -134,6 +137,7 @@ class ControlClient:
         incarnation_window: float = 60.0,
         admission_condition: Callable[[int], bool] | None = None,
         admit_on_join: bool = False,
+        remote_exceptions: Collection[type[Exception]] | None = None,
     ) -> None:
         self.transport = transport
         self.codec = transport.codec
@@ -170,7 +174,8 @@ class ControlClient:
             # a fencing token for every request: engines refuse tokens older than the
             # highest they accepted, so a replaced controller cannot act after its successor
             fence=new_fence() if fence is True else int(fence) if fence else 0,
-            first_contact_retry=heartbeat_interval or 0.25)
+            first_contact_retry=heartbeat_interval or 0.25,
+            exceptions=allowed_exceptions(remote_exceptions))
         self.progress_callbacks = self.issuer.progress_callbacks  # of the calls in flight
         self.mailboxes = FanOutMailboxes(self.issuer)  # one per method: admission, watching
         #: the ranks: present, alive, admissible, and their changes at run time
@@ -376,19 +381,12 @@ class ControlClient:
                     raise
 
     async def fan_out(
-        self,
-        method: str,
-        payload: Any = None,
-        *,
+        self, method: str, payload: Any = None, *,
         ranks: Sequence[int] | Literal["admissible"] | None = None,
-        timeout: float | None = None,
-        mode: FanOutMode | None = None,
-        policy: Literal["all", "quorum", "first"] | Policy = "all",
-        result_type: Any = Any,
-        idempotency_key: str | None = None,
-        fence: int | None = None,
-        retry: int = 0,
-        on_progress: ProgressCallback | None = None,
+        timeout: float | None = None, mode: FanOutMode | None = None,
+        policy: Literal["all", "quorum", "first"] | Policy = "all", result_type: Any = Any,
+        idempotency_key: str | None = None, fence: int | None = None, retry: int = 0,
+        on_progress: ProgressCallback | None = None, joins: Joins = "identical",
     ) -> FanOutResult:
         """Send ``method(payload)`` to every rank in ``ranks`` (default: the
         admissible ranks; a quarantined rank is reached only by naming it).
@@ -398,7 +396,9 @@ class ControlClient:
         (unless ``ranks="admissible"``). Raises FanOutFailed when it cannot be
         met, RequestTimedOut (with ``partial``) at the deadline, ClientClosed.
         ``mode``: ``queueing`` (FIFO, one in flight per method), ``watching``
-        (share an identical in-flight request) or ``concurrent`` (no admission);
+        (join a request in flight: ``joins="identical"``, the same payload, ranks
+        and policy; ``"any"``, whichever this method has in flight; the result's
+        ``joined`` says whether it joined) or ``concurrent`` (no admission);
         by default ``watching`` for a read-only method, else ``queueing``
         (:attr:`method_kinds`). ``idempotency_key``, ``fence``, ``on_progress`` as for :meth:`call`;
         ``retry`` re-sends to the ranks whose failure is safe to retry (and
@@ -421,6 +421,7 @@ class ControlClient:
             mode = self.method_kinds.default_mode(method)
         box = self.mailboxes.for_mode(mode, method)  # None: concurrent
         watch = box.watching if box is not None and mode == "watching" else None
+        gate = box.gate if box is not None else None
         if (by_method := on_progress if watch is not None else None) is not None:
             self.progress_callbacks.add_method(method, by_method)
         deadline = issuer.now() + budget
@@ -429,9 +430,10 @@ class ControlClient:
             while True:
                 try:
                     more = await (watch(raw, targets, pol, budget, deadline, result_type, key,
-                                        fence, counted) if watch is not None else issuer.fan_out(
+                                        fence, joins, counted) if watch is not None
+                                   else issuer.fan_out(
                         method, raw, targets, pol, budget, deadline, result_type, key, fence,
-                        box, on_progress, counted))
+                        gate, on_progress, counted))
                     error = None
                 except FanOutFailed as exc:
                     more, error = exc.result, exc

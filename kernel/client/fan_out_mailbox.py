@@ -1,26 +1,25 @@
 """One method's fan-out mailbox: a FIFO admission gate, or shared watching (anyio shell).
 
-Queueing mode: a fan-out's issuer consults the method's mailbox
-(:meth:`FanOutMailbox.admit` before it registers, :meth:`FanOutMailbox.leave`
-in its ``finally``); concurrent callers are admitted strictly in arrival order,
-one undecided request in flight at a time, through the
-:class:`~ctlwire.kernel.core.admission_queue.AdmissionQueue` core. Admission is
-a hand-off: done by the holder's request the moment it is decided (its
-:class:`HandOffWaiter` wakes the next caller before the holder), or by the
-holder leaving undecided. A caller arriving in the wake-up window queues
-behind, a queued caller's cancellation or timeout removes only its own ticket,
-and an exception or cancellation in the holder still passes the mailbox on.
-The whole call, queueing included, is bounded by its deadline; a caller still
-queued at its deadline gets RequestTimedOut with ``admission=True`` ("timed
-out waiting for admission", nothing sent), and a caller still queued when the
-client closes gets ClientClosed at once. A caller cancelled after being handed
-the mailbox but before it resumed sends nothing and passes the mailbox on.
+Queueing mode: the method's :class:`~ctlwire.kernel.primitives.admission_gate.AdmissionGate`
+(the public primitive, with its guarantees) admits concurrent callers strictly
+in arrival order, one undecided request in flight at a time. The issuer enters
+the gate before it registers and leaves it in its ``finally``; admission is a
+hand-off, done by the holder's request the moment it is decided (its
+:class:`~ctlwire.kernel.primitives.admission_gate.HandOffWaiter` wakes the next
+caller before the holder), or by the holder leaving undecided. The whole call,
+queueing included, is bounded by its deadline (RequestTimedOut with
+``admission=True`` while still queued: nothing sent); a caller still queued
+when the client closes gets ClientClosed at once. A caller cancelled after
+being handed the mailbox but before it resumed sends nothing (its send's
+checkpoint raises) and passes the mailbox on.
 
-Watching mode (:meth:`FanOutMailbox.watching`): a caller whose request
-(same payload, ranks and policy) is already in flight joins it instead of
-sending another; every caller receives its own freshly decoded copy of the
-result. The shared request lives until its last watcher leaves, so the
-first caller's cancellation does not take the answer away from the others.
+Watching mode (:meth:`FanOutMailbox.watching`): a caller joins the request in
+flight, through the public :class:`~ctlwire.kernel.primitives.coalescer.Coalescer`
+(``joins="identical"``: the same payload, ranks and policy; ``"any"``: any
+concurrent caller), instead of sending another; every caller receives its own
+freshly decoded copy of the result, whose ``joined`` says whether it joined.
+The shared request lives until its last watcher leaves, so the first caller's
+cancellation does not take the answer away from the others.
 
 The mailbox talks to the client only through :class:`FanOutSender`, the
 narrow interface of what it needs (the clock, the deadline reaper, and for
@@ -38,14 +37,14 @@ import msgspec
 
 from ctlwire.kernel.client.call_outcome import CallOutcomes
 from ctlwire.kernel.client.deadline_reaper import DeadlineReaper
-from ctlwire.kernel.core.admission_queue import AdmissionQueue, Ticket
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
 from ctlwire.kernel.errors import ClientClosed, RequestTimedOut
-from ctlwire.states import TicketState
+from ctlwire.kernel.primitives.admission_gate import AdmissionGate
+from ctlwire.kernel.primitives.coalescer import Coalescer, Joins
 
-__all__ = ["FanOutMailbox", "FanOutMailboxes", "FanOutMode", "FanOutSender", "HandOffWaiter"]
+__all__ = ["FanOutMailbox", "FanOutMailboxes", "FanOutMode", "FanOutSender"]
 
 _WatchKey = tuple[bytes, tuple[int, ...], Policy]
 FanOutMode = Literal["queueing", "watching", "concurrent"]
@@ -90,6 +89,9 @@ class FanOutSender(Protocol):
     async def wait_outcome(self, entry: PendingRequest, deadline: float) -> None:
         """Wait until the request is decided or ``deadline`` passes."""
 
+    def abandon_unsent(self, entry: PendingRequest) -> None:
+        """The caller sending ``entry`` left: the ranks it did not hand over fail."""
+
 
 class FanOutMailbox:
     """Admission of fan-outs of one method; created by ``ControlClient.mailbox``."""
@@ -97,103 +99,66 @@ class FanOutMailbox:
     def __init__(self, sender: FanOutSender, method: str) -> None:
         self.sender = sender
         self.method = method
-        self.queue = AdmissionQueue(method)
-        self._watched: dict[_WatchKey, PendingRequest] = {}
-        self.watch_joins = 0
+        #: queueing: first come, first served, one in flight (the client's clock,
+        #: waiters, deadline reaper and closing)
+        self.gate = AdmissionGate(method, host=sender)
+        self.queue = self.gate.queue
+        #: watching: the shared requests in flight
+        self.coalescer: Coalescer[PendingRequest] = Coalescer()
 
     @property
     def depth(self) -> int:
         """Callers waiting for admission."""
-        return self.queue.depth
+        return self.gate.depth
 
     @property
     def watched(self) -> int:
         """Shared requests in flight in watching mode."""
-        return len(self._watched)
+        return self.coalescer.in_flight
 
-    async def admit(self, deadline: float, budget: float) -> Ticket:
-        """Wait for this caller's turn (first come, first served), by ``deadline``;
-        the admitted ticket's request registers :meth:`hand_off` as its waiter
-        and the caller calls :meth:`leave` on every path out. Raises ClientClosed,
-        or RequestTimedOut (``admission=True``) when still queued at ``deadline``."""
-        sender = self.sender
-        if sender.closed:
-            raise ClientClosed("client is closed")
-        ticket = self.queue.arrive()
-        if ticket.state is TicketState.ADMITTED:
-            self.queue.resumed(ticket)
-            return ticket
-        try:
-            waiter = ticket.waiter = sender.new_waiter()
-            reaper = sender.reaper
-            if reaper.running:
-                reaper.arm(ticket, deadline)  # woken by hand-off or deadline
-                await waiter.wait()
-            else:
-                with anyio.move_on_after(deadline - sender.now()):
-                    await waiter.wait()
-            if sender.closed:
-                raise ClientClosed("client closed")  # woken by aclose(): nothing sent
-            if self.queue.holder is not ticket or sender.now() >= deadline:
-                # timed out in the queue (possibly at the very moment of hand-off:
-                # then nothing is sent, and leaving passes the mailbox on)
-                raise RequestTimedOut(self.method, budget, admission=True)
-        except BaseException:
-            self.leave(ticket)
-            raise
-        self.queue.resumed(ticket)
-        return ticket
-
-    def hand_off(self, ticket: Ticket) -> HandOffWaiter:
-        """The waiter of admitted ``ticket``'s request: its decision passes the
-        mailbox on (the next caller is woken first)."""
-        return HandOffWaiter(self.queue, ticket, self.sender.new_waiter())
-
-    def leave(self, ticket: Ticket) -> None:
-        """``ticket``'s caller is done, however it ended (a no-op the second time):
-        the caller admitted next is woken."""
-        admitted = self.queue.leave(ticket)
-        if admitted is not None:
-            admitted.waiter.set()
+    @property
+    def watch_joins(self) -> int:
+        """Watching callers that joined a request in flight instead of sending one."""
+        return self.coalescer.joined_total
 
     async def watching(self, raw: msgspec.Raw, ranks: tuple[int, ...], policy: Policy,
                        budget: float, deadline: float, result_type: Any, key: str = "",
-                       fence: int | None = None, left_out: dict[int, str] | None = None
-                       ) -> FanOutResult:
-        """Join an identical in-flight request, or start one, and wait for it by
-        ``deadline``; own copy of the result. ``key``, ``fence`` and ``left_out``
-        (the present ranks it does not address) go with a request this caller
-        starts."""
+                       fence: int | None = None, joins: Joins = "identical",
+                       left_out: dict[int, str] | None = None) -> FanOutResult:
+        """Join a request in flight (``joins="identical"``: the same payload, ranks
+        and policy; ``"any"``: whichever this method has in flight), or start one,
+        and wait for it by ``deadline``; own copy of the result, whose ``joined``
+        says which. ``key``, ``fence`` and ``left_out`` (the present ranks it does
+        not address) go with a request this caller starts."""
         sender = self.sender
+        if sender.closed:
+            raise ClientClosed("client is closed")
         registry = sender.registry
         shared: _WatchKey = (bytes(raw), ranks, policy)
-        entry = self._watched.get(shared)
-        if entry is not None and entry.is_open:
-            # join: a holder of the shared entry, which only waits and releases
-            if sender.closed:
-                raise ClientClosed("client is closed")
-            registry.retain(entry)
-            self.watch_joins += 1
-            leader = False
-        else:
-            # several callers wait for it: an event, not a one-task waiter
-            entry = sender.register(self.method, ranks, policy, budget, deadline,
-                                    anyio.Event())
-            entry.left_out = left_out
-            self._watched[shared] = entry
-            leader = True
+        def start() -> PendingRequest:
+            new = sender.register(self.method, ranks, policy, budget, deadline, anyio.Event())
+            new.left_out = left_out
+            return new
+
+        # several callers wait for it: an event, not a one-task waiter
+        entry, started = self.coalescer.share(shared, start, joins)
+        if not started:
+            registry.retain(entry)  # a holder of the shared entry: only waits and releases
         try:
-            if leader:
+            if started:
                 await sender.send_all(entry, raw, key, fence)
             await sender.wait_outcome(entry, deadline)
             if entry.is_open:  # our own deadline passed before the shared one
                 raise RequestTimedOut(self.method, budget, entry.id,
                                       partial=sender.outcomes.fan_out_result(entry, result_type))
-            return sender.outcomes.fan_out_outcome(entry, result_type)
+            result = sender.outcomes.fan_out_outcome(entry, result_type)
+            result.joined = not started
+            return result
         finally:
+            if started and entry.is_open and entry.refs > 1:
+                sender.abandon_unsent(entry)  # the others are not left waiting for frames
             registry.release(entry)
-            if self._watched.get(shared) is entry and not entry.is_open:
-                del self._watched[shared]
+            self.coalescer.done(shared, entry)
 
 
 class FanOutMailboxes:
@@ -221,32 +186,4 @@ class FanOutMailboxes:
     def close(self) -> None:
         """Wake every caller still queued for admission: it finds the client closed."""
         for box in self.by_method.values():
-            for ticket in box.queue.queued():
-                if ticket.waiter is not None:
-                    ticket.waiter.set()
-
-
-class HandOffWaiter:
-    """The waiter a queueing holder registers for its request: :meth:`set` runs when
-    the request is decided (every wake-up of a request's waiter is: the reply that
-    completes it, the failed send or lost rank that decides it, its expiry, the
-    client's close). It leaves the mailbox, wakes the caller admitted next, then
-    the holder (``inner``). Leaving again (``set`` twice, or the holder's
-    ``finally``) is a no-op. ``wait`` is the inner waiter's."""
-
-    __slots__ = ("inner", "queue", "ticket")
-
-    def __init__(self, queue: AdmissionQueue, ticket: Ticket, inner: Any) -> None:
-        self.queue = queue
-        self.ticket = ticket
-        self.inner = inner
-
-    def set(self) -> None:
-        admitted = self.queue.leave(self.ticket)
-        if admitted is not None:
-            admitted.waiter.set()
-        self.inner.set()
-
-    def wait(self) -> Any:
-        """The inner waiter's ``wait()`` (an awaitable)."""
-        return self.inner.wait()
+            box.gate.close()

@@ -83,41 +83,55 @@ class WaitingSends:
     async def send(self, entry: PendingRequest, waiting: list[tuple[int, Request]]) -> None:
         """The frames :meth:`_send_now` could not hand over, one rank at a time:
         wait for room (high-water mark) or first contact, within the deadline."""
-        transport = self.transport
         for rank, env in waiting:
             if not entry.is_open:
                 break
             self.registry.mark_sent(entry, rank)
-            error: Exception | None = None
             try:
-                try:
-                    transport.send_nowait(rank, env)
-                except WouldBlock:
-                    await self._send_blocking(entry, rank, env)
-                except Unroutable as exc:
-                    if (self.peers.state(rank) is PeerState.LOST
-                            or isinstance(exc, (TransportAuthFailed, ProtocolVersionRefused))):
-                        raise
-                    if (not await self._send_after_first_contact(entry, rank, env)
-                            and self.peers.state(rank) is not PeerState.LOST):
-                        error = NotDelivered(rank, (
-                            "never heard from within the deadline"
-                            if self.peers.state(rank) is PeerState.UNKNOWN
-                            else "request connection not up within the deadline"))
-            except TransportAuthFailed as exc:
-                error = AuthenticationFailed(rank, exc.detail)
-            except ProtocolVersionRefused as exc:
-                error = UnsupportedProtocolVersion(rank, exc.detail)
-            except Unroutable as exc:
-                error = NotDelivered(rank, exc.detail or "unroutable")
-            except TransportClosed as exc:
-                error = ClientClosed(str(exc))
-            except TransportError as exc:
-                error = NotDelivered(rank, repr(exc))
+                error = await self._send_one(entry, rank, env)
+            except BaseException:
+                # the caller left (cancelled) before this frame was handed over: a
+                # loss of ``rank`` now means NotDelivered, and a watcher sharing the
+                # request can tell it was never sent
+                self.registry.unmark_sent(entry, rank)
+                raise
             if error is not None and self.registry.rank_failed(entry, rank, error):
                 self._wake(entry)
             if entry.is_open and entry.deadline is not None and self._now() >= entry.deadline:
                 break  # the deadline passed while a send waited: the request expires
+
+    async def _send_one(self, entry: PendingRequest, rank: int, env: Request
+                        ) -> Exception | None:
+        """Hand ``rank``'s frame over, waiting for room or first contact; the error
+        that fails ``rank`` (None: handed over, or abandoned)."""
+        transport = self.transport
+        error: Exception | None = None
+        try:
+            try:
+                transport.send_nowait(rank, env)
+            except WouldBlock:
+                await self._send_blocking(entry, rank, env)
+            except Unroutable as exc:
+                if (self.peers.state(rank) is PeerState.LOST
+                        or isinstance(exc, (TransportAuthFailed, ProtocolVersionRefused))):
+                    raise
+                if (not await self._send_after_first_contact(entry, rank, env)
+                        and self.peers.state(rank) is not PeerState.LOST):
+                    error = NotDelivered(rank, (
+                        "never heard from within the deadline"
+                        if self.peers.state(rank) is PeerState.UNKNOWN
+                        else "request connection not up within the deadline"))
+        except TransportAuthFailed as exc:
+            error = AuthenticationFailed(rank, exc.detail)
+        except ProtocolVersionRefused as exc:
+            error = UnsupportedProtocolVersion(rank, exc.detail)
+        except Unroutable as exc:
+            error = NotDelivered(rank, exc.detail or "unroutable")
+        except TransportClosed as exc:
+            error = ClientClosed(str(exc))
+        except TransportError as exc:
+            error = NotDelivered(rank, repr(exc))
+        return error
 
     async def _send_blocking(self, entry: PendingRequest, rank: int, env: Request) -> bool:
         """Wait for room to send (high-water mark), bounded by the request's

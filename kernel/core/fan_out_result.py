@@ -57,7 +57,8 @@ class FanOutResult:
     them to its typed :class:`~ctlwire.kernel.errors.RankLeftOut`.
     ``admissible_only``: the caller asked for the admissible ranks only
     (``ranks="admissible"``), so the ranks left out are reported but do not
-    count against :attr:`ok`.
+    count against :attr:`ok`. ``joined``: a watching caller joined a request in
+    flight (False: this caller's own request).
 
     Judge it by :attr:`ok` (or :meth:`raise_for_errors`): a rank left out counts
     like a rank that failed. :attr:`failures` names every rank that counts
@@ -77,6 +78,7 @@ class FanOutResult:
     left_out: dict[int, str] = field(default_factory=dict)
     left_out_errors: dict[int, Exception] = field(default_factory=dict)
     admissible_only: bool = False
+    joined: bool = False
 
     @property
     def ok(self) -> bool:

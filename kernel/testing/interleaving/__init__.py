@@ -13,17 +13,21 @@ A :class:`Scenario` names k callers (k <= 4) of one queueing fan-out mailbox to
 queued, after admission, or both); the admitted holder raising. Optionally an
 engine rank becomes unroutable and/or is declared lost by liveness; optionally
 there is no mailbox (concurrent ``call``/``fan_out``: several requests in the
-registry at once). Every such event is *optional*: an exploration covers the
-paths where it fires at every possible point and the paths where it never
-fires.
+registry at once), or the callers watch: they share requests through a
+:class:`~ctlwire.kernel.primitives.coalescer.Coalescer` (``join``: start one, or
+join the one in flight), as watching fan-outs do. Every such event is
+*optional*: an exploration covers the paths where it fires at every possible
+point and the paths where it never fires.
 
 :func:`explore` drives the real cores --
-:class:`~ctlwire.kernel.core.admission_queue.AdmissionQueue` and
-:class:`~ctlwire.kernel.core.request_registry.RequestRegistry`, or any subclasses
-passed in (the tests plug in deliberately broken ones) -- exactly the way the
-anyio shell :meth:`FanOutMailbox.queueing
-<ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox.queueing>` and
-:class:`~ctlwire.kernel.client.control_client.ControlClient` drive them. Each caller
+:class:`~ctlwire.kernel.core.admission_queue.AdmissionQueue` (the order of the
+public :class:`~ctlwire.kernel.primitives.admission_gate.AdmissionGate`),
+:class:`~ctlwire.kernel.core.request_registry.RequestRegistry` and the
+:class:`~ctlwire.kernel.primitives.coalescer.Coalescer`, or subclasses of the
+first two passed in (the tests plug in deliberately broken ones) -- exactly the
+way the anyio shells (the gate, the client's
+:class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox` and
+:class:`~ctlwire.kernel.client.control_client.ControlClient`) drive them. Each caller
 is a small sequential program of calls into the queue and the request map::
 
     arrive    queue.arrive(waiter)                 admitted at once, or queued
@@ -71,6 +75,9 @@ the order a counterexample is preferred when several are equally short):
                flight per queueing mailbox, and that request is the holder's (a
                decided holder's entry may still be in the map while the next
                holder sends: it only reads its outcome and is cleaned up).
+``shared``     (watching) at most one undecided request in flight, the one the
+               coalescer shares; a caller joins only an undecided request; once
+               every caller finished, the coalescer holds nothing.
 ``handoff``    a queued caller is woken only once admitted, and a caller admitted
                by hand-off is woken (no lost wake-up).
 ``registry``   the registry's live entries are exactly the requests held by

@@ -4,7 +4,7 @@ the end of every path.
 
 from __future__ import annotations
 
-from ctlwire.kernel.testing.interleaving._scenario import InvariantViolation, ReplayError
+from ctlwire.kernel.testing.interleaving._scenario import _KEY, InvariantViolation, ReplayError
 from ctlwire.kernel.testing.interleaving._steps import _execute, _fail, _who
 from ctlwire.kernel.testing.interleaving._world import _HOLDING, _Pc, _World
 from ctlwire.states import RequestState, TicketState
@@ -53,6 +53,18 @@ def _check_state(w: _World) -> None:
             if ticket is None or ticket.state is not TicketState.ADMITTED:
                 raise InvariantViolation("exclusive", f"{c.name} has a request in flight "
                                                       "without holding the mailbox")
+    coalescer = w.coalescer
+    if "shared" in checks and coalescer is not None:
+        # one request in flight for the key, and it is the one the coalescer shares
+        open_ids = {c.entry.id for c in callers
+                    if c.pc is not _Pc.DONE and c.entry is not None and c.entry.is_open}
+        shared = coalescer.get(_KEY)
+        if len(open_ids) > 1 or (open_ids and (shared is None or shared.id not in open_ids)):
+            raise InvariantViolation("shared", f"requests {sorted(open_ids)} in flight at "
+                                               f"once, the coalescer shares {shared}")
+        if all(c.pc is _Pc.DONE for c in callers) and coalescer.tracked:
+            raise InvariantViolation("shared", "every caller finished but the coalescer "
+                                               f"still holds {coalescer.tracked} request(s)")
     if "handoff" in checks:
         for c in callers:
             ticket = c.ticket
@@ -97,7 +109,8 @@ def _check_state(w: _World) -> None:
                                                            TicketState.ABANDONED):
                 raise InvariantViolation("cleanup", f"{c.name} finished but its ticket is "
                                                     f"left {ticket.state.name}")
-            if c.entry is not None and c.entry.state is not RequestState.CLEANED:
+            if (c.entry is not None and c.entry.state is not RequestState.CLEANED
+                    and not any(d.pc is not _Pc.DONE and d.entry is c.entry for d in callers)):
                 raise InvariantViolation("cleanup", f"{c.name} finished but its request is "
                                                     f"left {c.entry.state.name}")
         depth = 0 if queue is None else queue.depth

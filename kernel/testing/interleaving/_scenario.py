@@ -27,14 +27,15 @@ __all__ = [
     "standard_scenarios",
 ]
 
-CHECKS: tuple[str, ...] = ("fifo", "exclusive", "handoff", "registry", "replies", "outcomes",
-                           "cleanup", "progress")
+CHECKS: tuple[str, ...] = ("fifo", "exclusive", "shared", "handoff", "registry", "replies",
+                           "outcomes", "cleanup", "progress")
 """The named checks, in order of preference between equally short counterexamples."""
 
 _PRIORITY = {name: i for i, name in enumerate((*CHECKS, "crash"))}
 _NAMES = "ABCD"
 _NIL = msgspec.Raw(b"\xc0")
 _METHOD = "m"
+_KEY = "k"  # the one key every watching caller shares
 _ENGINE_INCARNATION = 1
 
 
@@ -101,6 +102,12 @@ class Scenario:
     ``ControlClient.call`` and ``fan_out(mode="concurrent")`` do (their first
     step is ``register``; cancellation ``QUEUED`` never fires, ``ADMITTED``
     and ``ANY`` fire anywhere), so the registry holds several requests at once.
+
+    ``watching=True`` (with ``mailbox=False``): the callers share requests through
+    a :class:`~ctlwire.kernel.primitives.coalescer.Coalescer`, as watching
+    fan-outs do: the first step is ``join``, which starts a request (then
+    ``send``) or joins the one in flight (then ``wake``); a joiner's own deadline
+    ends its own wait, the starter's expires the request.
     """
 
     callers: tuple[CallerSpec, ...]
@@ -109,6 +116,7 @@ class Scenario:
     engine_loss: bool = False
     max_tombstones: int = 2
     mailbox: bool = True
+    watching: bool = False
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -116,6 +124,8 @@ class Scenario:
             raise ValueError(f"a scenario has 1 to {len(_NAMES)} callers")
         if not 1 <= self.ranks <= 2:
             raise ValueError("a scenario has 1 or 2 ranks")
+        if self.watching and self.mailbox:
+            raise ValueError("a watching scenario has no mailbox: pass mailbox=False")
         for i, spec in enumerate(self.callers):
             if spec.reply in (ReplyMode.NEVER, ReplyMode.LATE) and not spec.timeout:
                 raise ValueError(f"caller {_NAMES[i]}: reply={spec.reply.value} needs "
@@ -135,7 +145,9 @@ class Scenario:
         extra = f", {self.ranks} ranks {self.policy.value}" if self.ranks > 1 else ""
         if self.engine_loss:
             extra += ", engine loss"
-        if not self.mailbox:
+        if self.watching:
+            extra += ", watching"
+        elif not self.mailbox:
             extra += ", no mailbox"
         return f"k={len(specs)}{extra}: {who}"
 
@@ -147,9 +159,10 @@ def standard_scenarios(max_callers: int = 3, max_callers_two_ranks: int = 2) -> 
     kind for every caller; the same without deadlines (so a lost wake-up shows
     as a hang rather than as a timeout); replies that never come, or come only
     late and as errors, mixed with every event kind; engine loss (the rank
-    unroutable and/or declared lost, at any time); and concurrent callers
+    unroutable and/or declared lost, at any time); concurrent callers
     without a mailbox (several requests in the registry at once: every event
-    kind up to two callers; deadlines, cancellation and raising for three).
+    kind up to two callers; deadlines, cancellation and raising for three); and
+    watching callers sharing requests, the same way and without deadlines.
     For k = 1..``max_callers_two_ranks`` callers of a mailbox to two ranks:
     every event kind under policy ``all`` and under ``first``; engine loss of
     one rank.
@@ -170,6 +183,15 @@ def standard_scenarios(max_callers: int = 3, max_callers_two_ranks: int = 2) -> 
                                                           raises=True)
         out.append(Scenario.uniform(k, concurrent, mailbox=False,
                                     name=f"k={k} no mailbox (concurrent calls)"))
+        out.append(Scenario.uniform(k, concurrent, mailbox=False, watching=True,
+                                    name=f"k={k} watching (shared requests)"))
+        out.append(Scenario.uniform(k, no_deadline, mailbox=False, watching=True,
+                                    name=f"k={k} watching, no deadlines"))
+        if k > 1:  # the others wait without deadlines, and cannot give up: no hang
+            leaving = (CallerSpec(cancel=CancelMode.ANY, raises=True),
+                       *(CallerSpec(),) * (k - 1))
+            out.append(Scenario(leaving, mailbox=False, watching=True,
+                                name=f"k={k} watching, one caller may leave"))
     for k in range(1, max_callers_two_ranks + 1):
         out.append(Scenario.uniform(k, EVERY_KIND, ranks=2,
                                     name=f"k={k} 2 ranks all, every event kind"))
@@ -177,6 +199,10 @@ def standard_scenarios(max_callers: int = 3, max_callers_two_ranks: int = 2) -> 
                                     name=f"k={k} 2 ranks first, every event kind"))
         out.append(Scenario.uniform(k, loss, ranks=2, engine_loss=True,
                                     name=f"k={k} 2 ranks, engine loss"))
+        if k > 1:
+            leaving = (CallerSpec(cancel=CancelMode.ANY, raises=True), *(CallerSpec(),) * (k - 1))
+            out.append(Scenario(leaving, ranks=2, mailbox=False, watching=True,
+                                name=f"k={k} 2 ranks, watching, one caller may leave"))
     return out
 
 

@@ -4,11 +4,12 @@
 
 from __future__ import annotations
 
-from ctlwire.kernel.client.fan_out_mailbox import HandOffWaiter
 from ctlwire.kernel.core.request_registry import PendingRequest, ReplyDisposition
-from ctlwire.kernel.errors import EngineDead
+from ctlwire.kernel.errors import EngineDead, NotDelivered
+from ctlwire.kernel.primitives.admission_gate import HandOffWaiter
 from ctlwire.kernel.testing.interleaving._scenario import (
     _ENGINE_INCARNATION,
+    _KEY,
     _METHOD,
     _NIL,
     CancelMode,
@@ -21,6 +22,7 @@ from ctlwire.kernel.testing.interleaving._world import (
     _RUNNING,
     _STEP,
     _Caller,
+    _Flag,
     _Pc,
     _World,
 )
@@ -35,7 +37,8 @@ def _enabled(w: _World) -> list[str]:
     out: list[str] = []
     now: list[str] = []
     multi = w.scenario.ranks > 1
-    first = "arrive" if w.queue is not None else "register"
+    first = ("arrive" if w.queue is not None
+             else "join" if w.coalescer is not None else "register")
     callers = w.callers
     settling: list[str] | None = None  # (reduce) a decided holder's own events
     for i, c in enumerate(callers):
@@ -137,7 +140,9 @@ def _set_outcome(w: _World, c: _Caller, outcome: str) -> None:
         return
     c.outcome = outcome
     entry = c.entry
-    if outcome == "timed-out" and not c.deadline_fired:
+    # (a watcher that joined also times out with the request, at its starter's deadline)
+    if outcome == "timed-out" and not c.deadline_fired and not (
+            not c.started and entry is not None and entry.state is RequestState.TIMED_OUT):
         _fail(w, "outcomes", f"{c.name} timed out though its deadline never passed")
     if outcome == "result" and (entry is None or not entry.replies):
         _fail(w, "outcomes", f"{c.name} returned a result without any reply")
@@ -163,16 +168,22 @@ def _read_outcome(w: _World, c: _Caller) -> str:
 
 
 def _finish(w: _World, c: _Caller) -> str:
-    """The shells' ``finally``: release the entry, leave the mailbox, wake the ticket
-    admitted by hand-off."""
-    if c.entry is not None:
-        w.registry.release(c.entry)
+    """The shells' ``finally``: release the entry (a watcher: and tell the
+    coalescer), leave the mailbox, wake the ticket admitted by hand-off."""
+    handed = ""
+    entry = c.entry
+    if entry is not None:
+        if w.coalescer is not None:
+            handed = _abandon_unsent(w, c, entry)
+        w.registry.release(entry)
+        if w.coalescer is not None:
+            w.coalescer.done(_KEY, entry)
     admitted = None
     if w.queue is not None and c.ticket is not None:
         admitted = w.queue.leave(c.ticket)
     c.pc = _Pc.DONE
     if admitted is None:
-        return "finished"
+        return f"finished{handed}"
     owner = next((d for d in w.callers if d.ticket is admitted), None)
     if owner is None:
         raise InvariantViolation("crash", f"{c.name}'s finish handed the mailbox to an "
@@ -182,6 +193,19 @@ def _finish(w: _World, c: _Caller) -> str:
         raise InvariantViolation("crash", f"ticket of {owner.name} has no waiter to wake")
     waiter.set()
     return f"finished; hands the mailbox to {owner.name}"
+
+
+def _abandon_unsent(w: _World, c: _Caller, entry: PendingRequest) -> str:
+    """What a watching starter's ``finally`` does when it leaves others waiting on a
+    request it has not sent to every rank: those ranks fail NotDelivered."""
+    if not (c.started and entry.is_open and entry.refs > 1):
+        return ""
+    decided = False
+    for rank in entry.outstanding():
+        if rank not in entry.sent_ranks:
+            decided = w.registry.rank_failed(
+                entry, rank, NotDelivered(rank, "not sent: its sender left")) or decided
+    return "; unsent ranks fail" + (_wake(w, entry) or " (decided)" if decided else "")
 
 
 def _deliver(w: _World, c: _Caller, rank: int, first: bool) -> str:
@@ -240,6 +264,30 @@ def _send(w: _World, c: _Caller) -> str:
     return f"frame to rank {rank} handed to the transport"
 
 
+def _join(w: _World, c: _Caller) -> str:
+    """A watching fan-out's first steps: join the request in flight (retain it; its
+    wait starts with ``mark_awaiting``), or register one and start sending it."""
+    coalescer = w.coalescer
+    assert coalescer is not None
+    registry = w.registry
+    w.arrivals.append(c.name)
+    entry, started = coalescer.share(_KEY, lambda: registry.register(
+        _METHOD, w.ranks, w.scenario.policy, deadline=1.0, timeout=1.0, waiter=c.entry_waiter))
+    c.entry, c.started = entry, started
+    if started:
+        c.pc = _Pc.SEND
+        return "starts a request"
+    if not entry.is_open:
+        _fail(w, "shared", f"{c.name} joined {_who(w, entry.id)}, already {entry.state.name}")
+    registry.retain(entry)
+    waiter = entry.waiter
+    assert isinstance(waiter, _Flag)
+    c.entry_waiter = waiter  # the request's shared event
+    registry.mark_awaiting(entry)
+    c.pc = _Pc.WAITING
+    return f"joins {_who(w, entry.id)} ({entry.state.name})"
+
+
 def _execute(w: _World, label: str) -> str:
     verb, _, arg = label.partition(" ")
     if verb in ("unplug", "lose"):
@@ -296,13 +344,22 @@ def _execute(w: _World, label: str) -> str:
                                       timeout=1.0, waiter=waiter)
         c.pc = _Pc.SEND
         return "registered"
+    if verb == "join":
+        return _join(w, c)
     if verb == "send":
         return _send(w, c)
     if verb == "wake":
         held = c.entry
         assert held is not None
         if held.is_open and c.deadline_fired:
-            w.registry.expire(held)
+            if c.started:
+                w.registry.expire(held)
+                if w.coalescer is not None:  # the reaper wakes every watcher
+                    return f"expires it{_wake(w, held)}; " + _read_outcome(w, c)
+            else:  # a joiner's own deadline: it stops waiting alone
+                _set_outcome(w, c, "timed-out")
+                c.pc = _Pc.FINISH
+                return f"its own deadline passed; times out alone ({held.state.name})"
         return _read_outcome(w, c)
     if verb == "finish":
         return _finish(w, c)

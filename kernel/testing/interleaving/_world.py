@@ -14,8 +14,10 @@ import msgspec
 
 from ctlwire.kernel.core.admission_queue import AdmissionQueue, Ticket
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
+from ctlwire.kernel.primitives.coalescer import Coalescer
 from ctlwire.kernel.testing.interleaving._scenario import (
     _ENGINE_INCARNATION,
+    _KEY,
     _METHOD,
     _NAMES,
     CallerSpec,
@@ -57,7 +59,7 @@ _STEP = {_Pc.NEW: "arrive", _Pc.QUEUED: "resume", _Pc.RESUME: "resume",
 
 class _Caller:
     __slots__ = ("deadline_fired", "deliveries", "entry", "entry_waiter", "frames",
-                 "name", "outcome", "pc", "spec", "ticket", "ticket_waiter")
+                 "name", "outcome", "pc", "spec", "started", "ticket", "ticket_waiter")
 
     def __init__(self, name: str, spec: CallerSpec) -> None:
         self.name = name
@@ -71,6 +73,7 @@ class _Caller:
         self.deliveries: dict[int, int] = {}       # rank -> replies delivered
         self.deadline_fired = False
         self.outcome: str | None = None
+        self.started = True  # (watching) False: joined a request another caller started
 
 
 QueueFactory = Callable[..., AdmissionQueue]
@@ -78,8 +81,9 @@ RegistryFactory = Callable[..., RequestRegistry]
 
 
 class _World:
-    __slots__ = ("admitted", "arrivals", "by_name", "callers", "checks", "liveness", "queue",
-                 "ranks", "reduce", "registry", "scenario", "twin_before", "unplugged")
+    __slots__ = ("admitted", "arrivals", "by_name", "callers", "checks", "coalescer",
+                 "liveness", "queue", "ranks", "reduce", "registry", "scenario", "twin_before",
+                 "unplugged")
 
     def __init__(self, scenario: Scenario, queue_cls: QueueFactory,
                  registry_cls: RegistryFactory, checks: frozenset[str], reduce: bool,
@@ -90,6 +94,8 @@ class _World:
         self.registry = registry_cls(max_tombstones=scenario.max_tombstones,
                                      incarnation=_ENGINE_INCARNATION)
         self.queue: AdmissionQueue | None = queue_cls(_METHOD) if scenario.mailbox else None
+        self.coalescer: Coalescer[PendingRequest] | None = (
+            Coalescer() if scenario.watching else None)
         self.liveness = _Liveness()
         self.ranks = tuple(range(scenario.ranks))
         self.callers = [_Caller(_NAMES[i], spec) for i, spec in enumerate(scenario.callers)]
@@ -323,13 +329,17 @@ def _key(w: _World) -> tuple[Any, ...]:
         ticket = c.ticket
         callers.append((
             c.pc, c.deadline_fired, c.outcome, c.ticket_waiter.is_set, c.entry_waiter.is_set,
+            c.started,
             None if ticket is None else (ticket.seq, ticket.state),
             None if c.entry is None else _entry_key(c.entry),
             tuple(sorted(c.frames.items())), tuple(sorted(c.deliveries.items()))))
     reg = w.registry
     tombs: Any = getattr(reg, "_tombstones", {})
     q = w.queue
+    co = w.coalescer
+    shared = co.get(_KEY) if co is not None else None
     return (tuple(callers),
+            None if co is None else (None if shared is None else shared.id, co.tracked),
             tuple(sorted(_entry_key(e) for e in reg.live())),
             tuple((rid, tuple(sorted(t.answered))) for rid, t in tombs.items()),
             None if q is None else (None if q.holder is None else q.holder.seq,

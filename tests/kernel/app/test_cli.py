@@ -228,3 +228,58 @@ def test_demo_membership_etcd_without_the_etcd_binary_names_it(
     assert main(["demo", "--membership", "etcd"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "needs the etcd binary" in err
+
+
+def test_bench_help_lists_every_group_the_bench_runs(capsys: pytest.CaptureFixture[str]
+                                                    ) -> None:
+    from ctlwire.benchmarks.runner import GROUPS
+    from ctlwire.kernel.app.cli import BENCH_GROUPS
+
+    assert BENCH_GROUPS == GROUPS
+    code, out, _ = _run(["bench", "--help"], capsys)
+    listed = " ".join(out.split())  # the help wraps lines
+    assert code == 0 and all(f" {group}" in listed for group in GROUPS)
+    for group in ("poll_status", "engine_calls", "cpu", "import_time"):
+        assert f" {group}" in listed
+
+
+def test_diagrams_help_says_where_it_writes_outside_a_checkout(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["diagrams", "--help"], capsys)
+    assert code == 0 and "./diagrams" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("argv", [["demo", "--bogus"], ["keys", "generate", "d", "--bogus"],
+                                  ["bench", "--quick", "--bogus"]])
+def test_an_unknown_flag_points_to_its_commands_help(argv: list[str],
+                                                     capsys: pytest.CaptureFixture[str]
+                                                     ) -> None:
+    code, out, err = _run(argv, capsys)
+    command = " ".join(argv[:2] if argv[0] == "keys" else argv[:1])
+    assert code == 2 and out == ""
+    assert err.strip() == (f"ctlwire {command}: error: unrecognized arguments: --bogus "
+                           f"(see 'ctlwire {command} --help')")
+
+
+def test_the_command_line_reads_the_version_only_when_asked() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from ctlwire.kernel.app.cli import build_parser; build_parser(); "
+            "print('importlib.metadata' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.strip() == "False", done.stderr
+
+
+def test_importing_the_kernel_reads_no_package_metadata() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, ctlwire.kernel; before = 'importlib.metadata' in sys.modules; "
+            "version = ctlwire.kernel.__version__; print(before, version)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    from importlib.metadata import version
+
+    assert done.stdout.split() == ["False", version("ctlwire")], done.stderr

@@ -30,7 +30,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ctlwire.kernel.client.fan_out_mailbox import HandOffWaiter
 from ctlwire.kernel.core.admission_queue import AdmissionQueue, Ticket
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.request_registry import (
@@ -39,6 +38,7 @@ from ctlwire.kernel.core.request_registry import (
     RequestRegistry,
     Waiter,
 )
+from ctlwire.kernel.primitives.admission_gate import HandOffWaiter
 from ctlwire.states import TicketEvent, TicketState
 from ctlwire.transports.envelope import Reply
 

@@ -1,0 +1,207 @@
+"""The public FIFO admission gate, without a client, on both backends (virtual time)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import anyio
+import pytest
+
+from ctlwire.kernel import AdmissionGate, ClientClosed, RequestTimedOut
+from ctlwire.kernel.core.admission_queue import Ticket
+from ctlwire.kernel.testing import virtual_backend
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    return virtual_backend(request.param)
+
+
+class Owner:
+    """Builds its gate in a synchronous ``__init__``: no event loop runs yet."""
+
+    def __init__(self) -> None:
+        self.gate = AdmissionGate("flush")
+        self.order: list[str] = []
+        self.inside = 0
+        self.most_inside = 0
+
+    async def flush(self, name: str, timeout: float | None = None) -> None:
+        async with self.gate.admit(timeout=timeout):
+            self.inside += 1
+            self.most_inside = max(self.most_inside, self.inside)
+            self.order.append(name)
+            await anyio.sleep(0.01)
+            self.inside -= 1
+
+
+OWNER = Owner()  # built at import, used by the first test on both backends
+
+
+async def test_a_gate_built_before_any_loop_admits_in_arrival_order_one_at_a_time() -> None:
+    owner = OWNER if not OWNER.order else Owner()
+    names = [f"c{i}" for i in range(50)]
+    async with anyio.create_task_group() as tg:
+        for name in names:
+            tg.start_soon(owner.flush, name)
+            await anyio.wait_all_tasks_blocked()  # arrival order = start order
+    assert owner.order == names
+    assert owner.most_inside == 1
+    assert not owner.gate.busy and owner.gate.depth == 0
+    assert owner.gate.queue.admitted_total == 50
+
+
+async def test_a_caller_arriving_in_the_wakeup_window_queues_behind() -> None:
+    """A holds, B queued; A leaves (B is handed the gate, its task has not run
+    yet) and C arrives at once: B goes before C."""
+    gate = AdmissionGate()
+    order: list[str] = []
+
+    async def caller(name: str) -> None:
+        async with gate.admit():
+            order.append(name)
+
+    ticket_a = await gate.enter()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(caller, "B")
+        await anyio.wait_all_tasks_blocked()
+        gate.leave(ticket_a)
+        assert gate.busy and gate.depth == 0  # B holds it before its task runs
+        tg.start_soon(caller, "C")  # the wake-up window: B has not run yet
+    assert order == ["B", "C"]
+    assert gate.queue.admitted_total == 3
+
+
+async def test_a_cancelled_queued_caller_removes_only_its_own_turn() -> None:
+    gate = AdmissionGate()
+    order: list[str] = []
+    scopes = {name: anyio.CancelScope() for name in "BCD"}
+
+    async def caller(name: str) -> None:
+        with scopes[name]:
+            async with gate.admit():
+                order.append(name)
+
+    holder = await gate.enter()
+    async with anyio.create_task_group() as tg:
+        for name in "BCD":
+            tg.start_soon(caller, name)
+            await anyio.wait_all_tasks_blocked()
+        scopes["C"].cancel()
+        await anyio.wait_all_tasks_blocked()
+        assert gate.depth == 2 and gate.queue.abandoned_total == 1
+        gate.leave(holder)
+    assert order == ["B", "D"]
+
+
+async def test_a_caller_cancelled_after_the_hand_off_before_running_passes_it_on() -> None:
+    gate = AdmissionGate()
+    order: list[str] = []
+    scope_b = anyio.CancelScope()
+
+    async def caller(name: str, scope: anyio.CancelScope) -> None:
+        with scope:
+            async with gate.admit():
+                order.append(name)
+
+    holder = await gate.enter()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(caller, "B", scope_b)
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(caller, "C", anyio.CancelScope())
+        await anyio.wait_all_tasks_blocked()
+        gate.leave(holder)  # B is handed the gate...
+        scope_b.cancel()  # ...and cancelled before its task runs again
+    assert order == ["C"]
+    assert not gate.busy and gate.queue.admitted_total == 3
+
+
+async def test_an_exception_in_the_holder_passes_the_gate_on() -> None:
+    gate = AdmissionGate()
+    order: list[str] = []
+
+    async def failing() -> None:
+        try:
+            async with gate.admit():
+                await anyio.sleep(0.01)
+                raise RuntimeError("holder fails")
+        except RuntimeError:
+            order.append("failed")
+
+    async def caller() -> None:
+        async with gate.admit():
+            order.append("next")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(failing)
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(caller)
+        await anyio.wait_all_tasks_blocked()
+        assert gate.depth == 1
+    assert order == ["failed", "next"] and not gate.busy
+
+
+async def test_the_deadline_bounds_the_whole_wait_and_only_that_callers() -> None:
+    owner = Owner()  # each holder stays 10 ms
+    failures: list[RequestTimedOut] = []
+
+    async def impatient() -> None:
+        try:
+            await owner.flush("impatient", timeout=0.005)
+        except RequestTimedOut as exc:
+            failures.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(owner.flush, "first")
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(impatient)
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(owner.flush, "last")
+    assert owner.order == ["first", "last"]
+    (exc,) = failures
+    assert exc.admission and exc.method == "flush" and exc.timeout == 0.005
+    assert owner.gate.queue.abandoned_total == 1
+
+
+async def test_close_wakes_every_queued_caller_and_refuses_later_ones() -> None:
+    gate = AdmissionGate("g")
+    outcomes: list[str] = []
+
+    async def caller() -> None:
+        try:
+            async with gate.admit():
+                outcomes.append("admitted")
+        except ClientClosed:
+            outcomes.append("closed")
+
+    holder = await gate.enter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(caller)
+        await anyio.wait_all_tasks_blocked()
+        gate.close()
+    assert outcomes == ["closed"] * 3
+    gate.leave(holder)
+    with pytest.raises(ClientClosed):
+        await gate.enter()
+    assert not gate.busy and gate.depth == 0
+
+
+async def test_a_bad_timeout_is_refused_before_arriving() -> None:
+    gate = AdmissionGate()
+    for bad in (0, -1.0, math.nan):
+        with pytest.raises(ValueError):
+            gate.admit(timeout=bad)
+    with pytest.raises(TypeError):
+        gate.admit(timeout="5")  # type: ignore[arg-type]
+    assert gate.queue.admitted_total == 0 and gate.depth == 0
+
+
+async def test_the_admitted_ticket_is_what_as_binds() -> None:
+    gate = AdmissionGate()
+    async with gate.admit() as ticket:
+        assert isinstance(ticket, Ticket) and gate.queue.holder is ticket
+    assert not gate.busy
