@@ -31,6 +31,7 @@ from ctlwire.transports.codec import Codec, check_pickle_allowed
 from ctlwire.transports.curve import CurveAuthenticator, CurveClientConfig, CurveServerConfig
 from ctlwire.transports.envelope import Heartbeat, Request
 from ctlwire.transports.group_beacon import group_beacon_identity
+from ctlwire.transports.redial import Redialer
 from ctlwire.transports.transport import Received, Route, TransportEvent
 from ctlwire.transports.zmq_beacon import BeaconStatus, LivenessBeacon, configure_beacon_socket
 from ctlwire.transports.zmq_config import (
@@ -64,6 +65,9 @@ class ZmqDealerEngineTransport(ZmqEngineBase):
     (``ipc://@name``) ``allow_abstract_ipc=True``. Pickle over tcp is refused
     without CURVE, and on abstract names.
 
+    A connection libzmq ends for good (a frame over ``MAXMSGSIZE``) is dialed again
+    by :meth:`upkeep` (:mod:`~ctlwire.transports.redial`).
+
     Under CURVE the identities carry a random tag, ``rank-N.TAG`` and ``beat-N.TAG``
     (the same tag, fixed for the transport's life): the client routes rank N's
     requests to the tagged identity it last heard authenticated with rank N's key,
@@ -96,6 +100,7 @@ class ZmqDealerEngineTransport(ZmqEngineBase):
         if self.curve is not None:
             self.curve.apply(raw)
         connect_socket(raw, self.address)
+        self._redialer = Redialer(raw, self.address)
         self._recv = self._send = AsyncZmqSocket(raw)
 
     def _beacon_socket(self) -> Callable[[], zmq.Socket[bytes]] | None:

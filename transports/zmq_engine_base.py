@@ -12,6 +12,7 @@ goes through :class:`~ctlwire.transports.zmq_socket.AsyncZmqSocket`.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any
@@ -25,6 +26,7 @@ from ctlwire.transports.curve import CurveAuthenticator
 from ctlwire.transports.envelope import Envelope
 from ctlwire.transports.errors import SocketClosed, TransportClosed, Unroutable, WouldBlock
 from ctlwire.transports.memory import decode_event
+from ctlwire.transports.redial import Redialer
 from ctlwire.transports.transport import Dropped, Received, Route, TransportEvent
 from ctlwire.transports.zmq_beacon import BeaconStatus, LivenessBeacon, configure_beacon_socket
 from ctlwire.transports.zmq_config import (
@@ -71,6 +73,8 @@ class ZmqEngineBase:
         self._closed = False
         self._bound_ipc: list[str] = []
         self._beacon: LivenessBeacon | None = None
+        #: dials the request socket again where libzmq gave up (a socket that dials)
+        self._redialer: Redialer | None = None
         self._raw: list[zmq.Socket[bytes]] = []  # every socket made, closed by close()
         self._guards: list[ConnectionGuard] = []  # one per listening socket, stopped first
         # hot path: the codec's envelope decoder and encoder, for frames within the limit
@@ -234,6 +238,8 @@ class ZmqEngineBase:
             self._beacon.stop()
         for guard in self._guards:  # before the sockets they watch
             guard.stop()
+        if self._redialer is not None:
+            self._redialer.close()
         for sock in {id(s): s for s in (self._recv, self._send) if s is not None}.values():
             sock.close(self.options.linger_ms)
         for raw in self._raw:  # one a failed bind/connect left unwrapped
@@ -256,6 +262,19 @@ class ZmqEngineBase:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def upkeep(self) -> None:
+        """Periodic upkeep, from the thread that uses the transport (an engine's loop
+        calls it about once a heartbeat interval): a request connection libzmq ended
+        for good (a frame over ``MAXMSGSIZE``) is dialed again
+        (:mod:`~ctlwire.transports.redial`), so the rank is routable again."""
+        if self._redialer is not None and not self._closed:
+            self._redialer.tend(time.monotonic())
+
+    @property
+    def redials(self) -> int:
+        """How many times the request connection was dialed again after libzmq gave up."""
+        return self._redialer.redials if self._redialer is not None else 0
 
     @property
     def auth_rejections(self) -> int:

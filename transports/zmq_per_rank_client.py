@@ -38,6 +38,7 @@ from ctlwire.transports.errors import (
 )
 from ctlwire.transports.event_stream import receive_event, receive_events
 from ctlwire.transports.memory import decode_event
+from ctlwire.transports.redial import SessionWatch
 from ctlwire.transports.transport import Dropped, PeerDisconnected, Received, TransportEvent
 from ctlwire.transports.zmq_client_base import _ZmqClientBase
 from ctlwire.transports.zmq_config import (
@@ -79,6 +80,7 @@ class _PerRankClient(_ZmqClientBase):
         self._monitor_of: dict[int, SocketMonitor] = {}
         self._up: dict[int, bool] = {}
         self._auth_failed: set[int] = set()  # ranks whose CURVE server refused our key
+        self.counters["redials"] = 0  # connections dialed again after libzmq gave up
         send, recv = anyio.create_memory_object_stream[TransportEvent](
             self.options.effective_rcvhwm(self.codec.max_message_size))
         self._events_in: MemoryObjectSendStream[TransportEvent] = send
@@ -183,7 +185,11 @@ class _PerRankClient(_ZmqClientBase):
                 return
 
     async def _watch(self, rank: int, monitor: SocketMonitor) -> None:
+        session = SessionWatch()
         async for event, _value, _endpoint in monitor.events():
+            session.note(event, anyio.current_time())
+            if event & zmq.EVENT_DISCONNECTED and not self.bind_per_rank and self._tg is not None:
+                self._tg.start_soon(self._redial_if_given_up, rank, session)
             if event & UP_EVENTS:
                 if event & zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     self._auth_failed.discard(rank)
@@ -200,6 +206,20 @@ class _PerRankClient(_ZmqClientBase):
                     await self._events_in.send(PeerDisconnected(rank, "connection closed"))
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                     return
+
+    async def _redial_if_given_up(self, rank: int, session: SessionWatch) -> None:
+        """Dial ``rank`` again if its connection, which just ended, is not redialed by
+        libzmq within the grace (a protocol error: :mod:`~ctlwire.transports.redial`)."""
+        await anyio.sleep(session.grace)
+        sock, address = self._by_rank.get(rank), self.addresses.get(rank)
+        if sock is None or address is None or not session.due(anyio.current_time()):
+            return
+        with contextlib.suppress(zmq.ZMQError):
+            sock.socket.disconnect(address)
+        with contextlib.suppress(zmq.ZMQError):
+            sock.socket.connect(address)
+            session.redialed()
+            self.counters["redials"] += 1
 
     def _not_connected(self, rank: int) -> Unroutable:
         if rank in self._auth_failed:

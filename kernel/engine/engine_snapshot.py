@@ -94,6 +94,8 @@ def engine_snapshot(ep: Engine) -> dict[str, Any]:
         # because max_connections were open (engines that bind)
         "connections": {"open": int(getattr(transport, "open_connections", 0)),
                         "refused": int(getattr(transport, "connections_refused", 0))},
+        # the request connection dialed again after libzmq gave up on it (engines that dial)
+        "redials": int(getattr(transport, "redials", 0)),
         # client routes refused because the route table was full of live ones
         "routes_refused": int(getattr(transport, "routes_refused", 0)),
         # a beacon that binds: routes refused (its table full of live ones) and frames

@@ -138,6 +138,9 @@ class EngineLiveness:
         #: heartbeats whose send raised an unexpected error (skipped, logged)
         self.heartbeat_failures = 0
         self._failure_log = RateLimitedLog(logging.getLogger("ctlwire.engine"))
+        #: the transport's periodic upkeep (dialing again what libzmq gave up), if any
+        self._upkeep: Callable[[], None] | None = getattr(transport, "upkeep", None)
+        self._next_upkeep = 0.0
         self._routes: dict[int, Route] = {}  # shared_heartbeats: a running request's route
         self._seq = 0
         self._next_heartbeat = 0.0
@@ -215,11 +218,19 @@ class EngineLiveness:
 
     def loop_came_round(self, now: float | None = None) -> None:
         """The engine's loop made progress (``now``: ``time.monotonic()`` if read);
-        a poll loop's (:attr:`polling`) in-band heartbeat goes out if due."""
+        a poll loop's (:attr:`polling`) in-band heartbeat goes out if due, and the
+        transport's upkeep runs once an interval (on the loop's own thread)."""
         self.loops += 1
         self.last_loop = now = time.monotonic() if now is None else now
         if now >= self._next_heartbeat and self.polling:
             self.heartbeat_if_due(now)
+        if now >= self._next_upkeep and self._upkeep is not None:
+            self._next_upkeep = now + (self.heartbeat_interval or 0.25)
+            try:
+                self._upkeep()
+            except Exception as exc:  # never let upkeep end the engine's loop
+                self._failure_log.warning(type(exc).__name__, "engine %d: upkeep failed: %r",
+                                          self.rank, exc)
 
     # -- heartbeats ----------------------------------------------------------------
     def status_heartbeat(self) -> Heartbeat | None:
