@@ -40,13 +40,12 @@ Guarantees:
   calls (NotDelivered or OutcomeUnknown); a fan-out already started or queued keeps
   its ranks (a removed one fails NotDelivered, unsent), the mailboxes' FIFO order too.
 * **Fan-out admission** (:class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox`):
-  ``queueing`` admits callers of one method first come, first served, one in
-  flight; ``watching`` shares a request in flight.
+  ``queueing``: first come, first served, one in flight; ``watching``: shared.
 
-One client runs in one event loop thread, its tasks in its ``async with``
-block. Its parts: the ranks (:class:`~ctlwire.kernel.client.rank_roster.RankRoster`),
-the calls' IO (:class:`~ctlwire.kernel.client.call_issuer.CallIssuer`, over the
-request map), the receive loop and the liveness monitor.
+One client runs in one event loop thread, its tasks in its ``async with`` block.
+Its parts: the ranks (:class:`~ctlwire.kernel.client.rank_roster.RankRoster`), the
+calls' IO (:class:`~ctlwire.kernel.client.call_issuer.CallIssuer`), the receive
+loop and the liveness monitor.
 """
 
 from __future__ import annotations
@@ -101,11 +100,10 @@ class ControlClient:
     :class:`~ctlwire.kernel.etcd_membership.EtcdMembership`).
     ``default_timeout`` applies to methods without an entry in
     ``method_timeouts``; a call's ``timeout=`` overrides both.
-    ``heartbeat_interval=None`` disables time-based liveness (disconnections
-    reported by the transport still fail pending requests). ``observer`` is
-    called on every request transition (more can be appended to
-    ``registry.observers``); ``trace_provider`` supplies the opaque trace
-    carrier each request's envelope carries (see :mod:`ctlwire.kernel.tracing`).
+    ``heartbeat_interval=None`` disables time-based liveness (transport-reported
+    disconnections still fail pending requests). ``observer`` is called on every
+    request transition (more can be appended to ``registry.observers``);
+    ``trace_provider`` supplies each envelope's trace carrier (:mod:`ctlwire.kernel.tracing`).
     ``incarnation_window``: an engine incarnation claiming to be minted more than
     this many seconds ahead of this host's clock is refused (counted in
     ``implausible_incarnation``); it bounds how long a forged incarnation can
@@ -114,8 +112,8 @@ class ControlClient:
     also meet to be routed to by default (for example that its last reported
     weight version is the current one); ``admit_on_join=True`` admits ranks that
     join (:meth:`add_rank`) at once instead of waiting for :meth:`admit`.
-    ``remote_exceptions``: an engine's error of one of these classes (by name; None:
-    the builtins', ``()``: none) is raised as that class and RemoteError in one.
+    ``remote_exceptions``: an engine's error of these classes (None: the builtins')
+    is raised as that class and RemoteError in one.
     """
 
     def __init__(

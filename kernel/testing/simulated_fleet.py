@@ -75,7 +75,7 @@ class _Endpoint:
         self.running: dict[int, tuple[str, float]] = {}
 
     def register(self, name: str, fn: Callable[..., Any], *, read_only: bool = False,
-                 threaded: bool = False) -> None:
+                 threaded: bool = False, control: bool = False) -> None:
         self.methods[name] = fn
 
 
