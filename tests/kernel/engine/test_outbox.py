@@ -1,7 +1,6 @@
 """The reply outbox alone, over a transport stub whose routes are full, take
 replies, or are gone: its bounds in replies and bytes per route and in bytes in
-total, the order of
-a route's replies, and oversized replies."""
+total, the order of a route's replies, and oversized replies."""
 
 from __future__ import annotations
 
