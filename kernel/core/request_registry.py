@@ -489,6 +489,7 @@ class RequestRegistry:
             assert entry.is_open == (entry.state in _OPEN), entry
             for rank in entry.ranks:
                 assert self._by_rank[rank][rid] is entry
+        assert all(self._by_rank.values()), "a per-rank index entry holds no request"
         indexed = sum(len(b) for b in self._by_rank.values())
         assert indexed == sum(len(e.ranks) for e in self._live.values())
         assert len(self._tombstones) <= self.max_tombstones

@@ -125,6 +125,20 @@ def test_reply_may_beat_the_wait() -> None:
         table.apply(RequestState.REGISTERED, RequestEvent.COMPLETE)
 
 
+def test_a_running_request_ends_only_with_its_reply() -> None:
+    """The engine expires or rejects a request only before it runs: once its
+    handler started, only its reply ends it."""
+    from ctlwire.states import INBOUND_REQUEST_TABLE, InboundEvent, InboundState
+
+    table = INBOUND_REQUEST_TABLE
+    assert dict(table.allowed(InboundState.RUNNING)) == {
+        InboundEvent.REPLY: InboundState.REPLIED}
+    for event in (InboundEvent.EXPIRE, InboundEvent.REJECT, InboundEvent.START):
+        with pytest.raises(IllegalTransition):
+            table.apply(InboundState.RUNNING, event)
+    assert table.apply(InboundState.RECEIVED, InboundEvent.EXPIRE) is InboundState.EXPIRED
+
+
 def test_table_is_immutable() -> None:
     with pytest.raises(TypeError):
         CONTROL_REQUEST_TABLE.table[(RequestState.DONE, RequestEvent.SEND)] = RequestState.SENT  # type: ignore[index]

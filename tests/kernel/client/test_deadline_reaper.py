@@ -1,9 +1,12 @@
-"""DeadlineReaper bookkeeping: rebuild cost with many live waits, finished items skipped.
+"""DeadlineReaper bookkeeping: rebuild cost with many live waits, finished items skipped;
+and when each expiry fires, on the virtual clock.
 
 Counts, not timings: a burst of thousands of queued tickets must not rebuild the
 heap on every arm (it did when the threshold counted only live requests), the
 heap stays bounded by the waits in progress, and the reaper does not sleep until
-the deadline of an item it can see has already finished.
+the deadline of an item it can see has already finished. On the virtual clock,
+each wait ends at its own deadline and its caller is woken then, asserted within
+a bounded virtual time (a missed wake-up fails an assertion, it does not hang).
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ import pytest
 from ctlwire.kernel.client.deadline_reaper import DeadlineReaper
 from ctlwire.kernel.core.admission_queue import AdmissionQueue, Ticket
 from ctlwire.kernel.core.request_registry import RequestRegistry
-from ctlwire.kernel.testing import virtual_backend
-from ctlwire.states import TicketState
+from ctlwire.kernel.engine.endpoint import EngineEndpoint
+from ctlwire.kernel.errors import RequestTimedOut
+from ctlwire.kernel.testing import EngineHarness, virtual_backend
+from ctlwire.states import RequestState, TicketState
 
 SLACK = DeadlineReaper.REBUILD_SLACK
 
@@ -142,3 +147,46 @@ async def test_arming_an_earlier_deadline_wakes_the_sleeping_reaper_at_it() -> N
         await anyio.sleep(50.0)
         assert woken == [early.id, late.id]
         tg.cancel_scope.cancel()
+
+
+def _hang_methods(ep: EngineEndpoint) -> None:
+    async def hang() -> None:
+        await anyio.sleep_forever()  # a handler that never answers
+
+    ep.register("hang", hang)
+
+
+@pytest.mark.anyio
+async def test_a_shorter_call_made_after_a_longer_one_times_out_at_its_own_deadline() -> None:
+    """Through the client: a 60 s call is waiting (the reaper sleeps until its
+    deadline) when a 5 s call starts. The 5 s caller is woken with
+    RequestTimedOut 5 s after it started, the 60 s one 60 s after it started.
+    Everything runs inside a bounded virtual time, so a missed wake-up fails an
+    assertion below instead of hanging the test."""
+    ended: dict[str, tuple[str, float]] = {}  # caller -> (outcome, seconds it waited)
+
+    async def caller(name: str, rank: int, timeout: float) -> None:
+        start = anyio.current_time()
+        try:
+            await h.client.call("hang", rank=rank, timeout=timeout)
+            outcome = "returned"
+        except RequestTimedOut:
+            outcome = "timed out"
+        ended[name] = (outcome, anyio.current_time() - start)
+
+    async with EngineHarness(ranks=2, setup=_hang_methods) as h:
+        with anyio.move_on_after(100.0):  # virtual seconds: both deadlines lie within
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(caller, "60 s", 0, 60.0)
+                await anyio.sleep(1.0)  # it waits, and the reaper sleeps until its deadline
+                tg.start_soon(caller, "5 s", 1, 5.0)
+                await anyio.sleep(5.5)
+                ended_by_6_5_s = list(ended)
+        assert ended_by_6_5_s == ["5 s"], ended  # woken at its deadline, not at 60 s
+        assert list(ended) == ["5 s", "60 s"], ended
+        (outcome_5, waited_5), (outcome_60, waited_60) = ended["5 s"], ended["60 s"]
+        assert outcome_5 == outcome_60 == "timed out"
+        assert 5.0 <= waited_5 < 5.5 and 60.0 <= waited_60 < 60.5
+        assert h.client.registry.live_count == 0
+        stats = h.client.registry.stats
+        assert stats.outcomes == {RequestState.TIMED_OUT: 2}

@@ -120,6 +120,18 @@ class RegistryMachine(RuleBasedStateMachine):
         if want is None or (want is ReplyDisposition.LATE and rank in entry.ranks):
             self.answered[entry.id].add(rank)
 
+    @rule(entry=entries, rank=st.sampled_from(RANKS), peer=st.sampled_from(RANKS), ok=st.booleans())
+    def deliver_from_another_connection(self, entry: PendingRequest, rank: int, peer: int,
+                                        ok: bool) -> None:
+        """A reply claiming ``rank`` that came in on ``peer``'s connection."""
+        if peer == rank:
+            return
+        before = (entry.state, dict(entry.replies), entry.answered)
+        disp, _ = self.reg.on_reply(reply(entry.id, rank, ok), peer=peer)
+        assert disp is ReplyDisposition.STRAY, (disp, rank, peer, entry)
+        assert (entry.state, entry.replies, entry.answered) == before  # nothing applied
+        self.expected_drops["stray"] += 1
+
     @rule(rid=st.integers(min_value=1, max_value=2**62))
     def unknown_reply(self, rid: int) -> None:
         if self.reg._ids.issued(rid):
@@ -165,6 +177,13 @@ class RegistryMachine(RuleBasedStateMachine):
         assert {"late": s.late, "duplicate": s.duplicate, "unknown": s.unknown,
                 "stray": s.stray} == self.expected_drops
         assert self.reg.tombstone_count <= 8
+
+    def teardown(self) -> None:
+        # every holder lets go: nothing stays behind, in the map or in its per-rank index
+        for entry in self.reg.live():
+            assert self.reg.release(entry)
+        assert self.reg.live_count == 0
+        self.reg.check_invariants()
 
 
 TestRegistry = RegistryMachine.TestCase
@@ -245,6 +264,35 @@ class AdmissionMachine(RuleBasedStateMachine):
 
 TestAdmission = AdmissionMachine.TestCase
 TestAdmission.settings = settings(max_examples=300, stateful_step_count=50, deadline=None)
+
+
+def test_a_reply_from_another_connection_is_stray_and_not_applied() -> None:
+    """The envelope says rank 0; it came in on rank 1's connection: counted as
+    stray, neither stored as rank 0's answer nor as rank 1's."""
+    reg = RequestRegistry()
+    entry = reg.register("m", (0, 1))
+    assert reg.release_all(entry) == [0, 1]
+    disp, found = reg.on_reply(reply(entry.id, 0, True), peer=1)
+    assert (disp, found) == (ReplyDisposition.STRAY, entry)
+    assert reg.stats.stray == 1 and entry.replies == {} and entry.answered == 0
+    assert entry.state is RequestState.SENT
+    # each rank's own reply on its own connection still completes it
+    assert reg.on_reply(reply(entry.id, 1, True), peer=1)[0] is ReplyDisposition.ACCEPTED
+    assert reg.on_reply(reply(entry.id, 0, True), peer=0)[0] is ReplyDisposition.COMPLETED
+    assert reg.stats.stray == 1
+
+
+def test_released_requests_leave_no_per_rank_index_entry() -> None:
+    reg = RequestRegistry()
+    entries = [reg.register("m", (rank, rank + 1)) for rank in range(0, 64, 2)]
+    shared = reg.register("m", (0,))
+    for entry in entries:
+        reg.release_all(entry)
+        assert reg.release(entry)
+        reg.check_invariants()  # rank 0 still indexes ``shared``; every other rank nothing
+    assert reg.release(shared)
+    reg.check_invariants()
+    assert reg.live_count == 0
 
 
 def test_policy_table() -> None:

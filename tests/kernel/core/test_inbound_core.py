@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ctlwire.kernel.core.inbound_core import BadFrame, InboundCore, InboundRequest, MethodSpec
-from ctlwire.states import IllegalTransition, InboundState
+from ctlwire.states import IllegalTransition, InboundEvent, InboundState
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.envelope import Heartbeat, Reply, Request
 from ctlwire.transports.transport import Dropped, Received
@@ -134,6 +134,16 @@ def test_every_transition_goes_through_the_table() -> None:
     assert fresh is not None
     with pytest.raises(IllegalTransition):
         core.result(fresh, 6)  # never admitted: Received cannot reply
+
+
+def test_a_running_request_past_its_deadline_is_not_expired_but_replied() -> None:
+    core = make_core()
+    item = admitted(core, request(1, deadline=NOW + 1.0))
+    with pytest.raises(IllegalTransition):
+        item.go(InboundEvent.EXPIRE)  # its handler runs: too late to expire it
+    assert item.state is InboundState.RUNNING
+    assert core.result(item, 5).ok and item.state is InboundState.REPLIED
+    assert core.states[InboundState.EXPIRED] == 0 and core.counters["expired"] == 0
 
 
 def test_arrive_is_accept_then_admit_and_its_moves_go_through_the_table() -> None:

@@ -189,3 +189,32 @@ def test_running_keys_are_never_evicted() -> None:
     assert c.start(None, "m", "a", NOW) and c.start(None, "m", "b", NOW)
     assert not c.start(None, "m", "c", NOW + 1e6)
     assert c.lookup(None, "m", "a") is RUNNING and c.lookup(None, "m", "b") is RUNNING
+
+
+@pytest.mark.parametrize("budget", ["entries", "bytes"])
+def test_several_owners_filling_the_cache_evict_nothing_inside_its_retention(
+        budget: str) -> None:
+    """Each owner within its share, the cache full between them: a new key is
+    refused (CacheFull) until the oldest outcome is past its retention, and
+    then only that one goes."""
+    fill = ok(b"x" * NOT_RETAINED.size)  # an outcome as large as start() reserves
+    probe = ResultCache()
+    assert probe.start(b"p0", "m", "k", NOW)
+    entry_bytes = probe.bytes
+    if budget == "entries":
+        c = ResultCache(max_entries=4, retention=60.0, owner_share=0.25)
+    else:
+        c = ResultCache(max_bytes=4 * entry_bytes, retention=60.0, owner_share=0.25)
+    peers = [b"p%d" % i for i in range(6)]
+    for i, peer in enumerate(peers[:4]):
+        assert c.start(peer, "m", "k", NOW + i)
+        c.finish(peer, "m", "k", fill, NOW + i)
+    assert c.owners == 4 and len(c) == 4 and c.bytes == 4 * entry_bytes
+    assert not c.start(peers[4], "m", "k", NOW + 59.5)  # the oldest is 59.5 s old
+    assert c.refused_full == 1 and c.evicted == 0
+    assert all(c.lookup(p, "m", "k") is fill for p in peers[:4])
+    assert c.start(peers[4], "m", "k", NOW + 60.0)  # the oldest is past its retention
+    assert c.evicted == 1 and c.lookup(peers[0], "m", "k") is None
+    assert not c.start(peers[5], "m", "k", NOW + 60.5)  # the next oldest is 59.5 s old
+    assert c.refused_full == 2 and c.evicted == 1
+    assert all(c.lookup(p, "m", "k") is fill for p in peers[1:4])

@@ -1,6 +1,6 @@
 """The reply outbox alone, over a transport stub whose routes are full, take
-replies, or are gone: its bounds in bytes per route and in total, the order of
-a route's replies, and oversized replies."""
+replies, or are gone: its bounds in replies and bytes per route and in bytes in
+total, the order of a route's replies, and oversized replies."""
 
 from __future__ import annotations
 
@@ -65,6 +65,24 @@ def test_bytes_queued_for_one_full_route_stay_under_max_unread_bytes(encoded: bo
     assert outbox.peak_bytes <= 100_000 < outbox.peak_bytes + 10_100  # filled to its bound
     dropped = outbox.counters["replies_dropped_unread"]
     assert outbox.replies + dropped == 40 and dropped == 40 - outbox.replies > 0
+
+
+def test_each_full_route_holds_exactly_max_unread_replies() -> None:
+    """The count bound, per route: the first ``max_unread_replies`` replies wait,
+    every later one is dropped and counted; another route has its own bound."""
+    transport = Routes()
+    outbox = ReplyOutbox(transport, max_unread_replies=3)  # type: ignore[arg-type]
+    transport.full.update((b"a", b"b"))
+    for rid in range(1, 6):
+        outbox.send(b"a", reply(rid))
+        outbox.send(b"b", reply(100 + rid))
+    assert [len(q) for q in outbox.queues.values()] == [3, 3] and outbox.replies == 6
+    assert outbox.counters["replies_dropped_unread"] == 4
+    transport.full.clear()
+    outbox.flush()
+    assert transport.sent == [(b"a", 1), (b"a", 2), (b"a", 3), (b"b", 101), (b"b", 102),
+                              (b"b", 103)]
+    assert not outbox.pending and outbox.bytes == 0
 
 
 def test_the_total_across_several_full_routes_stays_under_max_outbox_bytes() -> None:
