@@ -39,8 +39,10 @@ import msgspec
 import zmq
 
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
-from ctlwire.transports.envelope import Reply, Request
+from ctlwire.transports.envelope import Request
 from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
+
+from . import protocol_engine
 
 __all__ = ["main", "measure"]
 
@@ -106,36 +108,13 @@ def _load(address: str, n: int, window: int, ready: Any, done: Any, payload: Any
     ctx.term()
 
 
+def _count_wait() -> None:
+    _WAITS[0] += 1
+
+
 def _bare(ctx: zmq.Context[zmq.Socket[bytes]], stop: threading.Event,
           started: threading.Event) -> None:
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, b"rank-0")
-    sock.connect(_ADDRESS)
-    enc = msgspec.msgpack.Encoder()
-    dec = msgspec.msgpack.Decoder(Request)
-    val_dec = msgspec.msgpack.Decoder()
-    handlers: dict[str, Callable[..., Any]] = {"echo": lambda v=None: v}
-    nil = msgspec.Raw(enc.encode(None))
-    poller = zmq.Poller()
-    poller.register(sock, zmq.POLLIN)
-    while not stop.is_set():
-        _WAITS[0] += 1
-        if not poller.poll(50):
-            continue
-        while True:
-            try:
-                data = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            req = dec.decode(data)
-            fn = handlers.get(req.method)
-            if fn is None:
-                reply = Reply(req.id, 0, 1, False, nil)
-            else:
-                reply = Reply(req.id, 0, 1, True,
-                              msgspec.Raw(enc.encode(fn(val_dec.decode(req.payload)))))
-            sock.send(enc.encode(reply))
-    sock.close(linger=0)
+    protocol_engine.serve(ctx, _ADDRESS, 0, stop.is_set, on_wait=_count_wait)
 
 
 def _poll(ctx: zmq.Context[zmq.Socket[bytes]], stop: threading.Event,
