@@ -411,8 +411,8 @@ def backend_round(one_address: str, fan_address: str | None, fan_engines: int,
     """One ``anyio.run`` on ``backend``: fresh clients bound at the addresses (the
     engines reconnect), warm-up, then the sequential, 64-concurrent and queueing
     fan-out scenarios (the rounds of ``python -m ctlwire.benchmarks.backend_pairs``)."""
-    seq_n = p.seq_block * 2 if p.quick else p.seq_block
-    tput_n = p.tput_block
+    seq_n = p.seq_block
+    tput_n = p.tput_block // 2
     fan_n = p.fan_block
 
     async def round_() -> BackendRound:
