@@ -34,9 +34,9 @@ def test_schedstat_counts_a_threads_cpu_as_the_thread_itself_does() -> None:
     _spin(0.05)
     used = time.thread_time() - cpu0
     delta = schedstat.cpu_ns(before, schedstat.read([pid]))
-    # the same clock read from outside (the scheduler's sum): at least what the thread
-    # saw itself, and the main thread is this one
-    assert delta.main_ns >= used * 1e9 * 0.95
+    # the same clock (the scheduler's sum) read from /proc: what the thread saw itself
+    # between two later readings of its own (a kernel may lag by a scheduler tick)
+    assert delta.main_ns >= used * 1e9 * 0.9
     assert delta.total_ns >= delta.main_ns
     assert delta.threads_ended == 0
 
@@ -47,14 +47,16 @@ def test_schedstat_counts_a_new_thread_from_zero_and_an_ended_one_as_ended() -> 
     worker = threading.Thread(target=lambda: (_spin(0.05), release.wait(10)))
     before = schedstat.read([pid])
     worker.start()
-    time.sleep(0.01)
-    while worker.is_alive() and not release.is_set():
+    give_up = time.monotonic() + 20
+    mid = schedstat.read([pid])
+    while schedstat.cpu_ns(before, mid).other_ns < 0.04e9 and time.monotonic() < give_up:
+        time.sleep(0.01)  # until the worker's spin is in: a thread started after `before`
         mid = schedstat.read([pid])
-        if schedstat.cpu_ns(before, mid).other_ns >= 0.04e9:
-            break  # the worker's spin is in: a thread that started after `before`
-        time.sleep(0.01)
     release.set()
     worker.join(10)
+    # the OS thread is reaped a little after join() returns
+    while os.path.exists(f"/proc/{pid}/task/{worker.native_id}") and time.monotonic() < give_up:
+        time.sleep(0.01)
     assert schedstat.cpu_ns(before, mid).other_ns >= 0.04e9
     assert schedstat.cpu_ns(mid, schedstat.read([pid])).threads_ended == 1
 
