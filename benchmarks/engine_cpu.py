@@ -1,16 +1,27 @@
 """Engine CPU per request: ``python -m ctlwire.benchmarks.engine_cpu``.
 
 Measures the CPU time one engine *thread* spends per request
-(``time.thread_time``, so the libzmq IO thread, the beacon and the load
-generator are not counted), which is far less sensitive to a loaded machine
+(``time.thread_time``, the same clock as the first field of its
+``/proc/<pid>/task/<tid>/schedstat``; the libzmq IO thread, the beacon and the
+load generator are not counted), which is far less sensitive to a loaded machine
 than wall-clock latency. A load *process* with a plain ROUTER (ipc, like the
 bench's engine fleets) keeps ``--window`` requests in flight to one rank and
 reads the replies; the engine thread serves them with:
 
-* ``bare`` — a bare decode/dispatch/encode loop over the same envelopes
-  (msgspec ``Request`` in, ``Reply`` out, a dict of handlers): the floor;
+* ``bare`` — the smallest loop that speaks the protocol
+  (:func:`ctlwire.benchmarks.protocol_engine.serve`: a blocking receive, decode the
+  ``Request``, call the handler, encode the ``Reply``): the floor;
+* ``drain`` — the same work in a loop that polls, then receives until a receive
+  raises ``zmq.Again``: a poll and an exception more per wake-up;
 * ``poll`` — :meth:`EngineEndpoint.poll` (the sync embedding);
 * ``serve-asyncio`` / ``serve-trio`` — :meth:`EngineEndpoint.serve`.
+
+What a request costs depends on how it comes: with ``--window 16`` (the default)
+requests queue and one wake-up serves several; with ``--window 1`` each request
+finds the thread asleep, and the slower the driver, the longer it slept and the
+more the wake-up costs. A user's engine is driven by ``ControlClient``: the bench's
+``cpu`` group measures that (``docs/benchmarks.md``, "Engine CPU per request: which
+measure"); this module isolates the engine's thread.
 
 Every variant runs in the same process, one after the other, so the ratios
 ``ctlwire / bare`` are comparable within one run. ``--profile`` prints a
@@ -41,6 +52,8 @@ import zmq
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.transports.envelope import Reply, Request
 from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
+
+from . import protocol_engine
 
 __all__ = ["main", "measure"]
 
@@ -106,8 +119,17 @@ def _load(address: str, n: int, window: int, ready: Any, done: Any, payload: Any
     ctx.term()
 
 
+def _count_wait() -> None:
+    _WAITS[0] += 1
+
+
 def _bare(ctx: zmq.Context[zmq.Socket[bytes]], stop: threading.Event,
           started: threading.Event) -> None:
+    protocol_engine.serve(ctx, _ADDRESS, 0, stop.is_set, on_wait=_count_wait)
+
+
+def _drain(ctx: zmq.Context[zmq.Socket[bytes]], stop: threading.Event,
+           started: threading.Event) -> None:
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, b"rank-0")
     sock.connect(_ADDRESS)
@@ -183,6 +205,7 @@ def _endpoint(ctx: zmq.Context[zmq.Socket[bytes]]) -> EngineEndpoint:
 VARIANTS: dict[str, Callable[[zmq.Context[zmq.Socket[bytes]], threading.Event,
                               threading.Event], None]] = {
     "bare": _bare,
+    "drain": _drain,
     "poll": _poll,
     "serve-asyncio": _serve("asyncio"),
     "serve-trio": _serve("trio"),

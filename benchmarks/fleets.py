@@ -117,6 +117,10 @@ class FleetPool:
             for rank in fleet.ranks:
                 fleet._await_ready(fleet.engines[rank])
 
+    def pids(self, name: str) -> list[int]:
+        """The process ids of the started fleet ``name``, by rank."""
+        return [pid for _rank, pid in sorted(self._fleets[name].pids().items())]
+
     def stop(self, name: str) -> None:
         fleet = self._fleets.pop(name, None)
         self._started.discard(name)

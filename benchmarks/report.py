@@ -68,7 +68,9 @@ class Row:
     """One line of the table.
 
     ``ctlwire`` and ``baseline`` are the two measured values (in ``unit``),
-    ``ratio`` is what the target judges (its definition in ``ratio_of``).
+    ``ratio`` is what the target judges (its definition in ``ratio_of``). A row
+    measured over several alternating runs has the median of the runs' values and of
+    their ratios there, and the lowest and highest of those ratios in ``spread``.
     """
 
     group: str
@@ -82,6 +84,7 @@ class Row:
     target: Target
     details: dict[str, Any] = field(default_factory=dict)
     ratio_unit: str = "x"
+    spread: tuple[float, float] | None = None
 
     @property
     def passed(self) -> bool | None:
@@ -90,6 +93,13 @@ class Row:
     def ratio_text(self) -> str:
         """The ratio as the table prints it (:func:`format_ratio`), with its unit."""
         return format_ratio(self.ratio, self.target) + self.ratio_unit
+
+    def spread_text(self) -> str:
+        """The runs' lowest and highest ratio (``-`` for a row measured once)."""
+        if self.spread is None:
+            return "-"
+        low, high = self.spread
+        return f"{format_ratio(low, self.target)}-{format_ratio(high, self.target)}"
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -201,14 +211,17 @@ class Report:
             f"pyzmq {m['pyzmq']} / libzmq {m['libzmq']}; anyio {m['anyio']}, "
             f"trio {m['trio']}, msgspec {m['msgspec']}; load at start {m['loadavg_at_start']}",
             "transport ipc, codec msgpack (msgspec) on both sides; baselines measured in "
-            "this run, alternating with ctlwire",
+            "this run, alternating with ctlwire; a row with runs' ratios shows the medians "
+            "of alternating runs and the lowest-highest of the runs' ratios; CPU is on-CPU "
+            "time of every thread of every process involved (/proc/<pid>/task/*/schedstat)",
             self.steal_text(),
             "",
         ]
-        cols = ("group", "scenario", "ctlwire", "baseline", "ratio", "target", "result")
+        cols = ("group", "scenario", "ctlwire", "baseline", "ratio", "runs' ratios", "target",
+                "result")
         body = [
             (r.group, r.scenario, _fmt(r.ctlwire, r.unit), _fmt(r.baseline, r.unit),
-             r.ratio_text(), r.target.describe(), verdict(r.passed))
+             r.ratio_text(), r.spread_text(), r.target.describe(), verdict(r.passed))
             for r in self.rows
         ]
         widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c)

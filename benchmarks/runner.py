@@ -26,7 +26,8 @@ Groups (``--only`` takes any of them; default: all, in this order):
                  ctlwire's share vs the data movement (needs the torch extra)
 ``poll_status``  status pollers' p99 during a weight update on busy-loop engines, ``--mode
                  loop`` vs ``--mode poll``
-``cpu``          CPU per call, client and engine, against the baselines (both backends)
+``cpu``          engine CPU per plain request, one engine driven by ControlClient, against
+                 the smallest pyzmq loop that speaks the protocol, driven the same way
 ``import_time``  ``import ctlwire.kernel`` in a fresh process vs the same import reading
                  the package metadata (``-X importtime``, alternately)
 
@@ -34,6 +35,13 @@ Groups (``--only`` takes any of them; default: all, in this order):
 ``idle_cpu``, ``engine_calls``, ``poll_status``, ``import_time``: their own modules;
 ``cpu``: :mod:`ctlwire.benchmarks.cpu_per_call`; ``weight_sync``:
 :mod:`ctlwire.benchmarks.weight_sync`)
+
+Every comparison with a peer (``latency``, ``floor``, ``throughput``, ``fanout``,
+``trio``, ``cpu``) is made of alternating runs, 5 of each side by default (2 with
+``--quick``; ``run_bench(runs=N)``), and reports beside each rate or latency the
+CPU per call of the client process and of the engine processes, every thread
+(:mod:`ctlwire.benchmarks.paired_runs`, :mod:`ctlwire.benchmarks.schedstat`); a
+fan-out also the client and its engines together.
 
 Every engine process is started by a :class:`FleetPool` and stopped in
 ``finally``, whatever happens.
@@ -59,6 +67,7 @@ from . import (
 )
 from .cpu_steal import read_cpu_times, steal_percent
 from .fleets import FleetPool
+from .paired_runs import Cpu, compared_row, cpu_rows
 from .report import Report, Row, Target
 from .stats import median, percentile
 
@@ -86,65 +95,66 @@ def _lower(ctl: float, base: float) -> float:
     return ctl / base if base else float("inf")
 
 
-def _single_engine_rows(r: scenarios.SingleEngineResult, groups: set[str]) -> list[Row]:
+def _cpus(runs: Sequence[scenarios.EngineRun], which: str) -> list[Cpu]:
+    cpus = [getattr(r, which) for r in runs]
+    assert all(c is not None for c in cpus), which
+    return cpus
+
+
+def _single_engine_rows(r: scenarios.SingleEngineResult, groups: set[str], *,
+                        group_of: Callable[[str], str], base_name: str) -> list[Row]:
+    """The rows of the one-engine comparison; ``group_of`` names the group of the
+    latency and throughput rows (``trio`` for the trio run)."""
     rows: list[Row] = []
-    ctl50, base50 = percentile(r.ctl_us, 50), percentile(r.base_us, 50)
+    lower = "ctlwire / baseline (lower is better)"
+    seq = "sequential calls, 1 engine"
     if "latency" in groups:
-        ctl99, base99 = percentile(r.ctl_us, 99), percentile(r.base_us, 99)
-        detail = {"samples_each": len(r.ctl_us),
-                  "ctlwire_p90_us": percentile(r.ctl_us, 90),
-                  "baseline_p90_us": percentile(r.base_us, 90)}
-        rows.append(Row("latency", "sequential call p50, 1 engine", "µs", ctl50, base50, _BASE1,
-                        _lower(ctl50, base50), "ctlwire / baseline (lower is better)",
-                        Target("<=", 1.0, "<= 1.0x"), detail))
-        rows.append(Row("latency", "sequential call p99, 1 engine", "µs", ctl99, base99, _BASE1,
-                        _lower(ctl99, base99), "ctlwire / baseline (lower is better)",
-                        Target("info"), detail))
+        group = group_of("latency")
+        for q, target in ((50, Target("<=", 1.0, "<= 1.0x")), (99, Target("info"))):
+            rows.append(compared_row(
+                group, f"sequential call p{q}, 1 engine", "µs",
+                [percentile(x.seq_us, q) for x in r.ctl],
+                [percentile(x.seq_us, q) for x in r.base], base_name, lower, target,
+                {"samples_each_run": len(r.ctl[0].seq_us)}))
+        rows += cpu_rows(group, seq, _cpus(r.ctl, "seq_cpu"), _cpus(r.base, "seq_cpu"),
+                         base_name)
     if "floor" in groups and r.floor_us:
-        floor50 = percentile(r.floor_us, 50)
-        base_x = _lower(base50, floor50)
-        rows.append(Row("floor", f"call p50 over libzmq floor (raw pyzmq stack: {base_x:.1f}x)",
-                        "µs", ctl50, floor50, "libzmq floor: sync pyzmq ROUTER/DEALER ping-pong "
-                        "between two processes", _lower(ctl50, floor50),
-                        "ctlwire p50 / floor p50", Target("info"),
-                        {"floor_p99_us": percentile(r.floor_us, 99),
-                         "baseline_p50_us": base50, "baseline_over_floor": base_x,
-                         "samples": len(r.floor_us)}))
+        ctl50 = [percentile(x.seq_us, 50) for x in r.ctl]
+        base50 = [percentile(x.seq_us, 50) for x in r.base]
+        floor50 = [percentile(x, 50) for x in r.floor_us]
+        base_x = median([b / f for b, f in zip(base50, floor50, strict=True)])
+        rows.append(compared_row(
+            "floor", f"call p50 over libzmq floor (raw pyzmq stack: {base_x:.1f}x)", "µs",
+            ctl50, floor50, "libzmq floor: sync pyzmq ROUTER/DEALER ping-pong between two "
+            "processes", "ctlwire p50 / floor p50", Target("info"),
+            {"baseline_p50_runs_us": [round(x, 1) for x in base50],
+             "baseline_over_floor": base_x, "floor_samples_each_run": len(r.floor_us[0])}))
     if "throughput" in groups:
-        ctl, base = median(r.ctl_rate), median(r.base_rate)
-        rows.append(Row("throughput", f"{r.callers} concurrent callers, 1 engine", "calls/s",
-                        ctl, base, _BASE1, ctl / base, "ctlwire / baseline (higher is better)",
-                        Target(">=", 1.1, ">= 1.1x"),
-                        {"ctlwire_blocks": r.ctl_rate, "baseline_blocks": r.base_rate}))
+        group = group_of("throughput")
+        scenario = f"{r.callers} concurrent callers, 1 engine"
+        rows.append(compared_row(group, scenario, "calls/s", [x.rate for x in r.ctl],
+                                 [x.rate for x in r.base], base_name,
+                                 "ctlwire / baseline (higher is better)",
+                                 Target(">=", 1.1, ">= 1.1x")))
+        rows += cpu_rows(group, scenario, _cpus(r.ctl, "rate_cpu"), _cpus(r.base, "rate_cpu"),
+                         base_name, client_target=Target("<=", 1.5, "<= 1.5x"))
     return rows
 
 
 def _fan_out_rows(r: scenarios.FanOutResult) -> list[Row]:
     rows = []
-    for callers, ctl_blocks in r.ctl_rate.items():
-        base_blocks = r.base_rate[callers]
-        ctl, base = median(ctl_blocks), median(base_blocks)
-        rows.append(Row("fanout", f"queueing fan-out, {r.engines} engines, {callers:,} callers "
-                        f"at once, {r.backend}", "fan-outs/s", ctl, base,
-                        f"{_BASE_FAN}, on {r.backend}", ctl / base,
-                        "ctlwire / baseline (higher is better)", Target(">=", 1.0, ">= 1.0x"),
-                        {"ctlwire_blocks": ctl_blocks, "baseline_blocks": base_blocks}))
-    return rows
-
-
-def _trio_rows(r: scenarios.SingleEngineResult) -> list[Row]:
-    """The latency and throughput rows again with both clients on trio."""
-    ctl50, base50 = percentile(r.ctl_us, 50), percentile(r.base_us, 50)
-    rows = [Row("trio", "sequential call p50, 1 engine", "µs", ctl50, base50, _BASE1_TRIO,
-                _lower(ctl50, base50), "ctlwire / baseline (lower is better)",
-                Target("<=", 1.0, "<= 1.0x"),
-                {"samples_each": len(r.ctl_us), "ctlwire_p99_us": percentile(r.ctl_us, 99),
-                 "baseline_p99_us": percentile(r.base_us, 99)})]
-    ctl, base = median(r.ctl_rate), median(r.base_rate)
-    rows.append(Row("trio", f"{r.callers} concurrent callers, 1 engine", "calls/s", ctl, base,
-                    _BASE1_TRIO, ctl / base, "ctlwire / baseline (higher is better)",
-                    Target(">=", 1.1, ">= 1.1x"),
-                    {"ctlwire_blocks": r.ctl_rate, "baseline_blocks": r.base_rate}))
+    base_name = f"{_BASE_FAN}, on {r.backend}"
+    for callers in r.ctl[0].rate:
+        scenario = f"queueing fan-out, {r.engines} engines, {callers:,} callers at once, " \
+                   f"{r.backend}"
+        rows.append(compared_row("fanout", scenario, "fan-outs/s",
+                                 [x.rate[callers] for x in r.ctl],
+                                 [x.rate[callers] for x in r.base], base_name,
+                                 "ctlwire / baseline (higher is better)",
+                                 Target(">=", 1.0, ">= 1.0x")))
+        rows += cpu_rows("fanout", scenario, [x.cpu[callers] for x in r.ctl],
+                         [x.cpu[callers] for x in r.base], base_name, per="fan-out",
+                         engines=r.engines, total_target=Target("<=", 1.25, "<= 1.25x"))
     return rows
 
 
@@ -196,15 +206,17 @@ def _state_table_rows(rows: Sequence[state_table.LifecycleRow]) -> list[Row]:
 
 
 def run_bench(*, quick: bool = False, only: Sequence[str] | None = None,
-              progress: Callable[[str], None] = _log) -> Report:
-    """Run the selected groups (all by default) and return their report."""
+              progress: Callable[[str], None] = _log, runs: int | None = None) -> Report:
+    """Run the selected groups (all by default) and return their report. ``runs``: the
+    alternating runs of each side in a comparison with a peer (default 5, 2 with
+    ``quick``)."""
     selected = set(only or GROUPS)
     unknown = selected - set(GROUPS)
     if unknown:
         raise ValueError(f"unknown bench group(s) {sorted(unknown)}; choose from {GROUPS}")
     report = Report(quick=quick)
     report.groups = [g for g in GROUPS if g in selected]
-    p = scenarios.Params(quick)
+    p = scenarios.Params(quick, runs)
     started = time.perf_counter()
     cpu_at_start = read_cpu_times()
 
@@ -235,8 +247,10 @@ def run_bench(*, quick: bool = False, only: Sequence[str] | None = None,
                     pool.address("ctl1"), pool.address("base1"),
                     pool.address("floor") if "floor" in selected else None, p,
                     latency=bool({"latency", "floor"} & selected),
-                    throughput="throughput" in selected)
-                return _single_engine_rows(res, selected)
+                    throughput="throughput" in selected, ctl_pids=pool.pids("ctl1"),
+                    base_pids=pool.pids("base1"))
+                return _single_engine_rows(res, selected, group_of=lambda g: g,
+                                           base_name=_BASE1)
 
             step("latency/floor/throughput", single)
             pool.stop("floor")
@@ -248,7 +262,7 @@ def run_bench(*, quick: bool = False, only: Sequence[str] | None = None,
             pool.start("ctl8", "base8")
             step("fanout", lambda: [row for backend in _BACKENDS for row in _fan_out_rows(
                 scenarios.fan_out(pool.address("ctl8"), pool.address("base8"), FAN_ENGINES,
-                                  p, backend))])
+                                  p, backend, pool.pids("ctl8"), pool.pids("base8")))])
             pool.stop("base8")
             pool.stop("ctl8")
         if "fanout_profile" in selected:
@@ -260,9 +274,12 @@ def run_bench(*, quick: bool = False, only: Sequence[str] | None = None,
             step("fanout_profile", profile)
         if "trio" in selected:
             pool.start("ctl1", "base1")
-            step("trio", lambda: _trio_rows(scenarios.single_engine(
-                pool.address("ctl1"), pool.address("base1"), None, p, latency=True,
-                throughput=True, backend="trio")))
+            step("trio", lambda: _single_engine_rows(
+                scenarios.single_engine(pool.address("ctl1"), pool.address("base1"), None, p,
+                                        latency=True, throughput=True, backend="trio",
+                                        ctl_pids=pool.pids("ctl1"),
+                                        base_pids=pool.pids("base1")),
+                {"latency", "throughput"}, group_of=lambda g: "trio", base_name=_BASE1_TRIO))
             pool.stop("base1")
         if "live" in selected:
             # every pending call waits at rank 1 (its own budget would answer Busy)

@@ -1,22 +1,23 @@
 """The measured scenarios of ``ctlwire bench``; each returns raw numbers.
 
-Every comparison alternates the two sides block by block in the same event
-loop (A B B A A B ...: an ABBA order cancels a linear drift in machine load),
-so both see the same machine at nearly the same time; latencies are pooled
-per side, rates are the median of the blocks. Both sides send the same
-payload, encoded with msgspec msgpack, over ipc to engine processes that
-decode, dispatch and encode it.
+Every comparison with a peer is made of alternating runs, ctlwire then the peer
+(:func:`~ctlwire.benchmarks.paired_runs.alternate_runs`), each a fresh client in
+a fresh event loop, alone in this process, so that both sides see the same
+machine at nearly the same time and the CPU read for a run is its own side's:
+each run reports its latencies or rate and the CPU per call of this process and
+of the engine processes (every thread). Both sides send the same payload,
+encoded with msgspec msgpack, over ipc to engine processes that decode, dispatch
+and encode it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -28,23 +29,33 @@ from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 from .baseline_lock_fanout import LockFanOutCommunicator
 from .baseline_pyzmq import PyzmqUtilityClient
 from .libzmq_floor import FloorPinger
+from .paired_runs import Cpu, CpuMeter, alternate_runs
 from .stats import median, percentile, rss_bytes
 
 __all__ = [
     "PAYLOAD",
     "BackendRound",
+    "EngineRun",
     "FanOutResult",
+    "FanOutRun",
     "LiveResult",
     "MemoryResult",
     "Params",
     "SingleEngineResult",
     "backend_round",
+    "base_echo",
+    "base_fan_out",
     "burst_rate",
+    "ctl_echo",
+    "ctl_fan_out",
+    "engine_run",
     "fan_out",
     "fan_out_calls",
+    "fan_out_run",
     "live_requests",
     "memory",
     "single_engine",
+    "single_engine_calls",
 ]
 
 PAYLOAD: dict[str, Any] = {"step": 123_456, "paused": False, "weights_version": 7,
@@ -52,37 +63,40 @@ PAYLOAD: dict[str, Any] = {"step": 123_456, "paused": False, "weights_version": 
 """What every call sends (and ``echo`` returns): a small control payload."""
 
 CallFn = Callable[[], Awaitable[Any]]
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class Params:
-    """Sizes of one bench run (``quick`` shrinks them)."""
+    """Sizes of one bench run (``quick`` shrinks them). ``runs``: the alternating runs of
+    each side in a comparison with a peer (default 5, 2 with ``quick``)."""
 
     quick: bool
+    runs_override: int | None = None
 
     @property
-    def rounds(self) -> int:
-        return 4 if self.quick else 10
+    def runs(self) -> int:
+        if self.runs_override is not None:
+            return self.runs_override
+        return 2 if self.quick else 5
+
+    @property
+    def warmup(self) -> int:
+        """Sequential calls each run makes before it measures."""
+        return 100 if self.quick else 300
 
     @property
     def seq_block(self) -> int:
-        return 150 if self.quick else 1_000
-
-    @property
-    def tput_rounds(self) -> int:
-        return 4 if self.quick else 8
+        """Sequential calls a run measures."""
+        return 300 if self.quick else 2_000
 
     @property
     def tput_block(self) -> int:
-        return 1_280 if self.quick else 6_400
-
-    @property
-    def fan_rounds(self) -> int:
-        return 1 if self.quick else 4
+        """Calls by concurrent callers a run measures."""
+        return 2_560 if self.quick else 12_800
 
     @property
     def fan_block(self) -> int:
+        """Fan-outs a run measures at each number of callers (at least one burst)."""
         return 64 if self.quick else 400
 
     @property
@@ -139,17 +153,6 @@ async def concurrent_rate(call: CallFn, total: int, callers: int) -> float:
     return per * callers / (time.perf_counter() - t0)
 
 
-async def alternate(sides: dict[str, Callable[[], Awaitable[T]]], rounds: int
-                    ) -> dict[str, list[T]]:
-    """Run each side's block ``rounds`` times, in ABBA order."""
-    names = list(sides)
-    out: dict[str, list[T]] = {n: [] for n in names}
-    for i in range(rounds):
-        for name in (names if i % 2 == 0 else names[::-1]):
-            out[name].append(await sides[name]())
-    return out
-
-
 def _ctl_client(address: str, ranks: int, timeout: float = 30.0, **kwargs: Any
                 ) -> ControlClient:
     return ControlClient(ZmqRouterClientTransport(address), ranks=ranks,
@@ -163,102 +166,141 @@ def _check(value: Any, expected: Any, what: str) -> None:
 
 # -- single engine: sequential latency, throughput, libzmq floor ----------------------
 @contextlib.asynccontextmanager
+async def ctl_echo(address: str) -> AsyncIterator[tuple[ControlClient, CallFn]]:
+    """A ControlClient to one engine, ready and checked, and its ``echo`` call."""
+    async with _ctl_client(address, 1) as ctl:
+        await ctl.wait_ready(timeout=20)
+
+        async def call() -> Any:
+            return await ctl.call("echo", PAYLOAD, rank=0)
+
+        _check(await call(), PAYLOAD, "ctlwire echo")
+        yield ctl, call
+
+
+@contextlib.asynccontextmanager
+async def base_echo(address: str) -> AsyncIterator[CallFn]:
+    """The raw pyzmq baseline client to one bare engine, ready and checked, and its
+    ``echo`` call."""
+    async with PyzmqUtilityClient(address) as base:
+        await base.wait_ready([0], timeout=20)
+
+        async def call() -> Any:
+            return await base.call(0, "echo", PAYLOAD)
+
+        _check(await call(), PAYLOAD, "baseline echo")
+        yield call
+
+
+@contextlib.asynccontextmanager
 async def single_engine_calls(ctl_address: str, base_address: str
                               ) -> AsyncIterator[tuple[ControlClient, CallFn, CallFn]]:
     """Both stacks' clients to one engine each, ready: the ctlwire client and the
     ``echo`` call of each side (ctlwire, raw pyzmq baseline)."""
-    async with (_ctl_client(ctl_address, 1) as ctl,
-                PyzmqUtilityClient(base_address) as base):
-        await ctl.wait_ready(timeout=20)
-        await base.wait_ready([0], timeout=20)
-
-        async def ctl_call() -> Any:
-            return await ctl.call("echo", PAYLOAD, rank=0)
-
-        async def base_call() -> Any:
-            return await base.call(0, "echo", PAYLOAD)
-
+    async with ctl_echo(ctl_address) as (ctl, ctl_call), base_echo(base_address) as base_call:
         yield ctl, ctl_call, base_call
 
 
 @dataclass
+class EngineRun:
+    """One side's run against one engine: sequential round trips (µs) and their CPU
+    per call; the rate of concurrent callers and its CPU per call."""
+
+    seq_us: list[float] = field(default_factory=list)
+    seq_cpu: Cpu | None = None
+    rate: float = 0.0
+    rate_cpu: Cpu | None = None
+
+
+async def engine_run(call: CallFn, engine_pids: Sequence[int], p: Params, *,
+                     latency: bool, throughput: bool, callers: int = 64) -> EngineRun:
+    """One run of ``call`` (a client already open and checked): a warm-up, then
+    ``p.seq_block`` sequential calls and ``p.tput_block`` calls by ``callers`` tasks,
+    each with the CPU per call of this process and of ``engine_pids``."""
+    meter = CpuMeter(engine_pids)
+    run = EngineRun()
+    await sequential(call, p.warmup)
+    if latency:
+        gc.collect()
+        meter.start()
+        run.seq_us = await sequential(call, p.seq_block)
+        run.seq_cpu = meter.per_op(p.seq_block)
+    if throughput:
+        await concurrent_rate(call, p.tput_block // 8, callers)
+        gc.collect()
+        meter.start()
+        run.rate = await concurrent_rate(call, p.tput_block, callers)
+        run.rate_cpu = meter.per_op(p.tput_block // callers * callers)
+    return run
+
+
+@dataclass
 class SingleEngineResult:
-    ctl_us: list[float] = field(default_factory=list)
-    base_us: list[float] = field(default_factory=list)
-    floor_us: list[float] = field(default_factory=list)
-    ctl_rate: list[float] = field(default_factory=list)
-    base_rate: list[float] = field(default_factory=list)
+    """Each run of each side (in run order): ctlwire, the baseline, the libzmq floor."""
+
+    ctl: list[EngineRun] = field(default_factory=list)
+    base: list[EngineRun] = field(default_factory=list)
+    floor_us: list[list[float]] = field(default_factory=list)
     callers: int = 64
 
 
 def single_engine(ctl_address: str, base_address: str, floor_address: str | None,
-                  p: Params, *, latency: bool, throughput: bool,
-                  backend: str = "asyncio") -> SingleEngineResult:
-    """ctlwire vs the raw pyzmq baseline against one engine process each, both clients
-    on ``backend``."""
+                  p: Params, *, latency: bool, throughput: bool, backend: str = "asyncio",
+                  ctl_pids: Sequence[int] = (), base_pids: Sequence[int] = ()
+                  ) -> SingleEngineResult:
+    """ctlwire vs the raw pyzmq baseline against one engine process each (``ctl_pids``,
+    ``base_pids``: the engines whose CPU is read), both clients on ``backend``, in
+    ``p.runs`` alternating runs (ctlwire, baseline, floor), each a fresh client."""
     result = SingleEngineResult()
 
-    async def run(floor: FloorPinger | None) -> None:
-        async with single_engine_calls(ctl_address, base_address) as (ctl, ctl_call,
-                                                                       base_call):
-            _check(await ctl_call(), PAYLOAD, "ctlwire echo")
-            _check(await base_call(), PAYLOAD, "baseline echo")
-            await sequential(ctl_call, 300)
-            await sequential(base_call, 300)
-            if latency:
-                n = p.seq_block
-
-                async def ctl_block() -> list[float]:
-                    return await sequential(ctl_call, n)
-
-                async def base_block() -> list[float]:
-                    return await sequential(base_call, n)
-
-                sides: dict[str, Callable[[], Awaitable[list[float]]]] = {
-                    "base": base_block, "ctl": ctl_block}
-                if floor is not None:
-                    pinger = floor
-                    floor_n = max(50, p.floor_calls // p.rounds)
-                    pinger.block(200)
-
-                    async def floor_block() -> list[float]:
-                        # synchronous on purpose: the floor has no event loop under it
-                        return pinger.block(floor_n)
-
-                    sides["floor"] = floor_block
-                blocks = await alternate(sides, p.rounds)
-                result.ctl_us = [x for b in blocks["ctl"] for x in b]
-                result.base_us = [x for b in blocks["base"] for x in b]
-                result.floor_us = [x for b in blocks.get("floor", []) for x in b]
-            if throughput:
-                total, callers = p.tput_block, result.callers
-                await concurrent_rate(ctl_call, total // 4, callers)
-                await concurrent_rate(base_call, total // 4, callers)
-                rates = await alternate({
-                    "base": lambda: concurrent_rate(base_call, total, callers),
-                    "ctl": lambda: concurrent_rate(ctl_call, total, callers),
-                }, p.tput_rounds)
-                result.ctl_rate, result.base_rate = rates["ctl"], rates["base"]
+    async def ctl_run() -> EngineRun:
+        async with ctl_echo(ctl_address) as (ctl, call):
+            run = await engine_run(call, ctl_pids, p, latency=latency,
+                                   throughput=throughput, callers=result.callers)
             assert ctl.registry.live_count == 0
+            return run
+
+    async def base_run() -> EngineRun:
+        async with base_echo(base_address) as call:
+            return await engine_run(call, base_pids, p, latency=latency,
+                                    throughput=throughput, callers=result.callers)
 
     floor = FloorPinger(floor_address) if floor_address is not None and latency else None
+    sides: dict[str, Callable[[], Any]] = {
+        "ctl": lambda: anyio.run(ctl_run, backend=backend),
+        "base": lambda: anyio.run(base_run, backend=backend)}
     try:
-        anyio.run(run, floor, backend=backend)
+        if floor is not None:
+            pinger = floor
+            pinger.block(200)
+            floor_n = max(50, p.floor_calls // p.runs)
+            sides["floor"] = lambda: pinger.block(floor_n)
+        runs = alternate_runs(sides, p.runs)
     finally:
         if floor is not None:
             floor.close()
+    result.ctl, result.base = runs["ctl"], runs["base"]
+    result.floor_us = runs.get("floor", [])
     return result
 
 
 # -- fan-out to 8 engines, many callers queued at once, on each backend -------------------
 @dataclass
+class FanOutRun:
+    """One side's run: fan-outs per second and CPU per fan-out, by callers queued at once."""
+
+    rate: dict[int, float] = field(default_factory=dict)
+    cpu: dict[int, Cpu] = field(default_factory=dict)
+
+
+@dataclass
 class FanOutResult:
-    """Fan-outs per second by callers queued at once, on one backend, per side."""
+    """Each run of each side (in run order), on one backend."""
 
     backend: str
     engines: int
-    ctl_rate: dict[int, list[float]] = field(default_factory=dict)
-    base_rate: dict[int, list[float]] = field(default_factory=dict)
+    ctl: list[FanOutRun] = field(default_factory=list)
+    base: list[FanOutRun] = field(default_factory=list)
 
 
 async def burst_rate(one: CallFn, callers: int) -> float:
@@ -274,51 +316,88 @@ async def burst_rate(one: CallFn, callers: int) -> float:
 
 
 @contextlib.asynccontextmanager
+async def ctl_fan_out(address: str, engines: int
+                      ) -> AsyncIterator[tuple[ControlClient, CallFn]]:
+    """ctlwire's queueing fan-out to ``engines`` ranks, ready and checked."""
+    # the last of 4,000 queued callers waits for the 3,999 before it: a timeout that
+    # bounds the whole queue, not one fan-out
+    async with _ctl_client(address, engines, timeout=600.0) as ctl:
+        await ctl.wait_ready(timeout=20)
+
+        async def call() -> Any:
+            return await ctl.fan_out("echo", PAYLOAD, mode="queueing")
+
+        _check((await call()).results, dict.fromkeys(range(engines), PAYLOAD),
+               "ctlwire fan-out")
+        yield ctl, call
+
+
+@contextlib.asynccontextmanager
+async def base_fan_out(address: str, engines: int) -> AsyncIterator[CallFn]:
+    """The anyio Lock + Event communicator over bare pyzmq engines, ready and checked."""
+    async with PyzmqUtilityClient(address) as base:
+        await base.wait_ready(range(engines), timeout=20)
+        comm = LockFanOutCommunicator(base, "echo", range(engines))
+
+        async def call() -> Any:
+            return await comm(PAYLOAD)
+
+        _check(await call(), dict.fromkeys(range(engines), PAYLOAD), "baseline fan-out")
+        yield call
+
+
+@contextlib.asynccontextmanager
 async def fan_out_calls(ctl_address: str, base_address: str, engines: int
                         ) -> AsyncIterator[tuple[ControlClient, CallFn, CallFn]]:
     """Both sides' queueing fan-out to ``engines`` ranks, ready and checked: ctlwire's
     FIFO mailbox and the anyio Lock + Event communicator over bare pyzmq engines."""
-    # the last of 4,000 queued callers waits for the 3,999 before it: a timeout that
-    # bounds the whole queue, not one fan-out
-    async with (_ctl_client(ctl_address, engines, timeout=600.0) as ctl,
-                PyzmqUtilityClient(base_address) as base):
-        await ctl.wait_ready(timeout=20)
-        await base.wait_ready(range(engines), timeout=20)
-        comm = LockFanOutCommunicator(base, "echo", range(engines))
-        expected = dict.fromkeys(range(engines), PAYLOAD)
-
-        async def ctl_call() -> Any:
-            return await ctl.fan_out("echo", PAYLOAD, mode="queueing")
-
-        async def base_call() -> Any:
-            return await comm(PAYLOAD)
-
-        _check((await ctl_call()).results, expected, "ctlwire fan-out")
-        _check(await base_call(), expected, "baseline fan-out")
+    async with (ctl_fan_out(ctl_address, engines) as (ctl, ctl_call),
+                base_fan_out(base_address, engines) as base_call):
         yield ctl, ctl_call, base_call
 
 
+async def fan_out_run(call: CallFn, engine_pids: Sequence[int], p: Params) -> FanOutRun:
+    """One run of ``call`` (a fan-out, its client open and checked): a warm-up burst,
+    then for each size in ``p.fan_callers`` that many callers queued at once, as many
+    bursts as make ``p.fan_block`` fan-outs (at least one), with the CPU per fan-out
+    of this process and of ``engine_pids``."""
+    meter = CpuMeter(engine_pids)
+    run = FanOutRun()
+    await burst_rate(call, min(p.fan_callers))
+    for callers in p.fan_callers:
+        bursts = max(1, p.fan_block // callers)
+        gc.collect()
+        meter.start()
+        t0 = time.perf_counter()
+        for _ in range(bursts):
+            await burst_rate(call, callers)
+        run.rate[callers] = bursts * callers / (time.perf_counter() - t0)
+        run.cpu[callers] = meter.per_op(bursts * callers)
+    return run
+
+
 def fan_out(ctl_address: str, base_address: str, engines: int, p: Params,
-            backend: str) -> FanOutResult:
+            backend: str, ctl_pids: Sequence[int] = (), base_pids: Sequence[int] = ()
+            ) -> FanOutResult:
     """Queueing fan-outs by callers queued at once (one task each, for each size in
     ``p.fan_callers``), ctlwire vs the anyio Lock + Event communicator, both on
-    ``backend``, each to its own ``engines`` processes, in ABBA order."""
+    ``backend``, each to its own ``engines`` processes (``ctl_pids``, ``base_pids``:
+    whose CPU is read), in ``p.runs`` alternating runs, each a fresh client."""
     result = FanOutResult(backend, engines)
 
-    async def run() -> None:
-        async with fan_out_calls(ctl_address, base_address, engines) as (ctl, ctl_call,
-                                                                         base_call):
-            for callers in p.fan_callers:
-                await burst_rate(ctl_call, callers)  # warm-up
-                await burst_rate(base_call, callers)
-                rates = await alternate({
-                    "base": functools.partial(burst_rate, base_call, callers),
-                    "ctl": functools.partial(burst_rate, ctl_call, callers),
-                }, p.fan_rounds)
-                result.ctl_rate[callers], result.base_rate[callers] = rates["ctl"], rates["base"]
+    async def ctl_run() -> FanOutRun:
+        async with ctl_fan_out(ctl_address, engines) as (ctl, call):
+            run = await fan_out_run(call, ctl_pids, p)
             assert ctl.registry.live_count == 0
+            return run
 
-    anyio.run(run, backend=backend)
+    async def base_run() -> FanOutRun:
+        async with base_fan_out(base_address, engines) as call:
+            return await fan_out_run(call, base_pids, p)
+
+    runs = alternate_runs({"ctl": lambda: anyio.run(ctl_run, backend=backend),
+                           "base": lambda: anyio.run(base_run, backend=backend)}, p.runs)
+    result.ctl, result.base = runs["ctl"], runs["base"]
     return result
 
 
@@ -341,8 +420,8 @@ def backend_round(one_address: str, fan_address: str | None, fan_engines: int,
     """One ``anyio.run`` on ``backend``: fresh clients bound at the addresses (the
     engines reconnect), warm-up, then the sequential, 64-concurrent and queueing
     fan-out scenarios (the rounds of ``python -m ctlwire.benchmarks.backend_pairs``)."""
-    seq_n = p.seq_block * 2 if p.quick else p.seq_block
-    tput_n = p.tput_block
+    seq_n = p.seq_block
+    tput_n = p.tput_block // 2
     fan_n = p.fan_block
 
     async def round_() -> BackendRound:

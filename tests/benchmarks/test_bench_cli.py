@@ -45,9 +45,26 @@ EXPECTED_ROWS = [
     ("engine_calls", "engine Python calls per plain request (one poll(), one request)"),
     ("engine_calls", "engine Python calls per plain request (one poll(), a burst of"),
     ("engine_calls", "idle poll() vs a bare non-blocking receive attempt"),
-    ("cpu", "client CPU per call, 64 concurrent callers, 1 engine, asyncio"),
-    ("cpu", "engine CPU per call, queueing fan-out to 8 engines, per rank, trio"),
+    ("cpu", "engine CPU per plain request, sequential calls, driven by ControlClient"),
+    ("cpu", "engine CPU per plain request, 64 concurrent callers, driven by ControlClient"),
+    ("cpu", "engine main thread CPU per plain request, sequential calls"),
+    ("cpu", "client CPU per call, sequential calls (the same ControlClient on both sides)"),
 ]
+
+#: the rows measured against a peer, each with its CPU rows beside it (the fan-out's
+#: with the client and its engines together as well)
+COMPARED = {
+    ("latency", "sequential call p50, 1 engine"): ("sequential calls, 1 engine", "call"),
+    ("throughput", "64 concurrent callers, 1 engine"): ("64 concurrent callers, 1 engine",
+                                                        "call"),
+    ("trio", "sequential call p50, 1 engine"): ("sequential calls, 1 engine", "call"),
+    ("trio", "64 concurrent callers, 1 engine"): ("64 concurrent callers, 1 engine", "call"),
+    **{("fanout", f"queueing fan-out, 8 engines, {n} callers at once, {backend}"):
+       (f"queueing fan-out, 8 engines, {n} callers at once, {backend}", "fan-out")
+       for n in (100, 500) for backend in ("asyncio", "trio")},
+}
+#: the groups whose every row is made of alternating runs of both sides
+PAIRED_GROUPS = {"latency", "floor", "throughput", "fanout", "trio", "cpu"}
 
 
 def _number(value: Any) -> bool:
@@ -100,6 +117,41 @@ def test_quick_bench_writes_every_row_with_ratio_and_target(
     assert 0.0 <= report["steal_pct"] <= 100.0
     assert set(report["group_steal_pct"]) >= {"latency/floor/throughput", "fanout", "trio"}
     assert all(0.0 <= v <= 100.0 for v in report["group_steal_pct"].values())
+
+    # beside every row measured against a peer: its CPU, client and engines, all threads
+    by_key = {(r["group"], r["scenario"]): r for r in rows}
+    for (group, scenario), (prefix, per) in COMPARED.items():
+        assert (group, scenario) in by_key, scenario
+        who = "8 engines" if per == "fan-out" else "1 engine"
+        wanted = [f"{prefix}: client CPU per {per} (all threads)",
+                  f"{prefix}: engine CPU per {per} ({who}, all threads)"]
+        if per == "fan-out":
+            wanted.append(f"{prefix}: total CPU per fan-out (client + 8 engines)")
+        for cpu_scenario in wanted:
+            row = by_key[(group, cpu_scenario)]
+            assert row["ctlwire"] > 0 and row["baseline"] > 0, cpu_scenario
+            assert row["unit"] == "µs", cpu_scenario
+    # a fan-out's total is its client's and its engines' CPU
+    prefix = "queueing fan-out, 8 engines, 100 callers at once, asyncio"
+    total, client, engines = (by_key[("fanout", f"{prefix}: {what}")] for what in (
+        "total CPU per fan-out (client + 8 engines)", "client CPU per fan-out (all threads)",
+        "engine CPU per fan-out (8 engines, all threads)"))
+    for side in ("ctlwire_runs", "baseline_runs"):
+        for t, c, e in zip(total["details"][side], client["details"][side],
+                           engines["details"][side], strict=True):
+            assert t == pytest.approx(c + e, abs=0.02)
+    # each of those rows: the medians of 2 alternating runs (--quick) and their ratios' spread
+    for row in rows:
+        if row["group"] not in PAIRED_GROUPS:
+            continue
+        details = row["details"]
+        assert details["runs"] == 2, row["scenario"]
+        assert len(details["ctlwire_runs"]) == len(details["baseline_runs"]) == 2
+        low, high = row["spread"]
+        assert low <= row["ratio"] <= high, row["scenario"]
+        assert details["ratios"] == pytest.approx(
+            [c / b for c, b in zip(details["ctlwire_runs"], details["baseline_runs"],
+                                   strict=True)], rel=0.01, abs=0.002)
 
     # a correctness invariant, not a speed target: every call was cleaned up
     registry = next(r for r in rows if r["scenario"].startswith("live registry entries"))
