@@ -29,6 +29,7 @@ from ctlwire.transports.errors import (
     WouldBlock,
 )
 from ctlwire.transports.transport import (
+    ClientTransport,
     Dropped,
     PeerDisconnected,
     Received,
@@ -101,10 +102,6 @@ class MemoryNetwork:
             raise TransportClosed("no open client transport")
         self._client._deliver_nowait((rank, data))
 
-    @property
-    def open_ranks(self) -> list[int]:
-        return sorted(r for r, e in self._engines.items() if not e.closed)
-
 
 class _Endpoint:
     def __init__(self, network: MemoryNetwork) -> None:
@@ -174,7 +171,7 @@ class _Endpoint:
         self._in_recv.close()
 
 
-class MemoryClientTransport(_Endpoint):
+class MemoryClientTransport(_Endpoint, ClientTransport):
     """The client end. ``peer`` of every received frame is the sending rank."""
 
     async def __aenter__(self) -> MemoryClientTransport:

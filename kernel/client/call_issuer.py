@@ -51,7 +51,6 @@ loop first).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -87,6 +86,7 @@ from ctlwire.transports.codec import PayloadTypeError
 from ctlwire.transports.envelope import NO_DEADLINE, Request
 from ctlwire.transports.errors import AuthenticationFailed as TransportAuthFailed
 from ctlwire.transports.errors import (
+    OversizedFrame,
     ProtocolVersionRefused,
     TransportClosed,
     TransportError,
@@ -94,7 +94,7 @@ from ctlwire.transports.errors import (
     WouldBlock,
 )
 from ctlwire.transports.task_waits import cancellation_checkpoint, task_waiter_factory
-from ctlwire.transports.transport import ClientTransport, encoded_sender
+from ctlwire.transports.transport import ClientTransport
 
 __all__ = ["CallIssuer"]
 
@@ -156,16 +156,9 @@ class CallIssuer:
                                           lambda: self.closed, lambda: self.now(),
                                           first_contact_retry)
         self._seq: dict[int, int] = {}
-        #: the transport's ``batched_sends()`` (one readiness check for a burst), if any
-        self._batched_sends: Callable[[], contextlib.AbstractContextManager[Any]] | None = (
-            getattr(transport, "batched_sends", None))
-        #: the transport's encoded-bytes send and the codec's encoder without size check,
-        #: when both exist (else None: envelopes go through ``send_nowait``)
-        encoded = encoded_sender(transport)
-        encode = self.codec.fast_envelope_encoder()
-        self._send_encoded: Callable[[int, bytes], None] | None = (
-            encoded if encoded is not None and encode is not None else None)
-        self._encode: Callable[[Request], bytes] = encode or self.codec.encode
+        #: the codec's encoder; without a size check when it has a fast one
+        self._encode: Callable[[Request], bytes] = (
+            self.codec.fast_envelope_encoder() or self.codec.encode)
         self._limit = self.codec.max_message_size
         #: the codec's value encoder without a wrapper, if it has one
         fast_value = self.codec.fast_value_codec()
@@ -210,9 +203,10 @@ class CallIssuer:
             trace = self.trace_provider() if self.trace_provider is not None else None
             probe = Request(_MAX_ID, _MAX_ID, method, raw, time.time() + 1e9, _MAX_ID, _MAX_ID,
                             trace)
-            size = len(self.codec._encode(probe))
-            if size > limit:
-                raise RequestTooLarge(method, size, limit)
+            try:
+                self.codec.encode(probe)
+            except OversizedFrame as exc:
+                raise RequestTooLarge(method, exc.size, limit) from None
         return raw
 
     def register(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
@@ -262,8 +256,8 @@ class CallIssuer:
         ranks = self.registry.release_all(
             entry, peers.is_lost if peers.lost_count or peers.retired else None)
         fence = self.fence if fence is None else fence
-        if len(ranks) > 1 and self._batched_sends is not None:
-            with self._batched_sends():
+        if len(ranks) > 1:
+            with self.transport.batched_sends():
                 return self._send_now(entry, ranks, raw, key, fence, wall_deadline)
         return self._send_now(entry, ranks, raw, key, fence, wall_deadline)
 
@@ -288,10 +282,10 @@ class CallIssuer:
         method = entry.method
         seqs = self._seq
         # encoded bytes straight to the transport (no envelope object per rank where
-        # the template is spliced, no frame list); the envelope only for the rare paths
-        send_encoded, encode, limit = self._send_encoded, self._encode, self._limit
+        # the template is spliced, no frame list); the envelope only for a send that waits
+        send_encoded, encode, limit = self.transport.send_encoded_nowait, self._encode, self._limit
         splice = None
-        if send_encoded is not None and len(ranks) >= _SPLICE_MIN_RANKS:
+        if len(ranks) >= _SPLICE_MIN_RANKS:
             splice = self.codec.request_splicer(Request(
                 rid, 0, method, raw, wall_deadline, 0, incarnation, trace, key, fence))
         waiting: list[tuple[int, Request]] | None = None
@@ -299,38 +293,24 @@ class CallIssuer:
             if not entry.is_open:
                 break  # decided (a failed send): the rest are not handed over
             seq = seqs[rank] = seqs.get(rank, 0) + 1
-            env: Request | None = None
-            if waiting is not None:
-                # behind a rank that must wait: sent after it, in order, as before
-                self.registry.unmark_sent(entry, rank)
-                waiting.append((rank, Request(rid, rank, method, raw, wall_deadline, seq,
-                                              incarnation, trace, key, fence)))
-                continue
-            try:
-                if send_encoded is not None:
-                    if splice is not None:
-                        data = splice(rank, seq)
-                    else:
-                        env = Request(rid, rank, method, raw, wall_deadline, seq, incarnation,
-                                      trace, key, fence)
-                        data = encode(env)
-                    if len(data) <= limit:
-                        send_encoded(rank, data)
-                        continue
-                if env is None:  # oversized: the transport's encode says so, typed
-                    env = Request(rid, rank, method, raw, wall_deadline, seq, incarnation,
-                                  trace, key, fence)
-                self.transport.send_nowait(rank, env)
-                continue
-            except TransportError as exc:
-                if not self._refused(entry, rank, exc):
-                    continue
             if waiting is None:
+                try:
+                    data = (splice(rank, seq) if splice is not None else encode(Request(
+                        rid, rank, method, raw, wall_deadline, seq, incarnation, trace, key,
+                        fence)))
+                    if len(data) > limit:
+                        raise OversizedFrame(len(data), limit)
+                    send_encoded(rank, data)
+                    continue
+                except TransportError as exc:
+                    if not self._refused(entry, rank, exc):
+                        continue
                 waiting = []
-            if env is None:
-                env = Request(rid, rank, method, raw, wall_deadline, seq, incarnation, trace,
-                              key, fence)
-            waiting.append((rank, env))
+            else:
+                # behind a rank that must wait: sent after it, in order
+                self.registry.unmark_sent(entry, rank)
+            waiting.append((rank, Request(rid, rank, method, raw, wall_deadline, seq,
+                                          incarnation, trace, key, fence)))
         return waiting
 
     def _refused(self, entry: PendingRequest, rank: int, exc: TransportError) -> bool:

@@ -58,7 +58,7 @@ from typing import Any, Literal
 import anyio
 from anyio.abc import TaskGroup
 
-from ctlwire.kernel.builtin_methods import BUILTIN_METHODS
+from ctlwire.kernel.builtin_methods import BUILTIN_METHODS, ENGINE_METRICS_METHOD
 from ctlwire.kernel.client.call_arguments import check_method, checked_timeout
 from ctlwire.kernel.client.call_issuer import CallIssuer
 from ctlwire.kernel.client.fan_out_mailbox import FanOutMailbox, FanOutMailboxes, FanOutMode
@@ -137,6 +137,9 @@ class ControlClient:
         admit_on_join: bool = False,
         remote_exceptions: Collection[type[Exception]] | None = None,
     ) -> None:
+        if not isinstance(transport, ClientTransport):
+            raise TypeError(f"{type(transport).__name__} is not a ClientTransport (send_nowait(), "
+                            "send() and receive())")
         self.transport = transport
         self.codec = transport.codec
         initial = tuple(range(ranks)) if isinstance(ranks, int) else tuple(ranks)
@@ -354,16 +357,14 @@ class ControlClient:
         is lost, or was removed from the membership, fails at once with
         NotDelivered (ValueError: a rank this client never had).
         """
-        if type(method) is not str or not method:
-            check_method(method)  # raises
+        check_method(method)
         if rank is None:
             if not self.ranks:
                 raise ValueError("this client has no ranks (yet): name one")
             rank = self.ranks[0]
         elif rank not in self.roster.rank_set:
             self.roster.check(rank)  # a removed rank passes; an unknown one raises
-        budget = (self.method_timeouts.get(method, self.default_timeout) if timeout is None
-                  else checked_timeout(timeout))  # timeout_for()
+        budget = self.timeout_for(method, timeout)
         raw = self.issuer.encode_payload(payload, method)
         key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
         deadline, wall_deadline = self.issuer.now() + budget, self.issuer.wall_clock() + budget
@@ -491,8 +492,6 @@ class ControlClient:
         ``ctlwire.metrics`` method every :class:`EngineEndpoint` serves. The
         answer is also kept in :attr:`last_engine_metrics` (what
         :func:`ctlwire.kernel.metrics.snapshot` and the Prometheus exporter show)."""
-        from ctlwire.kernel.metrics import ENGINE_METRICS_METHOD
-
         result: dict[str, Any] = await self.call(ENGINE_METRICS_METHOD, rank=rank,
                                                  timeout=timeout)
         self.last_engine_metrics[rank] = result

@@ -2,8 +2,7 @@
 
 :class:`ClientReceiver` is one task of a
 :class:`~ctlwire.kernel.client.control_client.ControlClient`: it awaits the
-transport's ``receive_many()`` (``receive()``, one event a call, on a transport
-without it) and hands each event on, without awaiting in between:
+transport's ``receive_many()`` and hands each event on, without awaiting in between:
 
 * a reply to the request map (after the peer table saw its rank), and the
   request's waiters are woken when the reply decided it;
@@ -52,7 +51,6 @@ from ctlwire.transports.transport import (
     Dropped,
     PeerDisconnected,
     Received,
-    batch_receiver,
 )
 
 __all__ = ["ClientReceiver"]
@@ -67,8 +65,7 @@ class ClientReceiver:
                  liveness: LivenessMonitor, counters: dict[str, int],
                  on_closed: Callable[[], Awaitable[None]]) -> None:
         self.transport = transport
-        #: the transport's receive_many, or its receive() one event at a time
-        self.receive_many = batch_receiver(transport)
+        self.receive_many = transport.receive_many
         self.issuer = issuer
         self.registry = issuer.registry
         self.liveness = liveness

@@ -21,13 +21,12 @@ from ctlwire.transports.transport import (
     PeerDisconnected,
     Received,
     TransportEvent,
-    batch_receiver,
 )
 
 __all__ = ["FaultyClientTransport"]
 
 
-class FaultyClientTransport(_FaultyBase):
+class FaultyClientTransport(_FaultyBase, ClientTransport):
     """A :class:`ClientTransport` that injects the faults of ``plan`` (a
     :class:`FaultPlan`, or a :class:`FaultInjector` to share) into ``inner``.
 
@@ -177,7 +176,7 @@ class FaultyClientTransport(_FaultyBase):
         return deliver
 
     async def _pump(self) -> None:
-        receive_many = batch_receiver(self.inner)
+        receive_many = self.inner.receive_many
         while True:
             try:
                 events = await receive_many()

@@ -61,7 +61,7 @@ class Counting:
         self.gates.setdefault(method, anyio.Event()).set()
 
 
-class BlockingSends:
+class BlockingSends(ClientTransport):
     """Wraps a client transport: sends to ranks in ``blocked`` find the
     high-water mark reached (``send_nowait`` raises WouldBlock, ``send`` waits
     for ever). Records how each blocked send ended."""

@@ -26,7 +26,7 @@ from ctlwire.kernel.testing import EngineHarness, TransitionRecorder
 from ctlwire.states import PeerState, RequestEvent, RequestState
 from ctlwire.transports.codec import JsonCodec, MsgpackCodec, PayloadTypeError
 from ctlwire.transports.envelope import Envelope
-from ctlwire.transports.transport import ClientTransport
+from ctlwire.transports.transport import ClientTransport, TransportEvent
 
 
 def echo_methods(ep: EngineEndpoint) -> None:
@@ -79,7 +79,7 @@ def test_a_withheld_rank_counts_as_not_sent_until_resent() -> None:
     reg.release(entry)
 
 
-class Batching:
+class Batching(ClientTransport):
     """A client transport wrapper with ``batched_sends()`` that records, per send,
     whether it was made inside a batch."""
 
@@ -112,6 +112,15 @@ class Batching:
         if type(envelope).__name__ == "Request":
             self.sends.append((rank, self._depth > 0))
         self.inner.send_nowait(rank, envelope)
+
+    async def send(self, rank: int, envelope: Envelope) -> None:
+        await self.inner.send(rank, envelope)
+
+    async def receive(self) -> TransportEvent:
+        return await self.inner.receive()
+
+    async def receive_many(self, limit: int = 64) -> list[TransportEvent]:
+        return await self.inner.receive_many(limit)
 
 
 @pytest.mark.anyio
