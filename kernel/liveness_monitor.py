@@ -6,7 +6,7 @@ which ranks to give up on::
 
     monitor = LivenessMonitor(transport, ranks, interval=0.25, misses_allowed=4,
                               fail_rank=client_fail_rank, counters=client.counters)
-    monitor.now = loop_clock()                # once the event loop runs
+    monitor.now = current_backend().clock     # once the event loop runs
     tg.start_soon(monitor.run, incarnation)   # heartbeats (when interval is set)
     ...
     monitor.seen(rank, reply.incarnation, authoritative=False)   # on every reply

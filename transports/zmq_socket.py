@@ -17,7 +17,7 @@ socket call (so a cancelled operation never took or queued a message):
   if the fd is still readable (a zero-timeout ``poll``, which takes nothing), the
   watcher wakes on it as usual.
 * One waiter at a time watches the fd (an interruptible
-  :func:`~ctlwire.transports.task_waits.fd_watch`: an event loop allows one waiter per
+  :class:`~ctlwire.transports.task_waits.FdWatch`: an event loop allows one waiter per
   fd) that a wake-up of its direction interrupts; the others wait on their
   direction's ``anyio.Event``. When the watcher leaves, for any reason,
   it wakes the others and the first one that still has to wait watches next.
@@ -36,7 +36,7 @@ import zmq
 import zmq.asyncio
 
 from .errors import ForeignThreadError, SocketClosed
-from .task_waits import FdWatch, fd_watch
+from .task_waits import FdWatch, current_backend
 from .zmq_frames import Frames, receiver_for, recv_queued, send_frames, socket_type_name
 
 __all__ = ["AsyncZmqSocket", "ForeignThreadError", "Frames", "SocketClosed"]
@@ -436,7 +436,7 @@ class AsyncZmqSocket:
             return False
         watch = self._fd_watch
         if watch is None:
-            watch = self._fd_watch = fd_watch(self._fd)
+            watch = self._fd_watch = current_backend().fd_watch(self._fd)
         self._watch = watch
         self._watch_flag = flag
         try:

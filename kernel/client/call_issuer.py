@@ -62,7 +62,6 @@ import msgspec
 
 from ctlwire.kernel.client.call_outcome import CallOutcomes
 from ctlwire.kernel.client.deadline_reaper import DeadlineReaper
-from ctlwire.kernel.client.loop_clock import loop_clock
 from ctlwire.kernel.client.progress_callbacks import ProgressCallback, ProgressCallbacks
 from ctlwire.kernel.client.waiting import Receiver, waiter_of
 from ctlwire.kernel.client.waiting_sends import WaitingSends
@@ -93,7 +92,7 @@ from ctlwire.transports.errors import (
     Unroutable,
     WouldBlock,
 )
-from ctlwire.transports.task_waits import cancellation_checkpoint, task_waiter_factory
+from ctlwire.transports.task_waits import current_backend
 from ctlwire.transports.transport import ClientTransport
 
 __all__ = ["CallIssuer"]
@@ -144,7 +143,7 @@ class CallIssuer:
         #: ends the waits of requests and admission tickets at their deadlines (one task)
         self.reaper = DeadlineReaper(registry, self.wake)
         #: makes the waiter one caller parks on (the running loop's, set when the
-        #: client starts: :func:`~ctlwire.transports.task_waits.task_waiter_factory`)
+        #: client starts: :func:`~ctlwire.transports.task_waits.current_backend`)
         self.new_waiter: Callable[[], Any] = anyio.Event
         self._checkpoint_if_cancelled: Callable[[], Awaitable[None]] = (
             anyio.lowlevel.checkpoint_if_cancelled)
@@ -168,9 +167,10 @@ class CallIssuer:
     def bind_loop(self) -> Callable[[], float]:
         """Take the running event loop's clock and waiter (call it in the loop, when
         the client starts); returns the clock."""
-        self.now = loop_clock()
-        self.new_waiter = task_waiter_factory()
-        self._checkpoint_if_cancelled = cancellation_checkpoint()
+        backend = current_backend()
+        self.now = backend.clock
+        self.new_waiter = backend.new_waiter
+        self._checkpoint_if_cancelled = backend.checkpoint_if_cancelled
         return self.now
 
     def close(self) -> None:
