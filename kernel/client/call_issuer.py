@@ -64,18 +64,16 @@ from ctlwire.kernel.client.call_outcome import CallOutcomes
 from ctlwire.kernel.client.deadline_reaper import DeadlineReaper
 from ctlwire.kernel.client.progress_callbacks import ProgressCallback, ProgressCallbacks
 from ctlwire.kernel.client.waiting import Receiver, waiter_of
-from ctlwire.kernel.client.waiting_sends import WaitingSends
+from ctlwire.kernel.client.waiting_sends import WaitingSends, send_error
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
 from ctlwire.kernel.errors import (
     BUILTIN_EXCEPTIONS,
-    AuthenticationFailed,
     ClientClosed,
     NotDelivered,
     OutcomeUnknown,
     RequestTooLarge,
-    UnsupportedProtocolVersion,
 )
 from ctlwire.kernel.liveness_monitor import LivenessMonitor
 from ctlwire.kernel.primitives.admission_gate import AdmissionGate
@@ -83,14 +81,9 @@ from ctlwire.kernel.tracing import TraceProvider
 from ctlwire.states import PeerState
 from ctlwire.transports.codec import PayloadTypeError
 from ctlwire.transports.envelope import NO_DEADLINE, Request
-from ctlwire.transports.errors import AuthenticationFailed as TransportAuthFailed
 from ctlwire.transports.errors import (
     OversizedFrame,
-    ProtocolVersionRefused,
-    TransportClosed,
     TransportError,
-    Unroutable,
-    WouldBlock,
 )
 from ctlwire.transports.task_waits import current_backend
 from ctlwire.transports.transport import ClientTransport
@@ -318,22 +311,7 @@ class CallIssuer:
         must wait (for room, or for the rank's first contact): it is marked withheld.
         Else ``rank`` failed, typed (and the request's waiters are woken if that
         decided it)."""
-        error: Exception | None = None
-        if isinstance(exc, WouldBlock):
-            pass
-        elif isinstance(exc, TransportAuthFailed):
-            error = AuthenticationFailed(rank, exc.detail)
-        elif isinstance(exc, ProtocolVersionRefused):
-            error = UnsupportedProtocolVersion(rank, exc.detail)
-        elif isinstance(exc, Unroutable):
-            # never heard from (an engine still starting), or heard from by its
-            # beacon while its request connection is (re)connecting: wait for it
-            if self.peers.state(rank) is PeerState.LOST:
-                error = NotDelivered(rank, exc.detail or "unroutable")
-        elif isinstance(exc, TransportClosed):
-            error = ClientClosed(str(exc))
-        else:
-            error = NotDelivered(rank, repr(exc))
+        error = send_error(rank, exc, self.peers.state(rank) is PeerState.LOST)
         if error is not None:
             if self.registry.rank_failed(entry, rank, error):
                 self.wake(entry)

@@ -41,7 +41,25 @@ from ctlwire.transports.errors import (
 )
 from ctlwire.transports.transport import ClientTransport
 
-__all__ = ["WaitingSends"]
+__all__ = ["WaitingSends", "send_error"]
+
+
+def send_error(rank: int, exc: TransportError, lost: bool) -> Exception | None:
+    """The error that fails ``rank`` when the transport refused its frame with ``exc``
+    (``lost``: the rank is lost), typed by what it says of delivery; None when the
+    send should wait instead: for room (WouldBlock), or for the first contact of a
+    rank that is not lost (Unroutable)."""
+    if isinstance(exc, TransportAuthFailed):
+        return AuthenticationFailed(rank, exc.detail)
+    if isinstance(exc, ProtocolVersionRefused):
+        return UnsupportedProtocolVersion(rank, exc.detail)
+    if isinstance(exc, Unroutable):
+        return NotDelivered(rank, exc.detail or "unroutable") if lost else None
+    if isinstance(exc, WouldBlock):
+        return None
+    if isinstance(exc, TransportClosed):
+        return ClientClosed(str(exc))
+    return NotDelivered(rank, repr(exc))
 
 
 class WaitingSends:
@@ -104,34 +122,26 @@ class WaitingSends:
                         ) -> Exception | None:
         """Hand ``rank``'s frame over, waiting for room or first contact; the error
         that fails ``rank`` (None: handed over, or abandoned)."""
-        transport = self.transport
-        error: Exception | None = None
         try:
-            try:
-                transport.send_nowait(rank, env)
-            except WouldBlock:
-                await self._send_blocking(entry, rank, env)
-            except Unroutable as exc:
-                if (self.peers.state(rank) is PeerState.LOST
-                        or isinstance(exc, (TransportAuthFailed, ProtocolVersionRefused))):
-                    raise
-                if (not await self._send_after_first_contact(entry, rank, env)
-                        and self.peers.state(rank) is not PeerState.LOST):
-                    error = NotDelivered(rank, (
-                        "never heard from within the deadline"
-                        if self.peers.state(rank) is PeerState.UNKNOWN
-                        else "request connection not up within the deadline"))
-        except TransportAuthFailed as exc:
-            error = AuthenticationFailed(rank, exc.detail)
-        except ProtocolVersionRefused as exc:
-            error = UnsupportedProtocolVersion(rank, exc.detail)
-        except Unroutable as exc:
-            error = NotDelivered(rank, exc.detail or "unroutable")
-        except TransportClosed as exc:
-            error = ClientClosed(str(exc))
+            self.transport.send_nowait(rank, env)
+            return None
         except TransportError as exc:
-            error = NotDelivered(rank, repr(exc))
-        return error
+            error = send_error(rank, exc, self.peers.state(rank) is PeerState.LOST)
+            if error is not None:
+                return error
+            full = isinstance(exc, WouldBlock)
+        try:
+            if full:
+                await self._send_blocking(entry, rank, env)
+            elif (not await self._send_after_first_contact(entry, rank, env)
+                  and self.peers.state(rank) is not PeerState.LOST):
+                return NotDelivered(rank, (
+                    "never heard from within the deadline"
+                    if self.peers.state(rank) is PeerState.UNKNOWN
+                    else "request connection not up within the deadline"))
+        except TransportError as exc:  # refused while it waited: no more waiting
+            return send_error(rank, exc, lost=True)
+        return None
 
     async def _send_blocking(self, entry: PendingRequest, rank: int, env: Request) -> bool:
         """Wait for room to send (high-water mark), bounded by the request's
@@ -173,8 +183,7 @@ class WaitingSends:
                         await self.transport.send(rank, env)
                         return True
                     except Unroutable as exc:
-                        if (self.peers.state(rank) is PeerState.LOST
-                                or isinstance(exc, (TransportAuthFailed, ProtocolVersionRefused))):
+                        if send_error(rank, exc, self.peers.state(rank) is PeerState.LOST):
                             raise
                     with anyio.move_on_after(retry):
                         await changed.wait()
