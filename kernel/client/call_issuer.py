@@ -3,12 +3,10 @@
 :class:`CallIssuer` drives the sans-IO request map
 (:class:`~ctlwire.kernel.core.request_registry.RequestRegistry`) directly, with
 the awaits between its steps. A call to one rank is a fan-out to one rank:
-``ControlClient.call`` (:meth:`CallIssuer.call`) and every fan-out mode
-(:meth:`CallIssuer.fan_out`, admitted first by the method's
+``ControlClient.call`` and every fan-out mode (admitted first by the method's
 :class:`~ctlwire.kernel.primitives.admission_gate.AdmissionGate` when queueing)
-go through the same steps, :meth:`send_all` and :meth:`wait_outcome` (a one-rank
-call takes them without a coroutine of their own: the checkpoint first, then
-:meth:`hand_over` and the awaitable of :meth:`outcome_wait`)::
+are one path, :meth:`CallIssuer.issue`, which registers, then takes the two steps
+a watching fan-out takes too, :meth:`send_all` and :meth:`wait_outcome`::
 
     entry = issuer.register("pause", (0, 1), Policy.ALL, budget=5.0)
     try:
@@ -21,11 +19,11 @@ call takes them without a coroutine of their own: the checkpoint first, then
 Guarantees:
 
 * **Register before send.** :meth:`send_all` hands a frame over only for a
-  rank the request map released (registered and marked Sent), so a reply can
+  rank the request map planned (registered and marked Sent), so a reply can
   never find its request missing.
-* **Nothing sent for a cancelled or closed caller.** :meth:`send_all` checks
-  for cancellation before the first frame, and raises ClientClosed once
-  :meth:`close` was called.
+* **Nothing sent for a cancelled or closed caller.** :meth:`issue` checks for
+  cancellation before anything is registered, and :meth:`send_all` raises
+  ClientClosed once :meth:`close` was called.
 * **Sends are bounded.** A send waiting for room (high-water mark) or for a
   rank's first contact ends by the request's deadline, and is abandoned as
   soon as the request is decided or the rank is lost (:meth:`fail_rank`); the
@@ -45,8 +43,8 @@ transport's ``batched_sends()`` (one readiness re-check for the burst instead of
 one per rank); a fan-out to many ranks encodes its request once as a template
 into which each rank's ``rank`` and ``seq`` are spliced (one encode instead of
 one per rank); a caller of one rank waiting alone receives its reply itself (the
-:class:`Receiver`: the reply reaches its caller without waking the receive
-loop first).
+client's receiver: the reply reaches its caller without waking the receive loop
+first).
 """
 
 from __future__ import annotations
@@ -66,7 +64,6 @@ from ctlwire.kernel.client.progress_callbacks import ProgressCallback, ProgressC
 from ctlwire.kernel.client.waiting import Receiver, waiter_of
 from ctlwire.kernel.client.waiting_sends import WaitingSends, send_error
 from ctlwire.kernel.core.fan_out_policy import Policy
-from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
 from ctlwire.kernel.errors import (
     BUILTIN_EXCEPTIONS,
@@ -138,7 +135,9 @@ class CallIssuer:
         #: makes the waiter one caller parks on (the running loop's, set when the
         #: client starts: :func:`~ctlwire.transports.task_waits.current_backend`)
         self.new_waiter: Callable[[], Any] = anyio.Event
-        self._checkpoint_if_cancelled: Callable[[], Awaitable[None]] = (
+        #: raises the caller's pending cancellation (the running loop's, set when the
+        #: client starts)
+        self.checkpoint_if_cancelled: Callable[[], Awaitable[None]] = (
             anyio.lowlevel.checkpoint_if_cancelled)
         #: the client's receiver: a caller waiting alone receives its reply itself
         #: (None: callers wait on their waiters only)
@@ -163,18 +162,14 @@ class CallIssuer:
         backend = current_backend()
         self.now = backend.clock
         self.new_waiter = backend.new_waiter
-        self._checkpoint_if_cancelled = backend.checkpoint_if_cancelled
+        self.checkpoint_if_cancelled = backend.checkpoint_if_cancelled
         return self.now
 
     def close(self) -> None:
         """Every request in flight fails ClientClosed (its waiters and a send blocked
         on its behalf are woken); further calls raise ClientClosed."""
         self.closed = True
-        registry = self.registry
-        for entry in registry.open_entries():
-            for rank in entry.outstanding():
-                registry.rank_failed(entry, rank, ClientClosed("client closed"))
-            registry.fail(entry)
+        for entry in self.registry.fail_open(lambda rank: ClientClosed("client closed")):
             self.wake(entry)
 
     # -- the steps of one call -------------------------------------------------
@@ -213,11 +208,53 @@ class CallIssuer:
             method, ranks, policy, deadline=self.now() + budget if deadline is None else deadline,
             timeout=budget, waiter=waiter)
 
+    async def issue(self, method: str, raw: msgspec.Raw, ranks: tuple[int, ...],
+                    policy: Policy, budget: float, deadline: float, result_type: Any,
+                    key: str = "", fence: int | None = None, *,
+                    gate: AdmissionGate | None = None,
+                    on_progress: ProgressCallback | None = None,
+                    left_out: dict[int, str] | None = None,
+                    wall_deadline: float | None = None, one_rank: bool = False) -> Any:
+        """One request, its outcome returned or raised: a :class:`FanOutResult`, or
+        with ``one_rank`` the one rank's result (``ControlClient.call``). Admitted
+        first by ``gate`` (first come, first served, one in flight) when given,
+        at once without. ``on_progress`` hears this request's progress only;
+        ``left_out``: the present ranks it does not address, and why (its observers
+        see them); ``wall_deadline``: ``deadline`` on :attr:`wall_clock`, for the
+        envelopes (None: read from the clocks when sending; infinite: none)."""
+        ticket = waiter = None
+        if gate is not None:
+            ticket = await gate.enter(deadline, budget, check_cancelled=False)
+            waiter = gate.hand_off(ticket, self.new_waiter())
+        entry: PendingRequest | None = None
+        try:
+            # the one checkpoint before anything is registered: a caller cancelled before
+            # it got here (even one handed the gate, then cancelled before it resumed)
+            # raises now, and leaving the gate passes it on
+            await self.checkpoint_if_cancelled()
+            entry = self.register(method, ranks, policy, budget, deadline, waiter)
+            entry.left_out = left_out
+            if on_progress is not None:
+                self.progress_callbacks.by_id[entry.id] = on_progress
+            await self.send_all(entry, raw, key, fence, wall_deadline)
+            await self.wait_outcome(entry, deadline)
+            if one_rank:
+                return self.outcomes.single_outcome(entry, ranks[0], result_type)
+            return self.outcomes.fan_out_outcome(entry, result_type)
+        finally:
+            if entry is not None:
+                if on_progress is not None:
+                    self.progress_callbacks.by_id.pop(entry.id, None)
+                self.registry.release(entry)
+            if ticket is not None:
+                gate.leave(ticket)  # type: ignore[union-attr]
+
     async def send_all(self, entry: PendingRequest, raw: msgspec.Raw, key: str = "",
-                       fence: int | None = None) -> None:
+                       fence: int | None = None, wall_deadline: float | None = None) -> None:
         """Hand ``entry``'s request to the transport for each rank the request map
-        releases (registered and marked Sent first); ``key`` and ``fence`` go in
-        its envelopes (``fence`` None: the client's).
+        plans (registered and marked Sent first); ``key`` and ``fence`` go in
+        its envelopes (``fence`` None: the client's). Raises ClientClosed once
+        :meth:`close` was called.
 
         Frames are handed over in rank order without suspending until one cannot
         be (a rank at its high-water mark, or not connected yet): that send waits,
@@ -225,41 +262,27 @@ class CallIssuer:
         the request decided, then the rest follow, one by one. Until its frame is
         handed over a rank counts as not sent (a loss means NotDelivered).
         """
-        # the only checkpoint before the first frame: a caller cancelled before it
-        # got here (even one handed the mailbox, then cancelled before it resumed)
-        # raises now, and its finish() passes the mailbox on
-        await self._checkpoint_if_cancelled()
-        waiting = self.hand_over(entry, raw, key, fence)
+        if self.closed:
+            raise ClientClosed("client is closed")
+        peers = self.peers
+        ranks = self.registry.plan_sends(
+            entry, peers.is_lost if peers.lost_count or peers.retired else None)
+        fence = self.fence if fence is None else fence
+        if len(ranks) > 1:
+            with self.transport.batched_sends():
+                waiting = self._send_now(entry, ranks, raw, key, fence, wall_deadline)
+        else:
+            waiting = self._send_now(entry, ranks, raw, key, fence, wall_deadline)
         if waiting:
             await self.waiting_sends.send(entry, waiting)
         if not entry.is_open:
             self.wake(entry)
 
-    def hand_over(self, entry: PendingRequest, raw: msgspec.Raw, key: str,
-                  fence: int | None, wall_deadline: float | None = None
-                  ) -> list[tuple[int, Request]] | None:
-        """What :meth:`send_all` does after its checkpoint without suspending: the
-        frames handed over (released by the request map, in rank order) until one
-        cannot be; returns the sends that must wait, in order (None: none). Raises
-        ClientClosed once :meth:`close` was called. ``wall_deadline``: the wall-clock
-        deadline the envelopes carry (None: the request's, read from the clocks now)."""
-        if self.closed:
-            raise ClientClosed("client is closed")
-        peers = self.peers
-        ranks = self.registry.release_all(
-            entry, peers.is_lost if peers.lost_count or peers.retired else None)
-        fence = self.fence if fence is None else fence
-        if len(ranks) > 1:
-            with self.transport.batched_sends():
-                return self._send_now(entry, ranks, raw, key, fence, wall_deadline)
-        return self._send_now(entry, ranks, raw, key, fence, wall_deadline)
-
     def _send_now(self, entry: PendingRequest, ranks: list[int], raw: msgspec.Raw, key: str,
-                  fence: int, wall_deadline: float | None = None
-                  ) -> list[tuple[int, Request]] | None:
+                  fence: int, wall_deadline: float | None) -> list[tuple[int, Request]] | None:
         """Hand the frames over, in rank order, until one cannot be without waiting
-        (never suspends). Returns that rank and those after it, withheld from the
-        sent ranks, with their frames (None: all handed over or failed)."""
+        (never suspends). Returns that rank and those after it, with their frames
+        (None: all handed over or failed)."""
         if wall_deadline is None:
             # the wall-clock deadline the envelopes carry (NO_DEADLINE: none)
             wall_deadline = NO_DEADLINE
@@ -274,6 +297,7 @@ class CallIssuer:
         rid = entry.id
         method = entry.method
         seqs = self._seq
+        sent = self.registry.sent
         # encoded bytes straight to the transport (no envelope object per rank where
         # the template is spliced, no frame list); the envelope only for a send that waits
         send_encoded, encode, limit = self.transport.send_encoded_nowait, self._encode, self._limit
@@ -294,30 +318,18 @@ class CallIssuer:
                     if len(data) > limit:
                         raise OversizedFrame(len(data), limit)
                     send_encoded(rank, data)
+                    sent(entry, rank)
                     continue
                 except TransportError as exc:
-                    if not self._refused(entry, rank, exc):
+                    error = send_error(rank, exc, self.peers.state(rank) is PeerState.LOST)
+                    if error is not None:
+                        if self.registry.rank_failed(entry, rank, error):
+                            self.wake(entry)
                         continue
-                waiting = []
-            else:
-                # behind a rank that must wait: sent after it, in order
-                self.registry.unmark_sent(entry, rank)
+                waiting = []  # for room, or the rank's first contact: this one and the rest
             waiting.append((rank, Request(rid, rank, method, raw, wall_deadline, seq,
                                           incarnation, trace, key, fence)))
         return waiting
-
-    def _refused(self, entry: PendingRequest, rank: int, exc: TransportError) -> bool:
-        """The transport refused ``rank``'s frame with ``exc``. True when the frame
-        must wait (for room, or for the rank's first contact): it is marked withheld.
-        Else ``rank`` failed, typed (and the request's waiters are woken if that
-        decided it)."""
-        error = send_error(rank, exc, self.peers.state(rank) is PeerState.LOST)
-        if error is not None:
-            if self.registry.rank_failed(entry, rank, error):
-                self.wake(entry)
-            return False
-        self.registry.unmark_sent(entry, rank)  # not handed over: a loss means NotDelivered
-        return True
 
     async def wait_outcome(self, entry: PendingRequest, deadline: float) -> None:
         """Wait until ``entry`` is decided or ``deadline`` (anyio clock) passes.
@@ -325,32 +337,17 @@ class CallIssuer:
         Expires the request only when its own deadline has passed; a watcher
         with an earlier personal deadline just stops waiting.
         """
-        wait = self.outcome_wait(entry, deadline)
-        if wait is not None:
-            await wait
-
-    def outcome_wait(self, entry: PendingRequest, deadline: float) -> Awaitable[Any] | None:
-        """:meth:`wait_outcome` as what to await at once (None: ``entry`` is decided
-        already, nothing to wait for): a caller awaits its waiter directly, without a
-        coroutine in between, when the request's own deadline ends the wait."""
-        if not (self.registry.mark_awaiting(entry) or entry.is_open):
-            return None  # decided already: a reply beat the wait, or every send failed
+        if not (self.registry.awaiting(entry) or entry.is_open):
+            return  # decided already: a reply beat the wait, or every send failed
         entry_deadline = entry.deadline if entry.deadline is not None else math.inf
-        reaper = self.reaper
-        if deadline >= entry_deadline and reaper.scope is not None:
+        receiver = self.receiver
+        if deadline >= entry_deadline and self.reaper.scope is not None:
             # the request's own deadline ends this wait: the reaper expires it and
             # wakes us (no cancel scope and no timer per call)
-            reaper.arm(entry, entry_deadline)
-            receiver = self.receiver
-            return (waiter_of(entry, self.new_waiter).wait() if receiver is None
-                    else receiver.wait(entry))
-        return self._wait_bounded(entry, deadline, entry_deadline)
-
-    async def _wait_bounded(self, entry: PendingRequest, deadline: float,
-                            entry_deadline: float) -> None:
-        """The wait of :meth:`outcome_wait` in a cancel scope ending at ``deadline`` (the
-        caller's is earlier than the request's, or the reaper is not running)."""
-        receiver = self.receiver
+            self.reaper.arm(entry, entry_deadline)
+            await (waiter_of(entry, self.new_waiter).wait() if receiver is None
+                   else receiver.wait(entry))
+            return
         with anyio.CancelScope(deadline=deadline):
             await (waiter_of(entry, self.new_waiter).wait() if receiver is None
                    else receiver.wait(entry))
@@ -367,70 +364,6 @@ class CallIssuer:
         if self.waiting_sends.blocked:
             self.waiting_sends.abandon(entry)
 
-    async def call(self, method: str, raw: msgspec.Raw, rank: int, budget: float,
-                   deadline: float, result_type: Any, key: str = "",
-                   fence: int | None = None, on_progress: ProgressCallback | None = None,
-                   wall_deadline: float | None = None) -> Any:
-        """One attempt of ``ControlClient.call``: a fan-out to the one ``rank``
-        (:meth:`send_all`'s steps, its checkpoint first: a caller cancelled before
-        it leaves no entry), its outcome returned or raised as that rank's.
-        ``wall_deadline``: ``deadline`` on :attr:`wall_clock`, for the envelope (None:
-        read from the clocks when sending; infinite: none)."""
-        await self._checkpoint_if_cancelled()
-        if self.closed:
-            raise ClientClosed("client is closed")
-        entry = self.registry.register(method, (rank,), Policy.ALL, deadline=deadline,
-                                       timeout=budget)
-        if on_progress is not None:
-            self.progress_callbacks.by_id[entry.id] = on_progress
-        try:
-            waiting = self.hand_over(entry, raw, key, fence, wall_deadline)
-            if waiting:
-                await self.waiting_sends.send(entry, waiting)
-            if not entry.is_open:
-                self.wake(entry)
-            wait = self.outcome_wait(entry, deadline)
-            if wait is not None:
-                await wait
-            return self.outcomes.single_outcome(entry, rank, result_type)
-        finally:
-            if on_progress is not None:
-                self.progress_callbacks.by_id.pop(entry.id, None)
-            self.registry.release(entry)
-
-    async def fan_out(self, method: str, raw: msgspec.Raw, ranks: tuple[int, ...],
-                      policy: Policy, budget: float, deadline: float,
-                      result_type: Any, key: str = "", fence: int | None = None,
-                      gate: AdmissionGate | None = None,
-                      on_progress: ProgressCallback | None = None,
-                      left_out: dict[int, str] | None = None) -> FanOutResult:
-        """One fan-out, its outcome returned or raised; admitted first by ``gate``
-        (first come, first served, one in flight) when given (mode ``queueing``),
-        at once without (``concurrent``). ``on_progress`` hears this request's
-        progress only; ``left_out``: the present ranks it does not address, and
-        why (the request's observers see them)."""
-        ticket = waiter = None
-        if gate is not None:
-            # (send_all's checkpoint is the cancellation check after the hand-off)
-            ticket = await gate.enter(deadline, budget, check_cancelled=False)
-            waiter = gate.hand_off(ticket, self.new_waiter())
-        entry: PendingRequest | None = None
-        try:
-            entry = self.register(method, ranks, policy, budget, deadline, waiter)
-            entry.left_out = left_out
-            if on_progress is not None:
-                self.progress_callbacks.by_id[entry.id] = on_progress
-            await self.send_all(entry, raw, key, fence)
-            await self.wait_outcome(entry, deadline)
-            return self.outcomes.fan_out_outcome(entry, result_type)
-        finally:
-            if entry is not None:
-                if on_progress is not None:
-                    self.progress_callbacks.by_id.pop(entry.id, None)
-                self.registry.release(entry)
-            if gate is not None and ticket is not None:
-                gate.leave(ticket)
-
     def abandon_unsent(self, entry: PendingRequest) -> None:
         """The caller sending ``entry`` left before handing every frame over (others
         share the request): each rank not handed over fails NotDelivered now."""
@@ -443,10 +376,8 @@ class CallIssuer:
     def fail_rank(self, rank: int, detail: str) -> None:
         """``rank`` is lost (or restarted): its requests fail, typed by whether each
         frame was handed over; sends waiting at that rank give up."""
-        waits_at = self.waiting_sends.waits_at
         for entry in self.registry.fail_rank(
                 rank, lambda r: OutcomeUnknown(r, detail),
-                unsent=lambda r: NotDelivered(r, f"{detail} (not sent)"),
-                not_handed_over=lambda e: waits_at(e, rank)):
+                lambda r: NotDelivered(r, f"{detail} (not sent)")):
             self.wake(entry)
         self.waiting_sends.abandon_rank(rank)

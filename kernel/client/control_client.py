@@ -370,8 +370,9 @@ class ControlClient:
         deadline, wall_deadline = self.issuer.now() + budget, self.issuer.wall_clock() + budget
         while True:
             try:
-                return await self.issuer.call(method, raw, rank, budget, deadline, result_type,
-                                              key, fence, on_progress, wall_deadline)
+                return await self.issuer.issue(
+                    method, raw, (rank,), Policy.ALL, budget, deadline, result_type, key, fence,
+                    on_progress=on_progress, wall_deadline=wall_deadline, one_rank=True)
             except (EngineDead, RemoteError) as exc:
                 if retry <= 0 or not self.retry_policy.retryable(exc, method, key):
                     raise
@@ -430,9 +431,9 @@ class ControlClient:
                 try:
                     more = await (watch(raw, targets, pol, budget, deadline, result_type, key,
                                         fence, joins, counted) if watch is not None
-                                   else issuer.fan_out(
+                                   else issuer.issue(
                         method, raw, targets, pol, budget, deadline, result_type, key, fence,
-                        gate, on_progress, counted))
+                        gate=gate, on_progress=on_progress, left_out=counted))
                     error = None
                 except FanOutFailed as exc:
                     more, error = exc.result, exc

@@ -289,11 +289,13 @@ class OwnIoFanOut(Generic[Req]):
         entry = request.entry
         if not entry.is_open:
             return False
-        self.registry.release_all(entry)  # marked Sent before the send: replies find it
+        slots = self.registry.plan_sends(entry)  # marked Sent before the send: replies find it
         flight = self._in_flight = _InFlight(entry, ticket)
         self._sending = True
         try:
             self.send(request.payload)
+            for slot in slots:
+                self.registry.sent(entry, slot)
         except Exception as exc:
             self._in_flight = None
             self.counters["send_failed"] += 1
@@ -313,14 +315,13 @@ class OwnIoFanOut(Generic[Req]):
         while nxt is not None and not self._send(nxt):
             nxt = self.queue.leave(nxt)
         if nxt is not None:
-            self.registry.mark_awaiting(nxt.waiter.entry)
+            self.registry.awaiting(nxt.waiter.entry)
 
     async def _wait(self, entry: PendingRequest, deadline: float) -> None:
         if not entry.is_open:
             return
         registry = self.registry
-        if entry.state is RequestState.SENT:
-            registry.mark_awaiting(entry)
+        registry.awaiting(entry)
         waiter = entry.waiter
         assert isinstance(waiter, anyio.Event)
         shared_deadline = entry.deadline if entry.deadline is not None else math.inf
@@ -432,11 +433,7 @@ class OwnIoFanOut(Generic[Req]):
         if self._closed:
             return
         self._closed = True
-        registry = self.registry
-        for entry in registry.open_entries():
-            for slot in entry.outstanding():
-                registry.rank_failed(entry, slot, ClientClosed(f"{self.name} closed"))
-            registry.fail(entry)
+        for entry in self.registry.fail_open(lambda slot: ClientClosed(f"{self.name} closed")):
             self._wake(entry)
         flight, self._in_flight = self._in_flight, None
         if flight is not None:

@@ -448,7 +448,8 @@ def test_tombstone_eviction_drops_the_oldest_first() -> None:
     ids = []
     for _ in range(3):
         entry = reg.register("m", (0,))
-        reg.mark_sent(entry, 0)
+        reg.plan_sends(entry)
+        reg.sent(entry, 0)
         reply = Reply(entry.id, 0, 1, True, reg_nil())
         assert reg.on_reply(reply)[0] is ReplyDisposition.COMPLETED
         reg.release(entry)
