@@ -61,7 +61,7 @@ import msgspec
 from ctlwire.kernel.client.call_outcome import CallOutcomes
 from ctlwire.kernel.client.deadline_reaper import DeadlineReaper
 from ctlwire.kernel.client.progress_callbacks import ProgressCallback, ProgressCallbacks
-from ctlwire.kernel.client.waiting import Receiver, waiter_of
+from ctlwire.kernel.client.receiver import ClientReceiver
 from ctlwire.kernel.client.waiting_sends import WaitingSends, send_error
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
@@ -109,7 +109,8 @@ class CallIssuer:
     """
 
     def __init__(self, transport: ClientTransport, registry: RequestRegistry,
-                 liveness: LivenessMonitor, *, fence: int = 0,
+                 liveness: LivenessMonitor, counters: dict[str, int],
+                 on_closed: Callable[[], Awaitable[None]], *, fence: int = 0,
                  trace_provider: TraceProvider | None = None,
                  first_contact_retry: float = 0.25,
                  exceptions: Mapping[str, type[Exception]] = BUILTIN_EXCEPTIONS) -> None:
@@ -139,9 +140,11 @@ class CallIssuer:
         #: client starts)
         self.checkpoint_if_cancelled: Callable[[], Awaitable[None]] = (
             anyio.lowlevel.checkpoint_if_cancelled)
-        #: the client's receiver: a caller waiting alone receives its reply itself
-        #: (None: callers wait on their waiters only)
-        self.receiver: Receiver | None = None
+        #: the receive loop, where every call waits: a caller waiting alone receives
+        #: its reply itself (``counters``: the client's; ``on_closed``: awaited when
+        #: the transport closes under it)
+        self.receiver = ClientReceiver(transport, registry, liveness, counters, on_closed,
+                                       self.wake, self.progress_callbacks)
         #: the sends that wait for room or for a rank's first contact
         self.waiting_sends = WaitingSends(transport, registry, liveness, self.wake,
                                           lambda: self.closed, lambda: self.now(),
@@ -163,6 +166,7 @@ class CallIssuer:
         self.now = backend.clock
         self.new_waiter = backend.new_waiter
         self.checkpoint_if_cancelled = backend.checkpoint_if_cancelled
+        self.receiver.bind(backend)
         return self.now
 
     def close(self) -> None:
@@ -232,7 +236,10 @@ class CallIssuer:
             # it got here (even one handed the gate, then cancelled before it resumed)
             # raises now, and leaving the gate passes it on
             await self.checkpoint_if_cancelled()
-            entry = self.register(method, ranks, policy, budget, deadline, waiter)
+            if self.closed:
+                raise ClientClosed("client is closed")
+            entry = self.registry.register(method, ranks, policy, deadline=deadline,
+                                           timeout=budget, waiter=waiter)
             entry.left_out = left_out
             if on_progress is not None:
                 self.progress_callbacks.by_id[entry.id] = on_progress
@@ -340,27 +347,23 @@ class CallIssuer:
         if not (self.registry.awaiting(entry) or entry.is_open):
             return  # decided already: a reply beat the wait, or every send failed
         entry_deadline = entry.deadline if entry.deadline is not None else math.inf
-        receiver = self.receiver
         if deadline >= entry_deadline and self.reaper.scope is not None:
             # the request's own deadline ends this wait: the reaper expires it and
             # wakes us (no cancel scope and no timer per call)
             self.reaper.arm(entry, entry_deadline)
-            await (waiter_of(entry, self.new_waiter).wait() if receiver is None
-                   else receiver.wait(entry))
+            await self.receiver.wait(entry)
             return
         with anyio.CancelScope(deadline=deadline):
-            await (waiter_of(entry, self.new_waiter).wait() if receiver is None
-                   else receiver.wait(entry))
+            await self.receiver.wait(entry)
         if entry.is_open and self.now() >= entry_deadline:
             self.registry.expire(entry)
 
     def wake(self, entry: PendingRequest) -> None:
+        """``entry`` was decided: whoever waits for it (its waiter, a send blocked on
+        its behalf) is woken."""
         waiter = entry.waiter
         if waiter is not None:
             waiter.set()
-        receiver = self.receiver
-        if receiver is not None and receiver.holder is entry:
-            receiver.decided(entry)
         if self.waiting_sends.blocked:
             self.waiting_sends.abandon(entry)
 

@@ -64,7 +64,6 @@ from ctlwire.kernel.client.call_issuer import CallIssuer
 from ctlwire.kernel.client.fan_out_mailbox import FanOutMailbox, FanOutMailboxes, FanOutMode
 from ctlwire.kernel.client.progress_callbacks import ProgressCallback
 from ctlwire.kernel.client.rank_roster import RankRoster, leave_out
-from ctlwire.kernel.client.receiver import ClientReceiver
 from ctlwire.kernel.client.retry_policy import RetryPolicy, merge_retried
 from ctlwire.kernel.core.fan_out_policy import MethodKinds, Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
@@ -171,7 +170,8 @@ class ControlClient:
                                         closed=lambda: self._closed)
         #: the IO of every call: register, send, wait, decode (the mailboxes' FanOutSender)
         self.issuer = CallIssuer(
-            transport, self.registry, self.liveness, trace_provider=trace_provider,
+            transport, self.registry, self.liveness, self.counters, self.aclose,
+            trace_provider=trace_provider,
             # a fencing token for every request: engines refuse tokens older than the
             # highest they accepted, so a replaced controller cannot act after its successor
             fence=new_fence() if fence is True else int(fence) if fence else 0,
@@ -189,8 +189,7 @@ class ControlClient:
         #: a fan-out without explicit ``ranks`` leaves them out
         self.quarantine = self.roster.quarantine
         #: the receive loop: each frame to the request map or the peer table
-        self.receiver = self.issuer.receiver = ClientReceiver(
-            transport, self.issuer, self.liveness, self.counters, self.aclose)
+        self.receiver = self.issuer.receiver
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -357,7 +356,8 @@ class ControlClient:
         is lost, or was removed from the membership, fails at once with
         NotDelivered (ValueError: a rank this client never had).
         """
-        check_method(method)
+        if type(method) is not str or not method:
+            check_method(method)  # raises
         if rank is None:
             if not self.ranks:
                 raise ValueError("this client has no ranks (yet): name one")
