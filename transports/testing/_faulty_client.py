@@ -75,14 +75,14 @@ class FaultyClientTransport(_FaultyBase, ClientTransport):
         raise TransportClosed from now on (the wrapped transport is closed on exit)."""
         if not self._closed:
             self._closed = True
-            self.faults._bump("closed")
+            self.faults.bump("closed")
             self._out.close()
 
     def _on_close_fault(self) -> None:
         self.close()
 
     def _notify_partition(self, rank: int) -> None:
-        self.faults._bump("partition_notices")
+        self.faults.bump("partition_notices")
         self._put(PeerDisconnected(rank, "partitioned (fault injection)"))
 
     # -- ClientTransport -------------------------------------------------------------
@@ -204,7 +204,7 @@ class FaultyClientTransport(_FaultyBase, ClientTransport):
                 self._route("receive", rank, verdict, later, later)
         elif type(event) is PeerDisconnected:
             if event.rank is not None and faults.is_partitioned(event.rank):
-                faults._bump("disconnects_suppressed")
+                faults.bump("disconnects_suppressed")
             else:
                 if event.rank is not None:
                     self._disconnected(event.rank)

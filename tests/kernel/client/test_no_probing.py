@@ -1,10 +1,12 @@
-"""The client side asks its transport only what ``ClientTransport`` declares.
+"""The client side asks its transport only what ``ClientTransport`` declares, and
+reaches into no other object.
 
 Every method and attribute the kernel uses of a client transport is declared on
 the abstract class (with a default where a transport may do without), so no
 client-side module probes an object for what it has: no ``getattr``, ``hasattr``
-or ``inspect.signature`` anywhere in them. Read from the syntax tree (docstrings
-do not count).
+or ``inspect.signature`` anywhere in them; and none reads another object's private
+attribute (``other._x``: only ``self``'s, ``cls``'s and ``super()``'s). Read from the
+syntax tree (docstrings do not count).
 """
 
 from __future__ import annotations
@@ -40,6 +42,30 @@ def test_the_client_side_never_probes() -> None:
     assert len(files) > 20
     found = {str(p.relative_to(ROOT)): hits for p in files if (hits := probes(p.read_text()))}
     assert found == {}
+
+
+def reach_ins(source: str) -> list[str]:
+    """Where ``source`` reads a private attribute of an object other than its own."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                and not node.attr.startswith("__")):
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if (isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name)
+                    and owner.func.id == "super"):
+                continue
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_the_client_side_reaches_into_no_other_object() -> None:
+    files = sorted({p for pattern in CLIENT_SIDE for p in ROOT.glob(pattern)})
+    found = {str(p.relative_to(ROOT)): hits for p in files if (hits := reach_ins(p.read_text()))}
+    assert found == {}
+    assert reach_ins("size = len(self.codec._encode(probe))") == ["self.codec._encode"]
+    assert reach_ins("self._seq += 1\nsuper()._go(e)\nx = self.__class__") == []
 
 
 def test_the_check_sees_a_probe() -> None:
