@@ -132,7 +132,7 @@ class CallIssuer:
         #: the ``on_progress`` callbacks of the calls in flight
         self.progress_callbacks = ProgressCallbacks()
         #: ends the waits of requests and admission tickets at their deadlines (one task)
-        self.reaper = DeadlineReaper(registry, self.wake)
+        self.reaper = DeadlineReaper(registry, PendingRequest.wake)
         #: makes the waiter one caller parks on (the running loop's, set when the
         #: client starts: :func:`~ctlwire.transports.task_waits.current_backend`)
         self.new_waiter: Callable[[], Any] = anyio.Event
@@ -144,11 +144,10 @@ class CallIssuer:
         #: its reply itself (``counters``: the client's; ``on_closed``: awaited when
         #: the transport closes under it)
         self.receiver = ClientReceiver(transport, registry, liveness, counters, on_closed,
-                                       self.wake, self.progress_callbacks)
+                                       self.progress_callbacks)
         #: the sends that wait for room or for a rank's first contact
-        self.waiting_sends = WaitingSends(transport, registry, liveness, self.wake,
-                                          lambda: self.closed, lambda: self.now(),
-                                          first_contact_retry)
+        self.waiting_sends = WaitingSends(transport, registry, liveness, lambda: self.closed,
+                                          lambda: self.now(), first_contact_retry)
         self._seq: dict[int, int] = {}
         #: the codec's encoder; without a size check when it has a fast one
         self._encode: Callable[[Request], bytes] = (
@@ -174,7 +173,7 @@ class CallIssuer:
         on its behalf are woken); further calls raise ClientClosed."""
         self.closed = True
         for entry in self.registry.fail_open(lambda rank: ClientClosed("client closed")):
-            self.wake(entry)
+            entry.wake()
 
     # -- the steps of one call -------------------------------------------------
     def encode_payload(self, payload: Any, method: str = "") -> msgspec.Raw:
@@ -283,7 +282,7 @@ class CallIssuer:
         if waiting:
             await self.waiting_sends.send(entry, waiting)
         if not entry.is_open:
-            self.wake(entry)
+            entry.wake()
 
     def _send_now(self, entry: PendingRequest, ranks: list[int], raw: msgspec.Raw, key: str,
                   fence: int, wall_deadline: float | None) -> list[tuple[int, Request]] | None:
@@ -331,7 +330,7 @@ class CallIssuer:
                     error = send_error(rank, exc, self.peers.state(rank) is PeerState.LOST)
                     if error is not None:
                         if self.registry.rank_failed(entry, rank, error):
-                            self.wake(entry)
+                            entry.wake()
                         continue
                 waiting = []  # for room, or the rank's first contact: this one and the rest
             waiting.append((rank, Request(rid, rank, method, raw, wall_deadline, seq,
@@ -358,15 +357,6 @@ class CallIssuer:
         if entry.is_open and self.now() >= entry_deadline:
             self.registry.expire(entry)
 
-    def wake(self, entry: PendingRequest) -> None:
-        """``entry`` was decided: whoever waits for it (its waiter, a send blocked on
-        its behalf) is woken."""
-        waiter = entry.waiter
-        if waiter is not None:
-            waiter.set()
-        if self.waiting_sends.blocked:
-            self.waiting_sends.abandon(entry)
-
     def abandon_unsent(self, entry: PendingRequest) -> None:
         """The caller sending ``entry`` left before handing every frame over (others
         share the request): each rank not handed over fails NotDelivered now."""
@@ -374,7 +364,7 @@ class CallIssuer:
         for rank in entry.outstanding():
             if rank not in entry.sent_ranks and registry.rank_failed(
                     entry, rank, NotDelivered(rank, "not sent: the caller sending it left")):
-                self.wake(entry)
+                entry.wake()
 
     def fail_rank(self, rank: int, detail: str) -> None:
         """``rank`` is lost (or restarted): its requests fail, typed by whether each
@@ -382,5 +372,5 @@ class CallIssuer:
         for entry in self.registry.fail_rank(
                 rank, lambda r: OutcomeUnknown(r, detail),
                 lambda r: NotDelivered(r, f"{detail} (not sent)")):
-            self.wake(entry)
+            entry.wake()
         self.waiting_sends.abandon_rank(rank)

@@ -85,14 +85,12 @@ class _HolderWaiter:
 class ClientReceiver:
     """Receives a client's frames and hands each on; see the module docstring.
 
-    ``wake(entry)`` is called for a request a reply decided; ``on_closed()`` is
-    awaited when the transport closes under a receiver.
+    ``on_closed()`` is awaited when the transport closes under a receiver.
     """
 
     def __init__(self, transport: ClientTransport, registry: RequestRegistry,
                  liveness: LivenessMonitor, counters: dict[str, int],
                  on_closed: Callable[[], Awaitable[None]],
-                 wake: Callable[[PendingRequest], None],
                  progress_callbacks: ProgressCallbacks) -> None:
         self.transport = transport
         self.registry = registry
@@ -100,7 +98,6 @@ class ClientReceiver:
         self.peers = liveness.peers
         self.counters = counters
         self.on_closed = on_closed
-        self.wake = wake
         self.progress_callbacks = progress_callbacks
         #: the loop's clock and the maker of a caller's waiter (the running loop's,
         #: see :meth:`bind`)
@@ -220,7 +217,7 @@ class ClientReceiver:
                     self.peers.finished(rank, env.id)
                 disposition, entry = self.registry.on_reply(env, event.peer)
                 if disposition is ReplyDisposition.COMPLETED and entry is not None:
-                    self.wake(entry)
+                    entry.wake()
                     self._woke = entry
             elif type(env) is Heartbeat:
                 rank = env.rank if event.peer is None else event.peer

@@ -6,8 +6,8 @@ cannot take now is handed here, with the frames after it in rank order.
 :class:`WaitingSends` sends them one rank at a time:
 
 * **Bounded.** Each wait ends by the request's deadline, and is abandoned as
-  soon as the request is decided (:meth:`WaitingSends.abandon`) or the rank is
-  lost (:meth:`WaitingSends.abandon_rank`); the other ranks are still sent to.
+  soon as the request is decided (its waiter is set) or the rank is lost
+  (:meth:`WaitingSends.abandon_rank`); the other ranks are still sent to.
 * **Typed.** A frame never handed over fails its rank with NotDelivered; one
   refused for authentication or protocol version with AuthenticationFailed or
   UnsupportedProtocolVersion; a closed client with ClientClosed.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 
@@ -63,30 +64,42 @@ def send_error(rank: int, exc: TransportError, lost: bool) -> Exception | None:
     return NotDelivered(rank, repr(exc))
 
 
+class _AbandoningWaiter:
+    """The waiter of a request while one of its sends waits: the request's decision
+    abandons that send, then wakes whoever waits on the request's own waiter."""
+
+    __slots__ = ("inner", "scope")
+
+    def __init__(self, scope: anyio.CancelScope, inner: Any) -> None:
+        self.scope = scope
+        self.inner = inner
+
+    def set(self) -> None:
+        self.scope.cancel()
+        if self.inner is not None:
+            self.inner.set()
+
+    def wait(self) -> Any:
+        return self.inner.wait()
+
+
 class WaitingSends:
     """The sends of one client that wait; see the module docstring. ``now`` is the
     client's clock; ``retry`` paces the re-tries of a send to a rank never heard from."""
 
     def __init__(self, transport: ClientTransport, registry: RequestRegistry,
-                 liveness: LivenessMonitor, wake: Callable[[PendingRequest], None],
-                 closed: Callable[[], bool], now: Callable[[], float], retry: float) -> None:
+                 liveness: LivenessMonitor, closed: Callable[[], bool],
+                 now: Callable[[], float], retry: float) -> None:
         self.transport = transport
         self.registry = registry
         self.liveness = liveness
         self.peers = liveness.peers
         self.retry = retry
-        self._wake = wake
         self._closed = closed
         self._now = now
         #: request id -> (the scope of a send waiting for room or first contact, its
         #: rank); empty while no send waits
         self.blocked: dict[int, tuple[anyio.CancelScope, int]] = {}
-
-    def abandon(self, entry: PendingRequest) -> None:
-        """``entry`` was decided: a send waiting on its behalf gives up."""
-        blocked = self.blocked.get(entry.id)
-        if blocked is not None:
-            blocked[0].cancel()
 
     def abandon_rank(self, rank: int) -> None:
         """``rank`` is lost: sends waiting at it give up."""
@@ -102,7 +115,7 @@ class WaitingSends:
                 break
             error = await self._send_one(entry, rank, env)
             if error is not None and self.registry.rank_failed(entry, rank, error):
-                self._wake(entry)
+                entry.wake()
             if entry.is_open and entry.deadline is not None and self._now() >= entry.deadline:
                 break  # the deadline passed while a send waited: the request expires
 
@@ -121,6 +134,8 @@ class WaitingSends:
             full = isinstance(exc, WouldBlock)
             scope = anyio.CancelScope(deadline=entry.deadline or math.inf)
             self.blocked[entry.id] = (scope, rank)
+            waiter = entry.waiter
+            entry.waiter = _AbandoningWaiter(scope, waiter)  # a decision abandons the send
             try:
                 with scope:
                     await (self.transport.send(rank, env) if full
@@ -130,6 +145,7 @@ class WaitingSends:
             except TransportError as refused:  # refused while it waited: no more waiting
                 return send_error(rank, refused, lost=True)
             finally:
+                entry.waiter = waiter
                 self.blocked.pop(entry.id, None)
             if full or self.peers.state(rank) is PeerState.LOST:
                 return None  # abandoned

@@ -129,6 +129,12 @@ class PendingRequest:
     def is_terminal(self) -> bool:
         return self.state in _TERMINAL
 
+    def wake(self) -> None:
+        """Tell whoever waits for this request's decision: its waiter, if it has one."""
+        waiter = self.waiter
+        if waiter is not None:
+            waiter.set()
+
     def outstanding(self) -> list[int]:
         """Ranks that have neither answered nor failed."""
         return [r for r in self.ranks if r not in self.replies and r not in self.errors]

@@ -302,7 +302,7 @@ class OwnIoFanOut(Generic[Req]):
             request.error = exc
             for slot in entry.outstanding():
                 self.registry.rank_failed(entry, slot, NotDelivered(slot, f"send raised {exc!r}"))
-            self._wake(entry)
+            entry.wake()
             return False
         finally:
             self._sending = False
@@ -329,7 +329,7 @@ class OwnIoFanOut(Generic[Req]):
             await waiter.wait()
         if entry.is_open and entry.deadline is not None and anyio.current_time() >= entry.deadline:
             registry.expire(entry)  # its own deadline (not only a watcher's): it timed out
-            self._wake(entry)
+            entry.wake()
 
     def _outcome(self, entry: PendingRequest, budget: float, started: bool) -> FanOutResult:
         outcomes = self.outcomes
@@ -359,12 +359,6 @@ class OwnIoFanOut(Generic[Req]):
             if request.ticket is not None and request.ticket.state is TicketState.QUEUED:
                 self.queue.leave(request.ticket)
 
-    @staticmethod
-    def _wake(entry: PendingRequest) -> None:
-        waiter = entry.waiter
-        if waiter is not None:
-            waiter.set()
-
     # -- the receive loop's side ---------------------------------------------------------
     def deliver(self, reply: Any, *, error: BaseException | ErrorInfo | None = None
                 ) -> ReplyDisposition:
@@ -393,7 +387,7 @@ class OwnIoFanOut(Generic[Req]):
         disposition, _ = self.registry.on_reply(Reply(entry.id, slot, 0, info is None, value,
                                                       info))
         if disposition is ReplyDisposition.COMPLETED:
-            self._wake(entry)
+            entry.wake()
         flight.answered.add(slot)
         if len(flight.answered) >= slots:  # drained: the next request goes out
             self._in_flight = None
@@ -423,7 +417,7 @@ class OwnIoFanOut(Generic[Req]):
         entry = flight.entry
         for slot in entry.outstanding() if entry.is_open else ():
             if self.registry.rank_failed(entry, slot, OutcomeUnknown(slot, "given up (reset)")):
-                self._wake(entry)
+                entry.wake()
         self._pass_on(flight.ticket)
 
     # -- lifetime ------------------------------------------------------------------------
@@ -434,7 +428,7 @@ class OwnIoFanOut(Generic[Req]):
             return
         self._closed = True
         for entry in self.registry.fail_open(lambda slot: ClientClosed(f"{self.name} closed")):
-            self._wake(entry)
+            entry.wake()
         flight, self._in_flight = self._in_flight, None
         if flight is not None:
             self._pass_on(flight.ticket)  # nothing more is sent: every request is decided
