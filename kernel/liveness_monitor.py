@@ -6,7 +6,7 @@ which ranks to give up on::
 
     monitor = LivenessMonitor(transport, ranks, interval=0.25, misses_allowed=4,
                               fail_rank=client_fail_rank, counters=client.counters)
-    monitor.now = loop_clock()                # once the event loop runs
+    monitor.now = current_backend().clock     # once the event loop runs
     tg.start_soon(monitor.run, incarnation)   # heartbeats (when interval is set)
     ...
     monitor.seen(rank, reply.incarnation, authoritative=False)   # on every reply
@@ -48,7 +48,6 @@ calls in flight is the client's ``fail_rank``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
@@ -62,7 +61,7 @@ from ctlwire.kernel.errors import ClientClosed, RequestTimedOut
 from ctlwire.states import LIVE_PEER_STATES
 from ctlwire.transports.envelope import Heartbeat
 from ctlwire.transports.errors import TransportError, Unroutable, WouldBlock
-from ctlwire.transports.transport import ClientTransport, encoded_sender
+from ctlwire.transports.transport import ClientTransport
 
 __all__ = ["LIVE_HEARTBEAT_EVERY", "LivenessMonitor"]
 
@@ -243,11 +242,6 @@ class LivenessMonitor:
         assert interval
         peers = self.peers
         transport = self.transport
-        # a heartbeat is encoded once a tick when the transport takes encoded bytes, and
-        # its sends re-check the socket's readiness once a tick, not once per rank
-        send: Callable[[int, Any], None] = transport.send_nowait
-        send_encoded = encoded_sender(transport)
-        batched = getattr(transport, "batched_sends", contextlib.nullcontext)
         hb_seq = 0
         last = self.now()
         while True:
@@ -266,17 +260,15 @@ class LivenessMonitor:
                     self.rank_lost(rank, f"no heartbeat for {peers.misses_allowed} intervals")
             hb_seq += 1
             live = set(peers.live_ranks())
-            heartbeat: Any = Heartbeat(-1, incarnation, hb_seq)
-            if send_encoded is not None:
-                heartbeat, send = transport.codec.encode(heartbeat), send_encoded
+            heartbeat = Heartbeat(-1, incarnation, hb_seq)
             # a live rank needs only to know we are there: at the first tick, then less often
             to_live = (hb_seq - 1) % LIVE_HEARTBEAT_EVERY == 0
-            with batched():
+            with transport.batched_sends():  # one readiness re-check a tick
                 for rank in self.ranks:
                     if not to_live and rank in live:
                         continue
                     try:
-                        send(rank, heartbeat)
+                        transport.send_nowait(rank, heartbeat)
                         self.counters["heartbeats_sent"] += 1
                     except Unroutable:
                         # unroutable and silent: gone. (Unroutable while its beacon is

@@ -42,10 +42,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ctlwire.kernel.builtin_methods import BUILTIN_METHODS, ENGINE_METRICS_METHOD
+from ctlwire.kernel.core.membership import Membership
 from ctlwire.kernel.core.peer_table import PeerTable
+from ctlwire.kernel.core.quarantine import FleetQuarantine
 from ctlwire.kernel.core.request_outcome import request_outcome
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
 from ctlwire.states import CONTROL_REQUEST_TABLE, RequestEvent, RequestState
+from ctlwire.transports.transport import ClientTransport
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -87,9 +90,13 @@ class _ClientView(Protocol):
     @property
     def counters(self) -> Mapping[str, int]: ...
     @property
-    def transport(self) -> object: ...
+    def transport(self) -> ClientTransport: ...
     @property
     def mailboxes(self) -> _Mailboxes: ...
+    membership: Membership
+    quarantine: FleetQuarantine
+    last_engine_metrics: dict[int, dict[str, Any]]
+    def rank_status(self, rank: int) -> dict[str, Any]: ...
 
 
 class _OperationsView(Protocol):
@@ -258,15 +265,11 @@ _CLIENT_DROPS = ("dropped_malformed", "dropped_oversized", "dropped_framing",
                  "dropped_wrong_type")
 
 
-def _membership(client: Any) -> dict[str, Any]:
-    membership = getattr(client, "membership", None)
-    if membership is None:
-        return {}
-    view: dict[str, Any] = membership.snapshot()
-    view["counters"] = dict(membership.counters)
-    status = client.rank_status
+def _membership(client: _ClientView) -> dict[str, Any]:
+    view: dict[str, Any] = client.membership.snapshot()
+    view["counters"] = dict(client.membership.counters)
     view["ranks"] = {r: {k: s[k] for k in ("present", "alive", "admissible", "excluded")}
-                     for r in membership.ranks if (s := status(r))}
+                     for r in client.membership.ranks if (s := client.rank_status(r))}
     return view
 
 
@@ -280,9 +283,7 @@ def client_metrics(client: _ClientView) -> dict[str, Any]:
     counters["fenced_incarnation"] = client.peers.fenced
     counters["foreign_rank"] = client.peers.foreign
     dropped = {"late": stats.late, "duplicate": stats.duplicate, "unknown": stats.unknown,
-               "stray": stats.stray,
-               "stale_incarnation": counters.get("stale_incarnation", 0)}
-    mailbox_depth = {m: b.depth for m, b in client.mailboxes.by_method.items()}
+               "stray": stats.stray, "stale_incarnation": counters.get("stale_incarnation", 0)}
     return {
         "role": "client",
         "live_requests": reg.live_count,
@@ -295,22 +296,20 @@ def client_metrics(client: _ClientView) -> dict[str, Any]:
         "replies_dropped": dropped,
         "frames_dropped": {k.removeprefix("dropped_"): counters.get(k, 0)
                            for k in _CLIENT_DROPS},
-        "mailbox_depth": mailbox_depth,
+        "mailbox_depth": {m: b.depth for m, b in client.mailboxes.by_method.items()},
         "peers": client.peers.snapshot(),
         "ranks": client.peers.describe(),
         # ranks out of routing (client.quarantine), with the operation and step why
-        "quarantined": (quarantine.snapshot()
-                        if (quarantine := getattr(client, "quarantine", None)) is not None
-                        else {}),
+        "quarantined": client.quarantine.snapshot(),
         # present ranks (revision, registrations, admission), the three predicates of
         # each, and the membership counters (stale revisions, fenced incarnations)
         "membership": _membership(client),
         "counters": counters,
-        "transport_counters": dict(getattr(client.transport, "counters", {}) or {}),
+        "transport_counters": dict(client.transport.counters),
         # CURVE handshakes lost because an engine refused our key
-        "auth_failures": int(getattr(client.transport, "auth_failures", 0)),
+        "auth_failures": client.transport.auth_failures,
         # CURVE handshakes this client refused (a key not allow-listed; the ROUTER client)
-        "auth_rejections": int(getattr(client.transport, "auth_rejections", 0)),
+        "auth_rejections": client.transport.auth_rejections,
     }
 
 
@@ -334,7 +333,7 @@ def snapshot(client: _ClientView, request_metrics: RequestMetrics | None = None,
         data["requests"] = metrics.snapshot()
     if operations is not None:
         data["operations"] = operations.metrics()
-    engines = getattr(client, "last_engine_metrics", None)
+    engines = client.last_engine_metrics
     if engines:
         data["engines"] = dict(engines)
     return data

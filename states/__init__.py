@@ -3,7 +3,8 @@
 Each machine is declared once with transitions (:mod:`ctlwire.states.control_request`,
 :mod:`~ctlwire.states.mailbox_ticket`, :mod:`~ctlwire.states.peer_link`,
 :mod:`~ctlwire.states.rank_membership`,
-:mod:`~ctlwire.states.inbound_request`, :mod:`~ctlwire.states.operation`); an
+:mod:`~ctlwire.states.inbound_request`, :mod:`~ctlwire.states.operation`,
+:mod:`~ctlwire.states.receive_turn`); an
 immutable ``(state, event) -> state`` table is derived from each at import and is
 what the kernel drives. Nothing in this package does IO, reads a clock, or
 imports anyio, zmq, the kernel or the transports.
@@ -42,15 +43,19 @@ from ctlwire.states.rank_membership import RANK_MEMBERSHIP as RANK_MEMBERSHIP
 from ctlwire.states.rank_membership import RANK_MEMBERSHIP_TABLE as RANK_MEMBERSHIP_TABLE
 from ctlwire.states.rank_membership import MemberEvent as MemberEvent
 from ctlwire.states.rank_membership import MemberState as MemberState
+from ctlwire.states.receive_turn import RECEIVE_TURN as RECEIVE_TURN
+from ctlwire.states.receive_turn import RECEIVE_TURN_TABLE as RECEIVE_TURN_TABLE
+from ctlwire.states.receive_turn import TurnEvent as TurnEvent
+from ctlwire.states.receive_turn import TurnState as TurnState
 from ctlwire.states.transition_table import MachineSpec as MachineSpec
 from ctlwire.states.transition_table import StateTable as StateTable
 from ctlwire.states.transition_table import build_machine as build_machine
 from ctlwire.states.transition_table import derive_table as derive_table
 
 MACHINES = (CONTROL_REQUEST, MAILBOX_TICKET, PEER_LINK, RANK_MEMBERSHIP, INBOUND_REQUEST,
-            OPERATION, OPERATION_RANK)
+            OPERATION, OPERATION_RANK, RECEIVE_TURN)
 TABLES = (CONTROL_REQUEST_TABLE, MAILBOX_TICKET_TABLE, PEER_LINK_TABLE, RANK_MEMBERSHIP_TABLE,
-          INBOUND_REQUEST_TABLE, OPERATION_TABLE, OPERATION_RANK_TABLE)
+          INBOUND_REQUEST_TABLE, OPERATION_TABLE, OPERATION_RANK_TABLE, RECEIVE_TURN_TABLE)
 
 # every public name bound above is exported: the imports are the one list
 __all__ = sorted(name for name, value in globals().items()

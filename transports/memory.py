@@ -29,6 +29,7 @@ from ctlwire.transports.errors import (
     WouldBlock,
 )
 from ctlwire.transports.transport import (
+    ClientTransport,
     Dropped,
     PeerDisconnected,
     Received,
@@ -72,20 +73,28 @@ class MemoryNetwork:
         return MemoryEngineTransport(self, rank)
 
     # -- wiring used by the two ends ------------------------------------------------
-    def _attach(self, engine: MemoryEngineTransport) -> None:
+    @property
+    def client(self) -> MemoryClientTransport | None:
+        """The client transport made last (open or closed), if any."""
+        return self._client
+
+    def attach(self, engine: MemoryEngineTransport) -> None:
+        """``engine`` opened: it serves its rank (RuntimeError if another open one does)."""
         current = self._engines.get(engine.rank)
         if current is not None and current is not engine and not current.closed:
             raise RuntimeError(f"rank {engine.rank} already has an open engine transport")
         self._engines[engine.rank] = engine
 
-    def _detach(self, engine: MemoryEngineTransport) -> None:
+    def detach(self, engine: MemoryEngineTransport) -> None:
+        """``engine`` closed: the client hears its rank disconnected."""
         if self._engines.get(engine.rank) is engine:
             del self._engines[engine.rank]
             client = self._client
             if client is not None and not client.closed:
-                client._deliver_nowait(PeerDisconnected(engine.rank, "engine transport closed"))
+                client.deliver_nowait(PeerDisconnected(engine.rank, "engine transport closed"))
 
-    def _engine(self, rank: int) -> MemoryEngineTransport:
+    def engine(self, rank: int) -> MemoryEngineTransport:
+        """The open engine transport of ``rank``; raises Unroutable without one."""
         engine = self._engines.get(rank)
         if engine is None or engine.closed:
             raise Unroutable(rank, "no engine transport open for this rank")
@@ -93,17 +102,13 @@ class MemoryNetwork:
 
     def inject_to_engine(self, rank: int, data: bytes) -> None:
         """Deliver raw bytes to ``rank`` as if the client had sent them."""
-        self._engine(rank)._deliver_nowait((None, data))
+        self.engine(rank).deliver_nowait((None, data))
 
     def inject_to_client(self, rank: int, data: bytes) -> None:
         """Deliver raw bytes to the client as if ``rank`` had sent them."""
         if self._client is None or self._client.closed:
             raise TransportClosed("no open client transport")
-        self._client._deliver_nowait((rank, data))
-
-    @property
-    def open_ranks(self) -> list[int]:
-        return sorted(r for r, e in self._engines.items() if not e.closed)
+        self._client.deliver_nowait((rank, data))
 
 
 class _Endpoint:
@@ -115,7 +120,8 @@ class _Endpoint:
         self._in_recv: MemoryObjectReceiveStream[_Item] = recv
         self.closed = False
 
-    def _deliver_nowait(self, item: _Item) -> None:
+    def deliver_nowait(self, item: _Item) -> None:
+        """Put ``item`` in this end's input, as the wire does; WouldBlock when full."""
         if self.closed:
             raise TransportClosed("peer transport is closed")
         try:
@@ -123,7 +129,8 @@ class _Endpoint:
         except anyio.WouldBlock:
             raise WouldBlock("in-memory buffer full") from None
 
-    async def _deliver(self, item: _Item) -> None:
+    async def deliver(self, item: _Item) -> None:
+        """Put ``item`` in this end's input, waiting for room."""
         if self.closed:
             raise TransportClosed("peer transport is closed")
         try:
@@ -174,7 +181,7 @@ class _Endpoint:
         self._in_recv.close()
 
 
-class MemoryClientTransport(_Endpoint):
+class MemoryClientTransport(_Endpoint, ClientTransport):
     """The client end. ``peer`` of every received frame is the sending rank."""
 
     async def __aenter__(self) -> MemoryClientTransport:
@@ -191,13 +198,13 @@ class MemoryClientTransport(_Endpoint):
         if self.closed:
             raise TransportClosed("client transport is closed")
         data = self.codec.encode(envelope)
-        self.network._engine(rank)._deliver_nowait((None, data))
+        self.network.engine(rank).deliver_nowait((None, data))
 
     async def send(self, rank: int, envelope: Envelope) -> None:
         if self.closed:
             raise TransportClosed("client transport is closed")
         data = self.codec.encode(envelope)
-        await self.network._engine(rank)._deliver((None, data))
+        await self.network.engine(rank).deliver((None, data))
 
 
 class MemoryEngineTransport(_Endpoint):
@@ -212,14 +219,14 @@ class MemoryEngineTransport(_Endpoint):
         if self.closed:
             raise TransportClosed("engine transport is closed")
         if not self._opened:
-            self.network._attach(self)
+            self.network.attach(self)
             self._opened = True
 
     def close(self) -> None:
         if self.closed:
             return
         self._close_streams()
-        self.network._detach(self)
+        self.network.detach(self)
 
     async def __aenter__(self) -> MemoryEngineTransport:
         self.open()
@@ -234,7 +241,7 @@ class MemoryEngineTransport(_Endpoint):
                                   "drive poll() from a task instead of blocking")
 
     def _client(self) -> MemoryClientTransport:
-        client = self.network._client
+        client = self.network.client
         if client is None or client.closed:
             raise Unroutable(self.rank, "no client transport open")
         return client
@@ -243,14 +250,14 @@ class MemoryEngineTransport(_Endpoint):
         if self.closed:
             raise TransportClosed("engine transport is closed")
         data = self.codec.encode(envelope)
-        self._client()._deliver_nowait((self.rank, data))
+        self._client().deliver_nowait((self.rank, data))
 
     async def send(self, route: Route, envelope: Envelope) -> None:
         if self.closed:
             raise TransportClosed("engine transport is closed")
         data = self.codec.encode(envelope)
-        await self._client()._deliver((self.rank, data))
+        await self._client().deliver((self.rank, data))
 
     def heartbeat_routes(self) -> Iterable[Route]:
-        client = self.network._client
+        client = self.network.client
         return () if client is None or client.closed else (None,)

@@ -1,21 +1,27 @@
-"""How a task waits, per backend: for a wake-up, for a readable fd, and for nothing if cancelled.
+"""The running event loop's backend: how a task waits, and the loop's clock, chosen once.
 
-Three waits on the hot paths, each the cheapest public mechanism of the running
-backend, resolved once (this is the one module that asks which backend runs):
+:func:`current_backend` is the one place in ctlwire that asks which async backend
+runs. It returns a :class:`Backend`: one object, chosen when it is called inside the
+loop, holding the cheapest public mechanism of that backend for each of
 
-* :func:`task_waiter_factory`: a waiter one task parks on until :meth:`set`
-  (asyncio: a ``Future`` of the running loop, awaited directly; trio:
-  ``trio.lowlevel.wait_task_rescheduled`` and ``reschedule``). It has the
-  interface of the waiters the request map wakes (``set()``, ``wait()``) and
-  stands where an ``anyio.Event`` would, without a backend look-up per waiter
-  or a waiter list.
-* :func:`fd_watch`: a wait until a file descriptor is readable that another
-  task ends at once with :meth:`FdWatch.interrupt` (asyncio: ``add_reader``
-  and a future; trio: ``trio.lowlevel.wait_readable`` in a ``trio.CancelScope``),
-  where anyio's ``wait_readable`` needs a cancel scope around it.
-* :func:`cancellation_checkpoint`: the backend's own check for a pending
+* :attr:`~Backend.new_waiter`: makes a :class:`TaskWaiter`, which one task parks on
+  until :meth:`~TaskWaiter.set` (asyncio: a ``Future`` of the running loop, awaited
+  directly; trio: ``trio.lowlevel.wait_task_rescheduled`` and ``reschedule``). It has
+  the interface of the waiters the request map wakes (``set()``, ``wait()``) and
+  stands where an ``anyio.Event`` would, without a backend look-up per waiter or a
+  waiter list.
+* :attr:`~Backend.fd_watch`: makes an :class:`FdWatch`, a wait until a file
+  descriptor is readable that another task ends at once with
+  :meth:`~FdWatch.interrupt` (asyncio: ``add_reader`` and a future; trio:
+  ``trio.lowlevel.wait_readable`` in a ``trio.CancelScope``), where anyio's
+  ``wait_readable`` needs a cancel scope around it.
+* :attr:`~Backend.checkpoint_if_cancelled`: the backend's own check for a pending
   cancellation (trio's, without anyio's backend look-up per call; anyio's on
   asyncio, the only public one there).
+* :attr:`~Backend.clock`: the loop's clock, the one ``anyio.current_time`` reads and
+  anyio's cancel-scope deadlines use (a virtual clock included), read without a
+  backend look-up; :attr:`~Backend.clock_source` is the object it belongs to (the
+  asyncio loop, or trio's ``Clock``).
 
 Guarantees:
 
@@ -28,6 +34,7 @@ Guarantees:
   concurrent ``wait()`` of a waiter raises RuntimeError; on asyncio the
   cancellation of one would end both). Shared waits (several watchers of one
   request) use ``anyio.Event``.
+* A backend belongs to the loop (asyncio) or run (trio) it was chosen in.
 """
 
 from __future__ import annotations
@@ -41,8 +48,7 @@ import anyio
 import anyio.lowlevel
 import sniffio
 
-__all__ = ["FdWatch", "TaskWaiter", "cancellation_checkpoint", "fd_watch",
-           "task_waiter_factory"]
+__all__ = ["Backend", "FdWatch", "TaskWaiter", "current_backend"]
 
 
 class TaskWaiter(Protocol):
@@ -107,7 +113,8 @@ class _Set:
 _SET = _Set()
 
 
-def _trio_factory() -> Callable[[], TaskWaiter]:
+@functools.cache
+def _trio_waiter_class() -> Callable[[], TaskWaiter]:
     from trio.lowlevel import Abort, current_task, reschedule, wait_task_rescheduled
 
     class _TrioWaiter:
@@ -143,25 +150,6 @@ def _trio_factory() -> Callable[[], TaskWaiter]:
             return wait_task_rescheduled(self._abort)
 
     return _TrioWaiter
-
-
-def task_waiter_factory() -> Callable[[], TaskWaiter]:
-    """A maker of :class:`TaskWaiter` for the running event loop (call it inside
-    the loop; the waiters it makes belong to that loop)."""
-    if sniffio.current_async_library() == "trio":
-        return _trio_factory()
-    return functools.partial(_FutureWaiter, asyncio.get_running_loop())
-
-
-def cancellation_checkpoint() -> Callable[[], Awaitable[None]]:
-    """The running backend's ``checkpoint_if_cancelled`` (raise the caller's pending
-    cancellation, else return without yielding), resolved once: trio's own, or
-    anyio's on asyncio (call it inside the loop)."""
-    if sniffio.current_async_library() == "trio":
-        from trio.lowlevel import checkpoint_if_cancelled
-
-        return checkpoint_if_cancelled
-    return anyio.lowlevel.checkpoint_if_cancelled
 
 
 class _ReaderWatch:
@@ -242,8 +230,29 @@ def _trio_watch_class() -> Callable[[int], FdWatch]:
     return _TrioWatch
 
 
-def fd_watch(fd: int) -> FdWatch:
-    """An :class:`FdWatch` of ``fd`` for the running backend (call it inside the loop)."""
+class Backend:
+    """The running loop's waits and clock (see the module docstring)."""
+
+    __slots__ = ("checkpoint_if_cancelled", "clock", "clock_source", "fd_watch", "new_waiter")
+
+    def __init__(self, new_waiter: Callable[[], TaskWaiter], fd_watch: Callable[[int], FdWatch],
+                 checkpoint_if_cancelled: Callable[[], Awaitable[None]],
+                 clock: Callable[[], float], clock_source: object) -> None:
+        self.new_waiter = new_waiter
+        self.fd_watch = fd_watch
+        self.checkpoint_if_cancelled = checkpoint_if_cancelled
+        self.clock = clock
+        self.clock_source = clock_source
+
+
+def current_backend() -> Backend:
+    """The :class:`Backend` of the running event loop (call it inside the loop)."""
     if sniffio.current_async_library() == "trio":
-        return _trio_watch_class()(fd)
-    return _ReaderWatch(fd)
+        import trio
+
+        clock = trio.lowlevel.current_clock()
+        return Backend(_trio_waiter_class(), _trio_watch_class(),
+                       trio.lowlevel.checkpoint_if_cancelled, clock.current_time, clock)
+    loop = asyncio.get_running_loop()
+    return Backend(functools.partial(_FutureWaiter, loop), _ReaderWatch,
+                   anyio.lowlevel.checkpoint_if_cancelled, loop.time, loop)

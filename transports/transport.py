@@ -21,8 +21,10 @@ Guarantees every implementation gives:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Hashable, Iterable
-from types import TracebackType
+from abc import ABC, abstractmethod
+from collections.abc import Hashable, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from types import MappingProxyType, TracebackType
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
@@ -38,8 +40,6 @@ __all__ = [
     "Received",
     "Route",
     "TransportEvent",
-    "batch_receiver",
-    "encoded_sender",
 ]
 
 Route = Hashable
@@ -84,66 +84,85 @@ class PeerDisconnected(msgspec.Struct, frozen=True, gc=False):
 TransportEvent = Received | Dropped | PeerDisconnected
 
 
-@runtime_checkable
-class ClientTransport(Protocol):
+class ClientTransport(ABC):
     """API-server side: one socket (or one per rank) to all engine ranks.
 
     Use as an async context manager: entering binds or connects, exiting
-    closes without hanging (bounded linger).
+    closes without hanging (bounded linger). A transport subclasses this class
+    and implements its abstract methods; every other method has a default built
+    on them, which a transport overrides when it can do better:
 
-    Optional, found on the transport's class when it defines them (a wrapper
-    that forwards other attributes is never bypassed): ``receive_many(limit)``
-    (the next event and those queued behind it, in order; see
-    :func:`batch_receiver`), ``send_encoded_nowait`` (:func:`encoded_sender`)
-    and ``batched_sends()``. A transport with only the methods below works.
+    * :meth:`receive_many`: :meth:`receive`, one event a call;
+    * :meth:`send_encoded_nowait`: the bytes decoded, then :meth:`send_nowait`;
+    * :meth:`batched_sends`: a block that does nothing more;
+    * :meth:`add_rank`, :meth:`move_rank`, :meth:`remove_rank`: nothing (routes
+      are learned from the peers' frames);
+    * :attr:`counters`, :attr:`auth_failures`, :attr:`auth_rejections`: none.
+
+    A wrapper that forwards other attributes to the transport it wraps is never
+    bypassed: the defaults are found on its own class and call its own methods.
     """
 
     codec: Codec
+    #: the transport's own counters (frames sent, received, dropped, ...), for metrics
+    counters: Mapping[str, int] = MappingProxyType({})
 
+    @abstractmethod
     async def __aenter__(self) -> ClientTransport: ...
 
+    @abstractmethod
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None: ...
 
+    @abstractmethod
     def send_nowait(self, rank: int, envelope: Envelope) -> None:
         """Send to ``rank`` now; raises Unroutable, WouldBlock, TransportClosed."""
 
+    @abstractmethod
     async def send(self, rank: int, envelope: Envelope) -> None:
         """Send to ``rank``, waiting for room; raises Unroutable, TransportClosed."""
 
+    @abstractmethod
     async def receive(self) -> TransportEvent:
         """The next event; raises TransportClosed once closed."""
 
+    async def receive_many(self, limit: int = 64) -> list[TransportEvent]:
+        """The next event (waiting for one) and up to ``limit - 1`` queued behind it,
+        in order; raises TransportClosed once closed."""
+        return [await self.receive()]
 
-def batch_receiver(transport: Any) -> Callable[[], Awaitable[list[TransportEvent]]]:
-    """What a receive loop awaits: ``transport.receive_many`` (the next event,
-    waiting for one, and those already queued behind it, in order) when the
-    transport's class defines it, else ``receive()`` as a list of one event.
-    Asked of the class, as :func:`encoded_sender` is. TypeError naming the
-    transport when it has no ``receive()`` either."""
-    if hasattr(type(transport), "receive_many"):
-        many: Callable[[], Awaitable[list[TransportEvent]]] = transport.receive_many
-        return many
-    receive = getattr(transport, "receive", None)
-    if not callable(receive):
-        raise TypeError(f"{type(transport).__name__} is not a ClientTransport: it has no "
-                        "receive() (nor receive_many())")
+    def send_encoded_nowait(self, rank: int, data: bytes) -> None:
+        """:meth:`send_nowait` of an envelope already encoded with :attr:`codec` (no
+        longer than its ``max_message_size``: the caller checks); the same errors."""
+        self.send_nowait(rank, self.codec.decode(data))
 
-    async def receive_one() -> list[TransportEvent]:
-        return [await receive()]
+    def batched_sends(self) -> AbstractContextManager[None]:
+        """A block of sends that does not suspend (a fan-out's, a heartbeat tick's),
+        which the transport may complete together."""
+        return nullcontext()
 
-    return receive_one
-
-
-def encoded_sender(transport: Any) -> Callable[[int, bytes], None] | None:
-    """``transport.send_nowait`` for bytes already encoded with its codec
-    (``send_encoded_nowait``), when the transport's class defines one, else None.
-    Asked of the class: a wrapper that forwards attributes but intercepts
-    ``send_nowait`` is never bypassed."""
-    if not hasattr(type(transport), "send_encoded_nowait"):
+    def add_rank(self, rank: int, address: str = "") -> None:
+        """``rank`` joined the client's membership, at ``address`` (a transport that
+        connects to each rank raises ValueError without one)."""
         return None
-    send: Callable[[int, bytes], None] = transport.send_encoded_nowait
-    return send
+
+    def move_rank(self, rank: int, address: str) -> None:
+        """``rank`` is now at ``address``."""
+        return None
+
+    def remove_rank(self, rank: int) -> None:
+        """``rank`` left the client's membership: its route or connection goes."""
+        return None
+
+    @property
+    def auth_failures(self) -> int:
+        """CURVE handshakes lost because a peer refused this side's key."""
+        return 0
+
+    @property
+    def auth_rejections(self) -> int:
+        """CURVE handshakes this side refused (a key not allow-listed)."""
+        return 0
 
 
 @runtime_checkable

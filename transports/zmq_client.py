@@ -243,19 +243,7 @@ class ZmqRouterClientTransport(_ZmqClientBase):
         self.counters["sent"] += 1
 
     def send_nowait(self, rank: int, envelope: Envelope) -> None:
-        sock = self._sock
-        if sock is None or self._closed:
-            raise TransportClosed("transport is not open")
-        frames = self._frames(rank, envelope)
-        try:
-            sock.send_multipart_nowait(frames)
-        except zmq.Again:
-            raise WouldBlock(f"rank {rank}: high-water mark reached") from None
-        except zmq.ZMQError as exc:
-            raise self._send_error(rank, exc) from None
-        except SocketClosed:
-            raise TransportClosed("transport is closed") from None
-        self.counters["sent"] += 1
+        self.send_encoded_nowait(rank, self._encode(envelope))
 
     async def send(self, rank: int, envelope: Envelope) -> None:
         sock = self._sock

@@ -30,7 +30,7 @@ from ctlwire.transports.protocol_version import (
     supported_version,
     version_text,
 )
-from ctlwire.transports.transport import Dropped, Received, TransportEvent
+from ctlwire.transports.transport import ClientTransport, Dropped, Received, TransportEvent
 from ctlwire.transports.zmq_config import (
     TransportContext,
     ZmqOptions,
@@ -48,7 +48,7 @@ __all__ = ["_ZmqClientBase"]
 _REFUSED_LIMIT = 4096
 
 
-class _ZmqClientBase:
+class _ZmqClientBase(ClientTransport):
     """Context, options, CURVE, monitors and orderly close, shared by the clients."""
 
     def __init__(self, *, codec: Codec | None, options: ZmqOptions | None,

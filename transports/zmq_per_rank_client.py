@@ -248,8 +248,10 @@ class _PerRankClient(_ZmqClientBase):
         return sock
 
     def send_nowait(self, rank: int, envelope: Envelope) -> None:
+        self.send_encoded_nowait(rank, self._encode(envelope))
+
+    def send_encoded_nowait(self, rank: int, data: bytes) -> None:
         sock = self._sock_for(rank)
-        data = self._encode(envelope)
         try:
             sock.send_multipart_nowait([data])
         except zmq.Again:

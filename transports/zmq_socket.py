@@ -17,7 +17,7 @@ socket call (so a cancelled operation never took or queued a message):
   if the fd is still readable (a zero-timeout ``poll``, which takes nothing), the
   watcher wakes on it as usual.
 * One waiter at a time watches the fd (an interruptible
-  :func:`~ctlwire.transports.task_waits.fd_watch`: an event loop allows one waiter per
+  :class:`~ctlwire.transports.task_waits.FdWatch`: an event loop allows one waiter per
   fd) that a wake-up of its direction interrupts; the others wait on their
   direction's ``anyio.Event``. When the watcher leaves, for any reason,
   it wakes the others and the first one that still has to wait watches next.
@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import select
 import threading
+from collections.abc import Callable
 from typing import Final
 
 import anyio
@@ -36,7 +37,7 @@ import zmq
 import zmq.asyncio
 
 from .errors import ForeignThreadError, SocketClosed
-from .task_waits import FdWatch, fd_watch
+from .task_waits import FdWatch, current_backend
 from .zmq_frames import Frames, receiver_for, recv_queued, send_frames, socket_type_name
 
 __all__ = ["AsyncZmqSocket", "ForeignThreadError", "Frames", "SocketClosed"]
@@ -56,23 +57,24 @@ _RETRY_MAX: Final = 0.05
 
 
 class _SendBatch:
-    """The block of :meth:`AsyncZmqSocket.batched_sends` (one per socket, re-entrant)."""
+    """The block of :meth:`AsyncZmqSocket.batched_sends` (one per socket, re-entrant): once
+    the outermost of ``depth`` blocks ends, ``recheck()`` if a send inside ``owed`` it."""
 
-    __slots__ = ("_sock",)
+    __slots__ = ("depth", "owed", "recheck")
 
-    def __init__(self, sock: AsyncZmqSocket) -> None:
-        self._sock = sock
+    def __init__(self, recheck: Callable[[], None]) -> None:
+        self.depth = 0
+        self.owed = False
+        self.recheck = recheck
 
     def __enter__(self) -> None:
-        self._sock._batch += 1
+        self.depth += 1
 
     def __exit__(self, *exc_info: object) -> None:
-        sock = self._sock
-        sock._batch -= 1
-        if not sock._batch and sock._recheck_owed:
-            sock._recheck_owed = False
-            if not sock._closed:
-                sock._after_call()
+        self.depth -= 1
+        if not self.depth and self.owed:
+            self.owed = False
+            self.recheck()
 
 
 class AsyncZmqSocket:
@@ -98,9 +100,9 @@ class AsyncZmqSocket:
     * After :meth:`close`, waiting and new operations raise :class:`SocketClosed`.
     """
 
-    __slots__ = ("_batch", "_closed", "_events", "_fd", "_fd_poll", "_fd_watch", "_meta", "_owner",
-                 "_poller", "_receiving", "_recheck_owed", "_recv", "_send_batch", "_socket",
-                 "_streak", "_type_name", "_waiting", "_watch", "_watch_flag")
+    __slots__ = ("_closed", "_events", "_fd", "_fd_poll", "_fd_watch", "_meta", "_owner",
+                 "_poller", "_receiving", "_recv", "_send_batch", "_socket", "_streak",
+                 "_type_name", "_waiting", "_watch", "_watch_flag")
 
     def __init__(self, socket: zmq.Socket[bytes]) -> None:
         """Wrap ``socket``; the calling thread becomes its owner.
@@ -133,9 +135,7 @@ class AsyncZmqSocket:
         self._watch: FdWatch | None = None  # the fd watch while a task waits on it
         self._fd_watch: FdWatch | None = None  # made in the event loop, on first use
         self._watch_flag = 0  # ... and its direction
-        self._batch = 0  # nesting of batched_sends()
-        self._recheck_owed = False  # a send inside batched_sends() found waiters
-        self._send_batch = _SendBatch(self)
+        self._send_batch = _SendBatch(self._after_send)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -288,8 +288,8 @@ class AsyncZmqSocket:
         finally:
             if self._events[_POLLIN] is not None or self._events[_POLLOUT] is not None or (
                     self._watch_flag and self._watch is not None):  # _after_send(), inline
-                if self._batch:
-                    self._recheck_owed = True
+                if self._send_batch.depth:
+                    self._send_batch.owed = True
                 elif not (self._closed or socket.closed):
                     self._after_call()
 
@@ -298,8 +298,8 @@ class AsyncZmqSocket:
         now, or at the end of the batched_sends() block (a woken one re-checks itself)."""
         if self._events[_POLLIN] is not None or self._events[_POLLOUT] is not None or (
                 self._watch_flag and self._watch is not None):
-            if self._batch:
-                self._recheck_owed = True
+            if self._send_batch.depth:
+                self._send_batch.owed = True
             elif not (self._closed or self._socket.closed):
                 self._after_call()
 
@@ -436,7 +436,7 @@ class AsyncZmqSocket:
             return False
         watch = self._fd_watch
         if watch is None:
-            watch = self._fd_watch = fd_watch(self._fd)
+            watch = self._fd_watch = current_backend().fd_watch(self._fd)
         self._watch = watch
         self._watch_flag = flag
         try:

@@ -8,8 +8,7 @@
 * :mod:`.fan_out_mailbox` -- per-method admission: queueing (FIFO) or watching.
 * :mod:`.deadline_reaper` -- one task that ends every wait at its deadline.
 * :mod:`.receiver` -- the receive loop: frames to the request map and peer table;
-  a caller of one rank waiting alone receives its own reply.
-* :mod:`.waiting` -- how a caller waits for its decision (its waiter, the receiver).
+  where a call waits (a caller of one rank waiting alone receives its own reply).
 * :mod:`.waiting_sends` -- sends that wait for room or a rank's first contact.
 * :mod:`.rank_roster` -- which ranks are present, alive, admissible.
 * :mod:`.retry_policy`, :mod:`.progress_callbacks`, :mod:`.call_arguments`.

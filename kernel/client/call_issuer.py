@@ -3,12 +3,10 @@
 :class:`CallIssuer` drives the sans-IO request map
 (:class:`~ctlwire.kernel.core.request_registry.RequestRegistry`) directly, with
 the awaits between its steps. A call to one rank is a fan-out to one rank:
-``ControlClient.call`` (:meth:`CallIssuer.call`) and every fan-out mode
-(:meth:`CallIssuer.fan_out`, admitted first by the method's
+``ControlClient.call`` and every fan-out mode (admitted first by the method's
 :class:`~ctlwire.kernel.primitives.admission_gate.AdmissionGate` when queueing)
-go through the same steps, :meth:`send_all` and :meth:`wait_outcome` (a one-rank
-call takes them without a coroutine of their own: the checkpoint first, then
-:meth:`hand_over` and the awaitable of :meth:`outcome_wait`)::
+are one path, :meth:`CallIssuer.issue`, which registers, then takes the two steps
+a watching fan-out takes too, :meth:`send_all` and :meth:`wait_outcome`::
 
     entry = issuer.register("pause", (0, 1), Policy.ALL, budget=5.0)
     try:
@@ -21,11 +19,11 @@ call takes them without a coroutine of their own: the checkpoint first, then
 Guarantees:
 
 * **Register before send.** :meth:`send_all` hands a frame over only for a
-  rank the request map released (registered and marked Sent), so a reply can
+  rank the request map planned (registered and marked Sent), so a reply can
   never find its request missing.
-* **Nothing sent for a cancelled or closed caller.** :meth:`send_all` checks
-  for cancellation before the first frame, and raises ClientClosed once
-  :meth:`close` was called.
+* **Nothing sent for a cancelled or closed caller.** :meth:`issue` checks for
+  cancellation before anything is registered, and :meth:`send_all` raises
+  ClientClosed once :meth:`close` was called.
 * **Sends are bounded.** A send waiting for room (high-water mark) or for a
   rank's first contact ends by the request's deadline, and is abandoned as
   soon as the request is decided or the rank is lost (:meth:`fail_rank`); the
@@ -45,13 +43,12 @@ transport's ``batched_sends()`` (one readiness re-check for the burst instead of
 one per rank); a fan-out to many ranks encodes its request once as a template
 into which each rank's ``rank`` and ``seq`` are spliced (one encode instead of
 one per rank); a caller of one rank waiting alone receives its reply itself (the
-:class:`Receiver`: the reply reaches its caller without waking the receive
-loop first).
+client's receiver: the reply reaches its caller without waking the receive loop
+first).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -63,21 +60,17 @@ import msgspec
 
 from ctlwire.kernel.client.call_outcome import CallOutcomes
 from ctlwire.kernel.client.deadline_reaper import DeadlineReaper
-from ctlwire.kernel.client.loop_clock import loop_clock
 from ctlwire.kernel.client.progress_callbacks import ProgressCallback, ProgressCallbacks
-from ctlwire.kernel.client.waiting import Receiver, waiter_of
-from ctlwire.kernel.client.waiting_sends import WaitingSends
+from ctlwire.kernel.client.receiver import ClientReceiver
+from ctlwire.kernel.client.waiting_sends import WaitingSends, send_error
 from ctlwire.kernel.core.fan_out_policy import Policy
-from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
 from ctlwire.kernel.errors import (
     BUILTIN_EXCEPTIONS,
-    AuthenticationFailed,
     ClientClosed,
     NotDelivered,
     OutcomeUnknown,
     RequestTooLarge,
-    UnsupportedProtocolVersion,
 )
 from ctlwire.kernel.liveness_monitor import LivenessMonitor
 from ctlwire.kernel.primitives.admission_gate import AdmissionGate
@@ -85,16 +78,12 @@ from ctlwire.kernel.tracing import TraceProvider
 from ctlwire.states import PeerState
 from ctlwire.transports.codec import PayloadTypeError
 from ctlwire.transports.envelope import NO_DEADLINE, Request
-from ctlwire.transports.errors import AuthenticationFailed as TransportAuthFailed
 from ctlwire.transports.errors import (
-    ProtocolVersionRefused,
-    TransportClosed,
+    OversizedFrame,
     TransportError,
-    Unroutable,
-    WouldBlock,
 )
-from ctlwire.transports.task_waits import cancellation_checkpoint, task_waiter_factory
-from ctlwire.transports.transport import ClientTransport, encoded_sender
+from ctlwire.transports.task_waits import current_backend
+from ctlwire.transports.transport import ClientTransport
 
 __all__ = ["CallIssuer"]
 
@@ -120,7 +109,8 @@ class CallIssuer:
     """
 
     def __init__(self, transport: ClientTransport, registry: RequestRegistry,
-                 liveness: LivenessMonitor, *, fence: int = 0,
+                 liveness: LivenessMonitor, counters: dict[str, int],
+                 on_closed: Callable[[], Awaitable[None]], *, fence: int = 0,
                  trace_provider: TraceProvider | None = None,
                  first_contact_retry: float = 0.25,
                  exceptions: Mapping[str, type[Exception]] = BUILTIN_EXCEPTIONS) -> None:
@@ -142,30 +132,26 @@ class CallIssuer:
         #: the ``on_progress`` callbacks of the calls in flight
         self.progress_callbacks = ProgressCallbacks()
         #: ends the waits of requests and admission tickets at their deadlines (one task)
-        self.reaper = DeadlineReaper(registry, self.wake)
+        self.reaper = DeadlineReaper(registry, PendingRequest.wake)
         #: makes the waiter one caller parks on (the running loop's, set when the
-        #: client starts: :func:`~ctlwire.transports.task_waits.task_waiter_factory`)
+        #: client starts: :func:`~ctlwire.transports.task_waits.current_backend`)
         self.new_waiter: Callable[[], Any] = anyio.Event
-        self._checkpoint_if_cancelled: Callable[[], Awaitable[None]] = (
+        #: raises the caller's pending cancellation (the running loop's, set when the
+        #: client starts)
+        self.checkpoint_if_cancelled: Callable[[], Awaitable[None]] = (
             anyio.lowlevel.checkpoint_if_cancelled)
-        #: the client's receiver: a caller waiting alone receives its reply itself
-        #: (None: callers wait on their waiters only)
-        self.receiver: Receiver | None = None
+        #: the receive loop, where every call waits: a caller waiting alone receives
+        #: its reply itself (``counters``: the client's; ``on_closed``: awaited when
+        #: the transport closes under it)
+        self.receiver = ClientReceiver(transport, registry, liveness, counters, on_closed,
+                                       self.progress_callbacks)
         #: the sends that wait for room or for a rank's first contact
-        self.waiting_sends = WaitingSends(transport, registry, liveness, self.wake,
-                                          lambda: self.closed, lambda: self.now(),
-                                          first_contact_retry)
+        self.waiting_sends = WaitingSends(transport, registry, liveness, lambda: self.closed,
+                                          lambda: self.now(), first_contact_retry)
         self._seq: dict[int, int] = {}
-        #: the transport's ``batched_sends()`` (one readiness check for a burst), if any
-        self._batched_sends: Callable[[], contextlib.AbstractContextManager[Any]] | None = (
-            getattr(transport, "batched_sends", None))
-        #: the transport's encoded-bytes send and the codec's encoder without size check,
-        #: when both exist (else None: envelopes go through ``send_nowait``)
-        encoded = encoded_sender(transport)
-        encode = self.codec.fast_envelope_encoder()
-        self._send_encoded: Callable[[int, bytes], None] | None = (
-            encoded if encoded is not None and encode is not None else None)
-        self._encode: Callable[[Request], bytes] = encode or self.codec.encode
+        #: the codec's encoder; without a size check when it has a fast one
+        self._encode: Callable[[Request], bytes] = (
+            self.codec.fast_envelope_encoder() or self.codec.encode)
         self._limit = self.codec.max_message_size
         #: the codec's value encoder without a wrapper, if it has one
         fast_value = self.codec.fast_value_codec()
@@ -175,21 +161,19 @@ class CallIssuer:
     def bind_loop(self) -> Callable[[], float]:
         """Take the running event loop's clock and waiter (call it in the loop, when
         the client starts); returns the clock."""
-        self.now = loop_clock()
-        self.new_waiter = task_waiter_factory()
-        self._checkpoint_if_cancelled = cancellation_checkpoint()
+        backend = current_backend()
+        self.now = backend.clock
+        self.new_waiter = backend.new_waiter
+        self.checkpoint_if_cancelled = backend.checkpoint_if_cancelled
+        self.receiver.bind(backend)
         return self.now
 
     def close(self) -> None:
         """Every request in flight fails ClientClosed (its waiters and a send blocked
         on its behalf are woken); further calls raise ClientClosed."""
         self.closed = True
-        registry = self.registry
-        for entry in registry.open_entries():
-            for rank in entry.outstanding():
-                registry.rank_failed(entry, rank, ClientClosed("client closed"))
-            registry.fail(entry)
-            self.wake(entry)
+        for entry in self.registry.fail_open(lambda rank: ClientClosed("client closed")):
+            entry.wake()
 
     # -- the steps of one call -------------------------------------------------
     def encode_payload(self, payload: Any, method: str = "") -> msgspec.Raw:
@@ -210,9 +194,10 @@ class CallIssuer:
             trace = self.trace_provider() if self.trace_provider is not None else None
             probe = Request(_MAX_ID, _MAX_ID, method, raw, time.time() + 1e9, _MAX_ID, _MAX_ID,
                             trace)
-            size = len(self.codec._encode(probe))
-            if size > limit:
-                raise RequestTooLarge(method, size, limit)
+            try:
+                self.codec.encode(probe)
+            except OversizedFrame as exc:
+                raise RequestTooLarge(method, exc.size, limit) from None
         return raw
 
     def register(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
@@ -226,11 +211,56 @@ class CallIssuer:
             method, ranks, policy, deadline=self.now() + budget if deadline is None else deadline,
             timeout=budget, waiter=waiter)
 
+    async def issue(self, method: str, raw: msgspec.Raw, ranks: tuple[int, ...],
+                    policy: Policy, budget: float, deadline: float, result_type: Any,
+                    key: str = "", fence: int | None = None, *,
+                    gate: AdmissionGate | None = None,
+                    on_progress: ProgressCallback | None = None,
+                    left_out: dict[int, str] | None = None,
+                    wall_deadline: float | None = None, one_rank: bool = False) -> Any:
+        """One request, its outcome returned or raised: a :class:`FanOutResult`, or
+        with ``one_rank`` the one rank's result (``ControlClient.call``). Admitted
+        first by ``gate`` (first come, first served, one in flight) when given,
+        at once without. ``on_progress`` hears this request's progress only;
+        ``left_out``: the present ranks it does not address, and why (its observers
+        see them); ``wall_deadline``: ``deadline`` on :attr:`wall_clock`, for the
+        envelopes (None: read from the clocks when sending; infinite: none)."""
+        ticket = waiter = None
+        if gate is not None:
+            ticket = await gate.enter(deadline, budget, check_cancelled=False)
+            waiter = gate.hand_off(ticket, self.new_waiter())
+        entry: PendingRequest | None = None
+        try:
+            # the one checkpoint before anything is registered: a caller cancelled before
+            # it got here (even one handed the gate, then cancelled before it resumed)
+            # raises now, and leaving the gate passes it on
+            await self.checkpoint_if_cancelled()
+            if self.closed:
+                raise ClientClosed("client is closed")
+            entry = self.registry.register(method, ranks, policy, deadline=deadline,
+                                           timeout=budget, waiter=waiter)
+            entry.left_out = left_out
+            if on_progress is not None:
+                self.progress_callbacks.by_id[entry.id] = on_progress
+            await self.send_all(entry, raw, key, fence, wall_deadline)
+            await self.wait_outcome(entry, deadline)
+            if one_rank:
+                return self.outcomes.single_outcome(entry, ranks[0], result_type)
+            return self.outcomes.fan_out_outcome(entry, result_type)
+        finally:
+            if entry is not None:
+                if on_progress is not None:
+                    self.progress_callbacks.by_id.pop(entry.id, None)
+                self.registry.release(entry)
+            if ticket is not None:
+                gate.leave(ticket)  # type: ignore[union-attr]
+
     async def send_all(self, entry: PendingRequest, raw: msgspec.Raw, key: str = "",
-                       fence: int | None = None) -> None:
+                       fence: int | None = None, wall_deadline: float | None = None) -> None:
         """Hand ``entry``'s request to the transport for each rank the request map
-        releases (registered and marked Sent first); ``key`` and ``fence`` go in
-        its envelopes (``fence`` None: the client's).
+        plans (registered and marked Sent first); ``key`` and ``fence`` go in
+        its envelopes (``fence`` None: the client's). Raises ClientClosed once
+        :meth:`close` was called.
 
         Frames are handed over in rank order without suspending until one cannot
         be (a rank at its high-water mark, or not connected yet): that send waits,
@@ -238,41 +268,27 @@ class CallIssuer:
         the request decided, then the rest follow, one by one. Until its frame is
         handed over a rank counts as not sent (a loss means NotDelivered).
         """
-        # the only checkpoint before the first frame: a caller cancelled before it
-        # got here (even one handed the mailbox, then cancelled before it resumed)
-        # raises now, and its finish() passes the mailbox on
-        await self._checkpoint_if_cancelled()
-        waiting = self.hand_over(entry, raw, key, fence)
-        if waiting:
-            await self.waiting_sends.send(entry, waiting)
-        if not entry.is_open:
-            self.wake(entry)
-
-    def hand_over(self, entry: PendingRequest, raw: msgspec.Raw, key: str,
-                  fence: int | None, wall_deadline: float | None = None
-                  ) -> list[tuple[int, Request]] | None:
-        """What :meth:`send_all` does after its checkpoint without suspending: the
-        frames handed over (released by the request map, in rank order) until one
-        cannot be; returns the sends that must wait, in order (None: none). Raises
-        ClientClosed once :meth:`close` was called. ``wall_deadline``: the wall-clock
-        deadline the envelopes carry (None: the request's, read from the clocks now)."""
         if self.closed:
             raise ClientClosed("client is closed")
         peers = self.peers
-        ranks = self.registry.release_all(
+        ranks = self.registry.plan_sends(
             entry, peers.is_lost if peers.lost_count or peers.retired else None)
         fence = self.fence if fence is None else fence
-        if len(ranks) > 1 and self._batched_sends is not None:
-            with self._batched_sends():
-                return self._send_now(entry, ranks, raw, key, fence, wall_deadline)
-        return self._send_now(entry, ranks, raw, key, fence, wall_deadline)
+        if len(ranks) > 1:
+            with self.transport.batched_sends():
+                waiting = self._send_now(entry, ranks, raw, key, fence, wall_deadline)
+        else:
+            waiting = self._send_now(entry, ranks, raw, key, fence, wall_deadline)
+        if waiting:
+            await self.waiting_sends.send(entry, waiting)
+        if not entry.is_open:
+            entry.wake()
 
     def _send_now(self, entry: PendingRequest, ranks: list[int], raw: msgspec.Raw, key: str,
-                  fence: int, wall_deadline: float | None = None
-                  ) -> list[tuple[int, Request]] | None:
+                  fence: int, wall_deadline: float | None) -> list[tuple[int, Request]] | None:
         """Hand the frames over, in rank order, until one cannot be without waiting
-        (never suspends). Returns that rank and those after it, withheld from the
-        sent ranks, with their frames (None: all handed over or failed)."""
+        (never suspends). Returns that rank and those after it, with their frames
+        (None: all handed over or failed)."""
         if wall_deadline is None:
             # the wall-clock deadline the envelopes carry (NO_DEADLINE: none)
             wall_deadline = NO_DEADLINE
@@ -287,11 +303,12 @@ class CallIssuer:
         rid = entry.id
         method = entry.method
         seqs = self._seq
+        sent = self.registry.sent
         # encoded bytes straight to the transport (no envelope object per rank where
-        # the template is spliced, no frame list); the envelope only for the rare paths
-        send_encoded, encode, limit = self._send_encoded, self._encode, self._limit
+        # the template is spliced, no frame list); the envelope only for a send that waits
+        send_encoded, encode, limit = self.transport.send_encoded_nowait, self._encode, self._limit
         splice = None
-        if send_encoded is not None and len(ranks) >= _SPLICE_MIN_RANKS:
+        if len(ranks) >= _SPLICE_MIN_RANKS:
             splice = self.codec.request_splicer(Request(
                 rid, 0, method, raw, wall_deadline, 0, incarnation, trace, key, fence))
         waiting: list[tuple[int, Request]] | None = None
@@ -299,67 +316,26 @@ class CallIssuer:
             if not entry.is_open:
                 break  # decided (a failed send): the rest are not handed over
             seq = seqs[rank] = seqs.get(rank, 0) + 1
-            env: Request | None = None
-            if waiting is not None:
-                # behind a rank that must wait: sent after it, in order, as before
-                self.registry.unmark_sent(entry, rank)
-                waiting.append((rank, Request(rid, rank, method, raw, wall_deadline, seq,
-                                              incarnation, trace, key, fence)))
-                continue
-            try:
-                if send_encoded is not None:
-                    if splice is not None:
-                        data = splice(rank, seq)
-                    else:
-                        env = Request(rid, rank, method, raw, wall_deadline, seq, incarnation,
-                                      trace, key, fence)
-                        data = encode(env)
-                    if len(data) <= limit:
-                        send_encoded(rank, data)
-                        continue
-                if env is None:  # oversized: the transport's encode says so, typed
-                    env = Request(rid, rank, method, raw, wall_deadline, seq, incarnation,
-                                  trace, key, fence)
-                self.transport.send_nowait(rank, env)
-                continue
-            except TransportError as exc:
-                if not self._refused(entry, rank, exc):
-                    continue
             if waiting is None:
-                waiting = []
-            if env is None:
-                env = Request(rid, rank, method, raw, wall_deadline, seq, incarnation, trace,
-                              key, fence)
-            waiting.append((rank, env))
+                try:
+                    data = (splice(rank, seq) if splice is not None else encode(Request(
+                        rid, rank, method, raw, wall_deadline, seq, incarnation, trace, key,
+                        fence)))
+                    if len(data) > limit:
+                        raise OversizedFrame(len(data), limit)
+                    send_encoded(rank, data)
+                    sent(entry, rank)
+                    continue
+                except TransportError as exc:
+                    error = send_error(rank, exc, self.peers.state(rank) is PeerState.LOST)
+                    if error is not None:
+                        if self.registry.rank_failed(entry, rank, error):
+                            entry.wake()
+                        continue
+                waiting = []  # for room, or the rank's first contact: this one and the rest
+            waiting.append((rank, Request(rid, rank, method, raw, wall_deadline, seq,
+                                          incarnation, trace, key, fence)))
         return waiting
-
-    def _refused(self, entry: PendingRequest, rank: int, exc: TransportError) -> bool:
-        """The transport refused ``rank``'s frame with ``exc``. True when the frame
-        must wait (for room, or for the rank's first contact): it is marked withheld.
-        Else ``rank`` failed, typed (and the request's waiters are woken if that
-        decided it)."""
-        error: Exception | None = None
-        if isinstance(exc, WouldBlock):
-            pass
-        elif isinstance(exc, TransportAuthFailed):
-            error = AuthenticationFailed(rank, exc.detail)
-        elif isinstance(exc, ProtocolVersionRefused):
-            error = UnsupportedProtocolVersion(rank, exc.detail)
-        elif isinstance(exc, Unroutable):
-            # never heard from (an engine still starting), or heard from by its
-            # beacon while its request connection is (re)connecting: wait for it
-            if self.peers.state(rank) is PeerState.LOST:
-                error = NotDelivered(rank, exc.detail or "unroutable")
-        elif isinstance(exc, TransportClosed):
-            error = ClientClosed(str(exc))
-        else:
-            error = NotDelivered(rank, repr(exc))
-        if error is not None:
-            if self.registry.rank_failed(entry, rank, error):
-                self.wake(entry)
-            return False
-        self.registry.unmark_sent(entry, rank)  # not handed over: a loss means NotDelivered
-        return True
 
     async def wait_outcome(self, entry: PendingRequest, deadline: float) -> None:
         """Wait until ``entry`` is decided or ``deadline`` (anyio clock) passes.
@@ -367,111 +343,19 @@ class CallIssuer:
         Expires the request only when its own deadline has passed; a watcher
         with an earlier personal deadline just stops waiting.
         """
-        wait = self.outcome_wait(entry, deadline)
-        if wait is not None:
-            await wait
-
-    def outcome_wait(self, entry: PendingRequest, deadline: float) -> Awaitable[Any] | None:
-        """:meth:`wait_outcome` as what to await at once (None: ``entry`` is decided
-        already, nothing to wait for): a caller awaits its waiter directly, without a
-        coroutine in between, when the request's own deadline ends the wait."""
-        if not (self.registry.mark_awaiting(entry) or entry.is_open):
-            return None  # decided already: a reply beat the wait, or every send failed
+        if not (self.registry.awaiting(entry) or entry.is_open):
+            return  # decided already: a reply beat the wait, or every send failed
         entry_deadline = entry.deadline if entry.deadline is not None else math.inf
-        reaper = self.reaper
-        if deadline >= entry_deadline and reaper.scope is not None:
+        if deadline >= entry_deadline and self.reaper.scope is not None:
             # the request's own deadline ends this wait: the reaper expires it and
             # wakes us (no cancel scope and no timer per call)
-            reaper.arm(entry, entry_deadline)
-            receiver = self.receiver
-            return (waiter_of(entry, self.new_waiter).wait() if receiver is None
-                    else receiver.wait(entry))
-        return self._wait_bounded(entry, deadline, entry_deadline)
-
-    async def _wait_bounded(self, entry: PendingRequest, deadline: float,
-                            entry_deadline: float) -> None:
-        """The wait of :meth:`outcome_wait` in a cancel scope ending at ``deadline`` (the
-        caller's is earlier than the request's, or the reaper is not running)."""
-        receiver = self.receiver
+            self.reaper.arm(entry, entry_deadline)
+            await self.receiver.wait(entry)
+            return
         with anyio.CancelScope(deadline=deadline):
-            await (waiter_of(entry, self.new_waiter).wait() if receiver is None
-                   else receiver.wait(entry))
+            await self.receiver.wait(entry)
         if entry.is_open and self.now() >= entry_deadline:
             self.registry.expire(entry)
-
-    def wake(self, entry: PendingRequest) -> None:
-        waiter = entry.waiter
-        if waiter is not None:
-            waiter.set()
-        receiver = self.receiver
-        if receiver is not None and receiver.holder is entry:
-            receiver.decided(entry)
-        if self.waiting_sends.blocked:
-            self.waiting_sends.abandon(entry)
-
-    async def call(self, method: str, raw: msgspec.Raw, rank: int, budget: float,
-                   deadline: float, result_type: Any, key: str = "",
-                   fence: int | None = None, on_progress: ProgressCallback | None = None,
-                   wall_deadline: float | None = None) -> Any:
-        """One attempt of ``ControlClient.call``: a fan-out to the one ``rank``
-        (:meth:`send_all`'s steps, its checkpoint first: a caller cancelled before
-        it leaves no entry), its outcome returned or raised as that rank's.
-        ``wall_deadline``: ``deadline`` on :attr:`wall_clock`, for the envelope (None:
-        read from the clocks when sending; infinite: none)."""
-        await self._checkpoint_if_cancelled()
-        if self.closed:
-            raise ClientClosed("client is closed")
-        entry = self.registry.register(method, (rank,), Policy.ALL, deadline=deadline,
-                                       timeout=budget)
-        if on_progress is not None:
-            self.progress_callbacks.by_id[entry.id] = on_progress
-        try:
-            waiting = self.hand_over(entry, raw, key, fence, wall_deadline)
-            if waiting:
-                await self.waiting_sends.send(entry, waiting)
-            if not entry.is_open:
-                self.wake(entry)
-            wait = self.outcome_wait(entry, deadline)
-            if wait is not None:
-                await wait
-            return self.outcomes.single_outcome(entry, rank, result_type)
-        finally:
-            if on_progress is not None:
-                self.progress_callbacks.by_id.pop(entry.id, None)
-            self.registry.release(entry)
-
-    async def fan_out(self, method: str, raw: msgspec.Raw, ranks: tuple[int, ...],
-                      policy: Policy, budget: float, deadline: float,
-                      result_type: Any, key: str = "", fence: int | None = None,
-                      gate: AdmissionGate | None = None,
-                      on_progress: ProgressCallback | None = None,
-                      left_out: dict[int, str] | None = None) -> FanOutResult:
-        """One fan-out, its outcome returned or raised; admitted first by ``gate``
-        (first come, first served, one in flight) when given (mode ``queueing``),
-        at once without (``concurrent``). ``on_progress`` hears this request's
-        progress only; ``left_out``: the present ranks it does not address, and
-        why (the request's observers see them)."""
-        ticket = waiter = None
-        if gate is not None:
-            # (send_all's checkpoint is the cancellation check after the hand-off)
-            ticket = await gate.enter(deadline, budget, check_cancelled=False)
-            waiter = gate.hand_off(ticket, self.new_waiter())
-        entry: PendingRequest | None = None
-        try:
-            entry = self.register(method, ranks, policy, budget, deadline, waiter)
-            entry.left_out = left_out
-            if on_progress is not None:
-                self.progress_callbacks.by_id[entry.id] = on_progress
-            await self.send_all(entry, raw, key, fence)
-            await self.wait_outcome(entry, deadline)
-            return self.outcomes.fan_out_outcome(entry, result_type)
-        finally:
-            if entry is not None:
-                if on_progress is not None:
-                    self.progress_callbacks.by_id.pop(entry.id, None)
-                self.registry.release(entry)
-            if gate is not None and ticket is not None:
-                gate.leave(ticket)
 
     def abandon_unsent(self, entry: PendingRequest) -> None:
         """The caller sending ``entry`` left before handing every frame over (others
@@ -480,15 +364,13 @@ class CallIssuer:
         for rank in entry.outstanding():
             if rank not in entry.sent_ranks and registry.rank_failed(
                     entry, rank, NotDelivered(rank, "not sent: the caller sending it left")):
-                self.wake(entry)
+                entry.wake()
 
     def fail_rank(self, rank: int, detail: str) -> None:
         """``rank`` is lost (or restarted): its requests fail, typed by whether each
         frame was handed over; sends waiting at that rank give up."""
-        waits_at = self.waiting_sends.waits_at
         for entry in self.registry.fail_rank(
                 rank, lambda r: OutcomeUnknown(r, detail),
-                unsent=lambda r: NotDelivered(r, f"{detail} (not sent)"),
-                not_handed_over=lambda e: waits_at(e, rank)):
-            self.wake(entry)
+                lambda r: NotDelivered(r, f"{detail} (not sent)")):
+            entry.wake()
         self.waiting_sends.abandon_rank(rank)

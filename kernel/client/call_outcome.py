@@ -62,26 +62,23 @@ class CallOutcomes:
         self._decoders: dict[Any, Callable[[Any], Any] | None] = {}
 
     def single_outcome(self, entry: PendingRequest, rank: int, result_type: Any) -> Any:
+        """The value ``rank`` answered ``entry`` with (decoded as ``result_type``), or
+        that rank's typed error; RequestTimedOut when the request timed out (or is
+        still open: the caller's own deadline passed)."""
         state = entry.state
         if state is _S.DONE:
             reply = entry.replies[rank]
-            if reply.ok:
-                try:  # decode_result's first step, when its decoder is cached
-                    return self._decoders[result_type](reply.result)  # type: ignore[misc]
-                except Exception:
-                    pass  # not cached, none, or refused: decode_result decides
-                try:
-                    return self.decode_result(reply.result, result_type)
-                except PayloadTypeError as exc:
-                    raise ResultTypeError(f"{entry.method!r} result from rank {rank}: {exc}"
-                                          ) from None
-            raise self.remote_error(reply, rank, entry.method)
+            if not reply.ok:
+                raise self.remote_error(reply, rank, entry.method)
+            try:
+                return self.decode_result(reply.result, result_type)
+            except PayloadTypeError as exc:
+                raise ResultTypeError(f"{entry.method!r} result from rank {rank}: {exc}"
+                                      ) from None
         if state is _S.FAILED:
             error = entry.errors.get(rank)
             raise error if error is not None else OutcomeUnknown(rank, "failed")
-        if state is _S.TIMED_OUT:
-            raise RequestTimedOut(entry.method, entry.timeout, entry.id)
-        raise RequestTimedOut(entry.method, entry.timeout, entry.id)  # still open: own deadline
+        raise RequestTimedOut(entry.method, entry.timeout, entry.id)
 
     def remote_error(self, reply: Reply, rank: int, method: str) -> Exception:
         """The typed error of a failed ``reply``; an ``UnknownMethod`` one with the

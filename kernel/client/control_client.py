@@ -58,13 +58,12 @@ from typing import Any, Literal
 import anyio
 from anyio.abc import TaskGroup
 
-from ctlwire.kernel.builtin_methods import BUILTIN_METHODS
+from ctlwire.kernel.builtin_methods import BUILTIN_METHODS, ENGINE_METRICS_METHOD
 from ctlwire.kernel.client.call_arguments import check_method, checked_timeout
 from ctlwire.kernel.client.call_issuer import CallIssuer
 from ctlwire.kernel.client.fan_out_mailbox import FanOutMailbox, FanOutMailboxes, FanOutMode
 from ctlwire.kernel.client.progress_callbacks import ProgressCallback
 from ctlwire.kernel.client.rank_roster import RankRoster, leave_out
-from ctlwire.kernel.client.receiver import ClientReceiver
 from ctlwire.kernel.client.retry_policy import RetryPolicy, merge_retried
 from ctlwire.kernel.core.fan_out_policy import MethodKinds, Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
@@ -137,6 +136,9 @@ class ControlClient:
         admit_on_join: bool = False,
         remote_exceptions: Collection[type[Exception]] | None = None,
     ) -> None:
+        if not isinstance(transport, ClientTransport):
+            raise TypeError(f"{type(transport).__name__} is not a ClientTransport (send_nowait(), "
+                            "send() and receive())")
         self.transport = transport
         self.codec = transport.codec
         initial = tuple(range(ranks)) if isinstance(ranks, int) else tuple(ranks)
@@ -168,7 +170,8 @@ class ControlClient:
                                         closed=lambda: self._closed)
         #: the IO of every call: register, send, wait, decode (the mailboxes' FanOutSender)
         self.issuer = CallIssuer(
-            transport, self.registry, self.liveness, trace_provider=trace_provider,
+            transport, self.registry, self.liveness, self.counters, self.aclose,
+            trace_provider=trace_provider,
             # a fencing token for every request: engines refuse tokens older than the
             # highest they accepted, so a replaced controller cannot act after its successor
             fence=new_fence() if fence is True else int(fence) if fence else 0,
@@ -186,8 +189,7 @@ class ControlClient:
         #: a fan-out without explicit ``ranks`` leaves them out
         self.quarantine = self.roster.quarantine
         #: the receive loop: each frame to the request map or the peer table
-        self.receiver = self.issuer.receiver = ClientReceiver(
-            transport, self.issuer, self.liveness, self.counters, self.aclose)
+        self.receiver = self.issuer.receiver
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -362,15 +364,15 @@ class ControlClient:
             rank = self.ranks[0]
         elif rank not in self.roster.rank_set:
             self.roster.check(rank)  # a removed rank passes; an unknown one raises
-        budget = (self.method_timeouts.get(method, self.default_timeout) if timeout is None
-                  else checked_timeout(timeout))  # timeout_for()
+        budget = self.timeout_for(method, timeout)
         raw = self.issuer.encode_payload(payload, method)
         key = self.new_idempotency_key() if idempotency_key == "" else (idempotency_key or "")
         deadline, wall_deadline = self.issuer.now() + budget, self.issuer.wall_clock() + budget
         while True:
             try:
-                return await self.issuer.call(method, raw, rank, budget, deadline, result_type,
-                                              key, fence, on_progress, wall_deadline)
+                return await self.issuer.issue(
+                    method, raw, (rank,), Policy.ALL, budget, deadline, result_type, key, fence,
+                    on_progress=on_progress, wall_deadline=wall_deadline, one_rank=True)
             except (EngineDead, RemoteError) as exc:
                 if retry <= 0 or not self.retry_policy.retryable(exc, method, key):
                     raise
@@ -429,9 +431,9 @@ class ControlClient:
                 try:
                     more = await (watch(raw, targets, pol, budget, deadline, result_type, key,
                                         fence, joins, counted) if watch is not None
-                                   else issuer.fan_out(
+                                   else issuer.issue(
                         method, raw, targets, pol, budget, deadline, result_type, key, fence,
-                        gate, on_progress, counted))
+                        gate=gate, on_progress=on_progress, left_out=counted))
                     error = None
                 except FanOutFailed as exc:
                     more, error = exc.result, exc
@@ -491,8 +493,6 @@ class ControlClient:
         ``ctlwire.metrics`` method every :class:`EngineEndpoint` serves. The
         answer is also kept in :attr:`last_engine_metrics` (what
         :func:`ctlwire.kernel.metrics.snapshot` and the Prometheus exporter show)."""
-        from ctlwire.kernel.metrics import ENGINE_METRICS_METHOD
-
         result: dict[str, Any] = await self.call(ENGINE_METRICS_METHOD, rank=rank,
                                                  timeout=timeout)
         self.last_engine_metrics[rank] = result

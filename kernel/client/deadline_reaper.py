@@ -5,7 +5,7 @@ requests and admission tickets at once. Instead of a cancel scope (a timer)
 per call, each wait is *armed* here with its deadline, and one task sleeps
 until the earliest one::
 
-    reaper = DeadlineReaper(registry, wake=client_wake)
+    reaper = DeadlineReaper(registry, wake=PendingRequest.wake)
     tg.start_soon(reaper.run, clock)          # in the client's task group
     ...
     if reaper.running:

@@ -29,7 +29,7 @@ watching the steps of one fan-out); the client's
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal, Protocol
 
 import anyio
@@ -77,6 +77,10 @@ class FanOutSender(Protocol):
     @property
     def outcomes(self) -> CallOutcomes:
         """Each holder's freshly decoded result, or its typed failure."""
+
+    @property
+    def checkpoint_if_cancelled(self) -> Callable[[], Awaitable[None]]:
+        """Raises the caller's pending cancellation (before anything is registered)."""
 
     def register(self, method: str, ranks: tuple[int, ...], policy: Policy, budget: float,
                  deadline: float | None = None, waiter: Any = None) -> PendingRequest:
@@ -133,6 +137,7 @@ class FanOutMailbox:
         sender = self.sender
         if sender.closed:
             raise ClientClosed("client is closed")
+        await sender.checkpoint_if_cancelled()  # a cancelled caller starts and joins nothing
         registry = sender.registry
         shared: _WatchKey = (bytes(raw), ranks, policy)
         def start() -> PendingRequest:

@@ -114,7 +114,7 @@ class RankRoster:
         rank = change.rank
         if change.kind is ChangeKind.ADDED:
             try:
-                self._transport_hook("add_rank", rank, event.address)
+                self.transport.add_rank(rank, event.address)
             except BaseException:
                 self.membership.undo_add(rank)  # refused (no or bad address): not added
                 raise
@@ -123,7 +123,7 @@ class RankRoster:
             self._forget(rank, change.reason)
         elif (change.old is not None and change.member is not None
               and change.member.address != change.old.address):  # moved (or re-registered)
-            self._transport_hook("move_rank", rank, event.address)
+            self.transport.move_rank(rank, event.address)
         self.ranks = self.membership.ranks
         self.rank_set = frozenset(self.ranks)
         return change
@@ -138,7 +138,7 @@ class RankRoster:
     def _forget(self, rank: int, reason: str) -> None:
         self._fail_rank(rank, reason)
         self.liveness.remove_rank(rank)
-        self._transport_hook("remove_rank", rank)
+        self.transport.remove_rank(rank)
         self.ranks = self.membership.ranks
         self.rank_set = frozenset(self.ranks)
 
@@ -179,11 +179,6 @@ class RankRoster:
             "revision": member.revision, "admitted": member.admitted,
             "registration": member.state.value}
         return status
-
-    def _transport_hook(self, name: str, *args: Any) -> None:
-        hook = getattr(self.transport, name, None)
-        if hook is not None:
-            hook(*args)
 
 
 def leave_out(result: FanOutResult, left_out: dict[int, str], admissible_only: bool) -> None:

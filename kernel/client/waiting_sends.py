@@ -6,18 +6,20 @@ cannot take now is handed here, with the frames after it in rank order.
 :class:`WaitingSends` sends them one rank at a time:
 
 * **Bounded.** Each wait ends by the request's deadline, and is abandoned as
-  soon as the request is decided (:meth:`WaitingSends.abandon`) or the rank is
-  lost (:meth:`WaitingSends.abandon_rank`); the other ranks are still sent to.
+  soon as the request is decided (its waiter is set) or the rank is lost
+  (:meth:`WaitingSends.abandon_rank`); the other ranks are still sent to.
 * **Typed.** A frame never handed over fails its rank with NotDelivered; one
   refused for authentication or protocol version with AuthenticationFailed or
   UnsupportedProtocolVersion; a closed client with ClientClosed.
-* **Not handed over until sent.** While its send waits, a rank counts as not
-  sent (:meth:`WaitingSends.waits_at`): a loss then means NotDelivered.
+* **Not handed over until sent.** A rank is reported sent to the request map once
+  its frame is handed over: a loss while its send waits means NotDelivered.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 
@@ -41,7 +43,44 @@ from ctlwire.transports.errors import (
 )
 from ctlwire.transports.transport import ClientTransport
 
-__all__ = ["WaitingSends"]
+__all__ = ["WaitingSends", "send_error"]
+
+
+def send_error(rank: int, exc: TransportError, lost: bool) -> Exception | None:
+    """The error that fails ``rank`` when the transport refused its frame with ``exc``
+    (``lost``: the rank is lost), typed by what it says of delivery; None when the
+    send should wait instead: for room (WouldBlock), or for the first contact of a
+    rank that is not lost (Unroutable)."""
+    if isinstance(exc, TransportAuthFailed):
+        return AuthenticationFailed(rank, exc.detail)
+    if isinstance(exc, ProtocolVersionRefused):
+        return UnsupportedProtocolVersion(rank, exc.detail)
+    if isinstance(exc, Unroutable):
+        return NotDelivered(rank, exc.detail or "unroutable") if lost else None
+    if isinstance(exc, WouldBlock):
+        return None
+    if isinstance(exc, TransportClosed):
+        return ClientClosed(str(exc))
+    return NotDelivered(rank, repr(exc))
+
+
+class _AbandoningWaiter:
+    """The waiter of a request while one of its sends waits: the request's decision
+    abandons that send, then wakes whoever waits on the request's own waiter."""
+
+    __slots__ = ("inner", "scope")
+
+    def __init__(self, scope: anyio.CancelScope, inner: Any) -> None:
+        self.scope = scope
+        self.inner = inner
+
+    def set(self) -> None:
+        self.scope.cancel()
+        if self.inner is not None:
+            self.inner.set()
+
+    def wait(self) -> Any:
+        return self.inner.wait()
 
 
 class WaitingSends:
@@ -49,30 +88,18 @@ class WaitingSends:
     client's clock; ``retry`` paces the re-tries of a send to a rank never heard from."""
 
     def __init__(self, transport: ClientTransport, registry: RequestRegistry,
-                 liveness: LivenessMonitor, wake: Callable[[PendingRequest], None],
-                 closed: Callable[[], bool], now: Callable[[], float], retry: float) -> None:
+                 liveness: LivenessMonitor, closed: Callable[[], bool],
+                 now: Callable[[], float], retry: float) -> None:
         self.transport = transport
         self.registry = registry
         self.liveness = liveness
         self.peers = liveness.peers
         self.retry = retry
-        self._wake = wake
         self._closed = closed
         self._now = now
         #: request id -> (the scope of a send waiting for room or first contact, its
         #: rank); empty while no send waits
         self.blocked: dict[int, tuple[anyio.CancelScope, int]] = {}
-
-    def waits_at(self, entry: PendingRequest, rank: int) -> bool:
-        """A send of ``entry``'s frame to ``rank`` is waiting (not handed over)."""
-        blocked = self.blocked.get(entry.id)
-        return blocked is not None and blocked[1] == rank
-
-    def abandon(self, entry: PendingRequest) -> None:
-        """``entry`` was decided: a send waiting on its behalf gives up."""
-        blocked = self.blocked.get(entry.id)
-        if blocked is not None:
-            blocked[0].cancel()
 
     def abandon_rank(self, rank: int) -> None:
         """``rank`` is lost: sends waiting at it give up."""
@@ -81,103 +108,73 @@ class WaitingSends:
                 scope.cancel()
 
     async def send(self, entry: PendingRequest, waiting: list[tuple[int, Request]]) -> None:
-        """The frames :meth:`_send_now` could not hand over, one rank at a time:
-        wait for room (high-water mark) or first contact, within the deadline."""
+        """The frames the caller could not hand over at once, one rank at a time, in
+        order: wait for room (high-water mark) or first contact, within the deadline."""
         for rank, env in waiting:
             if not entry.is_open:
                 break
-            self.registry.mark_sent(entry, rank)
-            try:
-                error = await self._send_one(entry, rank, env)
-            except BaseException:
-                # the caller left (cancelled) before this frame was handed over: a
-                # loss of ``rank`` now means NotDelivered, and a watcher sharing the
-                # request can tell it was never sent
-                self.registry.unmark_sent(entry, rank)
-                raise
+            error = await self._send_one(entry, rank, env)
             if error is not None and self.registry.rank_failed(entry, rank, error):
-                self._wake(entry)
+                entry.wake()
             if entry.is_open and entry.deadline is not None and self._now() >= entry.deadline:
                 break  # the deadline passed while a send waited: the request expires
 
     async def _send_one(self, entry: PendingRequest, rank: int, env: Request
                         ) -> Exception | None:
-        """Hand ``rank``'s frame over, waiting for room or first contact; the error
-        that fails ``rank`` (None: handed over, or abandoned)."""
-        transport = self.transport
-        error: Exception | None = None
+        """Hand ``rank``'s frame over (reported sent to the request map), waiting for
+        room or first contact, bounded by the request's deadline and abandoned as soon
+        as the request is decided or the rank lost; the error that fails ``rank``
+        (None: handed over, or abandoned)."""
         try:
-            try:
-                transport.send_nowait(rank, env)
-            except WouldBlock:
-                await self._send_blocking(entry, rank, env)
-            except Unroutable as exc:
-                if (self.peers.state(rank) is PeerState.LOST
-                        or isinstance(exc, (TransportAuthFailed, ProtocolVersionRefused))):
-                    raise
-                if (not await self._send_after_first_contact(entry, rank, env)
-                        and self.peers.state(rank) is not PeerState.LOST):
-                    error = NotDelivered(rank, (
-                        "never heard from within the deadline"
-                        if self.peers.state(rank) is PeerState.UNKNOWN
-                        else "request connection not up within the deadline"))
-        except TransportAuthFailed as exc:
-            error = AuthenticationFailed(rank, exc.detail)
-        except ProtocolVersionRefused as exc:
-            error = UnsupportedProtocolVersion(rank, exc.detail)
-        except Unroutable as exc:
-            error = NotDelivered(rank, exc.detail or "unroutable")
-        except TransportClosed as exc:
-            error = ClientClosed(str(exc))
+            self.transport.send_nowait(rank, env)
         except TransportError as exc:
-            error = NotDelivered(rank, repr(exc))
-        return error
+            error = send_error(rank, exc, self.peers.state(rank) is PeerState.LOST)
+            if error is not None:
+                return error
+            full = isinstance(exc, WouldBlock)
+            scope = anyio.CancelScope(deadline=entry.deadline or math.inf)
+            self.blocked[entry.id] = (scope, rank)
+            waiter = entry.waiter
+            entry.waiter = _AbandoningWaiter(scope, waiter)  # a decision abandons the send
+            try:
+                with scope:
+                    await (self.transport.send(rank, env) if full
+                           else self._send_after_first_contact(rank, env))
+                    self.registry.sent(entry, rank)
+                    return None
+            except TransportError as refused:  # refused while it waited: no more waiting
+                return send_error(rank, refused, lost=True)
+            finally:
+                entry.waiter = waiter
+                self.blocked.pop(entry.id, None)
+            if full or self.peers.state(rank) is PeerState.LOST:
+                return None  # abandoned
+            return NotDelivered(rank, (
+                "never heard from within the deadline"
+                if self.peers.state(rank) is PeerState.UNKNOWN
+                else "request connection not up within the deadline"))
+        self.registry.sent(entry, rank)
+        return None
 
-    async def _send_blocking(self, entry: PendingRequest, rank: int, env: Request) -> bool:
-        """Wait for room to send (high-water mark), bounded by the request's
-        deadline and abandoned as soon as the request is decided or ``rank`` is
-        lost. True when the frame was handed over."""
-        scope = anyio.CancelScope(deadline=entry.deadline or float("inf"))
-        self.blocked[entry.id] = (scope, rank)
-        try:
-            with scope:
+    async def _send_after_first_contact(self, rank: int, env: Request) -> None:
+        """``rank`` refused the frame because it has never been heard from (or its
+        request connection is not up): send it once it is, trying again on every
+        change of a peer and every ``retry`` s (a connection may come up, or its
+        handshake fail, without the rank being heard from). Raises TransportClosed
+        once the client closed, and Unroutable when the rank is lost or refuses
+        the frame for its key or protocol version."""
+        while True:
+            changed = self.liveness.peer_changed
+            if self._closed():
+                raise TransportClosed("client is closed")
+            try:
+                self.transport.send_nowait(rank, env)
+                return
+            except WouldBlock:
                 await self.transport.send(rank, env)
-                return True
-        finally:
-            self.blocked.pop(entry.id, None)
-        return False
-
-    async def _send_after_first_contact(self, entry: PendingRequest, rank: int,
-                                        env: Request) -> bool:
-        """``rank`` refused the frame because it has never been heard from. Wait
-        until it is (then send), within the request's deadline; abandoned when
-        the request is decided or the client closes. While waiting, the frame
-        counts as not handed over (a loss means NotDelivered). Re-raises
-        Unroutable if the rank is heard from yet still refuses the frame.
-        True when the frame was handed over."""
-        scope = anyio.CancelScope(deadline=entry.deadline or float("inf"))
-        self.blocked[entry.id] = (scope, rank)
-        retry = self.retry
-        try:
-            with scope:
-                while True:
-                    changed = self.liveness.peer_changed
-                    if self._closed():
-                        raise TransportClosed("client is closed")
-                    # on contact, or every `retry` s (a connection may come up, or its
-                    # handshake fail, without the rank being heard from)
-                    try:
-                        self.transport.send_nowait(rank, env)
-                        return True
-                    except WouldBlock:
-                        await self.transport.send(rank, env)
-                        return True
-                    except Unroutable as exc:
-                        if (self.peers.state(rank) is PeerState.LOST
-                                or isinstance(exc, (TransportAuthFailed, ProtocolVersionRefused))):
-                            raise
-                    with anyio.move_on_after(retry):
-                        await changed.wait()
-        finally:
-            self.blocked.pop(entry.id, None)
-        return False
+                return
+            except Unroutable as exc:
+                if send_error(rank, exc, self.peers.state(rank) is PeerState.LOST):
+                    raise
+            with anyio.move_on_after(self.retry):
+                await changed.wait()

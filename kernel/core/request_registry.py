@@ -1,20 +1,26 @@
 """The request map: every pending control request, from registration to cleanup.
 
-:class:`RequestRegistry` is a synchronous, sans-IO core: it takes events
-(registered, sent, awaited, reply, timeout, failure, cancel, release) and
-returns what happened; it never awaits, sleeps or touches a socket. The anyio
-shells (:class:`~ctlwire.kernel.client.control_client.ControlClient`,
-:class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox`) turn awaits into
-these events, and the interleaving explorer drives the very same object.
+:class:`RequestRegistry` is a synchronous, sans-IO core: the shells report what
+happened (a request registered, the ranks to send it to planned, each rank's frame
+handed over or failed, the caller waiting, a reply, an expiry, a lost rank, the
+last holder leaving) and it says what follows; it never awaits, sleeps or touches
+a socket. The client's :class:`~ctlwire.kernel.client.call_issuer.CallIssuer` and
+:class:`~ctlwire.kernel.client.waiting_sends.WaitingSends`, its watching
+:class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox`, the
+:class:`~ctlwire.kernel.primitives.own_io_fan_out.OwnIoFanOut` and the
+interleaving explorer drive the very same object.
 
 Guarantees:
 
 * **Register before send.** An entry exists before any frame for it can leave:
   the only way to obtain a request id is :meth:`RequestRegistry.register`, and
-  a rank is released for sending (:meth:`~RequestRegistry.next_send`,
-  :meth:`~RequestRegistry.release_all`) only once marked Sent, so a reply never
-  finds its request missing or Registered; one that beats the caller's wait
-  (entry still ``Sent``) completes it.
+  the ranks to send to come from :meth:`~RequestRegistry.plan_sends`, which moves
+  the entry to Sent first, so a reply never finds its request missing or
+  Registered; one that beats the caller's wait (entry still ``Sent``) completes it.
+* **Delivery is known per rank.** A rank counts as sent once the shell reports its
+  frame handed over (:meth:`~RequestRegistry.sent`); a rank lost before that fails
+  with the error for a frame never sent, after it with the error for one that may
+  have run (:meth:`~RequestRegistry.fail_rank`).
 * **Exactly one outcome.** An entry reaches exactly one terminal state (Done,
   TimedOut, Failed, Cancelled) through the ``ControlRequest`` table; anything
   later is counted, never applied.
@@ -92,7 +98,7 @@ class ReplyDisposition(Enum):
 class PendingRequest:
     """One entry of the request map. Mutated only by its registry."""
 
-    __slots__ = ("answered", "cursor", "deadline", "errors", "id", "is_open", "late_ranks",
+    __slots__ = ("answered", "deadline", "errors", "id", "is_open", "late_ranks",
                  "left_out", "method", "ok", "policy", "ranks", "refs", "replies", "sent_ranks",
                  "state", "timeout", "waiter")
 
@@ -110,8 +116,7 @@ class PendingRequest:
         self.is_open = True
         self.replies: dict[int, Reply] = {}
         self.errors: dict[int, Exception] = {}
-        self.sent_ranks: list[int] = []
-        self.cursor = 0  # ranks[:cursor] were released to the caller for sending
+        self.sent_ranks: list[int] = []  # the ranks whose frame was handed over
         self.late_ranks: set[int] | None = None
         # the present ranks a fan-out without explicit ranks did not address, and why
         # (set by the caller before the first send; read by observers)
@@ -121,12 +126,14 @@ class PendingRequest:
         self.refs = 1
 
     @property
-    def settled(self) -> int:
-        return len(self.replies) + len(self.errors)
-
-    @property
     def is_terminal(self) -> bool:
         return self.state in _TERMINAL
+
+    def wake(self) -> None:
+        """Tell whoever waits for this request's decision: its waiter, if it has one."""
+        waiter = self.waiter
+        if waiter is not None:
+            waiter.set()
 
     def outstanding(self) -> list[int]:
         """Ranks that have neither answered nor failed."""
@@ -134,7 +141,7 @@ class PendingRequest:
 
     def __repr__(self) -> str:
         return (f"<PendingRequest {self.id} {self.method!r} {self.state.name} "
-                f"ranks={list(self.ranks)} settled={self.settled}>")
+                f"ranks={list(self.ranks)} settled={len(self.replies) + len(self.errors)}>")
 
 
 TransitionObserver = Callable[[PendingRequest, RequestState, RequestEvent, RequestState], None]
@@ -270,60 +277,33 @@ class RequestRegistry:
         self.stats.registered += 1
         return entry
 
-    def mark_sent(self, entry: PendingRequest, rank: int) -> None:
-        """The frame for ``rank`` is about to be handed to the transport.
+    def plan_sends(self, entry: PendingRequest,
+                   is_lost: Callable[[int], bool] | None = None) -> list[int]:
+        """The ranks of ``entry`` to hand a frame to, in order, once: the entry moves
+        to Sent first (empty when it is no longer Registered). Ranks ``is_lost``
+        names fail NotDelivered instead."""
+        if entry.state is not _S.REGISTERED:
+            return []
+        ranks = entry.ranks
+        if is_lost is None or not any(map(is_lost, ranks)):
+            self._go(entry, _E.SEND)  # the common case: one transition for every rank
+            return list(ranks)
+        for rank in ranks:
+            if is_lost(rank):
+                self.rank_failed(entry, rank, NotDelivered(rank, "lost (not sent)"))
+        if not entry.is_open:
+            return []  # every rank was lost
+        self._go(entry, _E.SEND)
+        if self._decide(entry):
+            return []  # the policy cannot be met any more
+        return [r for r in ranks if r not in entry.errors]
 
-        Applied before the hand-off, so a reply can never find its entry still
-        Registered. The first call moves the entry to Sent.
-        """
-        if entry.state is _S.REGISTERED:
-            self._go(entry, _E.SEND)
+    def sent(self, entry: PendingRequest, rank: int) -> None:
+        """``rank``'s frame was handed to the transport: a loss of ``rank`` from now
+        on means its request may have run."""
         entry.sent_ranks.append(rank)
 
-    def next_send(self, entry: PendingRequest,
-                  is_lost: Callable[[int], bool] | None = None) -> int | None:
-        """The next rank of ``entry`` to hand a frame to, already marked Sent; None
-        when none is left or the entry is decided. Ranks ``is_lost`` names are
-        failed (NotDelivered) instead of released."""
-        ranks = entry.ranks
-        while entry.cursor < len(ranks) and entry.is_open:
-            rank = ranks[entry.cursor]
-            entry.cursor += 1
-            if is_lost is not None and is_lost(rank):
-                self.rank_failed(entry, rank, NotDelivered(rank, "lost (not sent)"))
-                continue
-            self.mark_sent(entry, rank)
-            return rank
-        return None
-
-    def release_all(self, entry: PendingRequest,
-                    is_lost: Callable[[int], bool] | None = None) -> list[int]:
-        """Every rank :meth:`next_send` would still return, at once: for a shell that
-        hands the frames over without suspending in between (it stops once the
-        entry is decided, and :meth:`unmark_sent` a frame that must wait)."""
-        ranks, start = entry.ranks, entry.cursor
-        end = len(ranks)
-        if start >= end or not entry.is_open:
-            return []
-        if is_lost is None or not any(map(is_lost, ranks[start:])):
-            out = list(ranks[start:])  # the common case: one transition for the batch
-            entry.cursor = end
-            if entry.state is _S.REGISTERED:
-                self._go(entry, _E.SEND)
-            entry.sent_ranks.extend(out)
-            return out
-        out = []
-        while (rank := self.next_send(entry, is_lost)) is not None:
-            out.append(rank)
-        return out
-
-    def unmark_sent(self, entry: PendingRequest, rank: int) -> None:
-        """The frame for ``rank``, marked sent, was not handed over after all (it
-        waits for room or a first contact): a loss of ``rank`` until it is marked
-        again (:meth:`mark_sent`) means NotDelivered."""
-        entry.sent_ranks.remove(rank)
-
-    def mark_awaiting(self, entry: PendingRequest) -> bool:
+    def awaiting(self, entry: PendingRequest) -> bool:
         """The caller reached its wait. False when the outcome is already known
         (the reply beat the wait), in which case there is nothing to wait for."""
         if entry.state is _S.SENT:
@@ -404,34 +384,30 @@ class RequestRegistry:
             return True
         return False
 
-    def fail(self, entry: PendingRequest) -> bool:
-        """Fail an open entry outright (e.g. the client is closing)."""
-        if entry.is_open:
-            self._go(entry, _E.FAIL)
-            return True
-        return False
+    def fail_open(self, error: Callable[[int], Exception]) -> list[PendingRequest]:
+        """Every open entry fails now (the shell is closing): each rank that has neither
+        answered nor failed gets ``error(rank)``. Returns the entries this decided."""
+        decided = [e for e in self._live.values() if e.is_open]
+        for entry in decided:
+            for rank in entry.outstanding():
+                if self.rank_failed(entry, rank, error(rank)):
+                    break
+            if entry.is_open:
+                self._go(entry, _E.FAIL)
+        return decided
 
-    def fail_rank(self, rank: int, error: Callable[[int], Exception], *,
-                  unsent: Callable[[int], Exception] | None = None,
-                  not_handed_over: Callable[[PendingRequest], bool] | None = None,
-                  ) -> list[PendingRequest]:
-        """``rank`` is lost: every open entry still waiting on it gets
-        ``error(rank)`` for that rank — or ``unsent(rank)`` when its frame was
-        never handed to the transport (not marked sent to ``rank``, or
-        ``not_handed_over(entry)`` says its send is still waiting for room).
-        Returns the entries this decided."""
+    def fail_rank(self, rank: int, error: Callable[[int], Exception],
+                  unsent: Callable[[int], Exception]) -> list[PendingRequest]:
+        """``rank`` is lost: every open entry still waiting on it gets ``error(rank)``
+        for that rank, or ``unsent(rank)`` when its frame was never handed over
+        (:meth:`sent`). Returns the entries this decided."""
         bucket = self._by_rank.get(rank)
         if not bucket:
             return []
         decided = []
         for entry in list(bucket.values()):
             if entry.is_open and rank not in entry.replies and rank not in entry.errors:
-                if unsent is not None and (
-                        rank not in entry.sent_ranks
-                        or (not_handed_over is not None and not_handed_over(entry))):
-                    entry.errors[rank] = unsent(rank)
-                else:
-                    entry.errors[rank] = error(rank)
+                entry.errors[rank] = (error if rank in entry.sent_ranks else unsent)(rank)
                 if self._decide(entry):
                     decided.append(entry)
         return decided
@@ -476,9 +452,6 @@ class RequestRegistry:
         entry.waiter = None
         self.stats.cleaned += 1
         return True
-
-    def open_entries(self) -> list[PendingRequest]:
-        return [e for e in self._live.values() if e.is_open]
 
     def check_invariants(self) -> None:
         """Raise AssertionError when the internal indexes disagree (tests, explorer)."""

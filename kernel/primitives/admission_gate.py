@@ -48,7 +48,7 @@ from ctlwire.kernel.client.call_arguments import checked_timeout
 from ctlwire.kernel.core.admission_queue import AdmissionQueue, Ticket, TicketObserver
 from ctlwire.kernel.errors import ClientClosed, RequestTimedOut
 from ctlwire.states import TicketState
-from ctlwire.transports.task_waits import task_waiter_factory
+from ctlwire.transports.task_waits import current_backend
 
 __all__ = ["Admission", "AdmissionGate", "GateHost", "HandOffWaiter", "Reaper"]
 
@@ -101,7 +101,7 @@ class _RunningLoop:
 
     @property
     def new_waiter(self) -> Callable[[], Any]:
-        return task_waiter_factory()
+        return current_backend().new_waiter
 
 
 _RUNNING_LOOP = _RunningLoop()

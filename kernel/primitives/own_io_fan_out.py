@@ -289,18 +289,20 @@ class OwnIoFanOut(Generic[Req]):
         entry = request.entry
         if not entry.is_open:
             return False
-        self.registry.release_all(entry)  # marked Sent before the send: replies find it
+        slots = self.registry.plan_sends(entry)  # marked Sent before the send: replies find it
         flight = self._in_flight = _InFlight(entry, ticket)
         self._sending = True
         try:
             self.send(request.payload)
+            for slot in slots:
+                self.registry.sent(entry, slot)
         except Exception as exc:
             self._in_flight = None
             self.counters["send_failed"] += 1
             request.error = exc
             for slot in entry.outstanding():
                 self.registry.rank_failed(entry, slot, NotDelivered(slot, f"send raised {exc!r}"))
-            self._wake(entry)
+            entry.wake()
             return False
         finally:
             self._sending = False
@@ -313,14 +315,13 @@ class OwnIoFanOut(Generic[Req]):
         while nxt is not None and not self._send(nxt):
             nxt = self.queue.leave(nxt)
         if nxt is not None:
-            self.registry.mark_awaiting(nxt.waiter.entry)
+            self.registry.awaiting(nxt.waiter.entry)
 
     async def _wait(self, entry: PendingRequest, deadline: float) -> None:
         if not entry.is_open:
             return
         registry = self.registry
-        if entry.state is RequestState.SENT:
-            registry.mark_awaiting(entry)
+        registry.awaiting(entry)
         waiter = entry.waiter
         assert isinstance(waiter, anyio.Event)
         shared_deadline = entry.deadline if entry.deadline is not None else math.inf
@@ -328,7 +329,7 @@ class OwnIoFanOut(Generic[Req]):
             await waiter.wait()
         if entry.is_open and entry.deadline is not None and anyio.current_time() >= entry.deadline:
             registry.expire(entry)  # its own deadline (not only a watcher's): it timed out
-            self._wake(entry)
+            entry.wake()
 
     def _outcome(self, entry: PendingRequest, budget: float, started: bool) -> FanOutResult:
         outcomes = self.outcomes
@@ -358,12 +359,6 @@ class OwnIoFanOut(Generic[Req]):
             if request.ticket is not None and request.ticket.state is TicketState.QUEUED:
                 self.queue.leave(request.ticket)
 
-    @staticmethod
-    def _wake(entry: PendingRequest) -> None:
-        waiter = entry.waiter
-        if waiter is not None:
-            waiter.set()
-
     # -- the receive loop's side ---------------------------------------------------------
     def deliver(self, reply: Any, *, error: BaseException | ErrorInfo | None = None
                 ) -> ReplyDisposition:
@@ -392,7 +387,7 @@ class OwnIoFanOut(Generic[Req]):
         disposition, _ = self.registry.on_reply(Reply(entry.id, slot, 0, info is None, value,
                                                       info))
         if disposition is ReplyDisposition.COMPLETED:
-            self._wake(entry)
+            entry.wake()
         flight.answered.add(slot)
         if len(flight.answered) >= slots:  # drained: the next request goes out
             self._in_flight = None
@@ -422,7 +417,7 @@ class OwnIoFanOut(Generic[Req]):
         entry = flight.entry
         for slot in entry.outstanding() if entry.is_open else ():
             if self.registry.rank_failed(entry, slot, OutcomeUnknown(slot, "given up (reset)")):
-                self._wake(entry)
+                entry.wake()
         self._pass_on(flight.ticket)
 
     # -- lifetime ------------------------------------------------------------------------
@@ -432,12 +427,8 @@ class OwnIoFanOut(Generic[Req]):
         if self._closed:
             return
         self._closed = True
-        registry = self.registry
-        for entry in registry.open_entries():
-            for slot in entry.outstanding():
-                registry.rank_failed(entry, slot, ClientClosed(f"{self.name} closed"))
-            registry.fail(entry)
-            self._wake(entry)
+        for entry in self.registry.fail_open(lambda slot: ClientClosed(f"{self.name} closed")):
+            entry.wake()
         flight, self._in_flight = self._in_flight, None
         if flight is not None:
             self._pass_on(flight.ticket)  # nothing more is sent: every request is decided

@@ -33,20 +33,19 @@ clock, when neither ``heartbeat_interval`` nor the client/engine kwargs set one.
 def on_virtual_clock() -> bool:
     """True inside an event loop that runs on a virtual clock
     (:class:`VirtualTimeEventLoop`, or trio with a ``MockClock``)."""
+    from ctlwire.transports.task_waits import current_backend
+
     try:
-        import sniffio
-
-        library = sniffio.current_async_library()
-    except Exception:
+        source = current_backend().clock_source
+    except Exception:  # no event loop runs
         return False
-    if library == "asyncio":
-        return isinstance(asyncio.get_running_loop(), VirtualTimeEventLoop)
-    if library == "trio":
-        import trio
+    if isinstance(source, VirtualTimeEventLoop):
+        return True
+    try:
         from trio.testing import MockClock
-
-        return isinstance(trio.lowlevel.current_clock(), MockClock)
-    return False
+    except ImportError:
+        return False
+    return isinstance(source, MockClock)
 
 
 class VirtualTimeEventLoop(asyncio.SelectorEventLoop):

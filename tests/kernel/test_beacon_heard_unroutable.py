@@ -15,13 +15,14 @@ from ctlwire.kernel.liveness_monitor import LivenessMonitor
 from ctlwire.states import LIVE_PEER_STATES
 from ctlwire.transports.envelope import Heartbeat
 from ctlwire.transports.errors import Unroutable
+from ctlwire.transports.memory import MemoryClientTransport, MemoryNetwork
 
 pytestmark = pytest.mark.anyio
 
 INTERVAL = 0.1
 
 
-class Unroutable0:
+class Unroutable0(MemoryClientTransport):
     """A client transport whose sends to rank 0 are unroutable."""
 
     def send_nowait(self, rank: int, envelope: Any) -> None:
@@ -33,7 +34,7 @@ async def test_a_rank_heard_through_its_beacon_is_not_lost_when_unroutable() -> 
     counters: dict[str, int] = {"heartbeats_sent": 0, "heartbeats_received": 0,
                                 "engine_lost": 0, "engine_restarted": 0,
                                 "engine_stalled": 0, "client_stalls": 0}
-    monitor = LivenessMonitor(Unroutable0(), [0], interval=INTERVAL,  # type: ignore[arg-type]
+    monitor = LivenessMonitor(Unroutable0(MemoryNetwork()), [0], interval=INTERVAL,
                               misses_allowed=3,
                               fail_rank=lambda r, why: failed.append((r, why)),
                               counters=counters)

@@ -23,8 +23,9 @@ def test_a_tombstone_never_grows_past_the_ranks_its_request_addressed() -> None:
     stray; the tombstone keeps at most the addressed ranks."""
     reg = RequestRegistry(max_tombstones=4)
     entry = reg.register("m", (0, 1))
-    reg.mark_sent(entry, 0)
-    reg.mark_sent(entry, 1)
+    assert reg.plan_sends(entry) == [0, 1]
+    reg.sent(entry, 0)
+    reg.sent(entry, 1)
     assert reg.on_reply(Reply(entry.id, 0, 1, True, NIL))[0] is ReplyDisposition.ACCEPTED
     reg.release(entry)  # cancelled with rank 1 outstanding
     dispositions: dict[ReplyDisposition, int] = {}
@@ -44,7 +45,8 @@ def test_a_tombstone_never_grows_past_the_ranks_its_request_addressed() -> None:
 def test_a_reply_whose_connection_rank_differs_from_its_claim_never_enters_a_tombstone() -> None:
     reg = RequestRegistry()
     entry = reg.register("m", (0,))
-    reg.mark_sent(entry, 0)
+    reg.plan_sends(entry)
+    reg.sent(entry, 0)
     reg.release(entry)
     # the envelope claims rank 0 but came in on rank 5's connection
     assert reg.on_reply(Reply(entry.id, 0, 1, True, NIL), peer=5)[0] is ReplyDisposition.STRAY

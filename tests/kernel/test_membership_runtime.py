@@ -135,7 +135,7 @@ async def test_pending_call_to_a_removed_rank_fails_typed(
             tg.start_soon(call, "sleep", 1.0, 1)
             # the engine reports running this very request (not an earlier one)
             await wait_until(lambda: c.rank_status(1)["request"]
-                             in {e.id for e in c.registry.open_entries()})
+                             in {e.id for e in c.registry.live() if e.is_open})
             c.remove_rank(1)
         assert len(caught) == 1 and type(caught[0]) is OutcomeUnknown
         assert "removed from the membership" in str(caught[0])

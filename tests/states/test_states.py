@@ -139,6 +139,24 @@ def test_a_running_request_ends_only_with_its_reply() -> None:
     assert table.apply(InboundState.RECEIVED, InboundEvent.EXPIRE) is InboundState.EXPIRED
 
 
+def test_one_task_receives_at_a_time() -> None:
+    """A caller takes the turn to receive only when no one receives; once a receiver
+    saw the transport close, no one receives again."""
+    from ctlwire.states import RECEIVE_TURN_TABLE, TurnEvent, TurnState
+
+    table = RECEIVE_TURN_TABLE
+    receiving = {s for s in TurnState if s is not TurnState.IDLE}
+    for state in receiving:
+        for event in (TurnEvent.CALLER_TAKES, TurnEvent.LOOP_RECEIVES):
+            assert not table.can(state, event), (state, event)
+    assert dict(table.allowed(TurnState.CLOSED)) == {
+        TurnEvent.CALLER_GIVES_BACK: TurnState.CLOSED}
+    # a decision only ends a caller's receive while it waits: handing on, it must
+    # hand on before it can give the turn back
+    assert dict(table.allowed(TurnState.HANDING_ON)) == {
+        TurnEvent.CALLER_HANDED_ON: TurnState.CALLER}
+
+
 def test_table_is_immutable() -> None:
     with pytest.raises(TypeError):
         CONTROL_REQUEST_TABLE.table[(RequestState.DONE, RequestEvent.SEND)] = RequestState.SENT  # type: ignore[index]

@@ -1,14 +1,16 @@
-"""The per-backend waits: a one-task waiter and an fd watch, woken once, cancellable, reusable."""
+"""The running loop's backend: a one-task waiter and an fd watch (woken once, cancellable,
+reusable) and the loop's own clock."""
 
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 
 import anyio
 import pytest
 
-from ctlwire.transports.task_waits import fd_watch, task_waiter_factory
+from ctlwire.transports.task_waits import current_backend
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -16,7 +18,7 @@ GUARD = 10  # seconds: a hang guard only
 
 
 async def test_a_waiting_task_is_woken_by_set() -> None:
-    waiter = task_waiter_factory()()
+    waiter = current_backend().new_waiter()
     woken: list[str] = []
 
     async def wait() -> None:
@@ -34,7 +36,7 @@ async def test_a_waiting_task_is_woken_by_set() -> None:
 
 
 async def test_a_wait_after_set_returns_at_once() -> None:
-    waiter = task_waiter_factory()()
+    waiter = current_backend().new_waiter()
     waiter.set()
     with anyio.fail_after(GUARD):
         await waiter.wait()
@@ -42,7 +44,7 @@ async def test_a_wait_after_set_returns_at_once() -> None:
 
 
 async def test_a_cancelled_wait_loses_nothing_and_the_waiter_parks_again() -> None:
-    waiter = task_waiter_factory()()
+    waiter = current_backend().new_waiter()
     with anyio.move_on_after(0.01) as scope:
         await waiter.wait()
     assert scope.cancelled_caught
@@ -62,7 +64,7 @@ async def test_a_cancelled_wait_loses_nothing_and_the_waiter_parks_again() -> No
 
 
 async def test_a_cancel_scope_ends_a_wait_nobody_sets() -> None:
-    waiter = task_waiter_factory()()
+    waiter = current_backend().new_waiter()
 
     async def park() -> None:
         await waiter.wait()
@@ -76,7 +78,7 @@ async def test_a_cancel_scope_ends_a_wait_nobody_sets() -> None:
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_a_second_concurrent_wait_is_refused_on_trio() -> None:
-    waiter = task_waiter_factory()()
+    waiter = current_backend().new_waiter()
 
     async def park() -> None:
         await waiter.wait()
@@ -103,7 +105,7 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
 async def test_an_fd_watch_returns_true_once_the_fd_is_readable(
         pair: tuple[socket.socket, socket.socket]) -> None:
     reader, writer = pair
-    watch = fd_watch(reader.fileno())
+    watch = current_backend().fd_watch(reader.fileno())
     results: list[bool] = []
 
     async def wait() -> None:
@@ -121,7 +123,7 @@ async def test_an_fd_watch_returns_true_once_the_fd_is_readable(
 async def test_an_interrupt_ends_the_wait_and_the_watch_waits_again(
         pair: tuple[socket.socket, socket.socket]) -> None:
     reader, writer = pair
-    watch = fd_watch(reader.fileno())
+    watch = current_backend().fd_watch(reader.fileno())
     results: list[bool] = []
 
     async def wait() -> None:
@@ -147,7 +149,7 @@ async def test_an_interrupt_ends_the_wait_and_the_watch_waits_again(
 async def test_closing_the_watch_ends_a_wait_before_the_fd_closes(
         pair: tuple[socket.socket, socket.socket]) -> None:
     reader, _writer = pair
-    watch = fd_watch(reader.fileno())
+    watch = current_backend().fd_watch(reader.fileno())
     results: list[bool] = []
 
     async def wait() -> None:
@@ -160,3 +162,19 @@ async def test_closing_the_watch_ends_a_wait_before_the_fd_closes(
             watch.close()
             reader.close()  # the event loop no longer watches it
     assert results == [False]
+
+
+async def test_the_clock_reads_what_anyio_reads() -> None:
+    clock = current_backend().clock
+    before = anyio.current_time()
+    now = clock()
+    assert before <= now <= anyio.current_time()
+
+
+@pytest.mark.ctlwire_virtual_clock
+async def test_the_clock_follows_a_virtual_clock() -> None:
+    clock = current_backend().clock
+    start, wall = clock(), time.monotonic()
+    await anyio.sleep(600)  # virtual: it jumps, the wall clock does not
+    assert clock() - start >= 600 > time.monotonic() - wall
+    assert clock() == anyio.current_time()

@@ -118,7 +118,7 @@ class _FaultyBase:
                     h.release()
 
     def _lost(self, direction: str, envelope: Envelope) -> None:
-        self.faults._bump(f"lost.{direction}.{envelope_kind(envelope)}")
+        self.faults.bump(f"lost.{direction}.{envelope_kind(envelope)}")
 
     async def _run_schedule(self) -> None:
         faults = self.faults
@@ -131,17 +131,11 @@ class _FaultyBase:
                 self._on_close_fault()
                 continue
             part = faults.plan.partitions[index]
-            if index in faults._healed:
-                continue
-            faults.events.append((at, what, part.rank))
             if what == "partition":
-                faults.begin_scheduled(index)
-                faults._bump("partitions_started")
-                if part.notify:
+                if faults.begin_scheduled(index, at) and part.notify:
                     self._notify_partition(part.rank)
             else:
-                faults.end_scheduled(index)
-                faults._bump("partitions_healed")
+                faults.end_scheduled(index, at)
 
     def _on_close_fault(self) -> None:
         raise NotImplementedError

@@ -21,13 +21,12 @@ from ctlwire.transports.transport import (
     PeerDisconnected,
     Received,
     TransportEvent,
-    batch_receiver,
 )
 
 __all__ = ["FaultyClientTransport"]
 
 
-class FaultyClientTransport(_FaultyBase):
+class FaultyClientTransport(_FaultyBase, ClientTransport):
     """A :class:`ClientTransport` that injects the faults of ``plan`` (a
     :class:`FaultPlan`, or a :class:`FaultInjector` to share) into ``inner``.
 
@@ -76,14 +75,14 @@ class FaultyClientTransport(_FaultyBase):
         raise TransportClosed from now on (the wrapped transport is closed on exit)."""
         if not self._closed:
             self._closed = True
-            self.faults._bump("closed")
+            self.faults.bump("closed")
             self._out.close()
 
     def _on_close_fault(self) -> None:
         self.close()
 
     def _notify_partition(self, rank: int) -> None:
-        self.faults._bump("partition_notices")
+        self.faults.bump("partition_notices")
         self._put(PeerDisconnected(rank, "partitioned (fault injection)"))
 
     # -- ClientTransport -------------------------------------------------------------
@@ -177,7 +176,7 @@ class FaultyClientTransport(_FaultyBase):
         return deliver
 
     async def _pump(self) -> None:
-        receive_many = batch_receiver(self.inner)
+        receive_many = self.inner.receive_many
         while True:
             try:
                 events = await receive_many()
@@ -205,7 +204,7 @@ class FaultyClientTransport(_FaultyBase):
                 self._route("receive", rank, verdict, later, later)
         elif type(event) is PeerDisconnected:
             if event.rank is not None and faults.is_partitioned(event.rank):
-                faults._bump("disconnects_suppressed")
+                faults.bump("disconnects_suppressed")
             else:
                 if event.rank is not None:
                     self._disconnected(event.rank)

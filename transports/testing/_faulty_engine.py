@@ -86,7 +86,7 @@ class FaultyEngineTransport(_FaultyBase):
         self.faults.heal(self.rank)
 
     def _on_close_fault(self) -> None:
-        self.faults._bump("closed")
+        self.faults.bump("closed")
         self.close()
 
     def _poll_schedule(self) -> None:
@@ -129,7 +129,7 @@ class FaultyEngineTransport(_FaultyBase):
 
             self._route("receive", self.rank, verdict, later, later)
         elif type(event) is PeerDisconnected and self.faults.is_partitioned(self.rank):
-            self.faults._bump("disconnects_suppressed")
+            self.faults.bump("disconnects_suppressed")
         else:
             self._deliver(event)
 

@@ -78,7 +78,8 @@ class FaultInjector:
                 total += n
         return total
 
-    def _bump(self, key: str, n: int = 1) -> None:
+    def bump(self, key: str, n: int = 1) -> None:
+        """Count ``n`` more of ``key`` in :attr:`counters`."""
         self.counters[key] = self.counters.get(key, 0) + n
 
     # -- partitions -------------------------------------------------------------
@@ -87,7 +88,7 @@ class FaultInjector:
         if rank not in self._manual:
             self._manual.add(rank)
             self.events.append((self.now(), "partition", rank))
-            self._bump("partitions_started")
+            self.bump("partitions_started")
 
     def heal(self, rank: int) -> None:
         """End every partition of ``rank`` in force now (manual or scheduled)."""
@@ -99,7 +100,7 @@ class FaultInjector:
                 self._healed.add(i)
         if was:
             self.events.append((t, "heal", rank))
-            self._bump("partitions_healed")
+            self.bump("partitions_healed")
 
     def _in_force(self, index: int, p: Partition, t: float) -> bool:
         if index in self._healed or index in self._ended:
@@ -116,13 +117,25 @@ class FaultInjector:
         return any(p.rank == rank and self._in_force(i, p, t)
                    for i, p in enumerate(self.plan.partitions))
 
-    def begin_scheduled(self, index: int) -> None:
-        """The schedule reached partition ``index``'s start (by its own timer)."""
+    def begin_scheduled(self, index: int, at: float) -> bool:
+        """The schedule reached partition ``index``'s start at ``at`` (by its own
+        timer): recorded and counted, unless it was healed by hand (False)."""
+        if index in self._healed:
+            return False
         self._begun.add(index)
+        self.events.append((at, "partition", self.plan.partitions[index].rank))
+        self.bump("partitions_started")
+        return True
 
-    def end_scheduled(self, index: int) -> None:
-        """The schedule reached partition ``index``'s end."""
+    def end_scheduled(self, index: int, at: float) -> bool:
+        """The schedule reached partition ``index``'s end at ``at``: recorded and
+        counted, unless it was healed by hand (False)."""
+        if index in self._healed:
+            return False
         self._ended.add(index)
+        self.events.append((at, "heal", self.plan.partitions[index].rank))
+        self.bump("partitions_healed")
+        return True
 
     @property
     def partitioned(self) -> set[int]:
@@ -156,10 +169,10 @@ class FaultInjector:
         link = (direction, rank)
         index = self._frames.get(link, 0)
         self._frames[link] = index + 1
-        self._bump(f"frames.{direction}.{kind}")
+        self.bump(f"frames.{direction}.{kind}")
         t = self.now()
         if self.is_partitioned(rank, t):
-            self._bump(f"partition.{direction}.{kind}")
+            self.bump(f"partition.{direction}.{kind}")
             return Verdict((), partitioned=True)
         faults = self.plan.faults
         if not faults:
@@ -196,7 +209,7 @@ class FaultInjector:
             else:
                 hold = fault.hold if hold is None else max(hold, fault.hold)
                 detail = fault.hold
-            self._bump(f"{fault.action}.{direction}.{kind}")
+            self.bump(f"{fault.action}.{direction}.{kind}")
             self.log.append(Injection(t, direction, rank, index, kind, _envelope_id(envelope),
                                       fault.action, detail))
             if dropped:

@@ -38,10 +38,10 @@ is a small sequential program of calls into the queue and the request map::
               HandOffWaiter(queue, ticket, waiter), as the shell does: the
               request's decision (a reply, a failed send, a lost rank) passes
               the mailbox on there and then
-    send      registry.next_send(entry, is_lost); the frame goes to the transport
-              (or the rank is unroutable: registry.rank_failed); once no rank is
-              left: registry.mark_awaiting(entry), and the outcome if nothing is
-              left to wait for
+    send      the first: registry.plan_sends(entry, is_lost); each: one planned
+              rank's frame goes to the transport, registry.sent(entry, rank) (or the
+              rank is unroutable: registry.rank_failed); once no rank is left:
+              registry.awaiting(entry), and the outcome if nothing is left to wait for
     wake      (only once its waiter was woken by a decision, or its deadline
               passed) registry.expire(entry) if still open; read the outcome
     finish    registry.release(entry), queue.leave(ticket); wake the ticket

@@ -237,18 +237,25 @@ def _deliver(w: _World, c: _Caller, rank: int, first: bool) -> str:
 
 
 def _send(w: _World, c: _Caller) -> str:
-    """One turn of ``send_all``'s loop; once no rank is left, its tail and the start of
+    """One turn of ``send_all``: its first plans the ranks (``plan_sends``), each hands
+    one planned rank's frame over (and reports it sent) or has it refused; once no rank
+    is left (or the request is decided), ``send_all``'s tail and the start of
     ``wait_outcome``."""
     registry = w.registry
     entry = c.entry
     assert entry is not None
-    rank = registry.next_send(entry, w.liveness.is_lost)
-    if rank is None:
+    if c.plan is None:
+        c.plan = registry.plan_sends(entry, w.liveness.is_lost)
+    while c.plan and c.plan[0] in entry.errors:
+        c.plan.pop(0)  # lost since the plan (the shell sends the plan at once: never)
+    if not c.plan or not entry.is_open:
+        c.plan = []
         handed = _wake(w, entry) if not entry.is_open else ""
-        if registry.mark_awaiting(entry) or entry.is_open:
+        if registry.awaiting(entry) or entry.is_open:
             c.pc = _Pc.WAITING
             return f"nothing left to send{handed}; waits ({entry.state.name})"
         return f"nothing left to send{handed}; " + _read_outcome(w, c)
+    rank = c.plan.pop(0)
     if rank in w.unplugged:
         handed = ""
         if registry.rank_failed(entry, rank, EngineDead(rank, "unroutable")):
@@ -256,17 +263,17 @@ def _send(w: _World, c: _Caller) -> str:
         return f"frame to rank {rank} refused (unroutable) -> {entry.state.name}{handed}"
     c.frames[rank] = entry.id
     live = w.registry.get(entry.id)
-    if live is not entry or live.state is RequestState.REGISTERED or rank not in live.sent_ranks:
-        where = ("not in the request map" if live is None
-                 else f"{live.state.name}, sent to {live.sent_ranks}")
+    if live is not entry or live.state is RequestState.REGISTERED:
+        where = "not in the request map" if live is None else live.state.name
         _fail(w, "registry", f"{c.name}'s frame to rank {rank} left before its entry was "
                              f"registered and marked Sent ({where})")
+    registry.sent(entry, rank)
     return f"frame to rank {rank} handed to the transport"
 
 
 def _join(w: _World, c: _Caller) -> str:
     """A watching fan-out's first steps: join the request in flight (retain it; its
-    wait starts with ``mark_awaiting``), or register one and start sending it."""
+    wait starts with ``awaiting``), or register one and start sending it."""
     coalescer = w.coalescer
     assert coalescer is not None
     registry = w.registry
@@ -283,7 +290,7 @@ def _join(w: _World, c: _Caller) -> str:
     waiter = entry.waiter
     assert isinstance(waiter, _Flag)
     c.entry_waiter = waiter  # the request's shared event
-    registry.mark_awaiting(entry)
+    registry.awaiting(entry)
     c.pc = _Pc.WAITING
     return f"joins {_who(w, entry.id)} ({entry.state.name})"
 
@@ -296,7 +303,8 @@ def _execute(w: _World, label: str) -> str:
             w.unplugged.add(rank)
             return f"sends to rank {rank} fail from now on"
         w.lost.add(rank)
-        decided = w.registry.fail_rank(rank, lambda r: EngineDead(r, "lost"))
+        decided = w.registry.fail_rank(rank, lambda r: EngineDead(r, "lost"),
+                                       lambda r: EngineDead(r, "lost"))
         handed = "".join([_wake(w, entry) for entry in decided])
         names = [_who(w, e.id) for e in decided]
         return f"rank {rank} declared lost; decided {names or 'nothing'}{handed}"

@@ -45,7 +45,7 @@ class _Pc(Enum):
     QUEUED = 1    # awaiting its ticket's waiter; next: resume
     RESUME = 2    # admitted at once; next: resume
     REGISTER = 3  # next: register
-    SEND = 4      # next: send (next_send / mark_awaiting)
+    SEND = 4      # next: send (plan_sends, a planned rank's frame / awaiting)
     WAITING = 5   # awaiting its entry's waiter; next: wake
     FINISH = 6    # outcome read; next: finish
     DONE = 7      # finished
@@ -59,7 +59,7 @@ _STEP = {_Pc.NEW: "arrive", _Pc.QUEUED: "resume", _Pc.RESUME: "resume",
 
 class _Caller:
     __slots__ = ("deadline_fired", "deliveries", "entry", "entry_waiter", "frames",
-                 "name", "outcome", "pc", "spec", "started", "ticket", "ticket_waiter")
+                 "name", "outcome", "pc", "plan", "spec", "started", "ticket", "ticket_waiter")
 
     def __init__(self, name: str, spec: CallerSpec) -> None:
         self.name = name
@@ -69,6 +69,7 @@ class _Caller:
         self.ticket_waiter = _Flag()
         self.entry_waiter = _Flag()
         self.entry: PendingRequest | None = None   # what register() returned
+        self.plan: list[int] | None = None         # the planned ranks not sent yet
         self.frames: dict[int, int] = {}           # rank -> request id of the frame sent
         self.deliveries: dict[int, int] = {}       # rank -> replies delivered
         self.deadline_fired = False
@@ -115,7 +116,7 @@ class _World:
 
 
 class _Liveness:
-    """What the client's peer table says about ranks (``next_send``'s ``is_lost``). Kept
+    """What the client's peer table says about ranks (``plan_sends``'s ``is_lost``). Kept
     apart from the world so that worlds hold no reference cycle: refcounting frees
     them at once, and the explorer can run with the cyclic collector paused."""
 
@@ -305,7 +306,7 @@ _QUEUE_SKIP = frozenset({"name", "admitted_total", "abandoned_total"})
 
 
 def _entry_key(e: PendingRequest) -> tuple[Any, ...]:
-    return (e.id, e.state, e.cursor,
+    return (e.id, e.state,
             tuple(sorted((r, rep.ok) for r, rep in e.replies.items())),
             tuple(sorted(e.errors)), tuple(e.sent_ranks),
             tuple(sorted(e.late_ranks)) if e.late_ranks else (), e.refs, e.ok, e.answered,
@@ -329,7 +330,7 @@ def _key(w: _World) -> tuple[Any, ...]:
         ticket = c.ticket
         callers.append((
             c.pc, c.deadline_fired, c.outcome, c.ticket_waiter.is_set, c.entry_waiter.is_set,
-            c.started,
+            c.started, None if c.plan is None else tuple(c.plan),
             None if ticket is None else (ticket.seq, ticket.state),
             None if c.entry is None else _entry_key(c.entry),
             tuple(sorted(c.frames.items())), tuple(sorted(c.deliveries.items()))))

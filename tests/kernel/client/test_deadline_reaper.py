@@ -78,18 +78,21 @@ def test_finished_items_at_the_top_go_at_the_next_arm() -> None:
     reaper = DeadlineReaper(registry, wake=lambda entry: None)
     for i in range(3 * SLACK):
         entry = registry.register("m", (0,), deadline=100.0 + i, timeout=30.0)
-        registry.mark_sent(entry, 0)
+        registry.plan_sends(entry)
+        registry.sent(entry, 0)
         reaper.arm(entry, 100.0 + i)
         assert reaper.armed == 1  # only this call's wait
         registry.release(entry)  # done (cancelled, then cleaned)
     assert reaper.rebuilds == 0
     # a live wait at the top keeps what finished behind it until a rebuild or its turn
     live = registry.register("m", (0,), deadline=50.0, timeout=30.0)
-    registry.mark_sent(live, 0)
+    registry.plan_sends(live)
+    registry.sent(live, 0)
     reaper.arm(live, 50.0)
     for i in range(10):
         entry = registry.register("m", (0,), deadline=200.0 + i, timeout=30.0)
-        registry.mark_sent(entry, 0)
+        registry.plan_sends(entry)
+        registry.sent(entry, 0)
         reaper.arm(entry, 200.0 + i)
         registry.release(entry)
     # the live one and the ten behind it (the last finished one before it went

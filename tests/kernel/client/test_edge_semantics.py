@@ -61,7 +61,7 @@ class Counting:
         self.gates.setdefault(method, anyio.Event()).set()
 
 
-class BlockingSends:
+class BlockingSends(ClientTransport):
     """Wraps a client transport: sends to ranks in ``blocked`` find the
     high-water mark reached (``send_nowait`` raises WouldBlock, ``send`` waits
     for ever). Records how each blocked send ended."""
@@ -362,6 +362,23 @@ async def test_a_blocked_send_to_a_lost_rank_is_cancelled_at_once() -> None:
         assert res.results == {1: "y", 2: "y"} and type(res.errors[0]) is NotDelivered
 
 
+async def test_a_blocked_send_is_abandoned_once_its_request_is_decided() -> None:
+    """Policy first over 2 ranks: rank 1's send waits at the high-water mark, rank 0
+    answers and decides the request: rank 1's send gives up at once, not at the
+    deadline, and the fan-out returns rank 0's answer."""
+    eng = Counting()
+    h, (t,) = _blocking_harness(eng, ranks=2)
+    async with h:
+        t.blocked.add(1)
+        start = anyio.current_time()
+        with anyio.fail_after(300):  # well before the call's own 600 s
+            res = await h.client.fan_out("act", "z", policy="first", mode="concurrent",
+                                         timeout=600)
+        assert anyio.current_time() - start < 300
+        assert res.results == {0: "z"} and t.waiting == [1] and t.cancelled == [1]
+        assert [(r, p) for r, _, p in eng.runs] == [(0, "z")]
+
+
 # -- 7. first contact ------------------------------------------------------------------------
 async def test_a_call_waits_for_a_rank_that_has_not_connected_yet() -> None:
     from ctlwire.transports.memory import MemoryNetwork
@@ -448,7 +465,8 @@ def test_tombstone_eviction_drops_the_oldest_first() -> None:
     ids = []
     for _ in range(3):
         entry = reg.register("m", (0,))
-        reg.mark_sent(entry, 0)
+        reg.plan_sends(entry)
+        reg.sent(entry, 0)
         reply = Reply(entry.id, 0, 1, True, reg_nil())
         assert reg.on_reply(reply)[0] is ReplyDisposition.COMPLETED
         reg.release(entry)

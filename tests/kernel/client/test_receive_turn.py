@@ -16,7 +16,9 @@ from anyio.abc import TaskGroup
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.request_registry import PendingRequest
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
-from ctlwire.kernel.errors import RequestTimedOut
+from ctlwire.kernel.errors import ClientClosed, RequestTimedOut
+from ctlwire.kernel.testing import EngineHarness
+from ctlwire.states import TurnState
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
 
@@ -150,3 +152,39 @@ async def test_a_receiving_caller_that_gives_up_leaves_the_loop_its_late_reply(
             while client.registry.stats.late == 0:
                 await anyio.sleep(0.01)
         assert await client.call("echo", 7) == 7
+
+
+async def test_the_turn_follows_its_machine_and_ends_closed_with_the_transport() -> None:
+    """The receiver's turn is the ReceiveTurn machine's state: a caller receiving is
+    CALLER (the loop parked); the transport closing under it ends the turn for good
+    (CLOSED), and the loop then closes the client: the caller gets ClientClosed."""
+    release = anyio.Event()
+
+    def setup(ep: EngineEndpoint) -> None:
+        async def slow() -> str:
+            await release.wait()
+            return "slow"
+
+        ep.register("slow", slow)
+        ep.register("echo", lambda x: x)
+
+    async with EngineHarness(ranks=1, setup=setup) as h:
+        client = h.client
+        assert client.receiver.turn in (TurnState.IDLE, TurnState.LOOP)
+        outcome: list[BaseException] = []
+
+        async def slow_call() -> None:
+            try:
+                await call_receiving(client, "slow")
+            except ClientClosed as exc:
+                outcome.append(exc)
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(slow_call)
+                await receiving(client, "slow")
+                assert client.receiver.turn is TurnState.CALLER
+                h.network._client._close_streams()  # type: ignore[union-attr]
+        assert client.receiver.turn is TurnState.CLOSED and client.receiver.holder is None
+        assert len(outcome) == 1 and client.closed
+        assert client.registry.live_count == 0

@@ -1,7 +1,7 @@
 """The client's batched sends and reply path keep the general path's behaviour.
 
-Each test fails if its mechanism breaks: ranks released in one batch
-(``RequestRegistry.release_all``), the fan-out's sends inside the transport's
+Each test fails if its mechanism breaks: ranks planned at once
+(``RequestRegistry.plan_sends``), the fan-out's sends inside the transport's
 ``batched_sends()``, the one-lookup reply path of the peer table and the
 cached result decoder.
 """
@@ -26,7 +26,7 @@ from ctlwire.kernel.testing import EngineHarness, TransitionRecorder
 from ctlwire.states import PeerState, RequestEvent, RequestState
 from ctlwire.transports.codec import JsonCodec, MsgpackCodec, PayloadTypeError
 from ctlwire.transports.envelope import Envelope
-from ctlwire.transports.transport import ClientTransport
+from ctlwire.transports.transport import ClientTransport, TransportEvent
 
 
 def echo_methods(ep: EngineEndpoint) -> None:
@@ -35,51 +35,54 @@ def echo_methods(ep: EngineEndpoint) -> None:
         return x
 
 
-# -- ranks released at once -------------------------------------------------------------
-def test_release_all_marks_every_rank_sent_in_one_transition() -> None:
+# -- ranks planned at once -------------------------------------------------------------
+def test_planning_marks_the_request_sent_in_one_transition() -> None:
     rec = TransitionRecorder()
     reg = RequestRegistry(observer=rec)
     entry = reg.register("m", (0, 1, 2, 3))
-    assert reg.release_all(entry) == [0, 1, 2, 3]
-    assert entry.sent_ranks == [0, 1, 2, 3] and entry.state is RequestState.SENT
+    assert reg.plan_sends(entry) == [0, 1, 2, 3]
+    assert entry.sent_ranks == [] and entry.state is RequestState.SENT
     assert rec.events[entry.id] == [RequestEvent.SEND]
-    assert reg.release_all(entry) == [] and reg.next_send(entry) is None  # nothing twice
+    assert reg.plan_sends(entry) == []  # nothing twice
     reg.release(entry)
 
 
-def test_release_all_fails_lost_ranks_in_order_like_next_send() -> None:
+def test_planning_fails_lost_ranks() -> None:
     reg = RequestRegistry()
     entry = reg.register("m", (0, 1, 2))
-    assert reg.release_all(entry, lambda r: r == 1) == [0, 2]
-    assert type(entry.errors[1]) is NotDelivered and entry.sent_ranks == [0, 2]
+    assert reg.plan_sends(entry, lambda r: r == 1) == [0, 2]
+    assert type(entry.errors[1]) is NotDelivered and entry.state is RequestState.SENT
     reg.release(entry)
     # a lost rank that decides the request (quorum of 2 can no longer be met) stops it
     entry = reg.register("m", (0, 1), Policy.QUORUM)
-    assert reg.release_all(entry, lambda r: r == 1) == [0]
-    assert not entry.is_open  # the shell hands nothing over for a decided request
+    assert reg.plan_sends(entry, lambda r: r == 1) == []
+    assert not entry.is_open  # nothing to hand over for a decided request
+    reg.release(entry)
+    # every rank lost: failed, never Sent
+    entry = reg.register("m", (0, 1))
+    assert reg.plan_sends(entry, lambda r: True) == [] and entry.state is RequestState.FAILED
     reg.release(entry)
 
 
-def test_a_withheld_rank_counts_as_not_sent_until_resent() -> None:
+def test_a_rank_counts_as_sent_once_its_frame_is_handed_over() -> None:
     reg = RequestRegistry()
     entry = reg.register("m", (0, 1, 2))
-    reg.release_all(entry)
-    reg.unmark_sent(entry, 1)  # its frame must wait for room
-    reg.unmark_sent(entry, 2)  # ... and the one behind it
+    reg.plan_sends(entry)
+    reg.sent(entry, 0)  # rank 1's frame waits for room, rank 2's behind it
     decided = reg.fail_rank(1, lambda r: OutcomeUnknown(r, "lost"),
-                            unsent=lambda r: NotDelivered(r, "lost (not sent)"))
+                            lambda r: NotDelivered(r, "lost (not sent)"))
     assert decided == [] and type(entry.errors[1]) is NotDelivered
-    reg.mark_sent(entry, 2)
+    reg.sent(entry, 2)
     reg.fail_rank(2, lambda r: OutcomeUnknown(r, "lost"),
-                  unsent=lambda r: NotDelivered(r, "lost (not sent)"))
+                  lambda r: NotDelivered(r, "lost (not sent)"))
     assert type(entry.errors[2]) is OutcomeUnknown
-    reg.fail_rank(0, lambda r: OutcomeUnknown(r, "lost"),
-                  unsent=lambda r: NotDelivered(r, "lost (not sent)"))
+    assert reg.fail_rank(0, lambda r: OutcomeUnknown(r, "lost"),
+                         lambda r: NotDelivered(r, "lost (not sent)")) == [entry]
     assert type(entry.errors[0]) is OutcomeUnknown and entry.state is RequestState.FAILED
     reg.release(entry)
 
 
-class Batching:
+class Batching(ClientTransport):
     """A client transport wrapper with ``batched_sends()`` that records, per send,
     whether it was made inside a batch."""
 
@@ -113,20 +116,29 @@ class Batching:
             self.sends.append((rank, self._depth > 0))
         self.inner.send_nowait(rank, envelope)
 
+    async def send(self, rank: int, envelope: Envelope) -> None:
+        await self.inner.send(rank, envelope)
+
+    async def receive(self) -> TransportEvent:
+        return await self.inner.receive()
+
+    async def receive_many(self, limit: int = 64) -> list[TransportEvent]:
+        return await self.inner.receive_many(limit)
+
 
 @pytest.mark.anyio
-async def test_a_fan_out_sends_in_one_batch_and_releases_ranks_at_once(
+async def test_a_fan_out_sends_in_one_batch_and_plans_ranks_at_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    next_sends = 0
-    original = RequestRegistry.next_send
+    plans = 0
+    original = RequestRegistry.plan_sends
 
     def counting(self: RequestRegistry, entry: PendingRequest, is_lost: Any = None
-                 ) -> int | None:
-        nonlocal next_sends
-        next_sends += 1
+                 ) -> list[int]:
+        nonlocal plans
+        plans += 1
         return original(self, entry, is_lost)
 
-    monkeypatch.setattr(registry_module.RequestRegistry, "next_send", counting)
+    monkeypatch.setattr(registry_module.RequestRegistry, "plan_sends", counting)
     wrappers: list[Batching] = []
 
     def wrap(t: ClientTransport) -> ClientTransport:
@@ -139,7 +151,7 @@ async def test_a_fan_out_sends_in_one_batch_and_releases_ranks_at_once(
         assert res.results == {r: 5 for r in range(8)}
         (t,) = wrappers
         assert t.batches == 1 and t.sends == [(r, True) for r in range(8)]
-        assert next_sends == 0  # every rank released by release_all
+        assert plans == 1  # every rank planned at once
         t.sends.clear()
         assert await h.client.call("echo", 1, rank=3) == 1
         assert t.batches == 1 and t.sends == [(3, False)]  # one rank: no batch needed

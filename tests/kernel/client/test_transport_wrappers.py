@@ -24,7 +24,7 @@ def methods(ep: EngineEndpoint) -> None:
         return value
 
 
-class CountingTransport:
+class CountingTransport(ClientTransport):
     """The protocol's required methods only, each forwarded; counts what it receives."""
 
     def __init__(self, inner: ClientTransport) -> None:

@@ -71,17 +71,18 @@ class RegistryMachine(RuleBasedStateMachine):
     def send(self, entry: PendingRequest, unroutable: set[int]) -> None:
         if entry.state is not RequestState.REGISTERED:
             return
-        for rank in entry.ranks:
+        for rank in self.reg.plan_sends(entry):
             if not entry.is_open:
                 break
-            self.reg.mark_sent(entry, rank)
             if rank in unroutable:
                 self.reg.rank_failed(entry, rank, EngineDead(rank, "unroutable"))
+            else:
+                self.reg.sent(entry, rank)
 
     @rule(entry=entries)
     def wait(self, entry: PendingRequest) -> None:
         was_sent = entry.state is RequestState.SENT
-        assert self.reg.mark_awaiting(entry) == was_sent
+        assert self.reg.awaiting(entry) == was_sent
 
     @rule(entry=entries, rank=st.sampled_from(RANKS), ok=st.booleans())
     def deliver(self, entry: PendingRequest, rank: int, ok: bool) -> None:
@@ -147,7 +148,7 @@ class RegistryMachine(RuleBasedStateMachine):
 
     @rule(rank=st.sampled_from(RANKS))
     def lose_rank(self, rank: int) -> None:
-        decided = self.reg.fail_rank(rank, lambda r: EngineDead(r))
+        decided = self.reg.fail_rank(rank, EngineDead, EngineDead)
         for entry in decided:
             assert entry.state in (RequestState.DONE, RequestState.FAILED)
 
@@ -271,7 +272,7 @@ def test_a_reply_from_another_connection_is_stray_and_not_applied() -> None:
     stray, neither stored as rank 0's answer nor as rank 1's."""
     reg = RequestRegistry()
     entry = reg.register("m", (0, 1))
-    assert reg.release_all(entry) == [0, 1]
+    assert reg.plan_sends(entry) == [0, 1]
     disp, found = reg.on_reply(reply(entry.id, 0, True), peer=1)
     assert (disp, found) == (ReplyDisposition.STRAY, entry)
     assert reg.stats.stray == 1 and entry.replies == {} and entry.answered == 0
@@ -287,7 +288,7 @@ def test_released_requests_leave_no_per_rank_index_entry() -> None:
     entries = [reg.register("m", (rank, rank + 1)) for rank in range(0, 64, 2)]
     shared = reg.register("m", (0,))
     for entry in entries:
-        reg.release_all(entry)
+        reg.plan_sends(entry)
         assert reg.release(entry)
         reg.check_invariants()  # rank 0 still indexes ``shared``; every other rank nothing
     assert reg.release(shared)

@@ -39,7 +39,7 @@ from ctlwire.kernel.core.request_registry import (
     Waiter,
 )
 from ctlwire.kernel.primitives.admission_gate import HandOffWaiter
-from ctlwire.states import TicketEvent, TicketState
+from ctlwire.states import RequestEvent, TicketEvent, TicketState
 from ctlwire.transports.envelope import Reply
 
 __all__ = ["ForgetfulRegistry", "HandOffOnSendRegistry", "RegisterAfterSendRegistry",
@@ -96,18 +96,17 @@ class RegisterAfterSendRegistry(RequestRegistry):
                 del self._by_rank[rank]
         return entry
 
-    def next_send(self, entry: PendingRequest,
-                  is_lost: Callable[[int], bool] | None = None) -> int | None:
-        if entry.cursor < len(entry.ranks):
-            rank = entry.ranks[entry.cursor]
-            entry.cursor += 1
-            return rank  # the frame carries entry.id, which is not in the map yet
+    def plan_sends(self, entry: PendingRequest,
+                   is_lost: Callable[[int], bool] | None = None) -> list[int]:
+        return list(entry.ranks)  # the frames carry entry.id, which is not in the map yet
+
+    def awaiting(self, entry: PendingRequest) -> bool:
         if self.get(entry.id) is None:  # after the send: now the reply slot exists
             self._live[entry.id] = entry
             for rank in entry.ranks:
                 self._by_rank.setdefault(rank, {})[entry.id] = entry
-                self.mark_sent(entry, rank)
-        return None
+            self._go(entry, RequestEvent.SEND)
+        return super().awaiting(entry)
 
 
 class ForgetfulRegistry(RequestRegistry):
@@ -124,8 +123,8 @@ class ForgetfulRegistry(RequestRegistry):
 class HandOffOnSendRegistry(RequestRegistry):
     """Hand-off when the wait begins, not at the decision; see the module docstring."""
 
-    def mark_awaiting(self, entry: PendingRequest) -> bool:
-        waiting = super().mark_awaiting(entry)
+    def awaiting(self, entry: PendingRequest) -> bool:
+        waiting = super().awaiting(entry)
         waiter = entry.waiter
         if isinstance(waiter, HandOffWaiter):
             admitted = waiter.queue.leave(waiter.ticket)
