@@ -50,12 +50,7 @@ import msgspec
 from ctlwire.kernel.core.duplicate_filter import DuplicateFilter
 from ctlwire.kernel.core.error_codes import ErrorCode
 from ctlwire.kernel.core.fence_guard import FenceGuard, FenceVerdict
-from ctlwire.kernel.core.inbound_request import (
-    MOVES,
-    BadFrame,
-    InboundRequest,
-    MethodSpec,
-)
+from ctlwire.kernel.core.inbound_request import BadFrame, InboundRequest, MethodSpec
 from ctlwire.kernel.core.result_cache import RUNNING, RecordedOutcome, ResultCache
 from ctlwire.kernel.errors import CtlwireError, error_info
 from ctlwire.states import InboundEvent, InboundState
@@ -78,7 +73,6 @@ class Refused(CtlwireError):
     a retry is judged again and a refused request never holds a key."""
 
 
-_RECEIVED, _START, _REPLY = InboundState.RECEIVED, InboundEvent.START, InboundEvent.REPLY
 _REQUEST_COUNTERS = ("received", "rejected", "expired", "handler_errors", "duplicates",
                      "dropped_malformed", "dropped_oversized", "dropped_framing",
                      "dropped_wrong_type", "error_replies_for_bad_frames", "heartbeats_received",
@@ -125,28 +119,15 @@ class InboundCore:
         now = self.client_last_seen = self.clock()
         return InboundRequest(req, route, now, size=size)
 
-    def arrive(self, req: Request, route: Route) -> InboundRequest | Reply | None:
+    def arrive(self, req: Request, route: Route, size: int = 0) -> InboundRequest | Reply | None:
         """:meth:`accept` then :meth:`admit`, for a request that starts as it
         arrives (a poll loop's): the request Running (run its handler), the reply
-        that ends it here, or None for a duplicate (dropped, counted). The same
-        decisions in the same order; a request with no key and no fence (or of a
-        read-only method) makes its one move, Received → Running, here, from the
-        table's own dict."""
-        counters = self.counters
-        counters["received"] += 1
-        if self.duplicates.seen(route, req.id):
-            counters["duplicates"] += 1
+        that ends it here, or None for a duplicate (dropped, counted)."""
+        item = self.accept(req, route, size)
+        if item is None:
             return None
-        now = self.client_last_seen = self.clock()
-        item = InboundRequest(req, route, now)
-        refused = self._check(item, now)
-        if refused is not None:
-            return refused
-        if (req.key or req.fence) and not item.spec.read_only:  # type: ignore[union-attr]
-            refused = self._begin(item, now)
-            return item if refused is None else refused
-        item.state = MOVES[_RECEIVED, _START]
-        return item
+        refused = self.admit(item, item.received)
+        return item if refused is None else refused
 
     def receive(self, event: Any) -> InboundRequest | BadFrame | None:
         """Any transport event: a request (:meth:`accept`), the error reply of a
@@ -188,16 +169,7 @@ class InboundCore:
         if now is None:
             now = self.clock()
         refused = self._check(item, now)
-        if refused is not None:
-            return refused
-        req = item.request
-        if (req.key or req.fence) and not item.spec.read_only:  # type: ignore[union-attr]
-            return self._begin(item, now)
-        to = MOVES.get((item.state, _START))  # _begin's one move, read from the table
-        if to is None:
-            item.go(_START)  # raises IllegalTransition
-        item.state = to  # type: ignore[assignment]
-        return None
+        return self._begin(item, now) if refused is None else refused
 
     def check(self, item: InboundRequest, now: float | None = None) -> Reply | None:
         """Validate ``item`` as it arrives, for a request that waits before it
@@ -421,15 +393,7 @@ class InboundCore:
                 return self._done(item, self.error_reply(
                     req.id, "ResultNotEncodable", f"{req.method!r}: {exc}",
                     ErrorCode.RESULT_NOT_ENCODABLE))
-        reply = Reply(req.id, self.rank, self.incarnation, True, raw)
-        if req.key:
-            return self._done(item, reply)
-        to = MOVES.get((item.state, _REPLY))
-        if to is None:
-            item.go(_REPLY)  # raises IllegalTransition
-        item.state = to  # type: ignore[assignment]
-        self.states[to] += 1  # type: ignore[index]
-        return reply
+        return self._done(item, Reply(req.id, self.rank, self.incarnation, True, raw))
 
     def error(self, item: InboundRequest, exc: BaseException, *, record: bool = True) -> Reply:
         """Running → Replied with the error ``exc`` raised; recorded under the

@@ -46,9 +46,10 @@ class HandlerRunner:
         trace = req.trace
         trace_token = (current_trace.set(trace)
                        if trace is not None or current_trace.get() is not None else None)
+        live = self.liveness
+        token = live.begin(req.id, req.method, item.route, req.client)
         try:
-            value = self.liveness.call(spec.handler, item.args, req.id, req.method, item.route,
-                                       req.client)
+            value = spec.handler(*item.args)
         except Refused as exc:
             return core.error(item, exc, record=False)
         except Exception as exc:
@@ -59,6 +60,7 @@ class HandlerRunner:
         else:
             return core.result(item, value)
         finally:
+            live.end(req.id, token)
             if trace_token is not None:
                 current_trace.reset(trace_token)
 

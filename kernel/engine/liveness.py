@@ -22,7 +22,6 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Hashable
-from typing import Any
 
 from ctlwire.kernel.core.peer_table import INCARNATION_TIME_SHIFT
 from ctlwire.transports.envelope import Heartbeat
@@ -155,25 +154,6 @@ class EngineLiveness:
         if self.shared_heartbeats:
             self._routes[request_id] = route
         return _current_request.set((self, request_id, route, client))
-
-    def call(self, handler: Callable[..., Any], args: tuple[Any, ...], request_id: int,
-             method: str, route: Route, client: int = 0) -> Any:
-        """``handler(*args)`` on this thread, its request running meanwhile
-        (:meth:`begin` and :meth:`end` around it, in one call); what it raises
-        propagates."""
-        self.running[request_id] = (method, time.monotonic())
-        if self.shared_heartbeats:
-            self._routes[request_id] = route
-        token = _current_request.set((self, request_id, route, client))
-        try:
-            return handler(*args)
-        finally:
-            _current_request.reset(token)
-            self.running.pop(request_id, None)
-            if self.progress:
-                self.progress.pop(request_id, None)
-            if self._routes:
-                self._routes.pop(request_id, None)
 
     def end(self, request_id: int, token: RunningToken) -> None:
         """It ended, with or without an outcome."""
