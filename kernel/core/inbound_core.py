@@ -48,7 +48,6 @@ from typing import Any
 import msgspec
 
 from ctlwire.kernel.core.duplicate_filter import DuplicateFilter
-from ctlwire.kernel.core.error_codes import ErrorCode
 from ctlwire.kernel.core.fence_guard import FenceGuard, FenceVerdict
 from ctlwire.kernel.core.inbound_request import BadFrame, InboundRequest, MethodSpec
 from ctlwire.kernel.core.result_cache import RUNNING, RecordedOutcome, ResultCache
@@ -56,6 +55,7 @@ from ctlwire.kernel.errors import CtlwireError, error_info
 from ctlwire.states import InboundEvent, InboundState
 from ctlwire.transports.codec import Codec, PayloadTypeError
 from ctlwire.transports.envelope import ErrorInfo, Heartbeat, Reply, Request
+from ctlwire.transports.error_codes import ErrorCode
 from ctlwire.transports.protocol_version import (
     PROTOCOL_MAJOR,
     PROTOCOL_VERSION,
@@ -63,7 +63,7 @@ from ctlwire.transports.protocol_version import (
 )
 from ctlwire.transports.transport import Dropped, Received, Route
 
-__all__ = ["BadFrame", "ErrorCode", "InboundCore", "InboundRequest", "MethodSpec", "Refused"]
+__all__ = ["BadFrame", "InboundCore", "InboundRequest", "MethodSpec", "Refused"]
 
 
 class Refused(CtlwireError):

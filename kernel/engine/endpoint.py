@@ -136,13 +136,7 @@ import anyio.abc
 from ctlwire.kernel.builtin_methods import ENGINE_METRICS_METHOD
 from ctlwire.kernel.core.duplicate_filter import DuplicateFilter
 from ctlwire.kernel.core.fence_guard import DEFAULT_FENCE_WINDOW, FenceGuard
-from ctlwire.kernel.core.inbound_core import (
-    BadFrame,
-    ErrorCode,
-    InboundCore,
-    InboundRequest,
-    MethodSpec,
-)
+from ctlwire.kernel.core.inbound_core import BadFrame, InboundCore, InboundRequest, MethodSpec
 from ctlwire.kernel.core.result_cache import ResultCache
 from ctlwire.kernel.engine.engine_snapshot import engine_snapshot
 from ctlwire.kernel.engine.handler_runner import HandlerRunner
@@ -157,6 +151,7 @@ from ctlwire.kernel.engine.outbox import ReplyOutbox
 from ctlwire.kernel.engine.serve import EngineServer, QueuedRequests
 from ctlwire.states import InboundState
 from ctlwire.transports.envelope import Heartbeat, Request
+from ctlwire.transports.error_codes import ErrorCode
 from ctlwire.transports.errors import TransportClosed
 from ctlwire.transports.transport import EngineTransport, Received
 

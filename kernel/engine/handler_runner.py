@@ -16,11 +16,12 @@ from __future__ import annotations
 import anyio
 import anyio.to_thread
 
-from ctlwire.kernel.core.inbound_core import ErrorCode, InboundCore, InboundRequest, Refused
+from ctlwire.kernel.core.inbound_core import InboundCore, InboundRequest, Refused
 from ctlwire.kernel.engine.liveness import EngineLiveness
 from ctlwire.kernel.errors import CtlwireError
 from ctlwire.kernel.tracing import current_trace
 from ctlwire.transports.envelope import Reply
+from ctlwire.transports.error_codes import ErrorCode
 
 __all__ = ["AsyncHandlerInPoll", "HandlerRunner"]
 

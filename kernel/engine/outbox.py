@@ -28,8 +28,8 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
-from ctlwire.kernel.core.inbound_core import ErrorCode
 from ctlwire.transports.envelope import ErrorInfo, Reply
+from ctlwire.transports.error_codes import ErrorCode
 from ctlwire.transports.errors import OversizedFrame, TransportError, Unroutable, WouldBlock
 from ctlwire.transports.rate_limited_log import RateLimitedLog
 from ctlwire.transports.transport import EngineTransport, Route
@@ -205,7 +205,7 @@ class ReplyOutbox:
             self.counters["replies_too_large"] += 1
             return Reply(reply.id, reply.rank, reply.incarnation, False,
                          self.codec.encode_value(None),
-                         ErrorInfo("ReplyTooLarge", str(exc), ErrorCode.OVERSIZED_FRAME))
+                         ErrorInfo("ReplyTooLarge", str(exc), ErrorCode.REPLY_TOO_LARGE))
         return reply
 
     def _transmit(self, route: Route, item: Reply | bytes) -> None:
