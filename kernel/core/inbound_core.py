@@ -73,6 +73,9 @@ class Refused(CtlwireError):
     a retry is judged again and a refused request never holds a key."""
 
 
+# the events as module constants: an enum class's attribute costs a lookup per read
+_START, _REPLY, _REJECT, _EXPIRE = (InboundEvent.START, InboundEvent.REPLY, InboundEvent.REJECT,
+                                    InboundEvent.EXPIRE)
 _REQUEST_COUNTERS = ("received", "rejected", "expired", "handler_errors", "duplicates",
                      "dropped_malformed", "dropped_oversized", "dropped_framing",
                      "dropped_wrong_type", "error_replies_for_bad_frames", "heartbeats_received",
@@ -271,7 +274,7 @@ class InboundCore:
                     return refused
             if req.fence:
                 self.fences.accept(req.fence)
-        item.go(InboundEvent.START)
+        item.go(_START)
         return None
 
     def _take_key(self, item: InboundRequest, now: float) -> Reply | None:
@@ -324,7 +327,7 @@ class InboundCore:
     def _expire(self, item: InboundRequest, now: float) -> Reply:
         req = item.request
         self.counters["expired"] += 1
-        return self._end(item, InboundEvent.EXPIRE, self.error_reply(
+        return self._end(item, _EXPIRE, self.error_reply(
             req.id, "DeadlineExpired",
             f"{req.method!r} arrived {now - req.deadline:.3f} s after its deadline",
             ErrorCode.DEADLINE_EXPIRED))
@@ -363,8 +366,8 @@ class InboundCore:
             return self._reject(item, "InProgress", f"{req.method!r} with idempotency key "
                                 f"{key[:64]!r} is still running", ErrorCode.IN_PROGRESS)
         self.counters["idempotent_replays"] += 1
-        item.go(InboundEvent.START)
-        return self._end(item, InboundEvent.REPLY, Reply(
+        item.go(_START)
+        return self._end(item, _REPLY, Reply(
             req.id, self.rank, self.incarnation, recorded.ok,
             msgspec.Raw(recorded.result) if recorded.ok else self._nil, recorded.error))
 
@@ -403,7 +406,7 @@ class InboundCore:
                       error_info(exc))
         if not record:
             self.cancelled(item)
-            return self._end(item, InboundEvent.REPLY, reply)
+            return self._end(item, _REPLY, reply)
         return self._done(item, reply)
 
     def cancelled(self, item: InboundRequest) -> None:
@@ -418,7 +421,7 @@ class InboundCore:
             self.results.finish(self._scope(item), req.method, req.key,
                                 RecordedOutcome(reply.ok, bytes(reply.result), reply.error),
                                 self.clock())
-        return self._end(item, InboundEvent.REPLY, reply)
+        return self._end(item, _REPLY, reply)
 
     # -- replies -------------------------------------------------------------------
     def error_reply(self, request_id: int, type_name: str, message: str, code: int,
@@ -429,7 +432,7 @@ class InboundCore:
     def _reject(self, item: InboundRequest, type_name: str, message: str, code: int,
                 result: msgspec.Raw | None = None) -> Reply:
         self.counters["rejected"] += 1
-        return self._end(item, InboundEvent.REJECT,
+        return self._end(item, _REJECT,
                          self.error_reply(item.request.id, type_name, message, code, result))
 
     def _end(self, item: InboundRequest, event: InboundEvent, reply: Reply) -> Reply:

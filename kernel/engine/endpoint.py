@@ -122,8 +122,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 import threading
 import time
@@ -160,26 +158,6 @@ __all__ = ["STEP_METHOD", "EngineEndpoint", "ErrorCode", "MethodSpec", "new_inca
 
 #: the longest a poll loop waits for input while replies wait for room
 _OUTBOX_RETRY = 0.005
-
-
-def _receive_within(transport: EngineTransport, receive: Callable[[], Any],
-                    timeout: float = 0.0) -> Any:
-    """``receive()``'s next event within ``timeout`` s, or None: ``poll()``'s receive
-    from a transport whose ``receive_one`` (if any) takes no timeout."""
-    if timeout and not transport.wait_readable(timeout):
-        return None
-    return receive()
-
-
-def _receiver(transport: EngineTransport) -> Callable[..., Any]:
-    """``poll()``'s receive: the transport's ``receive_one(timeout)`` where it has
-    one that waits, else :func:`_receive_within` over what it has."""
-    receive_one = getattr(transport, "receive_one", None)
-    if receive_one is None:
-        return functools.partial(_receive_within, transport, transport.try_receive)
-    if "timeout" in inspect.signature(receive_one).parameters:
-        return receive_one  # type: ignore[no-any-return]
-    return functools.partial(_receive_within, transport, receive_one)
 
 
 class EngineEndpoint:
@@ -223,7 +201,7 @@ class EngineEndpoint:
                                 incarnation=self.incarnation, clock=clock,
                                 duplicates=DuplicateFilter(dedup_window, dedup_peers),
                                 fences=FenceGuard(fence_window), results=result_cache,
-                                key_of=getattr(transport, "peer_key", None))
+                                key_of=transport.peer_key)
         self.liveness = EngineLiveness(transport, rank=self.rank, incarnation=self.incarnation,
                                        heartbeat_interval=heartbeat_interval, beacon=beacon,
                                        peer_of=self.core.peer)
@@ -236,8 +214,8 @@ class EngineEndpoint:
         self.queued_requests = QueuedRequests(max_queued_request_bytes, max_queued_per_route)
         self._opened = False
         self._closed = False
-        # poll(): the next event that can be received now (None: none)
-        self._take_one = _receiver(transport)
+        # poll(): the next event, waiting up to a timeout when one is given (None: none)
+        self._take_one = transport.receive_one
         # built in, read-only, allow-listed like any method: what metrics() returns
         self.register(ENGINE_METRICS_METHOD, self.metrics, payload_type=None, read_only=True)
         self.method_table.builtin = frozenset(self.method_table.specs)
