@@ -102,10 +102,6 @@ class MemoryNetwork:
             raise TransportClosed("no open client transport")
         self._client._deliver_nowait((rank, data))
 
-    @property
-    def open_ranks(self) -> list[int]:
-        return sorted(r for r, e in self._engines.items() if not e.closed)
-
 
 class _Endpoint:
     def __init__(self, network: MemoryNetwork) -> None:

@@ -51,7 +51,3 @@ class RequestIdAllocator:
             return counter <= self._counter
         last = self._retired.get(inc)
         return last is not None and counter <= last
-
-    @property
-    def issued_count(self) -> int:
-        return self._counter + sum(self._retired.values())
