@@ -186,7 +186,7 @@ class EngineTransport(abc.ABC):
         ``max_message_size``, now; raises WouldBlock, Unroutable, TransportClosed."""
 
     def send_nowait(self, route: Route, envelope: Envelope) -> None:
-        """:meth:`send_encoded_nowait` of ``envelope`` (encoded with :attr:`codec`)."""
+        """:meth:`send_encoded_nowait` of ``envelope``."""
         self.send_encoded_nowait(route, self.codec.encode(envelope))
 
     def receive_one(self, timeout: float = 0.0) -> TransportEvent | None:
@@ -226,26 +226,25 @@ class EngineTransport(abc.ABC):
         self.close()
 
     def upkeep(self) -> None:
-        """Periodic care, from the thread that uses the transport (an engine's loop
-        calls it about once a heartbeat interval). Default: none needed."""
+        """Periodic care, from the thread that uses the transport, about once a
+        heartbeat interval (default: none needed)."""
         return None
 
     def start_beacon(self, interval: float, status: Callable[[], Heartbeat | None]) -> bool:
-        """Send ``status()`` every ``interval`` s from a thread of the transport's own,
-        so heartbeats flow while the engine's thread blocks; True when started.
-        Default: no beacon (False: the engine sends heartbeats in-band)."""
+        """Send ``status()`` every ``interval`` s from a thread of the transport's own
+        (heartbeats that flow while the engine's thread blocks); whether it started
+        (default: no beacon, the engine sends heartbeats in-band)."""
         return False
 
     def peer_key(self, route: Route) -> str | None:
-        """The authenticated key of ``route``'s connection, if the transport knows one
-        (default: None; a peer is then its connection)."""
+        """The authenticated key of ``route``'s connection (default: none known)."""
         return None
 
     def queued_bytes_bound(self) -> int:
-        """The most bytes the transport may hold for one connection, both directions
-        (0: not bounded by the transport)."""
+        """The most bytes held for one connection, both directions (0: no bound)."""
         return 0
 
+    # counters (0: the transport has no such thing)
     @property
     def open_connections(self) -> int:
         """Connections open now on the transport's listening sockets."""
@@ -273,6 +272,5 @@ class EngineTransport(abc.ABC):
 
     @property
     def beacon_refusals(self) -> dict[str, int]:
-        """What a beacon that binds refused: routes (its table full) and frames that
-        were not a client's hello."""
+        """What a beacon that binds refused: routes and frames that were no hello."""
         return {"routes": 0, "frames": 0}

@@ -13,9 +13,8 @@ Every method goes through the one chosen; both share the same non-blocking calls
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Coroutine, Iterable
-from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import zmq
 
@@ -41,28 +40,12 @@ from ctlwire.transports.zmq_config import (
     make_socket,
     remove_ipc_file,
 )
-from ctlwire.transports.zmq_frames import Frames
 from ctlwire.transports.zmq_socket import AsyncZmqSocket
 from ctlwire.transports.zmq_sync_socket import SyncZmqSocket
 
 __all__ = ["ZmqEngineBase"]
 
 _T = TypeVar("_T", bound="ZmqEngineBase")
-
-
-class EngineSocket(Protocol):
-    """What an engine transport asks of its socket mechanism: :class:`SyncZmqSocket`
-    or :class:`AsyncZmqSocket`."""
-
-    @property
-    def closed(self) -> bool: ...
-    def recv_multipart_within(self, timeout: float) -> list[bytes] | None: ...
-    def poll_readable(self, timeout: float) -> bool: ...
-    def send_multipart_nowait(self, frames: Frames) -> None: ...
-    def send_pair_nowait(self, first: bytes, second: bytes) -> None: ...
-    def refresh_events(self) -> int: ...
-    def recv_multipart(self) -> Coroutine[Any, Any, list[bytes]]: ...
-    def close(self, linger_ms: int = 0) -> None: ...
 
 
 class _LoopSocket(AsyncZmqSocket):
@@ -79,10 +62,13 @@ class _LoopSocket(AsyncZmqSocket):
         return self.recv_multipart_nowait()
 
 
+EngineSocket = SyncZmqSocket | _LoopSocket
+"""A socket mechanism: a synchronous loop's, or an event loop's."""
+
+
 class ZmqEngineBase(EngineTransport):
     """One receiving socket (and the same or another for sending)."""
 
-    recv_kind = zmq.DEALER
     #: replies may go to any peer that can connect (a socket that binds): what libzmq
     #: queues for them is bounded in bytes (ZmqOptions.effective_sndhwm); an engine
     #: that dials sends only to the peer it chose
@@ -99,9 +85,8 @@ class ZmqEngineBase(EngineTransport):
         self._send: EngineSocket | None = None
         self._receiving_socket: zmq.Socket[bytes] | None = None
         #: the socket mechanism, chosen as the transport opens (None: not open)
-        self._mechanism: Callable[[zmq.Socket[bytes]], EngineSocket] | None = None
+        self._mechanism: type[EngineSocket] | None = None
         self._auth: CurveAuthenticator | None = None
-        self._opened = False
         self._closed = False
         self._bound_ipc: list[str] = []
         self._beacon: LivenessBeacon | None = None
@@ -129,15 +114,13 @@ class ZmqEngineBase(EngineTransport):
 
     @property
     def connections_refused(self) -> int:
-        """Connections refused because a listening socket had ``max_connections``
-        open (:class:`~ctlwire.transports.connection_guard.ConnectionGuard`)."""
+        """Refused by the guards of the listening sockets, the beacon's included."""
         beacon = self._beacon.connections_refused if self._beacon is not None else 0
         return beacon + sum(g.refused for g in self._guards)
 
     @property
     def open_connections(self) -> int:
-        """Connections open now on this transport's listening sockets (as their
-        monitors last reported; 0 for a transport that only connects)."""
+        """Open on the listening sockets, as their monitors last reported."""
         return sum(g.open_connections for g in self._guards)
 
     def queued_bytes_bound(self) -> int:
@@ -179,7 +162,7 @@ class ZmqEngineBase(EngineTransport):
         so they keep flowing while the engine's thread blocks. True when
         started; False where this transport has none (the engine then sends
         heartbeats in-band). Call after :meth:`open`; stopped by :meth:`close`."""
-        if self._closed or not self._opened or self._beacon is not None:
+        if self._closed or self._mechanism is None or self._beacon is not None:
             return self._beacon is not None
         make = self._beacon_socket()
         if make is None:
@@ -202,8 +185,6 @@ class ZmqEngineBase(EngineTransport):
 
     @property
     def beacon_refusals(self) -> dict[str, int]:
-        """What a beacon that binds refused: routes (its table full of live ones) and
-        frames that were not a client's hello."""
         routes = self._beacon.routes if self._beacon is not None else None
         if routes is None:
             return {"routes": 0, "frames": 0}
@@ -224,7 +205,7 @@ class ZmqEngineBase(EngineTransport):
         ``async with``, whose sockets serve synchronous calls too)."""
         self._open(SyncZmqSocket)
 
-    def _open(self, mechanism: Callable[[zmq.Socket[bytes]], EngineSocket]) -> None:
+    def _open(self, mechanism: type[EngineSocket]) -> None:
         if self._closed:
             raise TransportClosed("engine transport is closed")
         if self._mechanism is not None:
@@ -234,7 +215,6 @@ class ZmqEngineBase(EngineTransport):
                                    "with async with")
             return
         self._mechanism = mechanism
-        self._opened = True
         try:
             recv, send = self._setup()
             self._recv = mechanism(recv)
@@ -271,10 +251,6 @@ class ZmqEngineBase(EngineTransport):
         may wait on them); RuntimeError if :meth:`open` opened it already."""
         self._open(_LoopSocket)
         return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
 
     @property
     def closed(self) -> bool:
@@ -400,20 +376,15 @@ class ZmqEngineBase(EngineTransport):
                 if retry:
                     raise WouldBlock("high-water mark reached") from None
             except zmq.ZMQError as exc:
-                self._raise_unroutable(route, exc)
-                raise
+                if exc.errno != zmq.EHOSTUNREACH:
+                    raise
+                self._forget_route(route)  # the client that asked is gone
+                raise Unroutable(self.rank, "the client that asked is gone") from None
             except SocketClosed:
                 raise TransportClosed("engine transport is closed") from None
-
-    def _raise_unroutable(self, route: Route, exc: zmq.ZMQError) -> None:
-        """A send to ``route`` failed with ``exc``: EHOSTUNREACH means the client that
-        asked is gone (its route is forgotten, Unroutable raised); else returns."""
-        if exc.errno == zmq.EHOSTUNREACH:
-            self._forget_route(route)
-            raise Unroutable(self.rank, "the client that asked is gone") from None
 
     def _forget_route(self, route: Route) -> None:
         pass
 
     def heartbeat_routes(self) -> Iterable[Route]:
-        return () if self._closed or not self._opened else (None,)
+        return () if self._closed or self._mechanism is None else (None,)

@@ -1,22 +1,16 @@
 """A plain pyzmq socket used directly by the thread that owns it: the socket
-mechanism of an engine driven by a synchronous loop (``EngineEndpoint.poll()``,
-``run_blocking``), where no task ever waits on the socket.
-:class:`~ctlwire.transports.zmq_socket.AsyncZmqSocket` is the one for an event loop;
-the non-blocking calls of both are the same, so an engine transport uses either
-through the same code (:mod:`~ctlwire.transports.zmq_engine_base`).
+mechanism of an engine driven by a synchronous loop (``EngineEndpoint.poll()``),
+where no task ever waits on the socket. Its calls are those of
+:class:`~ctlwire.transports.zmq_socket.AsyncZmqSocket` (the event loop's mechanism)
+that an engine transport makes (:mod:`~ctlwire.transports.zmq_engine_base`).
 
-Guarantees:
-
-* The socket belongs to the thread that created this object; every call from
-  another raises :class:`~ctlwire.transports.errors.ForeignThreadError` (libzmq
-  sockets are not thread-safe). After :meth:`SyncZmqSocket.close`, calls raise
-  :class:`~ctlwire.transports.errors.SocketClosed`.
-* A receive that finds nothing raises nothing: it asks the socket's ``EVENTS``
-  first (``zmq_poll`` with no timeout). A receive with a timeout is one blocking
-  receive (``ZMQ_RCVTIMEO``): a message already queued is taken without a system
-  call. All parts of a message are returned together, in order.
-* A send never blocks: all parts are queued, or (``zmq.Again`` at the high-water
-  mark, another ``zmq.ZMQError``) none.
+Guarantees: a call from a thread other than the owner raises
+:class:`~ctlwire.transports.errors.ForeignThreadError` (libzmq sockets are not
+thread-safe), one after :meth:`SyncZmqSocket.close`
+:class:`~ctlwire.transports.errors.SocketClosed`. A receive that finds nothing
+raises nothing (it asks ``EVENTS`` first); one with a timeout is one blocking
+receive (``ZMQ_RCVTIMEO``: a queued message is taken without a system call). A send
+never blocks: all parts are queued, or (``zmq.Again``, another ``zmq.ZMQError``) none.
 """
 
 from __future__ import annotations
@@ -40,30 +34,18 @@ _zmq_poll = zmq.zmq_poll
 
 
 class SyncZmqSocket:
-    """Blocking-free (or bounded-blocking) multipart calls on one plain ``zmq.Socket``,
-    from its owner thread only; see the module docstring."""
+    """Non-blocking (or bounded) multipart calls on one plain ``zmq.Socket``, from the
+    thread that made this object; see the module docstring."""
 
     __slots__ = ("_closed", "_owner", "_probe", "_rcvtimeo", "_socket", "_type_name")
 
     def __init__(self, socket: zmq.Socket[bytes]) -> None:
-        """Wrap ``socket``; the calling thread becomes its owner.
-
-        :raises SocketClosed: if ``socket`` is already closed.
-        """
-        if socket.closed:
-            raise SocketClosed("cannot wrap a closed zmq socket")
         self._socket = socket
         self._closed = False  # by close(): a cheaper read than the socket's own
         self._owner = threading.get_ident()
         self._type_name = socket_type_name(socket)
-        #: zmq_poll's argument asking whether the socket has input
-        self._probe = [(socket, _POLLIN)]
-        #: the ZMQ_RCVTIMEO (ms) last set (libzmq's default: -1, wait for ever)
-        self._rcvtimeo = -1
-
-    def __repr__(self) -> str:
-        state = "closed" if self.closed else "open"
-        return f"<SyncZmqSocket {self._type_name} {state} owner={self._owner}>"
+        self._probe = [(socket, _POLLIN)]  # zmq_poll's: has the socket input?
+        self._rcvtimeo = -1  # the ZMQ_RCVTIMEO (ms) last set (libzmq's default)
 
     @property
     def socket(self) -> zmq.Socket[bytes]:
@@ -76,11 +58,7 @@ class SyncZmqSocket:
 
     def recv_multipart_within(self, timeout: float) -> list[bytes] | None:
         """The next message, waiting up to ``timeout`` s (millisecond granularity) for
-        one when none is queued; None when none came.
-
-        :raises ForeignThreadError: if called from a thread other than the owner.
-        :raises SocketClosed: if the socket is closed.
-        """
+        one when none is queued; None when none came."""
         if threading.get_ident() != self._owner:
             self._raise_foreign()
         sock = self._socket
@@ -107,17 +85,8 @@ class SyncZmqSocket:
         except zmq.ZMQError as exc:
             raise self._closed_error(exc) from None
 
-    def recv_multipart_nowait(self) -> list[bytes] | None:
-        """The next queued message, or None if none is queued; raises as
-        :meth:`recv_multipart_within` does."""
-        return self.recv_multipart_within(0.0)
-
     def poll_readable(self, timeout: float) -> bool:
-        """Block up to ``timeout`` s until a message can be received (it takes none).
-
-        :raises ForeignThreadError: if called from a thread other than the owner.
-        :raises SocketClosed: if the socket is closed.
-        """
+        """Block up to ``timeout`` s until a message can be received (taking none)."""
         if threading.get_ident() != self._owner:
             self._raise_foreign()
         if self._closed:  # zmq_poll would poll another descriptor
@@ -128,14 +97,8 @@ class SyncZmqSocket:
             raise self._closed_error(exc) from None
 
     def send_multipart_nowait(self, frames: Frames) -> None:
-        """Queue one multipart message in libzmq, or raise.
-
-        :raises zmq.Again: if the high-water mark is reached (nothing was queued).
-        :raises zmq.ZMQError: what libzmq reports (``EHOSTUNREACH`` from a ROUTER with
-            ``ROUTER_MANDATORY`` for an unknown identity).
-        :raises ForeignThreadError: if called from a thread other than the owner.
-        :raises SocketClosed: if the socket is closed.
-        """
+        """Queue one message, all its parts, or raise ``zmq.Again`` (the high-water
+        mark) or another ``zmq.ZMQError`` (``EHOSTUNREACH``...), having queued none."""
         if threading.get_ident() != self._owner:
             self._raise_foreign()
         try:
@@ -158,12 +121,7 @@ class SyncZmqSocket:
             raise self._closed_error(exc) from None
 
     def refresh_events(self) -> int:
-        """Read ``EVENTS`` now: libzmq processes what its I/O thread told the socket
-        (a full pipe that was drained, a message that arrived); returns ``EVENTS``.
-
-        :raises ForeignThreadError: if called from a thread other than the owner.
-        :raises SocketClosed: if the socket is closed.
-        """
+        """Read ``EVENTS`` now (libzmq processes its I/O thread's news: a drained pipe)."""
         if threading.get_ident() != self._owner:
             self._raise_foreign()
         try:
@@ -172,17 +130,13 @@ class SyncZmqSocket:
             raise self._closed_error(exc) from None
 
     async def recv_multipart(self) -> NoReturn:
-        """Not offered: no task may wait on a synchronous loop's socket (an engine
-        transport entered with ``async with`` uses an AsyncZmqSocket)."""
-        raise SocketClosed(f"{self._type_name} socket is driven by a synchronous loop: "
-                           "an event loop receives from a transport entered with async with")
+        """Not offered: no task waits on a synchronous loop's socket."""
+        raise SocketClosed(f"{self._type_name} socket is a synchronous loop's: an event "
+                           "loop receives from a transport entered with async with")
 
     def close(self, linger_ms: int = 0) -> None:
-        """Close the socket; ``linger_ms`` bounds how long libzmq keeps sending what is
-        queued, in the background. Idempotent; never blocks.
-
-        :raises ForeignThreadError: if called from a thread other than the owner.
-        """
+        """Close the socket (``linger_ms``: how long libzmq keeps sending what is
+        queued, in the background); idempotent, never blocks."""
         if threading.get_ident() != self._owner:
             self._raise_foreign()
         self._closed = True
@@ -190,7 +144,6 @@ class SyncZmqSocket:
             self._socket.close(linger=linger_ms)
 
     def _closed_error(self, exc: zmq.ZMQError) -> Exception:
-        """SocketClosed when the socket is closed, else ``exc`` itself."""
         if self.closed or exc.errno == zmq.ENOTSOCK:
             return SocketClosed(f"{self._type_name} socket is closed")
         return exc

@@ -403,8 +403,8 @@ class EngineEndpoint:
         own method; a plain sync handler runs on the loop and holds it,
         receiving included, until it returns."""
         await EngineServer(self.transport, self.core, self.outbox, self.liveness, self.runner,
-                           self.queued_requests, mailbox_size=self.mailbox_size
-                           ).serve(task_status)
+                           self.queued_requests, mailbox_size=self.mailbox_size,
+                           internal_error=self._internal_error).serve(task_status)
 
     # -- what the parts know, by their names before the parts ------------------
     @property

@@ -51,10 +51,8 @@ class HandlerRunner:
         token = live.begin(req.id, req.method, item.route, req.client)
         try:
             value = spec.handler(*item.args)
-        except Refused as exc:
-            return core.error(item, exc, record=False)
-        except Exception as exc:
-            return core.error(item, exc)
+        except Exception as exc:  # a refusal leaves nothing under the key
+            return core.error(item, exc, record=not isinstance(exc, Refused))
         except BaseException:
             core.cancelled(item)
             raise
@@ -81,10 +79,8 @@ class HandlerRunner:
                 value = await anyio.to_thread.run_sync(spec.handler, *item.args)
             else:
                 value = spec.handler(*item.args)
-        except Refused as exc:
-            return core.error(item, exc, record=False)
-        except Exception as exc:
-            return core.error(item, exc)
+        except Exception as exc:  # a refusal leaves nothing under the key
+            return core.error(item, exc, record=not isinstance(exc, Refused))
         except BaseException:
             core.cancelled(item)
             raise
