@@ -27,6 +27,29 @@ import zmq
 from ctlwire.kernel.client.control_client import ControlClient
 
 
+def _import_every_module() -> None:
+    """Import every ctlwire module now, from this one thread, before any test starts
+    one of its own. CPython 3.11 keeps the AST builder's recursion depth per
+    interpreter, not per thread: a module compiled in one thread while another
+    compiles one fails with ``SystemError: AST constructor recursion depth
+    mismatch`` (python/cpython#106905). Modules first imported by a test (a fresh
+    checkout has no bytecode yet) could otherwise meet a test's own threads."""
+    import importlib
+    import importlib.util
+    import pkgutil
+
+    import ctlwire
+
+    for info in pkgutil.walk_packages(ctlwire.__path__, "ctlwire."):
+        if info.name.endswith("__main__") or (
+                ".torch_" in info.name and importlib.util.find_spec("torch") is None):
+            continue
+        importlib.import_module(info.name)
+
+
+_import_every_module()
+
+
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)

@@ -177,3 +177,40 @@ async def test_what_peers_send_a_beacon_is_read_and_refused_never_kept(
     assert metrics["beacon_refused"]["frames"] > 100
     assert grown < 32, grown
     assert lost == 0
+
+
+def test_one_connection_at_full_speed_keeps_the_engine_within_its_budgets(
+        tmp_path: Any, raw_peer: list[RawPeer]) -> None:
+    """One connection sends 4 MiB requests as fast as the engine takes them for 5 s
+    (one method's worker held, so each waits or is refused ``Busy``): the engine's RSS
+    grows by no more than what its budgets allow together -- libzmq's bound for one
+    connection, the waiting requests' byte budget and the reply outbox's."""
+    address = ipc(tmp_path)
+    with engine(address, "serve") as fleet:
+        pid = fleet.pids()[0]
+        bad = attacker(raw_peer, address)
+        bad.send("hang")
+        bound = bad.metrics(timeout=ANSWER)
+        before = _rss_mb(pid)
+        peak, sent, end = before, 0, time.monotonic() + 5.0
+        head = len(padded(1_000_000, "hang", 0)) - 5  # the trailing field: str32 + bytes
+        junk = padded(1_000_000, "hang", 4 * MIB)[head:]
+        while time.monotonic() < end:
+            try:  # a fresh id each time (a repeated one is dropped as a duplicate)
+                bad.sock.send(padded(1_000_000 + sent, "hang", 0)[:head] + junk,
+                              zmq.NOBLOCK)
+                sent += 1
+            except zmq.Again:
+                time.sleep(0.005)
+            if sent % 8 == 0:
+                peak = max(peak, _rss_mb(pid))
+            while bad.sock.poll(0):
+                bad.sock.recv()  # read the Busy replies: nothing waits for us
+        peak = max(peak, _rss_mb(pid))
+        metrics = bad.metrics(timeout=ANSWER)
+    allowed = (bound["outbox"]["transport_bound_bytes_per_connection"]
+               + bound["queued_requests"]["limit_bytes"] + (32 << 20)) / MIB
+    print(f"\nsent {sent} x 4 MiB; RSS {before:.0f} -> peak {peak:.0f} MB; "
+          f"budgets allow {allowed:.0f} MB; busy {metrics['counters']['busy']}")
+    assert sent > 10 and metrics["counters"]["busy"] > 0
+    assert peak - before <= allowed
