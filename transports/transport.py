@@ -12,7 +12,7 @@ Guarantees every implementation gives:
 * ``send_nowait`` never blocks: it raises
   :class:`~ctlwire.transports.errors.WouldBlock` at the high-water mark and
   :class:`~ctlwire.transports.errors.Unroutable` when the rank has no connected
-  peer. ``send`` waits for room instead of raising WouldBlock.
+  peer. A client's ``send`` waits for room instead of raising WouldBlock.
 * A frame that cannot be decoded is reported as :class:`Dropped` (with a
   reply route when one exists) and never ends the receive loop.
 * ``receive`` raises :class:`~ctlwire.transports.errors.TransportClosed` once
