@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ctlwire.kernel.app.arguments import (
+from ctlwire.app.arguments import (
     ArgumentParser,
     UsageError,
     check_new_dir,
@@ -41,7 +41,7 @@ def _default_diagrams_dir() -> Path:
 
 
 def _cmd_diagrams(args: argparse.Namespace) -> int:
-    from ctlwire.kernel.app.diagram_files import write_diagrams
+    from ctlwire.app.diagram_files import write_diagrams
     from ctlwire.states.diagram import DiagramUnavailable
 
     out = Path(args.out) if args.out else _default_diagrams_dir()
@@ -79,7 +79,7 @@ def _membership_demo(args: argparse.Namespace) -> int:
         raise UsageError("--membership etcd needs httpx: pip install 'ctlwire[etcd]'")
     if args.backend == "trio" and importlib.util.find_spec("trio") is None:
         raise UsageError("--backend trio needs trio installed: pip install trio")
-    from ctlwire.kernel.app import membership_demo
+    from ctlwire.app import membership_demo
 
     return membership_demo.main(membership_demo.MembershipDemoConfig(
         engines=args.engines, cycles=args.cycles, backend=args.backend, ttl=args.etcd_ttl))
@@ -92,13 +92,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         return _membership_demo(args)
     if args.torch:
         try:
-            from ctlwire.kernel.app import torch_demo
+            from ctlwire.app import torch_demo
         except ImportError as exc:
             raise UsageError(f"--torch needs the torch extra (pip install 'ctlwire[torch]'): "
                              f"{exc}") from None
         return torch_demo.demo(args.engines, args.cycles, args.model_width, args.model_layers,
                                args.backend)
-    from ctlwire.kernel.app import demo
+    from ctlwire.app import demo
 
     if args.backend == "trio" and importlib.util.find_spec("trio") is None:
         raise UsageError("--backend trio needs trio installed: pip install trio")
@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "K pause -> update_weights -> resume cycles, each one coordinated "
                        "operation, while concurrent callers query every engine. Prints a "
                        "summary and exits 1 unless every invariant held.")
-    from ctlwire.kernel.app.demo import add_arguments
+    from ctlwire.app.demo import add_arguments
 
     add_arguments(p)
     p.add_argument("--torch", action="store_true",

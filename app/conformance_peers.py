@@ -1,9 +1,9 @@
-"""The Python side under the conformance harness (:mod:`ctlwire.transports.conformance`):
+"""The Python side under the conformance harness (:mod:`ctlwire.conformance`):
 an engine serving the spec's conformance methods, and a client running the spec's
 conformance script (``docs/protocol.md``, Conformance)::
 
-    python -m ctlwire.kernel.app.conformance_peers engine --connect ADDR --rank N [--mode poll]
-    python -m ctlwire.kernel.app.conformance_peers client --bind ADDR
+    python -m ctlwire.app.conformance_peers engine --connect ADDR --rank N [--mode poll]
+    python -m ctlwire.app.conformance_peers client --bind ADDR
 
 The engine serves (``--mode serve``, the default: ``sleep`` and ``hold`` are async, so
 they wait and run in their methods' lanes while the engine keeps receiving) or polls
@@ -163,7 +163,7 @@ async def run_client_script(address: str, *, allow_insecure_tcp: bool = False,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ctlwire.kernel.app.conformance_peers")
+    parser = argparse.ArgumentParser(prog="python -m ctlwire.app.conformance_peers")
     sub = parser.add_subparsers(dest="role", required=True)
     eng = sub.add_parser("engine")
     eng.add_argument("--connect", required=True)

@@ -1,9 +1,9 @@
 """``ctlwire demo``: the asynchronous-RL weight-update cycle against real engine processes.
 
-Starts N engine processes (:mod:`ctlwire.kernel.app.demo_engine`, each a
+Starts N engine processes (:mod:`ctlwire.app.demo_engine`, each a
 synchronous step loop polling its :class:`EngineEndpoint`) over real ZeroMQ
 sockets, then runs ``pause → update_weights(v) → resume`` K times, each cycle one
-coordinated operation (:class:`~ctlwire.kernel.operation_runner.OperationRunner`,
+coordinated operation (:class:`~ctlwire.kernel.operations.runner.OperationRunner`,
 progress shown live per step and rank), while concurrent callers hammer
 ``get_server_info`` through the queueing mailbox and ``get_load`` in watching
 mode. ``--kill-one`` kills an
@@ -38,14 +38,14 @@ from typing import Any, TextIO
 
 import anyio
 
-from ctlwire.kernel.app.arguments import UsageError, non_negative_float, positive_int
-from ctlwire.kernel.app.demo_report import DemoConfig, DemoReport, format_report, report_data
-from ctlwire.kernel.app.engine_fleet import EngineFleet
-from ctlwire.kernel.app.operation_engine import Fault, weight_update_plan
+from ctlwire.app.arguments import UsageError, non_negative_float, positive_int
+from ctlwire.app.demo_report import DemoConfig, DemoReport, format_report, report_data
+from ctlwire.app.engine_fleet import EngineFleet
+from ctlwire.app.operation_engine import Fault, weight_update_plan
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_result import ProgressEvent
 from ctlwire.kernel.errors import CtlwireError, RequestTimedOut
-from ctlwire.kernel.operation_runner import OperationRunner
+from ctlwire.kernel.operations.runner import OperationRunner
 from ctlwire.states import RankState
 from ctlwire.transports.curve import (
     CurveServerConfig,
@@ -119,7 +119,7 @@ async def run_demo(cfg: DemoConfig, out: TextIO = sys.stdout) -> DemoReport:
         curve = (["--curve-secret", str(Path(keys.name) / f"rank{rank}.key_secret"),
                   *engine_args] if engine_args else [])
         return ["--connect", address, "--methods",
-                "ctlwire.kernel.app.operation_engine:register", *curve]
+                "ctlwire.app.operation_engine:register", *curve]
 
     # callers queue behind the slow update (it blocks every engine for slow_update s)
     client = ControlClient(transport, ranks=n, default_timeout=cfg.timeout + 2 * cfg.slow_update)

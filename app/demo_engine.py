@@ -12,8 +12,8 @@ and a paused flag, and exposes its control methods through an
   per-rank sequence number of this very call (to verify FIFO order).
 * ``get_load()`` — a cheap load report, for watching-mode callers.
 
-Used by ``python -m ctlwire.kernel.app.engine_process --methods
-ctlwire.kernel.app.demo_engine:register``; ``register`` returns the step function.
+Used by ``python -m ctlwire.app.engine_process --methods
+ctlwire.app.demo_engine:register``; ``register`` returns the step function.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Start, watch, kill and restart engine processes (demo, benchmarks, tests).
 
-:class:`EngineFleet` spawns ``python -m ctlwire.kernel.app.engine_process`` once
+:class:`EngineFleet` spawns ``python -m ctlwire.app.engine_process`` once
 per rank, waits for each to print ``READY``, and on :meth:`EngineFleet.stop`
 (or leaving its ``with`` block) terminates every process and reaps it —
 escalating to SIGKILL after a grace period — so no process is left behind.
@@ -93,7 +93,7 @@ class EngineFleet:
 
     def _spawn(self, rank: int) -> EngineProcess:
         # an engine stops by itself if this process dies without stopping it
-        argv = [self.python, "-m", "ctlwire.kernel.app.engine_process", "--rank", str(rank),
+        argv = [self.python, "-m", "ctlwire.app.engine_process", "--rank", str(rank),
                 "--exit-with-parent", str(os.getpid()), *self.args_for(rank)]
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")

@@ -1,9 +1,9 @@
-"""Run an engine rank as a process: ``python -m ctlwire.kernel.app.engine_process``.
+"""Run an engine rank as a process: ``python -m ctlwire.app.engine_process``.
 
 Used by ``ctlwire demo``, the benchmarks and the multi-process tests::
 
-    python -m ctlwire.kernel.app.engine_process --rank 0 --connect ipc:///tmp/x/control.sock \\
-        --methods ctlwire.kernel.app.engine_process:diagnostic_methods --mode poll
+    python -m ctlwire.app.engine_process --rank 0 --connect ipc:///tmp/x/control.sock \\
+        --methods ctlwire.app.engine_process:diagnostic_methods --mode poll
 
 ``--connect ADDR`` dials the client's ROUTER (default orientation);
 ``--bind ADDR`` binds a ROUTER the client dials (reverse orientation);
@@ -14,7 +14,7 @@ poll loop calls between polls, like a scheduler's generation step.
 ``--mode poll`` runs a synchronous loop (``EngineEndpoint.run_blocking``),
 ``--mode serve`` an anyio event loop (``--backend asyncio|trio``), ``--mode loop``
 the same synchronous loop with its socket on an I/O thread
-(:class:`~ctlwire.kernel.busy_loop.BusyLoop`: read-only methods answered while
+(:class:`~ctlwire.kernel.engine.busy_loop.BusyLoop`: read-only methods answered while
 it steps). CURVE:
 ``--curve-secret FILE`` (this engine's key pair) with ``--curve-server-key FILE``
 (connecting) or ``--curve-allow FILE...`` (binding); tcp without CURVE needs
@@ -37,8 +37,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ctlwire.kernel.app.arguments import ArgumentParser, UsageError
-from ctlwire.kernel.busy_loop import BusyLoop
+from ctlwire.app.arguments import ArgumentParser, UsageError
+from ctlwire.kernel.engine.busy_loop import BusyLoop
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.transports.codec import codec_by_name
 from ctlwire.transports.curve import (
@@ -259,7 +259,7 @@ def build_transport(args: argparse.Namespace) -> EngineTransport:
                      "required")
 
 
-_PROG = "python -m ctlwire.kernel.app.engine_process"
+_PROG = "python -m ctlwire.app.engine_process"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -276,7 +276,7 @@ def parser() -> argparse.ArgumentParser:
                        "PULL socket at ADDR")
     where.add_argument("--push", metavar="ADDR", help="with --pull: send replies on a PUSH "
                        "socket at ADDR")
-    p.add_argument("--methods", default="ctlwire.kernel.app.engine_process:diagnostic_methods",
+    p.add_argument("--methods", default="ctlwire.app.engine_process:diagnostic_methods",
                    metavar="MODULE:FUNC",
                    help="FUNC(endpoint) registers the engine's methods and may return a "
                         "step function called between polls (default: the diagnostic "
@@ -337,8 +337,8 @@ def _register_in_etcd(args: argparse.Namespace, stop: threading.Event,
     a keep-alive past the lease."""
     import anyio
 
-    from ctlwire.kernel.etcd_gateway import EtcdError, EtcdGateway
-    from ctlwire.kernel.etcd_registration import EtcdRegistration
+    from ctlwire.kernel.membership.etcd_gateway import EtcdError, EtcdGateway
+    from ctlwire.kernel.membership.etcd_registration import EtcdRegistration
 
     address = args.etcd_address if args.etcd_address is not None else (args.bind or "")
     gateway = EtcdGateway(args.etcd, timeout=max(0.3, min(5.0, args.etcd_ttl / 3)))

@@ -39,13 +39,13 @@ from typing import TextIO
 import anyio
 from anyio.abc import TaskGroup
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
-from ctlwire.kernel.app.operation_engine import weight_update_plan
+from ctlwire.app.engine_fleet import EngineFleet
+from ctlwire.app.operation_engine import weight_update_plan
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.errors import CtlwireError
-from ctlwire.kernel.etcd_membership import EtcdError, EtcdGateway, EtcdMembership
-from ctlwire.kernel.operation_runner import OperationRunner
-from ctlwire.kernel.testing.etcd_server import EtcdServer, memory_dir
+from ctlwire.kernel.membership.etcd_membership import EtcdError, EtcdGateway, EtcdMembership
+from ctlwire.kernel.operations.runner import OperationRunner
+from ctlwire.testing.etcd_server import EtcdServer, memory_dir
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
 __all__ = ["MembershipDemoConfig", "MembershipDemoReport", "main", "run_membership_demo"]
@@ -161,7 +161,7 @@ async def _scenario(cfg: MembershipDemoConfig, client: ControlClient, address: s
 
     def args_for(rank: int) -> list[str]:
         return ["--connect", address,
-                "--methods", "ctlwire.kernel.app.operation_engine:register",
+                "--methods", "ctlwire.app.operation_engine:register",
                 "--etcd", endpoint, "--etcd-prefix", prefix,
                 "--etcd-ttl", f"{cfg.ttl:g}", "--backend", cfg.backend]
 

@@ -2,10 +2,10 @@
 
 ::
 
-    python -m ctlwire.kernel.app.engine_process \
-        --methods ctlwire.kernel.app.operation_engine:register
+    python -m ctlwire.app.engine_process \
+        --methods ctlwire.app.operation_engine:register
 
-starts a :class:`~ctlwire.kernel.app.demo_engine.SimulatedEngine` rank whose
+starts a :class:`~ctlwire.app.demo_engine.SimulatedEngine` rank whose
 ``pause``, ``update_weights``, ``restore_weights`` and ``resume`` also run as
 operation steps through an :class:`~ctlwire.kernel.engine.operation_ledger.OperationLedger`,
 plus:
@@ -38,7 +38,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from ctlwire.kernel.app.demo_engine import Pause, SimulatedEngine, UpdateWeights
+from ctlwire.app.demo_engine import Pause, SimulatedEngine, UpdateWeights
 from ctlwire.kernel.core.operation_plan import (
     OperationPlan,
     OperationStep,

@@ -6,11 +6,11 @@
     ctlwire demo --torch [--engines 3] [--cycles 5] [--backend trio] [--model-width 256]
 
 Each engine rank is a process serving a small decoder-only transformer on CPU
-(:mod:`~ctlwire.kernel.app.torch_engine`) from a synchronous loop: one batched
+(:mod:`~ctlwire.app.torch_engine`) from a synchronous loop: one batched
 greedy forward per step, ``endpoint.poll()`` between steps, sequences in
 flight. Each cycle the trainer takes a few optimizer steps on random tokens,
 then runs one ctlwire operation on every rank
-(:meth:`~ctlwire.kernel.app.torch_weight_sync.Trainer.sync`): pause (aborting
+(:meth:`~ctlwire.app.torch_weight_sync.Trainer.sync`): pause (aborting
 the sequences in flight) -> join the gloo group (first time) -> receive the
 weights by broadcast and swap them in at once -> check every rank serves the
 trainer's version and checksum -> resume. Then every rank's greedy output for
@@ -38,18 +38,18 @@ import anyio
 import anyio.to_thread
 import msgspec
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
-from ctlwire.kernel.app.torch_engine import DecoderConfig, Generate, Submit
-from ctlwire.kernel.app.torch_weight_sync import Trainer, WeightSync
+from ctlwire.app.engine_fleet import EngineFleet
+from ctlwire.app.torch_engine import DecoderConfig, Generate, Submit
+from ctlwire.app.torch_weight_sync import Trainer, WeightSync
 from ctlwire.kernel.client.control_client import ControlClient
-from ctlwire.kernel.operation_runner import OperationRunner
+from ctlwire.kernel.operations.runner import OperationRunner
 from ctlwire.states import RankState
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
 __all__ = ["SyncTiming", "main", "run", "split"]
 
 PROMPTS = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
-METHODS = "ctlwire.kernel.app.torch_engine:register"
+METHODS = "ctlwire.app.torch_engine:register"
 
 
 @dataclass(frozen=True)

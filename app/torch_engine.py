@@ -2,15 +2,15 @@
 
 ::
 
-    python -m ctlwire.kernel.app.engine_process --rank 0 --connect ADDR \\
-        --methods ctlwire.kernel.app.torch_engine:register --mode loop
+    python -m ctlwire.app.engine_process --rank 0 --connect ADDR \\
+        --methods ctlwire.app.torch_engine:register --mode loop
 
 Needs the ``torch`` extra (``pip install 'ctlwire[torch]'``); nothing else in
 ctlwire imports this module. :func:`register` builds a :class:`TorchEngine`
 (:class:`TinyDecoder`, random weights from a seed, nothing downloaded) and
 returns its step: one batched greedy forward over every running sequence, called
 by the engine's loop between polls. Under ``--mode loop``
-(:class:`~ctlwire.kernel.busy_loop.BusyLoop`) ``get_server_info`` is read-only and
+(:class:`~ctlwire.kernel.engine.busy_loop.BusyLoop`) ``get_server_info`` is read-only and
 answered from a snapshot the loop publishes, while a step or an update runs; every
 other method runs on the loop's thread, between steps (``--mode poll`` works too,
 one request at a time).
@@ -64,7 +64,7 @@ from typing import Any
 import msgspec
 import torch
 
-from ctlwire.kernel.app.torch_messages import (
+from ctlwire.app.torch_messages import (
     DrainTimedOut,
     Generate,
     GroupSpec,
@@ -83,7 +83,7 @@ from ctlwire.kernel.app.torch_messages import (
     gloo_group,
     gloo_store,
 )
-from ctlwire.kernel.app.torch_model import (
+from ctlwire.app.torch_model import (
     DecoderConfig,
     TinyDecoder,
     checksum,

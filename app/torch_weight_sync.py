@@ -1,4 +1,4 @@
-"""The trainer side of RL weight sync with :mod:`~ctlwire.kernel.app.torch_engine` ranks.
+"""The trainer side of RL weight sync with :mod:`~ctlwire.app.torch_engine` ranks.
 
 ::
 
@@ -51,7 +51,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import torch
 
-from ctlwire.kernel.app.torch_messages import (
+from ctlwire.app.torch_messages import (
     GroupSpec,
     Pause,
     TensorMeta,
@@ -61,7 +61,7 @@ from ctlwire.kernel.app.torch_messages import (
     gloo_group,
     gloo_store,
 )
-from ctlwire.kernel.app.torch_model import DecoderConfig, TinyDecoder, checksum, greedy
+from ctlwire.app.torch_model import DecoderConfig, TinyDecoder, checksum, greedy
 from ctlwire.kernel.core.operation_plan import (
     OperationPlan,
     OperationStep,
@@ -69,7 +69,7 @@ from ctlwire.kernel.core.operation_plan import (
     StepCall,
 )
 from ctlwire.kernel.core.operation_result import OperationResult, ProgressEvent
-from ctlwire.kernel.operation_runner import OperationRunner, Recovery
+from ctlwire.kernel.operations.runner import OperationRunner, Recovery
 from ctlwire.states import OperationState, RankState
 
 __all__ = ["Trainer", "WeightSync", "served_postcondition", "weight_sync_plan"]

@@ -165,7 +165,7 @@ def _poll(ctx: zmq.Context[zmq.Socket[bytes]], stop: threading.Event,
     ep = _endpoint(ctx)
     ep.open()
     try:
-        # the loop of the bench's engine processes (kernel/app/engine_process.py) and of
+        # the loop of the bench's engine processes (app/engine_process.py) and of
         # EngineEndpoint.run_blocking: one request a round, the wait being the receive
         while not stop.is_set():
             ep.poll(1, 0.05)

@@ -30,7 +30,7 @@ from typing import Any
 
 import anyio
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.app.engine_fleet import EngineFleet
 
 from .call_counter import CallCounter, Counts
 from .fleets import FleetPool, ModuleFleet

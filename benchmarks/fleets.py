@@ -17,18 +17,18 @@ import tempfile
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet, EngineProcess
+from ctlwire.app.engine_fleet import EngineFleet, EngineProcess
 
 __all__ = ["BENCH_METHODS", "FleetPool", "ModuleFleet"]
 
-BENCH_METHODS = "ctlwire.kernel.app.engine_process:diagnostic_methods"
+BENCH_METHODS = "ctlwire.app.engine_process:diagnostic_methods"
 
 
 class ModuleFleet(EngineFleet):
     """An :class:`EngineFleet` whose processes run another module (a baseline engine).
 
     The module takes ``--rank N`` plus ``args_for(rank)`` and prints
-    ``READY <rank> <incarnation>`` like ``ctlwire.kernel.app.engine_process``.
+    ``READY <rank> <incarnation>`` like ``ctlwire.app.engine_process``.
     """
 
     def __init__(self, module: str, ranks: int | Sequence[int],

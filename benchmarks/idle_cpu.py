@@ -32,7 +32,7 @@ from typing import Any
 
 import anyio
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.app.engine_fleet import EngineFleet
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 

@@ -17,7 +17,7 @@ libzmq IO thread per process instead of K).
 Poll mode, one thread: a ``zmq.Poller`` waits on the K request sockets, and
 each endpoint whose socket is readable (or whose heartbeat is due) gets
 ``endpoint.poll()`` in turn — the synchronous loop of
-``ctlwire.kernel.app.engine_process --mode poll``, over K endpoints instead of one.
+``ctlwire.app.engine_process --mode poll``, over K endpoints instead of one.
 With one endpoint (K = 1) it is that loop exactly: ``poll(1, timeout)`` round after
 round, the wait being the receive.
 The request sockets are used only by this thread (one owner per socket); the
@@ -25,7 +25,7 @@ beacon sockets only by their beacon threads.
 
 ``P`` (``--rank``) is the process index; the process prints ``READY P
 <incarnation of its first endpoint>`` once every endpoint is open (the line
-:class:`~ctlwire.kernel.app.engine_fleet.EngineFleet` waits for) and exits
+:class:`~ctlwire.app.engine_fleet.EngineFleet` waits for) and exits
 cleanly on SIGTERM/SIGINT.
 """
 
@@ -40,7 +40,7 @@ from typing import Any
 
 import zmq
 
-from ctlwire.kernel.app.engine_process import diagnostic_methods
+from ctlwire.app.engine_process import diagnostic_methods
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.engine.shared_beacon import start_shared_beacon
 from ctlwire.transports.zmq_beacon import LivenessBeacon

@@ -7,7 +7,7 @@ busy for 2 s) -> resume. Meanwhile 50 concurrent callers poll
 ``get_server_info`` (read-only, a snapshot the loop publishes) with a fan-out
 in its default mode. The row reports the pollers' p99 over the calls made
 while the operation ran, on ``--mode loop`` engines
-(:class:`~ctlwire.kernel.busy_loop.BusyLoop`: read-only methods answered by the
+(:class:`~ctlwire.kernel.engine.busy_loop.BusyLoop`: read-only methods answered by the
 I/O thread), against the same engines on ``--mode poll`` (every request in
 turn, on the loop's thread). Target: p99 < 100 ms.
 """
@@ -22,12 +22,12 @@ from typing import Any
 
 import anyio
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.app.engine_fleet import EngineFleet
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_plan import OperationPlan, OperationStep, StepCall
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.engine.operation_ledger import OperationLedger
-from ctlwire.kernel.operation_runner import OperationRunner
+from ctlwire.kernel.operations.runner import OperationRunner
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
 from .report import Row, Target

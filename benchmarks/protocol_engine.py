@@ -18,7 +18,7 @@ fences, idempotency keys, typed refusals, the inbound table, a beacon thread,
 progress in its heartbeats, an outbox for a full socket.
 
 Prints ``READY <rank> <incarnation>`` once connected (the line
-:class:`~ctlwire.kernel.app.engine_fleet.EngineFleet` waits for) and exits
+:class:`~ctlwire.app.engine_fleet.EngineFleet` waits for) and exits
 cleanly on SIGTERM/SIGINT, or once its parent process is gone. :func:`serve` is
 also the ``bare`` variant of :mod:`ctlwire.benchmarks.engine_cpu`.
 """

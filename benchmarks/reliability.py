@@ -2,7 +2,7 @@
 
 One fleet of 4 engine processes over ZeroMQ ipc serves every scenario; each
 scenario gets a fresh :class:`ControlClient` whose transport is wrapped in a
-:class:`~ctlwire.transports.testing.FaultyClientTransport`, and runs
+:class:`~ctlwire.testing.faults.FaultyClientTransport`, and runs
 concurrent traffic (``echo`` calls, every 100th a ``fail`` that must come back
 as RemoteError, every 500th an ``echo`` fan-out to all ranks):
 
@@ -50,6 +50,7 @@ from typing import Any
 import anyio
 import zmq
 
+from ctlwire.app.engine_fleet import EngineFleet
 from ctlwire.benchmarks.soak import (
     DETECTION_BOUND,
     SoakConfig,
@@ -68,11 +69,10 @@ from ctlwire.benchmarks.traffic import (
     wait_live,
     wait_lost,
 )
-from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.client.control_client import ControlClient
+from ctlwire.testing.faults import Fault, FaultPlan, FaultyClientTransport
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.envelope import Heartbeat, Reply
-from ctlwire.transports.testing import Fault, FaultPlan, FaultyClientTransport
 from ctlwire.transports.transport import ClientTransport
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 

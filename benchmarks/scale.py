@@ -31,7 +31,7 @@ from typing import Any
 
 import anyio
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.app.engine_fleet import EngineFleet
 
 from .fleets import BENCH_METHODS, FleetPool, ModuleFleet
 from .report import Row, Target

@@ -2,7 +2,7 @@
 
 * **Soak** (:func:`run_soak`): 100,000 calls (``quick``: 5,000) from 128
   concurrent callers to 4 engine processes, through a
-  :class:`~ctlwire.transports.testing.FaultyClientTransport` injecting
+  :class:`~ctlwire.testing.faults.FaultyClientTransport` injecting
   1% drops, 1% duplicates and delays (2% of frames, up to 20 ms) both ways,
   while one engine is killed with SIGKILL and restarted mid-run. Every 100th
   call raises remotely and every 500th is a fan-out to all ranks. Checks:
@@ -35,6 +35,7 @@ from typing import Any
 
 import anyio
 
+from ctlwire.app.engine_fleet import EngineFleet
 from ctlwire.benchmarks.soak_engine import METHODS
 from ctlwire.benchmarks.traffic import (
     EXPECTED,
@@ -50,9 +51,8 @@ from ctlwire.benchmarks.traffic import (
     wait_live,
     wait_lost,
 )
-from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.client.control_client import ControlClient
-from ctlwire.transports.testing import Fault, FaultPlan, FaultyClientTransport
+from ctlwire.testing.faults import Fault, FaultPlan, FaultyClientTransport
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
 __all__ = [

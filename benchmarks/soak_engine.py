@@ -15,7 +15,7 @@ import os
 
 import anyio
 
-from ctlwire.kernel.app.engine_process import diagnostic_methods
+from ctlwire.app.engine_process import diagnostic_methods
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 
 __all__ = ["METHODS", "methods"]

@@ -1,9 +1,9 @@
 """``weight_sync``: one full weight-sync operation of a real model over 4 engine ranks.
 
-A trainer (:class:`~ctlwire.kernel.app.torch_weight_sync.Trainer`) pushes a
+A trainer (:class:`~ctlwire.app.torch_weight_sync.Trainer`) pushes a
 decoder-only transformer's weights (~57M parameters; ``--quick``: ~13M) to 4
 torch engine processes by gloo broadcast, one ctlwire operation per cycle
-(pause -> group -> update -> check -> resume; :mod:`~ctlwire.kernel.app.torch_demo`).
+(pause -> group -> update -> check -> resume; :mod:`~ctlwire.app.torch_demo`).
 Each operation's time is split into the data movement (the trainer's
 broadcasts and joining the group), the engines' own work (checksum and swap of
 the new weights, the slowest rank) and the rest: ctlwire's share (requests,
@@ -32,7 +32,7 @@ SHARE_PCT = 5.0
 
 
 def timing_rows(timings: Sequence[Any], params_m: float) -> list[Row]:
-    """The rows for measured :class:`~ctlwire.kernel.app.torch_demo.SyncTiming` values."""
+    """The rows for measured :class:`~ctlwire.app.torch_demo.SyncTiming` values."""
     control_ms = [t.control * 1e3 for t in timings]
     data_ms = [t.data * 1e3 for t in timings]
     total_ms = [t.total * 1e3 for t in timings]
@@ -63,8 +63,8 @@ def rows(quick: bool, say: Callable[[str], None]) -> list[Row]:
         return []
     import anyio
 
-    from ctlwire.kernel.app.torch_demo import run
-    from ctlwire.kernel.app.torch_engine import DecoderConfig
+    from ctlwire.app.torch_demo import run
+    from ctlwire.app.torch_engine import DecoderConfig
 
     config = (DecoderConfig(width=512, layers=4) if quick
               else DecoderConfig(width=768, layers=8))

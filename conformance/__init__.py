@@ -5,17 +5,17 @@ line per check.
 ::
 
     # check an engine: bind ADDR (the client's side), start the engine, run the checks
-    python -m ctlwire.transports.conformance engine \\
+    python -m ctlwire.conformance engine \\
         --spawn "node cli.js engine --connect {address} --rank {rank}"
     # check a client: play engines 0 and 1 (protocol 1.0) and 2 (announcing 2.0) at the
     # address the client program binds, run its conformance script, check both sides
-    python -m ctlwire.transports.conformance client \\
+    python -m ctlwire.conformance client \\
         --spawn "node cli.js conformance-client --bind {address}"
 
 Without ``--spawn`` the harness uses ``--address`` and waits for the other side
 (started by hand). Each check prints ``PASS``, ``FAIL``, or ``SKIP`` (a rule of the
 serving model the engine does not follow, see
-:mod:`~ctlwire.transports.conformance_serving_check`). Exit status 0 when no check
+:mod:`~ctlwire.conformance.serving_check`). Exit status 0 when no check
 failed, 1 otherwise.
 
 The harness uses raw pyzmq sockets and this package's envelopes and codec only
@@ -23,7 +23,7 @@ The harness uses raw pyzmq sockets and this package's envelopes and codec only
 another copy of the Python kernel. The methods an engine under test must serve,
 and the script a client under test must run, are the spec's "Conformance harness"
 section; each check is named after the spec section it tests
-(:data:`~ctlwire.transports.conformance_engine_check.ENGINE_CASES`).
+(:data:`~ctlwire.conformance.engine_check.ENGINE_CASES`).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ctlwire.transports.conformance_client_check import CLIENT_CASES, CheckClient, read_outcomes
-from ctlwire.transports.conformance_engine_check import ENGINE_CASES, CheckEngine
-from ctlwire.transports.conformance_report import Check, Report
+from ctlwire.conformance.client_check import CLIENT_CASES, CheckClient, read_outcomes
+from ctlwire.conformance.engine_check import ENGINE_CASES, CheckEngine
+from ctlwire.conformance.report import Check, Report
 
 __all__ = ["CLIENT_CASES", "ENGINE_CASES", "Check", "CheckClient", "CheckEngine",
            "check_client", "check_engine", "main"]
@@ -117,7 +117,7 @@ def check_client(address: str | None, spawn: str, timeout: float) -> Report:
 
 def main(argv: list[str] | None = None, *, out: Callable[[str], Any] = sys.stdout.write) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ctlwire.transports.conformance",
+        prog="python -m ctlwire.conformance",
         description="Check an implementation of the ctlwire wire protocol over real sockets.")
     sub = parser.add_subparsers(dest="role", required=True)
     eng = sub.add_parser("engine", help="play the client; check an engine")
@@ -141,7 +141,3 @@ def main(argv: list[str] | None = None, *, out: Callable[[str], Any] = sys.stdou
     out(report.summary() + "\n")
     return 0 if report.passed else 1
 
-
-if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    raise SystemExit(main())

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from ctlwire.transports.conformance_report import CODEC, CONFORMANCE_ERROR, ERROR_TABLE, Report
+from ctlwire.conformance.report import CODEC, CONFORMANCE_ERROR, ERROR_TABLE, Report
 from ctlwire.transports.envelope import ErrorInfo, Heartbeat, Reply, Request
 from ctlwire.transports.errors import MalformedFrame
 from ctlwire.transports.protocol_version import PROTOCOL_VERSION, pack_version, supported_version

@@ -1,5 +1,5 @@
 """The conformance harness as a client, checking an engine: a bound ROUTER (raw pyzmq,
-NULL security, :class:`~ctlwire.transports.conformance_wire.HarnessClient`) that sends
+NULL security, :class:`~ctlwire.conformance.wire.HarnessClient`) that sends
 requests, frames and junk to the engine of one rank and checks its answers against
 ``docs/protocol.md``.
 
@@ -9,10 +9,10 @@ tests (``error-codes/425-InProgress``, ``what-an-engine-does-with-a-request/3-..
 faults expects the refusal of the first step of the spec's decision order. Replies that
 must never come (to id 0, to junk, to a request sent to the beacon) are checked once
 at the end, over everything received during the run. The operation ledger's cases are
-in :mod:`ctlwire.transports.conformance_operation_check`, those that depend on how
+in :mod:`ctlwire.conformance.operation_check`, those that depend on how
 the engine serves (lanes, or one request at a time) in
-:mod:`ctlwire.transports.conformance_serving_check`, those about frames in
-:mod:`ctlwire.transports.conformance_frame_check`; the cache-full case runs last (a
+:mod:`ctlwire.conformance.serving_check`, those about frames in
+:mod:`ctlwire.conformance.frame_check`; the cache-full case runs last (a
 full idempotency cache refuses new keys for its retention, 600 s).
 """
 
@@ -23,16 +23,16 @@ import time
 
 import msgspec
 
-from ctlwire.transports.conformance_frame_check import FRAME_CASES, check_frames
-from ctlwire.transports.conformance_operation_check import OPERATION_CASES, check_operations
-from ctlwire.transports.conformance_report import CODEC, CONFORMANCE_ERROR, Report
-from ctlwire.transports.conformance_serving_check import (
+from ctlwire.conformance.frame_check import FRAME_CASES, check_frames
+from ctlwire.conformance.operation_check import OPERATION_CASES, check_operations
+from ctlwire.conformance.report import CODEC, CONFORMANCE_ERROR, Report
+from ctlwire.conformance.serving_check import (
     LANE_CASES,
     ONE_AT_A_TIME_CASES,
     SERVING_CASES,
     check_serving,
 )
-from ctlwire.transports.conformance_wire import (
+from ctlwire.conformance.wire import (
     CLIENT_INC,
     OTHER_INC,
     HarnessClient,

@@ -11,8 +11,8 @@ from typing import Any
 
 import msgspec
 
-from ctlwire.transports.conformance_report import CODEC, Report
-from ctlwire.transports.conformance_wire import HarnessClient, float32_deadline, request_items
+from ctlwire.conformance.report import CODEC, Report
+from ctlwire.conformance.wire import HarnessClient, float32_deadline, request_items
 from ctlwire.transports.protocol_version import PROTOCOL_VERSION, pack_version
 
 __all__ = ["FRAME_CASES", "check_frames"]

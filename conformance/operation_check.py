@@ -15,8 +15,8 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from ctlwire.transports.conformance_report import CODEC, Report
-from ctlwire.transports.conformance_wire import OTHER_INC, HarnessClient
+from ctlwire.conformance.report import CODEC, Report
+from ctlwire.conformance.wire import OTHER_INC, HarnessClient
 from ctlwire.transports.envelope import Reply
 
 __all__ = ["OPERATION_CASES", "OPERATION_LANE_CASES", "OPERATION_ONE_AT_A_TIME_CASES",

@@ -1,4 +1,4 @@
-"""What both sides of the conformance harness (:mod:`ctlwire.transports.conformance`)
+"""What both sides of the conformance harness (:mod:`ctlwire.conformance`)
 share: the report of pass/fail checks, the codec, the error table, and the error a
 conformance engine's ``fail`` method answers with."""
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import secrets
 import time
 
-from ctlwire.transports.conformance_operation_check import (
+from ctlwire.conformance.operation_check import (
     OPERATION_LANE_CASES,
     OPERATION_ONE_AT_A_TIME_CASES,
 )
-from ctlwire.transports.conformance_report import CODEC, Report
-from ctlwire.transports.conformance_wire import HarnessClient
+from ctlwire.conformance.report import CODEC, Report
+from ctlwire.conformance.wire import HarnessClient
 
 __all__ = ["LANE_CASES", "ONE_AT_A_TIME_CASES", "SERVING_CASES", "check_serving"]
 

@@ -14,8 +14,8 @@ from typing import Any
 import msgspec
 import zmq
 
+from ctlwire.conformance.report import CODEC, Report
 from ctlwire.transports.codec import DEFAULT_MAX_MESSAGE_SIZE
-from ctlwire.transports.conformance_report import CODEC, Report
 from ctlwire.transports.envelope import Heartbeat, Reply
 from ctlwire.transports.errors import MalformedFrame
 from ctlwire.transports.protocol_version import PROTOCOL_VERSION

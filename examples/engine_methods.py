@@ -1,6 +1,6 @@
 """The engine side of the examples: one engine rank's control methods.
 
-Each engine process runs ``python -m ctlwire.kernel.app.engine_process --methods
+Each engine process runs ``python -m ctlwire.app.engine_process --methods
 engine_methods:register`` (the examples put this folder on ``PYTHONPATH``).
 Payload types are ``msgspec.Struct``s (any msgspec-supported type works): the
 endpoint validates every payload against the handler's annotation before the

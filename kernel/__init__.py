@@ -24,9 +24,9 @@ logging.getLogger("ctlwire").addHandler(logging.NullHandler())
 # and the lazy imports are derived from it; type checkers read it as re-exports.
 if TYPE_CHECKING:
     __version__: str  # read from the installed distribution's metadata on first use
-    from ctlwire.kernel.app.engine_fleet import EngineFleet as EngineFleet
-    from ctlwire.kernel.app.engine_fleet import EngineProcess as EngineProcess
-    from ctlwire.kernel.app.engine_fleet import EngineStartError as EngineStartError
+    from ctlwire.app.engine_fleet import EngineFleet as EngineFleet
+    from ctlwire.app.engine_fleet import EngineProcess as EngineProcess
+    from ctlwire.app.engine_fleet import EngineStartError as EngineStartError
     from ctlwire.kernel.client.control_client import ControlClient as ControlClient
     from ctlwire.kernel.core.fan_out_policy import Policy as Policy
     from ctlwire.kernel.core.fan_out_result import FanOutResult as FanOutResult
@@ -80,21 +80,23 @@ if TYPE_CHECKING:
     from ctlwire.kernel.errors import ResultTypeError as ResultTypeError
     from ctlwire.kernel.errors import UnknownMethod as UnknownMethod
     from ctlwire.kernel.errors import UnsupportedProtocolVersion as UnsupportedProtocolVersion
-    from ctlwire.kernel.metrics import EnginePrometheusExporter as EnginePrometheusExporter
-    from ctlwire.kernel.metrics import PrometheusExporter as PrometheusExporter
-    from ctlwire.kernel.metrics import RequestMetrics as RequestMetrics
-    from ctlwire.kernel.metrics import TransitionLog as TransitionLog
-    from ctlwire.kernel.metrics import snapshot as snapshot
-    from ctlwire.kernel.operation_recovery import Recovery as Recovery
-    from ctlwire.kernel.operation_runner import OperationRunner as OperationRunner
+    from ctlwire.kernel.observability.metrics import (
+        EnginePrometheusExporter as EnginePrometheusExporter,
+    )
+    from ctlwire.kernel.observability.metrics import PrometheusExporter as PrometheusExporter
+    from ctlwire.kernel.observability.metrics import RequestMetrics as RequestMetrics
+    from ctlwire.kernel.observability.metrics import TransitionLog as TransitionLog
+    from ctlwire.kernel.observability.metrics import snapshot as snapshot
+    from ctlwire.kernel.observability.tracing import TraceProvider as TraceProvider
+    from ctlwire.kernel.operations.recovery import Recovery as Recovery
+    from ctlwire.kernel.operations.runner import OperationRunner as OperationRunner
     from ctlwire.kernel.primitives.admission_gate import AdmissionGate as AdmissionGate
     from ctlwire.kernel.primitives.coalescer import Coalescer as Coalescer
     from ctlwire.kernel.primitives.coalescer import SharedOutcome as SharedOutcome
     from ctlwire.kernel.primitives.own_io_fan_out import OwnIoFanOut as OwnIoFanOut
-    from ctlwire.kernel.testing import EngineHarness as EngineHarness
-    from ctlwire.kernel.testing import TransitionRecorder as TransitionRecorder
-    from ctlwire.kernel.testing import virtual_backend as virtual_backend
-    from ctlwire.kernel.tracing import TraceProvider as TraceProvider
+    from ctlwire.testing import EngineHarness as EngineHarness
+    from ctlwire.testing import TransitionRecorder as TransitionRecorder
+    from ctlwire.testing import virtual_backend as virtual_backend
 
 if not TYPE_CHECKING:  # type checkers see the names above, and no catch-all __getattr__
     _exported, __dir__ = lazy_exports(globals())

@@ -253,7 +253,7 @@ class ActorStopped(CtlwireError):
 
 class MailboxFull(CtlwireError):
     """``tell_nowait`` found the actor's mailbox full (also importable as
-    ``ctlwire.kernel.actor.MailboxFull``)."""
+    ``ctlwire.kernel.primitives.actor.MailboxFull``)."""
 
 
 class AskTimeout(CtlwireError):

@@ -2,7 +2,7 @@
 
 Import them from here; the modules behind this facade are private::
 
-    from ctlwire.kernel.testing import EngineHarness, TransitionRecorder, virtual_backend
+    from ctlwire.testing import EngineHarness, TransitionRecorder, virtual_backend
 
 * :class:`EngineHarness` -- N engine ranks and a ``ControlClient`` joined by the
   in-memory transport, in one event loop;
@@ -13,17 +13,17 @@ Import them from here; the modules behind this facade are private::
 
 Public sub-modules, each the documented home of what it holds:
 
-* :mod:`ctlwire.kernel.testing.pytest_plugin` -- the pytest plugin (``pytest11``
+* :mod:`ctlwire.testing.pytest_plugin` -- the pytest plugin (``pytest11``
   entry point): fixtures ``ctlwire_harness``, ``transition_recorder``,
   ``ctlwire_virtual_backend``; mark ``ctlwire_virtual_clock``;
-* :mod:`ctlwire.kernel.testing.interleaving` -- the exhaustive interleaving
+* :mod:`ctlwire.testing.interleaving` -- the exhaustive interleaving
   explorer of the request registry and the fan-out mailbox's cores
-  (``python -m ctlwire.kernel.testing.interleaving``);
-* :mod:`ctlwire.kernel.testing.operation_explorer` -- the same for the operation
-  coordinator (``python -m ctlwire.kernel.testing.operation_explorer``).
+  (``python -m ctlwire.testing.interleaving``);
+* :mod:`ctlwire.testing.operation_explorer` -- the same for the operation
+  coordinator (``python -m ctlwire.testing.operation_explorer``).
 
 Fault injection wraps transports and needs nothing of the kernel, so it lives
-with them: :mod:`ctlwire.transports.testing`.
+with them: :mod:`ctlwire.testing.faults`.
 
 Names are imported on first use, so loading the pytest plugin (which imports
 this package) does not import the client, the endpoint or anyio.
@@ -38,16 +38,16 @@ from ctlwire.transports._lazy_exports import lazy_exports
 # The one list of exported names (see ctlwire.transports._lazy_exports): __all__
 # and the lazy imports are derived from it; type checkers read it as re-exports.
 if TYPE_CHECKING:
-    from ctlwire.kernel.testing._harness import EngineHarness as EngineHarness
-    from ctlwire.kernel.testing._ports import free_tcp_address as free_tcp_address
-    from ctlwire.kernel.testing._ports import free_tcp_port as free_tcp_port
-    from ctlwire.kernel.testing._recorder import TransitionRecorder as TransitionRecorder
-    from ctlwire.kernel.testing._virtual_clock import (
+    from ctlwire.testing._harness import EngineHarness as EngineHarness
+    from ctlwire.testing._ports import free_tcp_address as free_tcp_address
+    from ctlwire.testing._ports import free_tcp_port as free_tcp_port
+    from ctlwire.testing._recorder import TransitionRecorder as TransitionRecorder
+    from ctlwire.testing._virtual_clock import (
         VIRTUAL_HEARTBEAT_INTERVAL as VIRTUAL_HEARTBEAT_INTERVAL,
     )
-    from ctlwire.kernel.testing._virtual_clock import VirtualTimeEventLoop as VirtualTimeEventLoop
-    from ctlwire.kernel.testing._virtual_clock import on_virtual_clock as on_virtual_clock
-    from ctlwire.kernel.testing._virtual_clock import virtual_backend as virtual_backend
+    from ctlwire.testing._virtual_clock import VirtualTimeEventLoop as VirtualTimeEventLoop
+    from ctlwire.testing._virtual_clock import on_virtual_clock as on_virtual_clock
+    from ctlwire.testing._virtual_clock import virtual_backend as virtual_backend
 
 if not TYPE_CHECKING:  # type checkers see the names above, and no catch-all __getattr__
     __getattr__, __dir__ = lazy_exports(globals())

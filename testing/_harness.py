@@ -22,8 +22,8 @@ from anyio.abc import TaskGroup
 
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
-from ctlwire.kernel.testing._recorder import TransitionRecorder
-from ctlwire.kernel.testing._virtual_clock import VIRTUAL_HEARTBEAT_INTERVAL, on_virtual_clock
+from ctlwire.testing._recorder import TransitionRecorder
+from ctlwire.testing._virtual_clock import VIRTUAL_HEARTBEAT_INTERVAL, on_virtual_clock
 from ctlwire.transports.codec import Codec
 from ctlwire.transports.memory import MemoryNetwork
 from ctlwire.transports.transport import ClientTransport, EngineTransport
@@ -41,7 +41,7 @@ class EngineHarness:
     transport (the client sees it disconnect), :meth:`start_engine` brings a
     rank back under a new incarnation. ``wrap_client`` / ``wrap_engine`` wrap
     the in-memory transports, e.g. in
-    :class:`~ctlwire.transports.testing.FaultyClientTransport`.
+    :class:`~ctlwire.testing.faults.FaultyClientTransport`.
 
     ``heartbeat_interval`` sets the client's and the engines' interval (None:
     no heartbeats); by default they keep their own (0.25 s). ``"auto"`` (what

@@ -3,7 +3,7 @@
 :class:`VirtualTimeEventLoop` and :func:`virtual_backend` -- trio's ``MockClock``
 with autojump, and an asyncio loop whose clock jumps to the next timer whenever
 no IO is ready. Use them as the ``anyio_backend`` fixture's params, or through
-the pytest plugin (:mod:`ctlwire.kernel.testing.pytest_plugin`).
+the pytest plugin (:mod:`ctlwire.testing.pytest_plugin`).
 
 Heartbeats run on the event loop's clock, so on a virtual clock they are
 virtual too; but each one still costs real work. On a virtual clock

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ctlwire.kernel.testing._ports import free_tcp_port
+from ctlwire.testing._ports import free_tcp_port
 
 __all__ = ["EtcdCluster", "EtcdServer", "etcd_binary", "memory_dir"]
 

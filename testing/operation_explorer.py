@@ -1,6 +1,6 @@
 """Exhaustive exploration of the operation coordinator (:class:`OperationCore`).
 
-The interleaving explorer (:mod:`ctlwire.kernel.testing.interleaving`) enumerates the
+The interleaving explorer (:mod:`ctlwire.testing.interleaving`) enumerates the
 orders in which callers, replies and deadlines can meet in the request
 registry and mailbox; this module does the same for a multi-rank operation.
 For a plan and k ranks (k <= 3 in the tests) it drives the real core through
@@ -28,7 +28,7 @@ progress stream ends where the result says.
 
 A violation raises :class:`OperationViolation` with the path that led to it::
 
-    python -m ctlwire.kernel.testing.operation_explorer --ranks 3
+    python -m ctlwire.testing.operation_explorer --ranks 3
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ def explore(plan: OperationPlan, k: int, core_cls: type[OperationCore] = Operati
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ctlwire.kernel.testing.operation_explorer")
+    p = argparse.ArgumentParser(prog="python -m ctlwire.testing.operation_explorer")
     p.add_argument("--ranks", type=int, default=3)
     p.add_argument("--quarantine-on-error", action="store_true")
     p.add_argument("--rank-order", action="store_true",

@@ -8,7 +8,7 @@ partitions ranks. The controller may crash at any event (between steps, or
 while a step is in flight); engines may crash before or after a step's body
 and come back with a fresh process. A successor controller then takes every
 ledger over with a newer fence and reads it, computes what remains
-(:func:`~ctlwire.kernel.operation_recovery.recovery_of`) and finishes it, as
+(:func:`~ctlwire.kernel.operations.recovery.recovery_of`) and finishes it, as
 :meth:`OperationRunner.finish` does. The first controller may instead only
 stall and come back after its successor took over: it is fenced out.
 
@@ -24,8 +24,8 @@ Checked after every run (:class:`SimulationViolation` names the seed)::
     rank is back on the old weights, serving
 
 The membership store is a faulty component too
-(:mod:`ctlwire.kernel.testing.simulated_store`,
-:mod:`~ctlwire.kernel.testing.simulated_membership`): engines register in it under
+(:mod:`ctlwire.testing.simulated_store`,
+:mod:`~ctlwire.testing.simulated_membership`): engines register in it under
 leases, the controller's view follows it, and it goes down, freezes, slows,
 loses watch events and loses leases of live ranks. The controller sends only to
 ranks present in its view and alive, and fails a call when its rank is lost,
@@ -37,8 +37,8 @@ restarted or removed from the view; checked::
 
 A failing run replays exactly from its seed::
 
-    python -m ctlwire.kernel.testing.operation_simulation --seeds 2000
-    python -m ctlwire.kernel.testing.operation_simulation --seed 1234 --trace
+    python -m ctlwire.testing.operation_simulation --seeds 2000
+    python -m ctlwire.testing.operation_simulation --seed 1234 --trace
 """
 
 from __future__ import annotations
@@ -66,8 +66,9 @@ from ctlwire.kernel.engine.operation_ledger import (
     LastOperation,
     OperationLedger,
 )
-from ctlwire.kernel.operation_recovery import Recovery, recovery_of
-from ctlwire.kernel.testing.simulated_fleet import (
+from ctlwire.kernel.operations.recovery import Recovery, recovery_of
+from ctlwire.states import OperationState, RankState
+from ctlwire.testing.simulated_fleet import (
     NEW,
     OLD,
     SimController,
@@ -75,9 +76,8 @@ from ctlwire.kernel.testing.simulated_fleet import (
     SimulationViolation,
     Version,
 )
-from ctlwire.kernel.testing.simulated_membership import StoreFleet
-from ctlwire.kernel.testing.simulated_store import StoreConfig
-from ctlwire.states import OperationState, RankState
+from ctlwire.testing.simulated_membership import StoreFleet
+from ctlwire.testing.simulated_store import StoreConfig
 
 __all__ = [
     "SimConfig",
@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         summary = simulate_many(range(args.first, args.first + args.seeds))
     except SimulationViolation as exc:
-        print(f"VIOLATION {exc}\nreplay: python -m ctlwire.kernel.testing.operation_simulation "
+        print(f"VIOLATION {exc}\nreplay: python -m ctlwire.testing.operation_simulation "
               f"--seed {exc.seed} --trace", file=sys.stderr)
         return 1
     print(f"{summary.runs} runs, no violation: {summary.outcomes}")

@@ -2,16 +2,16 @@
 
 Installed with ctlwire and loaded by pytest through the ``pytest11`` entry point
 (as anyio ships its own), so a project that depends on ctlwire has these in
-every test without a conftest (``-p ctlwire.kernel.testing.pytest_plugin`` loads it
+every test without a conftest (``-p ctlwire.testing.pytest_plugin`` loads it
 explicitly when plugin autoloading is off; ``-p no:ctlwire`` turns it off):
 
 ``transition_recorder``
-    a fresh :class:`~ctlwire.kernel.testing.TransitionRecorder`.
+    a fresh :class:`~ctlwire.testing.TransitionRecorder`.
 ``ctlwire_harness``
-    a factory of :class:`~ctlwire.kernel.testing.EngineHarness` (same
+    a factory of :class:`~ctlwire.testing.EngineHarness` (same
     arguments), observed by the test's ``transition_recorder`` unless you pass
     ``observer=``; heartbeats follow the clock (``heartbeat_interval="auto"``:
-    0.25 s on a real clock, :data:`~ctlwire.kernel.testing.VIRTUAL_HEARTBEAT_INTERVAL`
+    0.25 s on a real clock, :data:`~ctlwire.testing.VIRTUAL_HEARTBEAT_INTERVAL`
     on a virtual one). Every harness it made must have been exited by the end
     of the test, and every request it recorded must have reached Cleaned.
 ``ctlwire_virtual_backend``
@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from ctlwire.kernel.testing import EngineHarness, TransitionRecorder
+    from ctlwire.testing import EngineHarness, TransitionRecorder
 
 __all__ = ["VIRTUAL_CLOCK_MARK", "ctlwire_harness", "ctlwire_virtual_backend",
            "transition_recorder"]
@@ -129,7 +129,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return  # not marked, or not an async test (a module's mark covers sync ones too)
     # direct parametrization overrides any anyio_backend fixture (anyio's, a conftest's);
     # values are made here, per test function, so each gets its own virtual clock
-    from ctlwire.kernel.testing import virtual_backend
+    from ctlwire.testing import virtual_backend
 
     metafunc.parametrize("anyio_backend", [virtual_backend(b) for b in _backends],
                          ids=[f"{b}-virtual" for b in _backends])
@@ -140,7 +140,7 @@ def ctlwire_virtual_backend(request: pytest.FixtureRequest) -> tuple[str, dict[s
     """An ``anyio_backend`` value on a fresh virtual clock, for each chosen backend.
     Use as ``def anyio_backend(ctlwire_virtual_backend): return ctlwire_virtual_backend``
     to put a whole module on virtual time (or mark tests ``ctlwire_virtual_clock``)."""
-    from ctlwire.kernel.testing import virtual_backend
+    from ctlwire.testing import virtual_backend
 
     return virtual_backend(str(getattr(request, "param", _backends[0])))
 
@@ -149,7 +149,7 @@ def ctlwire_virtual_backend(request: pytest.FixtureRequest) -> tuple[str, dict[s
 def transition_recorder() -> TransitionRecorder:
     """A fresh recorder of ControlRequest transitions (``.ids()``, ``.path()``,
     ``.assert_path()``, ``.assert_all_cleaned()``)."""
-    from ctlwire.kernel.testing import TransitionRecorder
+    from ctlwire.testing import TransitionRecorder
 
     return TransitionRecorder()
 
@@ -158,9 +158,9 @@ def transition_recorder() -> TransitionRecorder:
 def ctlwire_harness(transition_recorder: TransitionRecorder
                     ) -> Iterator[Callable[..., EngineHarness]]:
     """``ctlwire_harness(ranks=1, setup=None, **kwargs)`` -> an
-    :class:`~ctlwire.kernel.testing.EngineHarness` to ``async with``; see the
+    :class:`~ctlwire.testing.EngineHarness` to ``async with``; see the
     module docstring."""
-    from ctlwire.kernel.testing import EngineHarness
+    from ctlwire.testing import EngineHarness
 
     made: list[EngineHarness] = []
 

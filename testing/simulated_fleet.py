@@ -1,7 +1,7 @@
-"""The actors of :mod:`ctlwire.kernel.testing.operation_simulation`: engines, each
+"""The actors of :mod:`ctlwire.testing.operation_simulation`: engines, each
 with a real :class:`~ctlwire.kernel.engine.operation_ledger.OperationLedger`, and
 controllers, each driving a real :class:`~ctlwire.kernel.core.operation_core.OperationCore`
-over the simulated network, as :class:`~ctlwire.kernel.operation_runner.OperationRunner`
+over the simulated network, as :class:`~ctlwire.kernel.operations.runner.OperationRunner`
 does.
 """
 

@@ -1,13 +1,13 @@
 """Registrations, the controller's watcher and its liveness, over the simulated
-store (:mod:`ctlwire.kernel.testing.simulated_store`), for
-:mod:`ctlwire.kernel.testing.operation_simulation`.
+store (:mod:`ctlwire.testing.simulated_store`), for
+:mod:`ctlwire.testing.operation_simulation`.
 
 Each engine process's registration does the rounds of
-:class:`~ctlwire.kernel.etcd_registration.EtcdRegistration` (read the key back,
+:class:`~ctlwire.kernel.membership.etcd_registration.EtcdRegistration` (read the key back,
 keep the lease alive every ``ttl / 3``, register again under the same
 incarnation when the lease is lost, write only on the revision read); the
 controller's watcher does what
-:class:`~ctlwire.kernel.etcd_membership.EtcdMembership` does (list, watch from a
+:class:`~ctlwire.kernel.membership.etcd_membership.EtcdMembership` does (list, watch from a
 revision, probe the watch every half round, resume from the last revision
 applied, list again on compaction and every ``relist_interval``, tell a lease
 loss from a removal by asking whether the lease lives), feeding the **real**
@@ -29,20 +29,20 @@ from collections.abc import Callable
 from typing import Any
 
 from ctlwire.kernel.core.membership import Membership, MembershipChange, MembershipEvent
-from ctlwire.kernel.testing.simulated_store import (
+from ctlwire.states import MemberState
+from ctlwire.testing.simulated_store import (
     Entry,
     SimStore,
     StoreConfig,
     StoreWorld,
 )
-from ctlwire.states import MemberState
 
 __all__ = ["SimRegistration", "SimWatcher", "StoreFleet"]
 
 
 class SimRegistration:
     """One engine process's registration (its incarnation), until the process dies:
-    the rounds of :class:`~ctlwire.kernel.etcd_registration.EtcdRegistration`."""
+    the rounds of :class:`~ctlwire.kernel.membership.etcd_registration.EtcdRegistration`."""
 
     def __init__(self, fleet: StoreFleet, rank: int, incarnation: int) -> None:
         self.fleet = fleet

@@ -1,4 +1,4 @@
-"""The membership store as a faulty component of :mod:`ctlwire.kernel.testing.operation_simulation`.
+"""The membership store as a faulty component of :mod:`ctlwire.testing.operation_simulation`.
 
 An etcd-like store in virtual time — keys under leases, revisions, a watch that
 replays from a revision, a lessor that expires leases, conditional puts — and
@@ -7,7 +7,7 @@ meanwhile, and the history may be compacted), **frozen** (requests wait; at
 thaw the lessor runs first, so every lease that was not kept alive expires at
 once), **slow** (answers late, past the callers' timeouts, and the writes still
 apply), **lost watch events** (a watch that goes silently stale) and **a lease
-revoked while its rank lives**. Who uses it: :mod:`ctlwire.kernel.testing.simulated_membership`.
+revoked while its rank lives**. Who uses it: :mod:`ctlwire.testing.simulated_membership`.
 """
 
 from __future__ import annotations

@@ -133,8 +133,8 @@ def _object(path: str) -> object:
     raise LookupError(path)
 
 
-PUBLIC = ("ctlwire.kernel", "ctlwire.transports", "ctlwire.states", "ctlwire.kernel.testing",
-          "ctlwire.transports.testing")
+PUBLIC = ("ctlwire.kernel", "ctlwire.transports", "ctlwire.states", "ctlwire.testing",
+          "ctlwire.testing.faults")
 
 
 def test_every_public_class_is_in_the_reference_with_its_signature_and_fields(

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
+from ctlwire.testing.faults import FaultyEngineTransport
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.envelope import Reply, Request
 from ctlwire.transports.errors import TransportClosed
 from ctlwire.transports.memory import MemoryEngineTransport
-from ctlwire.transports.testing import FaultyEngineTransport
 from ctlwire.transports.transport import EngineTransport, Received
 from ctlwire.transports.zmq_engine import (
     ZmqDealerEngineTransport,
@@ -33,7 +33,6 @@ from ctlwire.transports.zmq_engine import (
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE_SIDE = sorted([*(ROOT / "kernel" / "engine").glob("*.py"),
-                      ROOT / "kernel" / "busy_loop.py",
                       ROOT / "kernel" / "core" / "inbound_core.py",
                       ROOT / "kernel" / "core" / "inbound_request.py"])
 PROBES = frozenset({"getattr", "hasattr", "signature"})

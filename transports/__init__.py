@@ -22,6 +22,9 @@ logging.getLogger("ctlwire").addHandler(logging.NullHandler())
 # The one list of exported names (see ctlwire.transports._lazy_exports): __all__
 # and the lazy imports are derived from it; type checkers read it as re-exports.
 if TYPE_CHECKING:
+    from ctlwire.testing.faults import FaultPlan as FaultPlan
+    from ctlwire.testing.faults import FaultyClientTransport as FaultyClientTransport
+    from ctlwire.testing.faults import FaultyEngineTransport as FaultyEngineTransport
     from ctlwire.transports.codec import Codec as Codec
     from ctlwire.transports.codec import JsonCodec as JsonCodec
     from ctlwire.transports.codec import MsgpackCodec as MsgpackCodec
@@ -52,9 +55,6 @@ if TYPE_CHECKING:
     from ctlwire.transports.memory import MemoryClientTransport as MemoryClientTransport
     from ctlwire.transports.memory import MemoryEngineTransport as MemoryEngineTransport
     from ctlwire.transports.memory import MemoryNetwork as MemoryNetwork
-    from ctlwire.transports.testing import FaultPlan as FaultPlan
-    from ctlwire.transports.testing import FaultyClientTransport as FaultyClientTransport
-    from ctlwire.transports.testing import FaultyEngineTransport as FaultyEngineTransport
     from ctlwire.transports.transport import ClientTransport as ClientTransport
     from ctlwire.transports.transport import EngineTransport as EngineTransport
     from ctlwire.transports.zmq_client import ZmqDealerClientTransport as ZmqDealerClientTransport

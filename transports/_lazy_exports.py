@@ -1,5 +1,5 @@
 """Lazy re-exports for the package facades (``ctlwire.kernel``, ``ctlwire.transports``,
-``ctlwire.kernel.testing``): a name is imported from its module on first use.
+``ctlwire.testing``): a name is imported from its module on first use.
 
 A facade lists each exported name once, in its ``if TYPE_CHECKING:`` block, as an
 explicit re-export that type checkers and IDEs read::

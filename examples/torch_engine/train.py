@@ -3,8 +3,8 @@
     pip install 'ctlwire[torch]'
     python examples/torch_engine/train.py [--engines 3] [--cycles 5] [--backend trio]
 
-The same as ``ctlwire demo --torch``; see :mod:`ctlwire.kernel.app.torch_demo`
-for what each cycle does, and :mod:`ctlwire.kernel.app.torch_engine` for the
+The same as ``ctlwire demo --torch``; see :mod:`ctlwire.app.torch_demo`
+for what each cycle does, and :mod:`ctlwire.app.torch_engine` for the
 engine (a decoder-only transformer served by a poll loop) and its methods.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from ctlwire.kernel.app.torch_demo import main
+from ctlwire.app.torch_demo import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -60,6 +60,7 @@ import msgspec
 
 from ctlwire.kernel.client.call_outcome import CallOutcomes
 from ctlwire.kernel.client.deadline_reaper import DeadlineReaper
+from ctlwire.kernel.client.liveness_monitor import LivenessMonitor
 from ctlwire.kernel.client.progress_callbacks import ProgressCallback, ProgressCallbacks
 from ctlwire.kernel.client.receiver import ClientReceiver
 from ctlwire.kernel.client.waiting_sends import WaitingSends, send_error
@@ -72,9 +73,8 @@ from ctlwire.kernel.errors import (
     OutcomeUnknown,
     RequestTooLarge,
 )
-from ctlwire.kernel.liveness_monitor import LivenessMonitor
+from ctlwire.kernel.observability.tracing import TraceProvider
 from ctlwire.kernel.primitives.admission_gate import AdmissionGate
-from ctlwire.kernel.tracing import TraceProvider
 from ctlwire.states import PeerState
 from ctlwire.transports.codec import PayloadTypeError
 from ctlwire.transports.envelope import NO_DEADLINE, Request

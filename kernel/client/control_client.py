@@ -58,10 +58,10 @@ from typing import Any, Literal
 import anyio
 from anyio.abc import TaskGroup
 
-from ctlwire.kernel.builtin_methods import BUILTIN_METHODS, ENGINE_METRICS_METHOD
 from ctlwire.kernel.client.call_arguments import check_method, checked_timeout
 from ctlwire.kernel.client.call_issuer import CallIssuer
 from ctlwire.kernel.client.fan_out_mailbox import FanOutMailbox, FanOutMailboxes, FanOutMode
+from ctlwire.kernel.client.liveness_monitor import LivenessMonitor
 from ctlwire.kernel.client.progress_callbacks import ProgressCallback
 from ctlwire.kernel.client.rank_roster import RankRoster, leave_out
 from ctlwire.kernel.client.retry_policy import RetryPolicy, merge_retried
@@ -70,6 +70,7 @@ from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.fencing import new_fence
 from ctlwire.kernel.core.membership import MembershipChange, MembershipEvent
 from ctlwire.kernel.core.request_registry import RequestRegistry, TransitionObserver
+from ctlwire.kernel.engine.builtin_methods import BUILTIN_METHODS, ENGINE_METRICS_METHOD
 from ctlwire.kernel.errors import (
     EngineDead,
     FanOutFailed,
@@ -78,9 +79,8 @@ from ctlwire.kernel.errors import (
     ResultTypeError,
     allowed_exceptions,
 )
-from ctlwire.kernel.liveness_monitor import LivenessMonitor
+from ctlwire.kernel.observability.tracing import TraceProvider
 from ctlwire.kernel.primitives.coalescer import Joins
-from ctlwire.kernel.tracing import TraceProvider
 from ctlwire.transports.transport import ClientTransport
 
 __all__ = ["ControlClient", "ResultTypeError"]
@@ -96,13 +96,14 @@ class ControlClient:
 
     ``ranks`` is the number of engine ranks (``0..n-1``) or their ids (none, for
     a client whose ranks come from a membership backend such as
-    :class:`~ctlwire.kernel.etcd_membership.EtcdMembership`).
+    :class:`~ctlwire.kernel.membership.etcd_membership.EtcdMembership`).
     ``default_timeout`` applies to methods without an entry in
     ``method_timeouts``; a call's ``timeout=`` overrides both.
     ``heartbeat_interval=None`` disables time-based liveness (transport-reported
     disconnections still fail pending requests). ``observer`` is called on every
     request transition (more can be appended to ``registry.observers``);
-    ``trace_provider`` supplies each envelope's trace carrier (:mod:`ctlwire.kernel.tracing`).
+    ``trace_provider`` supplies each envelope's trace carrier
+    (:mod:`ctlwire.kernel.observability.tracing`).
     ``incarnation_window``: an engine incarnation claiming to be minted more than
     this many seconds ahead of this host's clock is refused (counted in
     ``implausible_incarnation``); it bounds how long a forged incarnation can
@@ -216,7 +217,7 @@ class ControlClient:
 
     @property
     def trace_provider(self) -> TraceProvider | None:
-        """Supplies each request's trace carrier (see :mod:`ctlwire.kernel.tracing`)."""
+        """Supplies each request's trace carrier (:mod:`ctlwire.kernel.observability.tracing`)."""
         return self.issuer.trace_provider
 
     @trace_provider.setter
@@ -482,8 +483,8 @@ class ControlClient:
     # -- observability ---------------------------------------------------------
     def metrics(self) -> dict[str, Any]:
         """This client's metrics (the client side of the one metrics shape, see
-        :func:`ctlwire.kernel.metrics.client_metrics` and the README's table)."""
-        from ctlwire.kernel.metrics import client_metrics
+        :func:`ctlwire.kernel.observability.metrics.client_metrics` and the README's table)."""
+        from ctlwire.kernel.observability.metrics import client_metrics
 
         return client_metrics(self)
 
@@ -492,7 +493,7 @@ class ControlClient:
         """Engine ``rank``'s metrics, read through the built-in, read-only
         ``ctlwire.metrics`` method every :class:`EngineEndpoint` serves. The
         answer is also kept in :attr:`last_engine_metrics` (what
-        :func:`ctlwire.kernel.metrics.snapshot` and the Prometheus exporter show)."""
+        :func:`ctlwire.kernel.observability.metrics.snapshot` and the Prometheus exporter show)."""
         result: dict[str, Any] = await self.call(ENGINE_METRICS_METHOD, rank=rank,
                                                  timeout=timeout)
         self.last_engine_metrics[rank] = result

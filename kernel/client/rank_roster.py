@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ctlwire.kernel.client.liveness_monitor import LivenessMonitor
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.membership import (
     ChangeKind,
@@ -31,7 +32,6 @@ from ctlwire.kernel.core.membership import (
 )
 from ctlwire.kernel.core.quarantine import FleetQuarantine
 from ctlwire.kernel.errors import NoAdmissibleRanks, RankLeftOut
-from ctlwire.kernel.liveness_monitor import LivenessMonitor
 from ctlwire.transports.transport import ClientTransport
 
 __all__ = ["RankRoster", "leave_out"]

@@ -40,9 +40,9 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
+from ctlwire.kernel.client.liveness_monitor import LivenessMonitor
 from ctlwire.kernel.client.progress_callbacks import ProgressCallbacks
 from ctlwire.kernel.core.request_registry import PendingRequest, ReplyDisposition, RequestRegistry
-from ctlwire.kernel.liveness_monitor import LivenessMonitor
 from ctlwire.states import RECEIVE_TURN_TABLE, TurnEvent, TurnState
 from ctlwire.transports.envelope import Heartbeat, Reply
 from ctlwire.transports.errors import TransportClosed

@@ -15,10 +15,10 @@ from collections.abc import Callable, Collection, Sequence
 
 import anyio
 
+from ctlwire.kernel.client.liveness_monitor import LivenessMonitor
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.errors import Busy, EngineDead, FanOutFailed, RemoteError
-from ctlwire.kernel.liveness_monitor import LivenessMonitor
 
 __all__ = ["RetryPolicy", "merge_retried"]
 

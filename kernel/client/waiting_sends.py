@@ -23,6 +23,7 @@ from typing import Any
 
 import anyio
 
+from ctlwire.kernel.client.liveness_monitor import LivenessMonitor
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
 from ctlwire.kernel.errors import (
     AuthenticationFailed,
@@ -30,7 +31,6 @@ from ctlwire.kernel.errors import (
     NotDelivered,
     UnsupportedProtocolVersion,
 )
-from ctlwire.kernel.liveness_monitor import LivenessMonitor
 from ctlwire.states import PeerState
 from ctlwire.transports.envelope import Request
 from ctlwire.transports.errors import AuthenticationFailed as TransportAuthFailed

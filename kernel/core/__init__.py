@@ -24,6 +24,6 @@ no sockets and no clock of their own (time is passed in).
 
 The anyio shells that drive them live in :mod:`ctlwire.kernel.client` (client,
 mailbox), :mod:`ctlwire.kernel.engine` (endpoint) and :mod:`ctlwire.kernel`
-(runner); the interleaving explorer (:mod:`ctlwire.kernel.testing.interleaving`)
+(runner); the interleaving explorer (:mod:`ctlwire.testing.interleaving`)
 drives these same cores directly.
 """

@@ -5,7 +5,7 @@ processes (microseconds since the epoch), so a controller that starts later
 holds a larger token than the one it replaces, clocks permitting. Engines
 refuse a token older than the highest they accepted. Both the
 :class:`~ctlwire.kernel.client.control_client.ControlClient` (``fence=True``) and the
-:class:`~ctlwire.kernel.operation_runner.OperationRunner` mint theirs here, so
+:class:`~ctlwire.kernel.operations.runner.OperationRunner` mint theirs here, so
 tokens of the two are comparable.
 """
 

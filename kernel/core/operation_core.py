@@ -3,7 +3,7 @@
 :class:`OperationCore` is handed a declared
 :class:`~ctlwire.kernel.core.operation_plan.OperationPlan`, the ranks, an
 operation id and a fencing token. Its driver (the anyio shell
-:class:`~ctlwire.kernel.operation_runner.OperationRunner`, or the exhaustive
+:class:`~ctlwire.kernel.operations.runner.OperationRunner`, or the exhaustive
 explorer in the tests) loops::
 
     while (d := core.next_dispatch()) is not None:

@@ -2,7 +2,7 @@
 
 One :class:`FleetQuarantine` belongs to a
 :class:`~ctlwire.kernel.client.control_client.ControlClient` (``client.quarantine``)
-and every :class:`~ctlwire.kernel.operation_runner.OperationRunner` over that
+and every :class:`~ctlwire.kernel.operations.runner.OperationRunner` over that
 client shares it. A fan-out without explicit ``ranks`` leaves quarantined
 ranks out; a caller reaches one only by naming it. The set is shown by
 ``client.rank_status(rank)["quarantined"]`` and the client's metrics.

@@ -3,7 +3,7 @@ serves built in (read-only, allow-listed like any registered method).
 
 A module of its own, importing nothing, so that the client (which calls these
 methods) and the endpoint (which serves them) share the names without either
-importing the other or :mod:`ctlwire.kernel.metrics`.
+importing the other or :mod:`ctlwire.kernel.observability.metrics`.
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ Guarantees:
   receiving, dispatching, sending a reply or a heartbeat is counted
   (``internal_errors``, ``heartbeat_failures``) and logged, and the next request
   is served, in :meth:`poll`, :meth:`serve` and a
-  :class:`~ctlwire.kernel.busy_loop.BusyLoop`.
+  :class:`~ctlwire.kernel.engine.busy_loop.BusyLoop`.
 """
 
 from __future__ import annotations
@@ -131,11 +131,11 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from ctlwire.kernel.builtin_methods import ENGINE_METRICS_METHOD
 from ctlwire.kernel.core.duplicate_filter import DuplicateFilter
 from ctlwire.kernel.core.fence_guard import DEFAULT_FENCE_WINDOW, FenceGuard
 from ctlwire.kernel.core.inbound_core import BadFrame, InboundCore, InboundRequest, MethodSpec
 from ctlwire.kernel.core.result_cache import ResultCache
+from ctlwire.kernel.engine.builtin_methods import ENGINE_METRICS_METHOD
 from ctlwire.kernel.engine.engine_snapshot import engine_snapshot
 from ctlwire.kernel.engine.handler_runner import HandlerRunner
 from ctlwire.kernel.engine.liveness import (
@@ -467,7 +467,7 @@ class EngineEndpoint:
 
     def metrics(self) -> dict[str, Any]:
         """This engine's metrics: the engine side of the one metrics shape (the
-        README's metrics table; :func:`ctlwire.kernel.metrics.engine_metrics` returns
+        README's metrics table; :func:`ctlwire.kernel.observability.metrics.engine_metrics` returns
         the same); also served to clients as the built-in ``ctlwire.metrics``
         method (``await client.engine_metrics(rank)``)."""
         return engine_snapshot(self)

@@ -11,7 +11,7 @@ from ctlwire.kernel.core.inbound_core import InboundCore
 from ctlwire.kernel.engine.liveness import EngineLiveness
 from ctlwire.kernel.engine.outbox import ReplyOutbox
 from ctlwire.kernel.engine.serve import QueuedRequests
-from ctlwire.kernel.tracing import trace_contexts
+from ctlwire.kernel.observability.tracing import trace_contexts
 from ctlwire.transports.transport import EngineTransport
 
 __all__ = ["engine_snapshot"]

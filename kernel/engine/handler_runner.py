@@ -19,7 +19,7 @@ import anyio.to_thread
 from ctlwire.kernel.core.inbound_core import InboundCore, InboundRequest, Refused
 from ctlwire.kernel.engine.liveness import EngineLiveness
 from ctlwire.kernel.errors import CtlwireError
-from ctlwire.kernel.tracing import current_trace
+from ctlwire.kernel.observability.tracing import current_trace
 from ctlwire.transports.envelope import Reply
 from ctlwire.transports.error_codes import ErrorCode
 

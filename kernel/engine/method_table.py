@@ -35,7 +35,8 @@ class MethodTable:
         #: names every endpoint serves built in (set by the endpoint)
         self.builtin: frozenset[str] = frozenset()
         #: where a sync handler is placed: each new spec passes through it
-        #: (:class:`~ctlwire.kernel.busy_loop.BusyLoop` hands state-changing ones to its loop)
+        #: (:class:`~ctlwire.kernel.engine.busy_loop.BusyLoop` hands state-changing ones to its
+        #: loop)
         self.place_handler: Callable[[MethodSpec], MethodSpec] | None = None
 
     # -- registration ----------------------------------------------------------

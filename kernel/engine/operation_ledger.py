@@ -53,7 +53,7 @@ The ledger guarantees, per engine:
   operation last applied here, its token and ranks, every step applied and
   every compensation run, so a successor can compute what remains; the answer
   is one consistent view even when read on another thread than the steps run on
-  (:class:`~ctlwire.kernel.busy_loop.BusyLoop`). ``ctlwire.take_over``
+  (:class:`~ctlwire.kernel.engine.busy_loop.BusyLoop`). ``ctlwire.take_over``
   (:class:`TakeOver`) first raises the fence to the successor's, so no older
   controller changes anything after the answer (refused with
   :class:`StepInFlight` while a step runs). It is served apart from the steps

@@ -69,14 +69,14 @@ from anyio import CancelScope
 from anyio.abc import TaskStatus
 
 from ctlwire.kernel.core.membership import MembershipEvent
-from ctlwire.kernel.etcd_gateway import (
+from ctlwire.kernel.membership.etcd_gateway import (
     Compacted,
     EtcdError,
     EtcdGateway,
     EtcdUnavailable,
     unb64,
 )
-from ctlwire.kernel.etcd_registration import (
+from ctlwire.kernel.membership.etcd_registration import (
     MAX_RANK,
     MAX_VALUE_BYTES,
     EtcdRegistration,

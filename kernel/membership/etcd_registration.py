@@ -49,7 +49,7 @@ import anyio
 import msgspec
 
 from ctlwire.kernel.engine.liveness import new_incarnation
-from ctlwire.kernel.etcd_gateway import EtcdError, EtcdGateway, unb64
+from ctlwire.kernel.membership.etcd_gateway import EtcdError, EtcdGateway, unb64
 
 __all__ = ["MAX_RANK", "MAX_VALUE_BYTES", "EtcdRegistration", "Registration",
            "decode_registration", "rank_of_key"]

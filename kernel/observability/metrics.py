@@ -24,7 +24,7 @@
 * :func:`snapshot` — one dict of everything a dashboard wants: live requests,
   tombstones, per-method latency histograms, counters per transition,
   late/duplicate/unknown replies, peer link states, mailbox queue depths,
-  transport counters; with an :class:`~ctlwire.kernel.operation_runner.OperationRunner`,
+  transport counters; with an :class:`~ctlwire.kernel.operations.runner.OperationRunner`,
   its quarantined ranks, operations in flight and outcome counters.
 * :class:`PrometheusExporter` — exposes the snapshot (engines' last-read metrics
   included; :class:`EnginePrometheusExporter` for an engine's own) through
@@ -41,12 +41,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ctlwire.kernel.builtin_methods import BUILTIN_METHODS, ENGINE_METRICS_METHOD
 from ctlwire.kernel.core.membership import Membership
 from ctlwire.kernel.core.peer_table import PeerTable
 from ctlwire.kernel.core.quarantine import FleetQuarantine
 from ctlwire.kernel.core.request_outcome import request_outcome
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
+from ctlwire.kernel.engine.builtin_methods import BUILTIN_METHODS, ENGINE_METRICS_METHOD
 from ctlwire.states import CONTROL_REQUEST_TABLE, RequestEvent, RequestState
 from ctlwire.transports.transport import ClientTransport
 

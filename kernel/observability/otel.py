@@ -1,6 +1,6 @@
 """OpenTelemetry spans on both sides of a control request (the ``tracing`` extra).
 
-Built on :mod:`ctlwire.kernel.tracing`: the W3C trace context of each request
+Built on :mod:`ctlwire.kernel.observability.tracing`: the W3C trace context of each request
 travels in its envelope, and the engine continues it. OpenTelemetry is imported
 only when one of these is used (``pip install 'ctlwire[tracing]'``):
 
@@ -19,7 +19,7 @@ only when one of these is used (``pip install 'ctlwire[tracing]'``):
   caller's trace (``@endpoint.method()`` over ``@traced()``, or the functions
   given to an ``OperationLedger``), with the method, the engine's rank and the
   outcome as attributes. A carrier whose ``traceparent`` is not valid W3C is
-  counted (:data:`~ctlwire.kernel.tracing.trace_contexts`) and the handler
+  counted (:data:`~ctlwire.kernel.observability.tracing.trace_contexts`) and the handler
   runs in a new root span.
 
 Spans use the global tracer provider and propagator unless given others.
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ctlwire.kernel.core.request_outcome import request_outcome
 from ctlwire.kernel.engine.liveness import current_rank, current_request_id
-from ctlwire.kernel.tracing import current_trace, trace_contexts
+from ctlwire.kernel.observability.tracing import current_trace, trace_contexts
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
@@ -222,7 +222,7 @@ def traced(name: str | None = None, *, tracer: Tracer | None = None) -> Callable
     """Decorate an engine handler: it runs in a SERVER span (``ctlwire.handle
     <name>``, default the function's name) that continues the trace the request
     carried (:data:`current_trace`), or starts one when it carried none or one
-    that is not valid W3C (counted in :data:`~ctlwire.kernel.tracing.trace_contexts`
+    that is not valid W3C (counted in :data:`~ctlwire.kernel.observability.tracing.trace_contexts`
     and marked ``ctlwire.trace_context=invalid``). The span's attributes:
     ``ctlwire.method`` (``name``), ``ctlwire.rank`` and ``ctlwire.request_id``
     (inside an engine's handler) and ``ctlwire.outcome``: ``ok``, ``error`` (the

@@ -5,10 +5,10 @@ The client asks an optional ``trace_provider`` for a ``dict[str, str]`` carrier
 the carrier travels as the envelope's opaque ``trace`` field; on the engine,
 :data:`current_trace` holds it while the handler runs, ready for
 ``opentelemetry.propagate.extract(current_trace.get() or {})``. ctlwire never
-interprets it on the way: a tracer that reads it (:func:`ctlwire.kernel.otel.traced`)
+interprets it on the way: a tracer that reads it (:func:`ctlwire.kernel.observability.otel.traced`)
 checks its W3C ``traceparent`` with :func:`traceparent_valid` and counts what it
 found in :data:`trace_contexts` (per process, shown in every engine's metrics).
-:mod:`ctlwire.kernel.otel` does all of this with OpenTelemetry (the ``tracing``
+:mod:`ctlwire.kernel.observability.otel` does all of this with OpenTelemetry (the ``tracing``
 extra).
 """
 

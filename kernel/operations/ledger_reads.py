@@ -1,7 +1,7 @@
 """Reading the ranks' operation ledgers over a client: what each last applied
 (``ctlwire.last_operation``), or the same after taking the rank over with a newer
 fence (``ctlwire.take_over``), for restart recovery
-(:meth:`~ctlwire.kernel.operation_runner.OperationRunner.last_operations`)."""
+(:meth:`~ctlwire.kernel.operations.runner.OperationRunner.last_operations`)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from ctlwire.kernel.engine.operation_ledger import (
     TakeOver,
 )
 from ctlwire.kernel.errors import RequestTimedOut
-from ctlwire.kernel.step_dispatch import retry_safe
-from ctlwire.kernel.step_outcomes import answers
+from ctlwire.kernel.operations.step_dispatch import retry_safe
+from ctlwire.kernel.operations.step_outcomes import answers
 
 if TYPE_CHECKING:
     from ctlwire.kernel.client.control_client import ControlClient

@@ -2,7 +2,7 @@
 
 :func:`recovery_of` is pure: it turns each rank's answer to
 ``ctlwire.last_operation`` (or ``ctlwire.take_over``) into a :class:`Recovery`,
-which :meth:`~ctlwire.kernel.operation_runner.OperationRunner.finish` (and the
+which :meth:`~ctlwire.kernel.operations.runner.OperationRunner.finish` (and the
 deterministic simulation) act on.
 """
 

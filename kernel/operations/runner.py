@@ -19,7 +19,7 @@ the whole plan is checked first (:meth:`check`: payloads, sizes, each rank's
 declared step methods; :class:`~ctlwire.kernel.core.operation_plan.InvalidPlan`
 before anything is sent); then each dispatch is one ``concurrent`` fan-out of
 ``ctlwire.step`` (see :mod:`~ctlwire.kernel.engine.operation_ledger`) with the step's
-own timeout, and each rank's typed outcome (:mod:`~ctlwire.kernel.step_outcomes`)
+own timeout, and each rank's typed outcome (:mod:`~ctlwire.kernel.operations.step_outcomes`)
 is fed back. The plan's post-condition, if any, is read on every rank before
 commit. Reports and progress events carry each failure's error object.
 
@@ -34,7 +34,7 @@ Guarantees, on top of the core's:
   an operation left out count against its ``ok``. :meth:`release` checks what it serves.
 * **A lost rank frees the others.** A rank lost mid-step ends its part at once
   (``OutcomeUnknown``); the step's other ranks are asked to abort it
-  (:mod:`~ctlwire.kernel.step_dispatch`): one blocked in a collective with it
+  (:mod:`~ctlwire.kernel.operations.step_dispatch`): one blocked in a collective with it
   fails and is compensated within the liveness delay, not the step's timeout.
 * **Observable.** ``on_progress`` receives every per-rank, per-step change as it
   happens, and each rank's progress reports (``fraction``, ``note``: what its
@@ -80,10 +80,10 @@ from ctlwire.kernel.engine.operation_ledger import (
     StepRequest,
 )
 from ctlwire.kernel.errors import ReleaseRefused, RequestTooLarge
-from ctlwire.kernel.ledger_reads import read_last_operations
-from ctlwire.kernel.operation_recovery import Recovery, recovery_of, unsettled
-from ctlwire.kernel.step_dispatch import step_answers
-from ctlwire.kernel.step_outcomes import Outcome, answers, classify, outcomes, refused
+from ctlwire.kernel.operations.ledger_reads import read_last_operations
+from ctlwire.kernel.operations.recovery import Recovery, recovery_of, unsettled
+from ctlwire.kernel.operations.step_dispatch import step_answers
+from ctlwire.kernel.operations.step_outcomes import Outcome, answers, classify, outcomes, refused
 from ctlwire.states import OperationState
 from ctlwire.transports.codec import PayloadTypeError
 

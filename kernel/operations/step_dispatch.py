@@ -4,7 +4,7 @@
 
     res = await step_answers(client, dispatch, StepRequest(...))   # FanOutResult | None
 
-:func:`step_answers` is :func:`~ctlwire.kernel.step_outcomes.answers` for a
+:func:`step_answers` is :func:`~ctlwire.kernel.operations.step_outcomes.answers` for a
 ``ctlwire.step`` dispatch, with one addition: once a rank of the dispatch is lost
 or restarted (its own part then ends at once, ``OutcomeUnknown``), the other
 ranks are asked to abort the step (``ctlwire.abort_step`` under the dispatch's
@@ -27,7 +27,7 @@ from ctlwire.kernel.engine.ledger_messages import StepRequest
 from ctlwire.kernel.engine.operation_ledger import STEP_METHOD
 from ctlwire.kernel.engine.step_abort import ABORT_STEP_METHOD, AbortStep
 from ctlwire.kernel.errors import Busy, NotDelivered, RemoteError
-from ctlwire.kernel.step_outcomes import answers
+from ctlwire.kernel.operations.step_outcomes import answers
 
 __all__ = ["abort_on_loss", "retry_safe", "step_answers"]
 

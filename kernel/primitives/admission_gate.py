@@ -29,7 +29,7 @@ gives: a queueing fan-out mailbox admits its callers through a gate):
 Nothing runs in the background and nothing is bound to an event loop at
 construction: the gate uses the loop of the task that waits. Its order is
 decided by the sans-IO :class:`~ctlwire.kernel.core.admission_queue.AdmissionQueue`,
-the core the interleaving explorer (:mod:`ctlwire.kernel.testing.interleaving`)
+the core the interleaving explorer (:mod:`ctlwire.testing.interleaving`)
 drives through every interleaving of arrivals, hand-offs, cancellations and
 deadlines.
 """

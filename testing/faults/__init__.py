@@ -64,7 +64,7 @@ used synchronously (``open``/``try_receive``/``wait_readable``) releases
 delayed frames whenever it is polled, on the monotonic clock.
 """
 
-# Why here and not in ctlwire.kernel.testing: fault injection wraps a transport
+# Why here and not in ctlwire.testing: fault injection wraps a transport
 # and needs only ctlwire.transports; transports never import the kernel, and
 # living here lets ctlwire.transports re-export FaultPlan, FaultyClientTransport
 # and FaultyEngineTransport. This facade is the documented home; the modules
@@ -74,7 +74,7 @@ delayed frames whenever it is polled, on the monotonic clock.
 
 from __future__ import annotations
 
-from ctlwire.transports.testing._faults import (
+from ctlwire.testing.faults._faults import (
     Fault,
     FaultPlan,
     Injection,
@@ -82,9 +82,9 @@ from ctlwire.transports.testing._faults import (
     Verdict,
     envelope_kind,
 )
-from ctlwire.transports.testing._faulty_client import FaultyClientTransport
-from ctlwire.transports.testing._faulty_engine import FaultyEngineTransport
-from ctlwire.transports.testing._injector import FaultInjector
+from ctlwire.testing.faults._faulty_client import FaultyClientTransport
+from ctlwire.testing.faults._faulty_engine import FaultyEngineTransport
+from ctlwire.testing.faults._injector import FaultInjector
 
 __all__ = [
     "Fault",

@@ -12,9 +12,9 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from ctlwire.testing.faults._faults import Direction, FaultPlan, Verdict, envelope_kind
+from ctlwire.testing.faults._injector import FaultInjector
 from ctlwire.transports.envelope import Envelope
-from ctlwire.transports.testing._faults import Direction, FaultPlan, Verdict, envelope_kind
-from ctlwire.transports.testing._injector import FaultInjector
 
 
 class _Held:

@@ -9,13 +9,13 @@ from types import TracebackType
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from ctlwire.testing.faults._faults import _PASS, FaultPlan
+from ctlwire.testing.faults._faulty_base import _FaultyBase
+from ctlwire.testing.faults._injector import FaultInjector
 from ctlwire.transports.codec import Codec
 from ctlwire.transports.envelope import Envelope, Request
 from ctlwire.transports.errors import TransportClosed, TransportError, Unroutable
 from ctlwire.transports.event_stream import receive_event, receive_events
-from ctlwire.transports.testing._faults import _PASS, FaultPlan
-from ctlwire.transports.testing._faulty_base import _FaultyBase
-from ctlwire.transports.testing._injector import FaultInjector
 from ctlwire.transports.transport import (
     ClientTransport,
     PeerDisconnected,

@@ -9,12 +9,12 @@ from types import TracebackType
 
 import anyio
 
+from ctlwire.testing.faults._faults import _PASS, FaultPlan
+from ctlwire.testing.faults._faulty_base import _FaultyBase
+from ctlwire.testing.faults._injector import FaultInjector
 from ctlwire.transports.codec import Codec
 from ctlwire.transports.envelope import Envelope, Reply
 from ctlwire.transports.errors import TransportClosed, TransportError
-from ctlwire.transports.testing._faults import _PASS, FaultPlan
-from ctlwire.transports.testing._faulty_base import _FaultyBase
-from ctlwire.transports.testing._injector import FaultInjector
 from ctlwire.transports.transport import (
     EngineTransport,
     PeerDisconnected,

@@ -9,8 +9,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 
-from ctlwire.transports.envelope import Envelope
-from ctlwire.transports.testing._faults import (
+from ctlwire.testing.faults._faults import (
     _PASS,
     Direction,
     FaultPlan,
@@ -20,6 +19,7 @@ from ctlwire.transports.testing._faults import (
     _envelope_id,
     envelope_kind,
 )
+from ctlwire.transports.envelope import Envelope
 
 __all__ = ["FaultInjector"]
 

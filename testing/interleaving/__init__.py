@@ -160,8 +160,8 @@ first of the most preferred check -- and prints it as a list of strings that
 
 from __future__ import annotations
 
-from ctlwire.kernel.testing.interleaving._explorer import explore, main, replay
-from ctlwire.kernel.testing.interleaving._scenario import (
+from ctlwire.testing.interleaving._explorer import explore, main, replay
+from ctlwire.testing.interleaving._scenario import (
     CHECKS,
     EVERY_KIND,
     CallerSpec,

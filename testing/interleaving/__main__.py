@@ -1,7 +1,7 @@
-"""``python -m ctlwire.kernel.testing.interleaving [MAX_CALLERS [MAX_CALLERS_TWO_RANKS]]``."""
+"""``python -m ctlwire.testing.interleaving [MAX_CALLERS [MAX_CALLERS_TWO_RANKS]]``."""
 
 from __future__ import annotations
 
-from ctlwire.kernel.testing.interleaving._explorer import main
+from ctlwire.testing.interleaving._explorer import main
 
 raise SystemExit(main())

@@ -4,10 +4,10 @@ the end of every path.
 
 from __future__ import annotations
 
-from ctlwire.kernel.testing.interleaving._scenario import _KEY, InvariantViolation, ReplayError
-from ctlwire.kernel.testing.interleaving._steps import _execute, _fail, _who
-from ctlwire.kernel.testing.interleaving._world import _HOLDING, _Pc, _World
 from ctlwire.states import RequestState, TicketState
+from ctlwire.testing.interleaving._scenario import _KEY, InvariantViolation, ReplayError
+from ctlwire.testing.interleaving._steps import _execute, _fail, _who
+from ctlwire.testing.interleaving._world import _HOLDING, _Pc, _World
 
 # -- checks --------------------------------------------------------------------------------
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from ctlwire.kernel.core.admission_queue import AdmissionQueue
 from ctlwire.kernel.core.request_registry import RequestRegistry
-from ctlwire.kernel.testing.interleaving._checks import _check_final, _step
-from ctlwire.kernel.testing.interleaving._scenario import (
+from ctlwire.testing.interleaving._checks import _check_final, _step
+from ctlwire.testing.interleaving._scenario import (
     _PRIORITY,
     CHECKS,
     Counterexample,
@@ -23,8 +23,8 @@ from ctlwire.kernel.testing.interleaving._scenario import (
     Scenario,
     standard_scenarios,
 )
-from ctlwire.kernel.testing.interleaving._steps import _enabled
-from ctlwire.kernel.testing.interleaving._world import (
+from ctlwire.testing.interleaving._steps import _enabled
+from ctlwire.testing.interleaving._world import (
     QueueFactory,
     RegistryFactory,
     _clone_world,
@@ -191,7 +191,7 @@ def replay(scenario: Scenario, events: Sequence[str], *, queue_cls: QueueFactory
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m ctlwire.kernel.testing.interleaving [MAX_CALLERS [MAX_CALLERS_TWO_RANKS]]``:
+    """``python -m ctlwire.testing.interleaving [MAX_CALLERS [MAX_CALLERS_TWO_RANKS]]``:
     explore :func:`standard_scenarios`, print one summary line per scenario (and
     any counterexample); exit status 1 if a check failed."""
     import sys

@@ -7,7 +7,8 @@ from __future__ import annotations
 from ctlwire.kernel.core.request_registry import PendingRequest, ReplyDisposition
 from ctlwire.kernel.errors import EngineDead, NotDelivered
 from ctlwire.kernel.primitives.admission_gate import HandOffWaiter
-from ctlwire.kernel.testing.interleaving._scenario import (
+from ctlwire.states import RequestState, TicketState
+from ctlwire.testing.interleaving._scenario import (
     _ENGINE_INCARNATION,
     _KEY,
     _METHOD,
@@ -17,7 +18,7 @@ from ctlwire.kernel.testing.interleaving._scenario import (
     ReplayError,
     ReplyMode,
 )
-from ctlwire.kernel.testing.interleaving._world import (
+from ctlwire.testing.interleaving._world import (
     _HOLDING,
     _RUNNING,
     _STEP,
@@ -26,7 +27,6 @@ from ctlwire.kernel.testing.interleaving._world import (
     _Pc,
     _World,
 )
-from ctlwire.states import RequestState, TicketState
 from ctlwire.transports.envelope import ErrorInfo, Reply
 
 # -- enabled events ---------------------------------------------------------------------------

@@ -15,7 +15,8 @@ import msgspec
 from ctlwire.kernel.core.admission_queue import AdmissionQueue, Ticket
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
 from ctlwire.kernel.primitives.coalescer import Coalescer
-from ctlwire.kernel.testing.interleaving._scenario import (
+from ctlwire.states import StateTable
+from ctlwire.testing.interleaving._scenario import (
     _ENGINE_INCARNATION,
     _KEY,
     _METHOD,
@@ -23,7 +24,6 @@ from ctlwire.kernel.testing.interleaving._scenario import (
     CallerSpec,
     Scenario,
 )
-from ctlwire.states import StateTable
 
 # -- the world the explorer drives ------------------------------------------------------
 

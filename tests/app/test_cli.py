@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ctlwire.kernel.app.arguments import UsageError
-from ctlwire.kernel.app.cli import main
+from ctlwire.app.arguments import UsageError
+from ctlwire.app.cli import main
 from ctlwire.transports.curve import load_keypair, load_public_key
 
 
@@ -128,7 +128,7 @@ def test_demo_connect_to_a_socket_no_engine_answers_names_it(
     after the wait for the engines (shortened here)."""
     import zmq
 
-    from ctlwire.kernel.app import demo
+    from ctlwire.app import demo
 
     address = f"ipc://{tmp_path}/engine.sock"
     with zmq.Context() as ctx, ctx.socket(zmq.ROUTER) as silent:
@@ -193,7 +193,7 @@ def test_the_installed_command_reports_a_bad_count_without_a_traceback() -> None
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "ctlwire.kernel.app.cli", "demo",
+    proc = subprocess.run([sys.executable, "-m", "ctlwire.app.cli", "demo",
                            "--engines", "0"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("ctlwire demo: error: argument --engines: must be at least "
@@ -205,12 +205,12 @@ def test_demo_torch_without_torch_names_the_extra(monkeypatch: pytest.MonkeyPatc
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     import sys
 
-    import ctlwire.kernel.app
+    import ctlwire.app
 
     monkeypatch.setitem(sys.modules, "torch", None)  # as if not installed
-    for name in [m for m in sys.modules if m.startswith("ctlwire.kernel.app.torch_")]:
+    for name in [m for m in sys.modules if m.startswith("ctlwire.app.torch_")]:
         monkeypatch.delitem(sys.modules, name)  # imported again, from the package too
-        monkeypatch.delattr(ctlwire.kernel.app, name.rsplit(".", 1)[1], raising=False)
+        monkeypatch.delattr(ctlwire.app, name.rsplit(".", 1)[1], raising=False)
     assert main(["demo", "--torch"]) == 2
     assert "pip install 'ctlwire[torch]'" in capsys.readouterr().err
 
@@ -232,8 +232,8 @@ def test_demo_membership_etcd_without_the_etcd_binary_names_it(
 
 def test_bench_help_lists_every_group_the_bench_runs(capsys: pytest.CaptureFixture[str]
                                                     ) -> None:
+    from ctlwire.app.cli import BENCH_GROUPS
     from ctlwire.benchmarks.runner import GROUPS
-    from ctlwire.kernel.app.cli import BENCH_GROUPS
 
     assert BENCH_GROUPS == GROUPS
     code, out, _ = _run(["bench", "--help"], capsys)
@@ -265,7 +265,7 @@ def test_the_command_line_reads_the_version_only_when_asked() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; from ctlwire.kernel.app.cli import build_parser; build_parser(); "
+    code = ("import sys; from ctlwire.app.cli import build_parser; build_parser(); "
             "print('importlib.metadata' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)

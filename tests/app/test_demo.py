@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ctlwire.kernel.app import demo
-from ctlwire.kernel.app.cli import main
+from ctlwire.app import demo
+from ctlwire.app.cli import main
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(60)
 
 LAUNCHER = """
 import sys, time
-from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.app.engine_fleet import EngineFleet
 fleet = EngineFleet([0, 1], lambda r: ["--connect", sys.argv[1], "--mode", sys.argv[2]])
 fleet.start()
 print(" ".join(str(e.proc.pid) for e in fleet.engines.values()), flush=True)

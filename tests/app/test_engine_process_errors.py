@@ -1,4 +1,4 @@
-"""``python -m ctlwire.kernel.app.engine_process``: a problem with its flags is one line
+"""``python -m ctlwire.app.engine_process``: a problem with its flags is one line
 on stderr and exit code 2 (no traceback), and every flag says what it does."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ctlwire.kernel.app import engine_process
-from ctlwire.kernel.testing import free_tcp_address
+from ctlwire.app import engine_process
+from ctlwire.testing import free_tcp_address
 
-PROG = "python -m ctlwire.kernel.app.engine_process"
+PROG = "python -m ctlwire.app.engine_process"
 
 
 def _fails(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -102,7 +102,7 @@ def test_every_flag_has_help_text() -> None:
 
 def test_the_command_itself_prints_no_traceback(tmp_path: Path) -> None:
     """The module run as a user runs it (a real process)."""
-    done = subprocess.run([sys.executable, "-m", "ctlwire.kernel.app.engine_process", "--rank",
+    done = subprocess.run([sys.executable, "-m", "ctlwire.app.engine_process", "--rank",
                            "0", "--connect", free_tcp_address()], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr

@@ -23,7 +23,7 @@ def run_demo_freezing_its_etcd(backend: str, freeze: float) -> tuple[int, str]:
     """Run the demo; once its first cycle is reported, SIGSTOP its etcd for ``freeze``
     seconds. Its exit code and output."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ctlwire.kernel.app.cli", "demo", "--membership", "etcd",
+        [sys.executable, "-m", "ctlwire.app.cli", "demo", "--membership", "etcd",
          "--engines", "3", "--cycles", "4", "--etcd-ttl", "1", "--backend", backend],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})

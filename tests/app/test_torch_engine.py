@@ -24,9 +24,9 @@ pytest.importorskip("torch")
 import anyio
 import msgspec
 
-from ctlwire.kernel.app import torch_weight_sync
-from ctlwire.kernel.app.engine_fleet import EngineFleet
-from ctlwire.kernel.app.torch_engine import (
+from ctlwire.app import torch_weight_sync
+from ctlwire.app.engine_fleet import EngineFleet
+from ctlwire.app.torch_engine import (
     DecoderConfig,
     Generate,
     Pause,
@@ -36,11 +36,11 @@ from ctlwire.kernel.app.torch_engine import (
     WeightsRef,
     save_weights,
 )
-from ctlwire.kernel.app.torch_weight_sync import Trainer, WeightSync, weight_sync_plan
+from ctlwire.app.torch_weight_sync import Trainer, WeightSync, weight_sync_plan
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_plan import OperationPlan, OperationStep, StepCall
 from ctlwire.kernel.errors import EngineDead, OutcomeUnknown
-from ctlwire.kernel.operation_runner import OperationRunner, ReleaseRefused
+from ctlwire.kernel.operations.runner import OperationRunner, ReleaseRefused
 from ctlwire.states import OperationState
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
@@ -49,7 +49,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 N = 3
 CONFIG = DecoderConfig(vocab=128, width=192, layers=2, heads=4, context=32, seed=3)
 PROMPTS = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
-METHODS = "ctlwire.kernel.app.torch_engine:register"
+METHODS = "ctlwire.app.torch_engine:register"
 
 
 def _fleet(folder: Path) -> tuple[str, EngineFleet]:
@@ -322,10 +322,10 @@ async def test_pause_abort_under_load_ends_sequences_with_abort_status(
 
 TRAINER_SCRIPT = """
 import sys, time, anyio, msgspec
-from ctlwire.kernel.app import torch_weight_sync as tws
-from ctlwire.kernel.app.torch_engine import DecoderConfig
+from ctlwire.app import torch_weight_sync as tws
+from ctlwire.app.torch_engine import DecoderConfig
 from ctlwire.kernel.client.control_client import ControlClient
-from ctlwire.kernel.operation_runner import OperationRunner, ReleaseRefused
+from ctlwire.kernel.operations.runner import OperationRunner, ReleaseRefused
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
 def stuck(self, tensors, timeout):   # the trainer is killed before its broadcast ends

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ctlwire.kernel.app.torch_engine import (  # noqa: E402
+from ctlwire.app.torch_engine import (  # noqa: E402
     DecoderConfig,
     DrainTimedOut,
     Generate,

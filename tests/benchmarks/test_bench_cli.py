@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from ctlwire.app.cli import main
 from ctlwire.benchmarks import fanout_profile, idle_cpu, scale, weight_sync
 from ctlwire.benchmarks.runner import GROUPS
-from ctlwire.kernel.app.cli import main
 
 #: groups run one at a time, each by a test of its own
 ALONE = (*scale.GROUPS, *fanout_profile.GROUPS, *idle_cpu.GROUPS)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from ctlwire.app.cli import main
 from ctlwire.benchmarks.report import Report, Row, Target
 from ctlwire.benchmarks.series import Series
-from ctlwire.kernel.app.cli import main
 
 LE_1 = Target("<=", 1.0, "<= 1.0x")
 GE_1 = Target(">=", 1.0, ">= 1.0x")

@@ -15,10 +15,10 @@ from typing import Any
 
 import anyio
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.app.engine_fleet import EngineFleet
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.errors import FanOutFailed
-from ctlwire.kernel.etcd_gateway import EtcdError, EtcdGateway
+from ctlwire.kernel.membership.etcd_gateway import EtcdError, EtcdGateway
 
 #: lease TTL of the engines in these tests (etcd runs with a 500 ms election timeout,
 #: so its shortest lease is 1 s)

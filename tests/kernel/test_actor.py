@@ -7,8 +7,8 @@ from typing import Any
 import anyio
 import pytest
 
-from ctlwire.kernel.actor import Actor, MailboxFull
 from ctlwire.kernel.errors import ActorStopped, AskTimeout
+from ctlwire.kernel.primitives.actor import Actor, MailboxFull
 
 # asyncio and trio, both on a virtual clock (ctlwire's pytest plugin)
 pytestmark = [pytest.mark.anyio, pytest.mark.ctlwire_virtual_clock]

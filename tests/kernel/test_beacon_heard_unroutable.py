@@ -10,8 +10,8 @@ from typing import Any
 import anyio
 import pytest
 
+from ctlwire.kernel.client.liveness_monitor import LivenessMonitor
 from ctlwire.kernel.engine.liveness import new_incarnation
-from ctlwire.kernel.liveness_monitor import LivenessMonitor
 from ctlwire.states import LIVE_PEER_STATES
 from ctlwire.transports.envelope import Heartbeat
 from ctlwire.transports.errors import Unroutable

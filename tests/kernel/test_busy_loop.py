@@ -17,9 +17,9 @@ from typing import Any
 import anyio
 import pytest
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
-from ctlwire.kernel.busy_loop import BusyLoop
+from ctlwire.app.engine_fleet import EngineFleet
 from ctlwire.kernel.client.control_client import ControlClient
+from ctlwire.kernel.engine.busy_loop import BusyLoop
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import RemoteError
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport

@@ -13,9 +13,9 @@ from ctlwire.kernel.engine.ledger_messages import LastOperation, TakeOver
 from ctlwire.kernel.engine.operation_ledger import TAKE_OVER_METHOD
 from ctlwire.kernel.engine.step_refusals import Fenced
 from ctlwire.kernel.errors import Busy, NotDelivered, OutcomeUnknown, RemoteError
-from ctlwire.kernel.ledger_reads import read_last_operations
-from ctlwire.kernel.step_dispatch import retry_safe
-from ctlwire.kernel.testing import EngineHarness
+from ctlwire.kernel.operations.ledger_reads import read_last_operations
+from ctlwire.kernel.operations.step_dispatch import retry_safe
+from ctlwire.testing import EngineHarness
 
 pytestmark = pytest.mark.anyio
 

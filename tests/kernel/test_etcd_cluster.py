@@ -20,9 +20,9 @@ from etcd_scenarios import FAST_ETCD, TTL, FanOuts, TruthWatch, engine_fleet, ne
 
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.errors import EngineDead
-from ctlwire.kernel.etcd_gateway import EtcdGateway
-from ctlwire.kernel.etcd_membership import EtcdMembership
-from ctlwire.kernel.testing.etcd_server import EtcdCluster, etcd_binary, memory_dir
+from ctlwire.kernel.membership.etcd_gateway import EtcdGateway
+from ctlwire.kernel.membership.etcd_membership import EtcdMembership
+from ctlwire.testing.etcd_server import EtcdCluster, etcd_binary, memory_dir
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]

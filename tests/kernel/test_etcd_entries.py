@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from ctlwire.kernel.client.control_client import ControlClient
-from ctlwire.kernel.etcd_gateway import EtcdGateway
-from ctlwire.kernel.etcd_membership import EtcdMembership
-from ctlwire.kernel.etcd_registration import decode_registration, rank_of_key
+from ctlwire.kernel.membership.etcd_gateway import EtcdGateway
+from ctlwire.kernel.membership.etcd_membership import EtcdMembership
+from ctlwire.kernel.membership.etcd_registration import decode_registration, rank_of_key
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
 pytest.importorskip("httpx")

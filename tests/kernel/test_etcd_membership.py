@@ -29,14 +29,19 @@ from etcd_scenarios import (
     wait_until,
 )
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.app.engine_fleet import EngineFleet
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.errors import EngineDead, OutcomeUnknown
-from ctlwire.kernel.etcd_gateway import Compacted, EtcdError, EtcdGateway, EtcdUnavailable
-from ctlwire.kernel.etcd_membership import EtcdMembership, EtcdRegistration
-from ctlwire.kernel.testing._ports import free_tcp_port
-from ctlwire.kernel.testing.etcd_server import EtcdServer, etcd_binary, memory_dir
+from ctlwire.kernel.membership.etcd_gateway import (
+    Compacted,
+    EtcdError,
+    EtcdGateway,
+    EtcdUnavailable,
+)
+from ctlwire.kernel.membership.etcd_membership import EtcdMembership, EtcdRegistration
 from ctlwire.states import MemberState
+from ctlwire.testing._ports import free_tcp_port
+from ctlwire.testing.etcd_server import EtcdServer, etcd_binary, memory_dir
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]

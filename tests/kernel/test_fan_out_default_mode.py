@@ -11,7 +11,7 @@ import pytest
 
 from ctlwire.kernel.core.fan_out_policy import MethodKinds
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
-from ctlwire.kernel.testing import EngineHarness
+from ctlwire.testing import EngineHarness
 
 pytestmark = pytest.mark.anyio
 

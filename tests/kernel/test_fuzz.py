@@ -45,8 +45,8 @@ from ctlwire.kernel.client.control_client import ResultTypeError
 from ctlwire.kernel.core.request_registry import PendingRequest
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import EngineDead, RemoteError, RequestTimedOut
-from ctlwire.kernel.testing import EngineHarness
 from ctlwire.states import RequestEvent, RequestState
+from ctlwire.testing import EngineHarness
 from ctlwire.transports.codec import Codec, JsonCodec, MsgpackCodec, PayloadTypeError
 from ctlwire.transports.envelope import MAX_METHOD_CHARS, ErrorInfo, Heartbeat, Reply, Request
 from ctlwire.transports.errors import MalformedFrame, OversizedFrame

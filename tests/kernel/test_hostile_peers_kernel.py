@@ -107,7 +107,7 @@ import anyio  # noqa: E402
 import pytest  # noqa: E402
 import zmq  # noqa: E402
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet  # noqa: E402
+from ctlwire.app.engine_fleet import EngineFleet  # noqa: E402
 from ctlwire.kernel.client.control_client import ControlClient  # noqa: E402
 from ctlwire.transports.zmq_client import ZmqDealerClientTransport  # noqa: E402
 

@@ -15,7 +15,7 @@ SCRIPT = textwrap.dedent('''
     import logging, sys
     import anyio
     from ctlwire.kernel import EngineDead
-    from ctlwire.kernel.testing import EngineHarness
+    from ctlwire.testing import EngineHarness
 
     if sys.argv[1:] == ["configured"]:
         logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")

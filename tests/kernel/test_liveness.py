@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.app.engine_fleet import EngineFleet
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.peer_table import Progress
 from ctlwire.kernel.errors import EngineDead, NotDelivered, OutcomeUnknown
@@ -24,7 +24,7 @@ from ctlwire.states import PeerState
 from ctlwire.transports.zmq_client import ZmqDealerClientTransport, ZmqRouterClientTransport
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
-METHODS = "ctlwire.kernel.app.engine_process:stepping_methods"
+METHODS = "ctlwire.app.engine_process:stepping_methods"
 
 
 @pytest.fixture
@@ -271,7 +271,7 @@ async def test_report_progress_from_inline_threaded_and_async_handlers() -> None
     """report_progress reaches the running request from every kind of handler
     (the context travels into worker threads), and is False outside one."""
     from ctlwire.kernel.engine.endpoint import EngineEndpoint, report_progress
-    from ctlwire.kernel.testing import EngineHarness
+    from ctlwire.testing import EngineHarness
 
     endpoints: list[EngineEndpoint] = []
 
@@ -307,7 +307,7 @@ async def test_engine_refuses_a_fencing_token_older_than_one_it_accepted() -> No
     and the handler does not run. Requests without a token are not fenced."""
     from ctlwire.kernel.engine.endpoint import EngineEndpoint
     from ctlwire.kernel.errors import Fenced
-    from ctlwire.kernel.testing import EngineHarness
+    from ctlwire.testing import EngineHarness
 
     ran: list[int] = []
 

@@ -16,14 +16,14 @@ from typing import Any
 import anyio
 import pytest
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
-from ctlwire.kernel.app.operation_engine import weight_update_plan
+from ctlwire.app.engine_fleet import EngineFleet
+from ctlwire.app.operation_engine import weight_update_plan
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.membership import ChangeKind
 from ctlwire.kernel.core.quarantine import Quarantine
 from ctlwire.kernel.errors import NoAdmissibleRanks, NotDelivered, OutcomeUnknown
-from ctlwire.kernel.operation_runner import OperationRunner
+from ctlwire.kernel.operations.runner import OperationRunner
 from ctlwire.transports.envelope import Heartbeat
 from ctlwire.transports.errors import Unroutable
 from ctlwire.transports.zmq_client import ZmqDealerClientTransport, ZmqRouterClientTransport

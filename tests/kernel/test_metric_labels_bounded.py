@@ -20,7 +20,7 @@ from ctlwire.kernel import (
     UnknownMethod,
 )
 from ctlwire.kernel.core.request_registry import PendingRequest
-from ctlwire.kernel.metrics import MethodLabels
+from ctlwire.kernel.observability.metrics import MethodLabels
 from ctlwire.transports.envelope import ErrorInfo, Reply
 
 pytestmark = [pytest.mark.anyio, pytest.mark.ctlwire_virtual_clock]

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from ctlwire.kernel import EngineEndpoint, EngineHarness, PrometheusExporter, RemoteError
-from ctlwire.kernel.metrics import (
+from ctlwire.kernel.observability.metrics import (
     ENGINE_METRICS_METHOD,
     EnginePrometheusExporter,
     client_metrics,

@@ -9,15 +9,15 @@ import pytest
 
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import RequestTimedOut
-from ctlwire.kernel.metrics import (
+from ctlwire.kernel.observability.metrics import (
     LatencyHistogram,
     PrometheusExporter,
     RequestMetrics,
     TransitionLog,
     snapshot,
 )
-from ctlwire.kernel.testing import EngineHarness, virtual_backend
-from ctlwire.kernel.tracing import current_trace
+from ctlwire.kernel.observability.tracing import current_trace
+from ctlwire.testing import EngineHarness, virtual_backend
 
 pytestmark = pytest.mark.anyio
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from ctlwire.kernel.app.demo_engine import Pause, UpdateWeights
-from ctlwire.kernel.app.engine_fleet import EngineFleet
-from ctlwire.kernel.app.operation_engine import RestoreWeights
+from ctlwire.app.demo_engine import Pause, UpdateWeights
+from ctlwire.app.engine_fleet import EngineFleet
+from ctlwire.app.operation_engine import RestoreWeights
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_plan import (
     InvalidPlan,
@@ -28,7 +28,7 @@ from ctlwire.kernel.core.operation_plan import (
     StepCall,
 )
 from ctlwire.kernel.core.operation_result import ProgressEvent
-from ctlwire.kernel.operation_runner import OperationRunner
+from ctlwire.kernel.operations.runner import OperationRunner
 from ctlwire.states import OperationState, RankState
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
@@ -36,7 +36,7 @@ from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
 N = 2
-METHODS = "ctlwire.kernel.app.operation_engine:register"
+METHODS = "ctlwire.app.operation_engine:register"
 LIMIT = 1 << 16  # the client's frame limit in these tests
 
 

@@ -14,18 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
-from ctlwire.kernel.app.operation_engine import Fault, weight_update_plan
+from ctlwire.app.engine_fleet import EngineFleet
+from ctlwire.app.operation_engine import Fault, weight_update_plan
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_plan import PostCondition, PostConditionFailed
-from ctlwire.kernel.operation_runner import OperationRunner, ReleaseRefused
+from ctlwire.kernel.operations.runner import OperationRunner, ReleaseRefused
 from ctlwire.states import OperationState
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
 N = 3
-METHODS = "ctlwire.kernel.app.operation_engine:register"
+METHODS = "ctlwire.app.operation_engine:register"
 
 
 @pytest.fixture

@@ -16,11 +16,11 @@ from typing import Any
 import anyio
 import pytest
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
-from ctlwire.kernel.app.operation_engine import Fault, weight_update_plan
+from ctlwire.app.engine_fleet import EngineFleet
+from ctlwire.app.operation_engine import Fault, weight_update_plan
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_result import OperationResult
-from ctlwire.kernel.operation_runner import OperationRunner
+from ctlwire.kernel.operations.runner import OperationRunner
 from ctlwire.states import OperationState
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 
@@ -38,7 +38,7 @@ def start_fleet(tmp_path: Path, methods: str) -> tuple[str, EngineFleet]:
 
 @pytest.fixture
 def async_fleet(tmp_path: Path) -> Iterator[str]:
-    address, fleet = start_fleet(tmp_path, "ctlwire.kernel.app.operation_engine:register_async")
+    address, fleet = start_fleet(tmp_path, "ctlwire.app.operation_engine:register_async")
     with fleet:
         yield address
 
@@ -46,7 +46,7 @@ def async_fleet(tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 def threaded_fleet(tmp_path: Path) -> Iterator[str]:
     address, fleet = start_fleet(tmp_path,
-                                 "ctlwire.kernel.app.operation_engine:register_threaded")
+                                 "ctlwire.app.operation_engine:register_threaded")
     with fleet:
         yield address
 

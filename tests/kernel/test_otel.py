@@ -1,4 +1,4 @@
-"""OpenTelemetry spans (ctlwire.kernel.otel): a span per control request and per
+"""OpenTelemetry spans (ctlwire.kernel.observability.otel): a span per control request and per
 operation step on the client, continued on the engine from the W3C trace
 context the envelope carries -- in one process, and across engine processes
 (one operation on 3 engines: one trace)."""
@@ -32,9 +32,9 @@ from ctlwire.kernel import (
     RequestTimedOut,
     StepCall,
 )
-from ctlwire.kernel.otel import ClientTracing, traced
-from ctlwire.kernel.testing import EngineHarness
-from ctlwire.kernel.tracing import current_trace
+from ctlwire.kernel.observability.otel import ClientTracing, traced
+from ctlwire.kernel.observability.tracing import current_trace
+from ctlwire.testing import EngineHarness
 from ctlwire.transports import ZmqRouterClientTransport
 
 ENGINES = Path(__file__).resolve().parent / "otel_engines"

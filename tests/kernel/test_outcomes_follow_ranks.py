@@ -18,8 +18,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from ctlwire.kernel import EngineEndpoint, EngineHarness, OperationRunner, RequestMetrics
-from ctlwire.kernel.otel import ClientTracing, traced
-from ctlwire.kernel.tracing import trace_contexts, traceparent_valid
+from ctlwire.kernel.observability.otel import ClientTracing, traced
+from ctlwire.kernel.observability.tracing import trace_contexts, traceparent_valid
 
 pytestmark = pytest.mark.anyio
 

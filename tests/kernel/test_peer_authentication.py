@@ -16,10 +16,10 @@ import anyio
 import pytest
 import zmq
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.app.engine_fleet import EngineFleet
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.errors import EngineDead
-from ctlwire.kernel.testing import free_tcp_address
+from ctlwire.testing import free_tcp_address
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.curve import (
     CurveClientConfig,

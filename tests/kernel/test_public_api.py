@@ -16,10 +16,10 @@ import pytest
 
 import ctlwire.kernel
 import ctlwire.kernel.errors
-import ctlwire.kernel.testing
+import ctlwire.testing
 import ctlwire.transports
 
-PACKAGES = [ctlwire.kernel, ctlwire.transports, ctlwire.kernel.testing]
+PACKAGES = [ctlwire.kernel, ctlwire.transports, ctlwire.testing]
 
 
 @pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.__name__)
@@ -98,8 +98,8 @@ def test_the_main_names_import_from_the_facades() -> None:
 
 
 def test_result_type_error_lives_with_the_other_errors_and_keeps_its_old_path() -> None:
-    from ctlwire.kernel.actor import MailboxFull
     from ctlwire.kernel.client.control_client import ResultTypeError
+    from ctlwire.kernel.primitives.actor import MailboxFull
 
     assert ResultTypeError is ctlwire.kernel.errors.ResultTypeError
     assert ResultTypeError.__module__ == "ctlwire.kernel.errors"
@@ -110,9 +110,8 @@ def test_result_type_error_lives_with_the_other_errors_and_keeps_its_old_path() 
 # Where a CtlwireError may be defined outside kernel/errors.py: the errors an engine
 # raises (they reach the client as RemoteError, by class name), the command line's,
 # the etcd backend's and the test tools'. CtlwireError itself is the transports'.
-ELSEWHERE = ("ctlwire.kernel.engine.", "ctlwire.kernel.app.", "ctlwire.kernel.testing.",
-             "ctlwire.kernel.busy_loop", "ctlwire.kernel.etcd_membership",
-             "ctlwire.kernel.etcd_gateway", "ctlwire.kernel.etcd_registration",
+ELSEWHERE = ("ctlwire.kernel.engine.", "ctlwire.app.", "ctlwire.testing.",
+             "ctlwire.kernel.engine.busy_loop", "ctlwire.kernel.membership.",
              "ctlwire.kernel.core.inbound_core",  # Refused: what an engine handler raises
              "ctlwire.transports.")
 
@@ -159,19 +158,19 @@ def test_states_stay_pure_and_the_packages_import_lazily() -> None:
 
 def test_engine_process_still_runs_as_a_module_without_a_double_import() -> None:
     # runpy warns (RuntimeWarning, an error here) when the package already imported it
-    out = subprocess.run([sys.executable, "-W", "error", "-m", "ctlwire.kernel.app.engine_process",
+    out = subprocess.run([sys.executable, "-W", "error", "-m", "ctlwire.app.engine_process",
                           "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "--rank" in out.stdout
 
 
 def test_every_metrics_exporter_is_importable_from_the_facade() -> None:
-    import ctlwire.kernel.metrics
+    import ctlwire.kernel.observability.metrics
 
-    exporters = [n for n in ctlwire.kernel.metrics.__all__ if n.endswith("Exporter")]
+    exporters = [n for n in ctlwire.kernel.observability.metrics.__all__ if n.endswith("Exporter")]
     assert {"PrometheusExporter", "EnginePrometheusExporter"} <= set(exporters)
     for name in exporters:
-        assert getattr(ctlwire.kernel, name) is getattr(ctlwire.kernel.metrics, name)
+        assert getattr(ctlwire.kernel, name) is getattr(ctlwire.kernel.observability.metrics, name)
         assert name in ctlwire.kernel.__all__
 
 

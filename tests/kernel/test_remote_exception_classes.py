@@ -15,7 +15,7 @@ from ctlwire.kernel.errors import (
     remote_error,
     remote_error_class,
 )
-from ctlwire.kernel.testing import EngineHarness
+from ctlwire.testing import EngineHarness
 from ctlwire.transports.envelope import ErrorInfo
 
 

@@ -18,10 +18,10 @@ import anyio
 import pytest
 import zmq
 
+from ctlwire.app.engine_fleet import EngineFleet
 from ctlwire.benchmarks.fleets import ModuleFleet
-from ctlwire.kernel.app.engine_fleet import EngineFleet
 from ctlwire.kernel.client.control_client import ControlClient
-from ctlwire.kernel.liveness_monitor import LIVE_HEARTBEAT_EVERY
+from ctlwire.kernel.client.liveness_monitor import LIVE_HEARTBEAT_EVERY
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.envelope import Heartbeat
 from ctlwire.transports.zmq_beacon import LivenessBeacon

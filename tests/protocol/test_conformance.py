@@ -21,6 +21,15 @@ from pathlib import Path
 
 import pytest
 
+from ctlwire.conformance import (
+    CLIENT_CASES,
+    ENGINE_CASES,
+    Check,
+    check_client,
+    check_engine,
+)
+from ctlwire.conformance.engine_check import LANE_CASES, ONE_AT_A_TIME_CASES
+from ctlwire.conformance.report import ERROR_TABLE
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.errors import (
     NotDelivered,
@@ -28,15 +37,6 @@ from ctlwire.kernel.errors import (
     RequestTimedOut,
     UnsupportedProtocolVersion,
 )
-from ctlwire.transports.conformance import (
-    CLIENT_CASES,
-    ENGINE_CASES,
-    Check,
-    check_client,
-    check_engine,
-)
-from ctlwire.transports.conformance_engine_check import LANE_CASES, ONE_AT_A_TIME_CASES
-from ctlwire.transports.conformance_report import ERROR_TABLE
 from ctlwire.transports.curve import (
     CurveServerConfig,
     load_keypair,
@@ -51,11 +51,11 @@ ROOT = Path(__file__).resolve().parents[2]
 NODE_DIR = ROOT / "interop" / "node"
 NODE = shutil.which("node")
 PY = sys.executable
-PY_ENGINE = f"{PY} -m ctlwire.kernel.app.conformance_peers engine --connect {{address}} " \
+PY_ENGINE = f"{PY} -m ctlwire.app.conformance_peers engine --connect {{address}} " \
             "--rank {rank}"
 #: the reference engine's two ways of serving: an event loop with lanes, a poll loop
 PY_MODES = ("serve", "poll")
-PY_CLIENT = f"{PY} -m ctlwire.kernel.app.conformance_peers client --bind {{address}}"
+PY_CLIENT = f"{PY} -m ctlwire.app.conformance_peers client --bind {{address}}"
 NODE_ENGINE = f"node {NODE_DIR / 'cli.js'} engine --connect {{address}} --rank {{rank}}"
 NODE_CLIENT = f"node {NODE_DIR / 'cli.js'} conformance-client --bind {{address}}"
 ORDER = "what-an-engine-does-with-a-request"
@@ -150,7 +150,7 @@ def test_the_node_engine_conforms() -> None:
     """Through the command line, as CI and other implementations run it: every case,
     the Python engine's known gaps included; the Node.js engine receives while a
     request runs, so it skips only the one-at-a-time cases."""
-    proc = subprocess.run([PY, "-m", "ctlwire.transports.conformance", "engine", "--spawn",
+    proc = subprocess.run([PY, "-m", "ctlwire.conformance", "engine", "--spawn",
                            NODE_ENGINE], capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     skipped = len(ONE_AT_A_TIME_CASES)

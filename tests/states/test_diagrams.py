@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ctlwire.kernel.app.cli import main
-from ctlwire.kernel.app.diagram_files import write_diagrams
+from ctlwire.app.cli import main
+from ctlwire.app.diagram_files import write_diagrams
 from ctlwire.states import CONTROL_REQUEST, MACHINES, RequestState
 from ctlwire.states.diagram import DiagramUnavailable, file_name, render, render_live
 

@@ -1,7 +1,7 @@
 """Deliberately broken cores (tests only): the two production bugs, rebuilt on ctlwire's cores.
 
 The interleaving explorer must catch each of them with a short counterexample
-(``tests/kernel/testing/test_interleavings.py``); that is what shows the checker can fail.
+(``tests/testing/test_interleavings.py``); that is what shows the checker can fail.
 
 * :class:`WakeupWindowQueue` -- SGLang's ``FanOutCommunicator.queueing_call``:
   the leaving holder pops the next waiter and wakes it *without* admitting it;

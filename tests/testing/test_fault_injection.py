@@ -13,12 +13,9 @@ import pytest
 
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import ClientClosed, CtlwireError, EngineDead, RequestTimedOut
-from ctlwire.kernel.testing import EngineHarness, virtual_backend
 from ctlwire.states import PeerState
-from ctlwire.transports.envelope import Heartbeat, Reply, Request
-from ctlwire.transports.errors import TransportClosed
-from ctlwire.transports.memory import MemoryNetwork
-from ctlwire.transports.testing import (
+from ctlwire.testing import EngineHarness, virtual_backend
+from ctlwire.testing.faults import (
     Fault,
     FaultInjector,
     FaultPlan,
@@ -26,6 +23,9 @@ from ctlwire.transports.testing import (
     FaultyEngineTransport,
     Partition,
 )
+from ctlwire.transports.envelope import Heartbeat, Reply, Request
+from ctlwire.transports.errors import TransportClosed
+from ctlwire.transports.memory import MemoryNetwork
 from ctlwire.transports.transport import ClientTransport, EngineTransport, Received
 
 pytestmark = pytest.mark.anyio

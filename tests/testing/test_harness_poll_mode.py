@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
-from ctlwire.kernel.testing import EngineHarness
+from ctlwire.testing import EngineHarness
 
 pytestmark = pytest.mark.anyio
 

@@ -2,7 +2,7 @@
 
 * Every interleaving of every scenario of :func:`standard_scenarios` (up to 3
   callers, every event kind) keeps every invariant; the counts are printed.
-* Two deliberately broken cores (``tests/kernel/testing/broken_cores.py``) -- SGLang's
+* Two deliberately broken cores (``tests/testing/broken_cores.py``) -- SGLang's
   wake-up-window admission and FastDeploy's register-after-send -- are each
   caught with a short counterexample that :func:`replay` reproduces; each is
   caught by the structural check *and*, with that check switched off, by the
@@ -27,7 +27,7 @@ from broken_cores import (
 
 from ctlwire.kernel.core.admission_queue import AdmissionQueue
 from ctlwire.kernel.core.request_registry import RequestRegistry
-from ctlwire.kernel.testing.interleaving import (
+from ctlwire.testing.interleaving import (
     CHECKS,
     EVERY_KIND,
     CallerSpec,
@@ -42,9 +42,9 @@ from ctlwire.kernel.testing.interleaving import (
     replay,
     standard_scenarios,
 )
-from ctlwire.kernel.testing.interleaving._checks import _check_final, _step
-from ctlwire.kernel.testing.interleaving._steps import _enabled
-from ctlwire.kernel.testing.interleaving._world import _clone_world, _shared, _World
+from ctlwire.testing.interleaving._checks import _check_final, _step
+from ctlwire.testing.interleaving._steps import _enabled
+from ctlwire.testing.interleaving._world import _clone_world, _shared, _World
 
 MAX_COUNTEREXAMPLE = 12
 

@@ -14,13 +14,13 @@ from ctlwire.kernel.core.membership import REMOVED_REASON, Member, Membership, M
 from ctlwire.kernel.core.operation_core import Dispatch, OperationCore
 from ctlwire.kernel.core.operation_plan import step_key
 from ctlwire.kernel.engine.operation_ledger import OperationLedger
-from ctlwire.kernel.testing.operation_simulation import (
+from ctlwire.states import MemberEvent, OperationState, RankState
+from ctlwire.testing.operation_simulation import (
     SimulationViolation,
     main,
     simulate,
     simulate_many,
 )
-from ctlwire.states import MemberEvent, OperationState, RankState
 
 SEEDS = int(os.environ.get("CTLWIRE_SIM_SEEDS", "2000"))  # more behind this variable
 

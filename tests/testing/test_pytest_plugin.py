@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from ctlwire.kernel import EngineEndpoint, RequestTimedOut
-from ctlwire.kernel.testing import (
+from ctlwire.testing import (
     VIRTUAL_HEARTBEAT_INTERVAL,
     EngineHarness,
     TransitionRecorder,
@@ -126,7 +126,7 @@ def test_a_project_that_installs_ctlwire_gets_the_fixtures(tmp_path: Path, autol
     plugin, found through the pytest11 entry point, or with -p when autoloading
     is off."""
     (tmp_path / "test_user.py").write_text(PLUGIN_TEST)
-    extra = () if autoload else ("-p", "anyio", "-p", "ctlwire.kernel.testing.pytest_plugin")
+    extra = () if autoload else ("-p", "anyio", "-p", "ctlwire.testing.pytest_plugin")
     listed = _pytest(tmp_path, "--fixtures", *extra, autoload=autoload)
     assert listed.returncode == 0, listed.stdout + listed.stderr
     for fixture in ("ctlwire_harness", "transition_recorder", "ctlwire_virtual_backend"):

@@ -20,9 +20,9 @@ import anyio
 import pytest
 import zmq
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.app.engine_fleet import EngineFleet
 from ctlwire.kernel.client.control_client import ControlClient
-from ctlwire.kernel.testing import free_tcp_port
+from ctlwire.testing import free_tcp_port
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.connection_guard import ConnectionGuard
 from ctlwire.transports.envelope import Heartbeat

@@ -9,7 +9,7 @@ import pytest
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import AuthenticationFailed, NotDelivered
-from ctlwire.kernel.testing import free_tcp_address
+from ctlwire.testing import free_tcp_address
 from ctlwire.transports.curve import CurveClientConfig, CurveServerConfig, generate_keypair
 from ctlwire.transports.zmq_client import ZmqDealerClientTransport
 from ctlwire.transports.zmq_engine import ZmqRouterEngineTransport

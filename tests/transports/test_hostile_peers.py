@@ -23,9 +23,9 @@ import anyio
 import pytest
 import zmq
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.app.engine_fleet import EngineFleet
 from ctlwire.kernel.client.control_client import ControlClient
-from ctlwire.kernel.testing import free_tcp_address, free_tcp_port
+from ctlwire.testing import free_tcp_address, free_tcp_port
 from ctlwire.transports.codec import JsonCodec, MsgpackCodec, PickleCodec
 from ctlwire.transports.curve import CurveClientConfig, generate_keypair
 from ctlwire.transports.envelope import Heartbeat, Reply, Request

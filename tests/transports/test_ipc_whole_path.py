@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet, EngineStartError
+from ctlwire.app.engine_fleet import EngineFleet, EngineStartError
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.transports.codec import PickleCodec
 from ctlwire.transports.errors import PickleRefused

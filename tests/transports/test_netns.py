@@ -34,7 +34,7 @@ from netns_hosts import (
     unavailable_reason,
 )
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.app.engine_fleet import EngineFleet
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.errors import EngineDead
 from ctlwire.transports.curve import CurveServerConfig, load_keypair, write_keypair

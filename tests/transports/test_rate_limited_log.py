@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
-from ctlwire.kernel.testing import free_tcp_port
+from ctlwire.testing import free_tcp_port
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.curve import CurveClientConfig, CurveServerConfig, generate_keypair
 from ctlwire.transports.envelope import Request

@@ -12,9 +12,9 @@ import anyio
 import pytest
 import zmq
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet, EngineStartError
+from ctlwire.app.engine_fleet import EngineFleet, EngineStartError
 from ctlwire.kernel.client.control_client import ControlClient
-from ctlwire.kernel.testing import free_tcp_address
+from ctlwire.testing import free_tcp_address
 from ctlwire.transports.curve import CurveServerConfig, KeyPair, RanksUnbound
 from ctlwire.transports.zmq_client import (
     ZmqDealerClientTransport,

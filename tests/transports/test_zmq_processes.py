@@ -13,10 +13,10 @@ import msgspec
 import pytest
 import zmq
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.app.engine_fleet import EngineFleet
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.errors import EngineDead, RemoteError, RequestTimedOut
-from ctlwire.kernel.testing import free_tcp_address
+from ctlwire.testing import free_tcp_address
 from ctlwire.transports.codec import DEFAULT_MAX_MESSAGE_SIZE, MsgpackCodec, PickleCodec
 from ctlwire.transports.curve import (
     CurveClientConfig,

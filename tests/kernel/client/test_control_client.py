@@ -20,8 +20,8 @@ from ctlwire.kernel.errors import (
     RemoteError,
     RequestTimedOut,
 )
-from ctlwire.kernel.testing import EngineHarness, TransitionRecorder
 from ctlwire.states import RequestState
+from ctlwire.testing import EngineHarness, TransitionRecorder
 from ctlwire.transports.envelope import NO_DEADLINE, Reply, Request
 from ctlwire.transports.memory import MemoryClientTransport
 from ctlwire.transports.transport import TransportEvent

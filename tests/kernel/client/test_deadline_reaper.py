@@ -21,8 +21,8 @@ from ctlwire.kernel.core.admission_queue import AdmissionQueue, Ticket
 from ctlwire.kernel.core.request_registry import RequestRegistry
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import RequestTimedOut
-from ctlwire.kernel.testing import EngineHarness, virtual_backend
 from ctlwire.states import RequestState, TicketState
+from ctlwire.testing import EngineHarness, virtual_backend
 
 SLACK = DeadlineReaper.REBUILD_SLACK
 

@@ -21,8 +21,8 @@ from ctlwire.kernel.errors import (
     RequestTimedOut,
     RequestTooLarge,
 )
-from ctlwire.kernel.testing import EngineHarness
 from ctlwire.states import TicketState
+from ctlwire.testing import EngineHarness
 from ctlwire.transports.envelope import Envelope, Request
 from ctlwire.transports.errors import WouldBlock
 from ctlwire.transports.transport import ClientTransport, TransportEvent
@@ -641,7 +641,7 @@ def test_salvage_id_reads_the_head_of_a_frame_too_deep_to_decode(codec_name: str
 # -- 13. keys generate does not overwrite ---------------------------------------------------------
 def test_keys_generate_refuses_to_overwrite_without_force(
         tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    from ctlwire.kernel.app.cli import main
+    from ctlwire.app.cli import main
 
     assert main(["keys", "generate", str(tmp_path), "api"]) == 0
     public = (tmp_path / "api.key").read_bytes()

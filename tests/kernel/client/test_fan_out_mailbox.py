@@ -10,8 +10,8 @@ import pytest
 from ctlwire.kernel.core.admission_queue import AdmissionQueue, Ticket
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import FanOutFailed, RequestTimedOut
-from ctlwire.kernel.testing import EngineHarness, virtual_backend
 from ctlwire.states import TicketEvent, TicketState
+from ctlwire.testing import EngineHarness, virtual_backend
 from ctlwire.transports.envelope import Request
 from ctlwire.transports.memory import MemoryClientTransport
 

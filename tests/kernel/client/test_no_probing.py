@@ -16,10 +16,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 CLIENT_SIDE = (
-    "kernel/client/*.py", "kernel/liveness_monitor.py", "kernel/metrics.py",
+    "kernel/client/*.py", "kernel/observability/metrics.py",
     "kernel/core/request_registry.py", "kernel/primitives/*.py", "transports/transport.py",
     "transports/memory.py", "transports/zmq_client*.py", "transports/zmq_per_rank_client.py",
-    "transports/zmq_socket.py", "transports/task_waits.py", "transports/testing/*.py",
+    "transports/zmq_socket.py", "transports/task_waits.py", "testing/faults/*.py",
 )
 PROBES = frozenset({"getattr", "hasattr", "signature"})
 

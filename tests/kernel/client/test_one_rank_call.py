@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
-from ctlwire.kernel.testing import EngineHarness
+from ctlwire.testing import EngineHarness
 
 pytestmark = [pytest.mark.anyio, pytest.mark.ctlwire_virtual_clock]
 

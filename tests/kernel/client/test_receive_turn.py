@@ -17,8 +17,8 @@ from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.request_registry import PendingRequest
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import ClientClosed, RequestTimedOut
-from ctlwire.kernel.testing import EngineHarness
 from ctlwire.states import TurnState
+from ctlwire.testing import EngineHarness
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
 

@@ -22,8 +22,8 @@ from ctlwire.kernel.core.peer_table import PeerTable, Progress
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import NotDelivered, OutcomeUnknown
-from ctlwire.kernel.testing import EngineHarness, TransitionRecorder
 from ctlwire.states import PeerState, RequestEvent, RequestState
+from ctlwire.testing import EngineHarness, TransitionRecorder
 from ctlwire.transports.codec import JsonCodec, MsgpackCodec, PayloadTypeError
 from ctlwire.transports.envelope import Envelope
 from ctlwire.transports.transport import ClientTransport, TransportEvent

@@ -24,8 +24,8 @@ from ctlwire.kernel.core.operation_plan import (
     new_operation_id,
 )
 from ctlwire.kernel.core.operation_result import ProgressEvent
-from ctlwire.kernel.testing.operation_explorer import OperationViolation, explore, main
 from ctlwire.states import IllegalTransition, OperationState, RankState
+from ctlwire.testing.operation_explorer import OperationViolation, explore, main
 
 _R = RankState
 _O = OperationState

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.app.engine_fleet import EngineFleet
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.envelope import Reply, Request
 

@@ -11,8 +11,8 @@ import pytest
 
 from ctlwire.kernel.engine.endpoint import EngineEndpoint, ErrorCode
 from ctlwire.kernel.errors import RemoteError
-from ctlwire.kernel.testing import EngineHarness, virtual_backend
 from ctlwire.states import InboundState
+from ctlwire.testing import EngineHarness, virtual_backend
 from ctlwire.transports.envelope import Reply, Request
 from ctlwire.transports.memory import MemoryNetwork
 from ctlwire.transports.transport import Received

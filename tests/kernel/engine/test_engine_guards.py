@@ -1,7 +1,7 @@
 """The engine's own guards never end it: an unexpected exception while receiving
 (decoding) a frame, dispatching a request, sending a reply or sending a
 heartbeat is counted, and the next call is answered -- under ``poll()``,
-``serve()`` and a :class:`~ctlwire.kernel.busy_loop.BusyLoop` (real zmq sockets
+``serve()`` and a :class:`~ctlwire.kernel.engine.busy_loop.BusyLoop` (real zmq sockets
 over ipc, the engine in this process so that each fault is injected exactly
 once where it is meant to be)."""
 
@@ -19,8 +19,8 @@ import anyio.to_thread
 import pytest
 from forwarding_transport import Forwarding
 
-from ctlwire.kernel.busy_loop import BusyLoop
 from ctlwire.kernel.client.control_client import ControlClient
+from ctlwire.kernel.engine.busy_loop import BusyLoop
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import RequestTimedOut
 from ctlwire.transports.envelope import Envelope, Heartbeat

@@ -11,7 +11,7 @@ import anyio
 import pytest
 from raw_peer import CODEC, RawPeer, attacker, engine, error_type, ipc, value
 
-from ctlwire.kernel.app.operation_engine import Pause, UpdateWeights
+from ctlwire.app.operation_engine import Pause, UpdateWeights
 from ctlwire.kernel.core.fencing import new_fence
 from ctlwire.kernel.core.operation_plan import step_key
 from ctlwire.kernel.engine.operation_ledger import (
@@ -64,7 +64,7 @@ async def test_a_take_over_while_a_step_runs_is_refused_step_in_flight(
     loop's thread, an async one, one in a worker thread); a successor's take-over
     is refused at once, the fence not moved, and the step is not answered yet."""
     address = ipc(tmp_path)
-    methods = ["--methods", f"ctlwire.kernel.app.operation_engine:{steps}"]
+    methods = ["--methods", f"ctlwire.app.operation_engine:{steps}"]
     with engine(address, mode, ["--backend", anyio_backend, *methods]):
         peer = attacker(raw_peer, address)
         fence = new_fence()

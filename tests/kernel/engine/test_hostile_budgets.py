@@ -13,7 +13,7 @@ import anyio
 import pytest
 from raw_peer import CODEC, METRICS, RawPeer, attacker, engine, error_type, ipc, value
 
-from ctlwire.kernel.app.operation_engine import RestoreWeights, weight_update_plan
+from ctlwire.app.operation_engine import RestoreWeights, weight_update_plan
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_plan import step_key
 from ctlwire.kernel.core.operation_result import ProgressEvent
@@ -23,14 +23,14 @@ from ctlwire.kernel.engine.operation_ledger import (
     LastOperation,
     StepRequest,
 )
-from ctlwire.kernel.operation_runner import OperationRunner
+from ctlwire.kernel.operations.runner import OperationRunner
 from ctlwire.states import OperationState, RankState
 from ctlwire.transports.envelope import Reply
 from ctlwire.transports.zmq_client import ZmqDealerClientTransport
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
 
-OPERATIONS = ["--methods", "ctlwire.kernel.app.operation_engine:register"]
+OPERATIONS = ["--methods", "ctlwire.app.operation_engine:register"]
 ANSWER = 10.0  # what a live engine answers well within; a deaf one never does
 
 

@@ -14,7 +14,7 @@ import pytest
 import zmq
 from raw_peer import CODEC, METRICS, NIL, ipc
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.app.engine_fleet import EngineFleet
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.transports.envelope import Reply, Request
 from ctlwire.transports.zmq_client import ZmqDealerClientTransport

@@ -15,7 +15,7 @@ import pytest
 from ctlwire.kernel.core.result_cache import ResultCache
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.errors import Fenced, RemoteError, RequestTimedOut
-from ctlwire.kernel.testing import EngineHarness
+from ctlwire.testing import EngineHarness
 from ctlwire.transports.envelope import Reply, Request
 from ctlwire.transports.memory import MemoryEngineTransport, MemoryNetwork
 from ctlwire.transports.transport import Received

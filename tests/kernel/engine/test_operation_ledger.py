@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from ctlwire.kernel.app.operation_engine import Fault, register, weight_update_plan
+from ctlwire.app.operation_engine import Fault, register, weight_update_plan
 from ctlwire.kernel.core.operation_core import StepOutcome
 from ctlwire.kernel.core.operation_plan import OperationPlan, OperationStep, StepCall
 from ctlwire.kernel.core.operation_result import ProgressEvent
@@ -35,9 +35,9 @@ from ctlwire.kernel.errors import (
     RemoteError,
     RequestTimedOut,
 )
-from ctlwire.kernel.operation_runner import OperationRunner, ReleaseRefused, classify
-from ctlwire.kernel.testing import EngineHarness
+from ctlwire.kernel.operations.runner import OperationRunner, ReleaseRefused, classify
 from ctlwire.states import OperationState, RankState
+from ctlwire.testing import EngineHarness
 from ctlwire.transports.codec import MsgpackCodec
 
 CODEC = MsgpackCodec()
@@ -245,7 +245,7 @@ async def test_quarantine_is_visible_in_the_snapshot_and_prometheus() -> None:
     prometheus_client = pytest.importorskip("prometheus_client")
     CollectorRegistry = prometheus_client.CollectorRegistry
 
-    from ctlwire.kernel.metrics import PrometheusExporter, snapshot
+    from ctlwire.kernel.observability.metrics import PrometheusExporter, snapshot
 
     async with EngineHarness(ranks=2, setup=lambda ep: register(ep)) as h:
         runner = OperationRunner(h.client)

@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
-from ctlwire.kernel.app.operation_engine import RestoreWeights, weight_update_plan
+from ctlwire.app.engine_fleet import EngineFleet
+from ctlwire.app.operation_engine import RestoreWeights, weight_update_plan
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.core.operation_plan import new_fence, new_operation_id
 from ctlwire.kernel.core.operation_result import ProgressEvent
 from ctlwire.kernel.engine.operation_ledger import STEP_METHOD
 from ctlwire.kernel.errors import RemoteError
-from ctlwire.kernel.operation_runner import OperationRunner
+from ctlwire.kernel.operations.runner import OperationRunner
 from ctlwire.states import OperationState, RankState
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.zmq_client import ZmqRouterClientTransport
@@ -31,7 +31,7 @@ from ctlwire.transports.zmq_client import ZmqRouterClientTransport
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
 N = 2
-METHODS = "ctlwire.kernel.app.operation_engine:register"
+METHODS = "ctlwire.app.operation_engine:register"
 CODEC = MsgpackCodec()
 
 

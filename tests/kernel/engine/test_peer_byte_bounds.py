@@ -13,7 +13,7 @@ import anyio
 import pytest
 import zmq
 
-from ctlwire.kernel.app.engine_fleet import EngineFleet
+from ctlwire.app.engine_fleet import EngineFleet
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.transports.codec import MsgpackCodec

@@ -22,7 +22,7 @@ import zmq
 from test_request_kinds import check, methods, requests  # the same stream and methods
 
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
-from ctlwire.kernel.tracing import current_trace
+from ctlwire.kernel.observability.tracing import current_trace
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.envelope import Heartbeat, Reply, Request
 from ctlwire.transports.errors import TransportClosed

@@ -22,9 +22,9 @@ import anyio
 import anyio.to_thread
 import pytest
 
+from ctlwire.conformance.report import CODEC
+from ctlwire.conformance.wire import HarnessClient
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
-from ctlwire.transports.conformance_report import CODEC
-from ctlwire.transports.conformance_wire import HarnessClient
 from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
 
 pytestmark = [pytest.mark.timeout(60)]

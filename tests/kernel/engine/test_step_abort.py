@@ -25,9 +25,9 @@ from ctlwire.kernel.engine.operation_ledger import (
 )
 from ctlwire.kernel.engine.step_refusals import Fenced
 from ctlwire.kernel.errors import OutcomeUnknown
-from ctlwire.kernel.operation_runner import OperationRunner
-from ctlwire.kernel.testing import EngineHarness
+from ctlwire.kernel.operations.runner import OperationRunner
 from ctlwire.states import OperationState, RankState
+from ctlwire.testing import EngineHarness
 from ctlwire.transports.codec import MsgpackCodec
 
 CODEC = MsgpackCodec()

@@ -9,8 +9,8 @@ import os
 import time
 from collections.abc import Callable
 
-from ctlwire.kernel.app import operation_engine
-from ctlwire.kernel.app.engine_process import stepping_methods
+from ctlwire.app import operation_engine
+from ctlwire.app.engine_process import stepping_methods
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 
 

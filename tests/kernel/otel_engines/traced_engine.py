@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from ctlwire.kernel import EngineEndpoint, OperationLedger
-from ctlwire.kernel.otel import traced
+from ctlwire.kernel.observability.otel import traced
 
 EXPORTER = InMemorySpanExporter()
 

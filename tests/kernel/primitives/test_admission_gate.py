@@ -10,7 +10,7 @@ import pytest
 
 from ctlwire.kernel import AdmissionGate, ClientClosed, RequestTimedOut
 from ctlwire.kernel.core.admission_queue import Ticket
-from ctlwire.kernel.testing import virtual_backend
+from ctlwire.testing import virtual_backend
 
 pytestmark = pytest.mark.anyio
 

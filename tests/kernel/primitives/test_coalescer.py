@@ -10,7 +10,7 @@ import pytest
 
 from ctlwire.kernel import Coalescer, FanOutFailed, NotDelivered, RequestTimedOut, SharedOutcome
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
-from ctlwire.kernel.testing import EngineHarness, virtual_backend
+from ctlwire.testing import EngineHarness, virtual_backend
 
 pytestmark = pytest.mark.anyio
 

@@ -17,8 +17,8 @@ from ctlwire.kernel import (
     RequestTimedOut,
 )
 from ctlwire.kernel.core.request_registry import PendingRequest, ReplyDisposition
-from ctlwire.kernel.testing import virtual_backend
 from ctlwire.states import RequestEvent, RequestState
+from ctlwire.testing import virtual_backend
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.envelope import ErrorInfo
 

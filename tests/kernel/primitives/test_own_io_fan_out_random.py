@@ -17,7 +17,7 @@ from ctlwire.kernel import (
     OwnIoFanOut,
     RequestTimedOut,
 )
-from ctlwire.kernel.testing import virtual_backend
+from ctlwire.testing import virtual_backend
 
 pytestmark = pytest.mark.anyio
 
