@@ -1,4 +1,6 @@
-"""The module import graph of ctlwire's packages has no circle.
+"""The module import graph of ctlwire's packages has no circle, and its imports point
+one way: ``states`` <- ``transports`` <- ``kernel`` (the library) <- everything around it
+(``app``, ``testing``, ``conformance``, ``integrations``, ``benchmarks``).
 
 Every ``import`` in a module's source counts -- at module level, inside a
 function (a lazy import) and under ``if TYPE_CHECKING:`` -- because each one
@@ -19,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-PACKAGES = ("ctlwire.kernel", "ctlwire.transports", "ctlwire.states", "ctlwire.integrations")
+PACKAGES = ("ctlwire.kernel", "ctlwire.transports", "ctlwire.states", "ctlwire.integrations",
+            "ctlwire.app", "ctlwire.testing", "ctlwire.conformance")
 
 # Known edges that still close a circle. Empty: keep it so. An entry would have
 # to name a real edge (checked below), and none may be added for new code.
@@ -124,8 +127,9 @@ def test_the_graph_sees_every_kind_of_import(graph: dict[str, set[str]]) -> None
     # a module-level import, a TYPE_CHECKING one and a lazy one inside a function
     assert "ctlwire.kernel.client.call_issuer" in graph["ctlwire.kernel.client.control_client"]
     assert "ctlwire.kernel.core.fan_out_result" in graph["ctlwire.kernel.errors"]  # TYPE_CHECKING
-    assert "ctlwire.kernel.metrics" in graph["ctlwire.kernel.client.control_client"]  # lazy
-    assert "ctlwire.kernel.core.request_registry" in graph["ctlwire.kernel.metrics"]  # module level
+    metrics = "ctlwire.kernel.observability.metrics"
+    assert metrics in graph["ctlwire.kernel.client.control_client"]  # lazy
+    assert "ctlwire.kernel.core.request_registry" in graph[metrics]  # module level
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -144,7 +148,7 @@ def test_the_mailbox_does_not_import_the_client(graph: dict[str, set[str]]) -> N
 def test_the_client_parts_import_nothing_that_imports_the_client(
         graph: dict[str, set[str]]) -> None:
     client = "ctlwire.kernel.client.control_client"
-    for part in ("client.call_issuer", "client.deadline_reaper", "liveness_monitor",
+    for part in ("client.call_issuer", "client.deadline_reaper", "client.liveness_monitor",
                  "client.fan_out_mailbox", "client.receiver", "client.rank_roster",
                  "core.peer_table", "core.request_registry"):
         assert client not in graph[f"ctlwire.kernel.{part}"], part
@@ -199,10 +203,11 @@ def test_the_import_graph_has_no_circle(graph: dict[str, set[str]]) -> None:
 def test_metrics_imports_none_of_what_it_reads(graph: dict[str, set[str]]) -> None:
     # metrics reads a client, an endpoint and a runner through Protocols; each of
     # them imports metrics (or the built-in method names), never the other way
-    for module in ("control_client", "engine.endpoint", "operation_runner"):
-        assert f"ctlwire.kernel.{module}" not in graph["ctlwire.kernel.metrics"], module
-    assert graph["ctlwire.kernel.builtin_methods"] == set()
-    assert "ctlwire.kernel.metrics" not in graph["ctlwire.kernel.engine.endpoint"]
+    metrics = "ctlwire.kernel.observability.metrics"
+    for module in ("client.control_client", "engine.endpoint", "operations.runner"):
+        assert f"ctlwire.kernel.{module}" not in graph[metrics], module
+    assert graph["ctlwire.kernel.engine.builtin_methods"] == set()
+    assert "ctlwire.kernel.observability.metrics" not in graph["ctlwire.kernel.engine.endpoint"]
 
 
 def test_a_circle_is_found_where_one_is_put_back(graph: dict[str, set[str]]) -> None:
@@ -210,9 +215,9 @@ def test_a_circle_is_found_where_one_is_put_back(graph: dict[str, set[str]]) -> 
     # this file once excused) closes a circle with the client's lazy import
     assert _circles(graph) == []
     back = {v: set(targets) for v, targets in graph.items()}
-    back["ctlwire.kernel.metrics"].add("ctlwire.kernel.client.control_client")
-    assert any("ctlwire.kernel.metrics" in c and "ctlwire.kernel.client.control_client" in c
-               for c in _circles(back))
+    back["ctlwire.kernel.observability.metrics"].add("ctlwire.kernel.client.control_client")
+    assert any({"ctlwire.kernel.observability.metrics", "ctlwire.kernel.client.control_client"}
+               <= set(c) for c in _circles(back))
 
 
 # third-party modules the packages may import without declaring them as dependencies:
@@ -225,13 +230,13 @@ OPTIONAL_IMPORTS: dict[str, tuple[str, frozenset[str]]] = {
     "opentelemetry": ("the tracing extra (OpenTelemetry spans)", frozenset()),
     "httpx": ("the etcd extra (membership through etcd's JSON gateway)", frozenset()),
     "pytest": ("the pytest plugin, loaded by pytest itself",
-               frozenset({"ctlwire.kernel.testing.pytest_plugin"})),
+               frozenset({"ctlwire.testing.pytest_plugin"})),
     "torch": ("the torch extra (a real engine and its trainer, imported only by name)",
-              frozenset({"ctlwire.kernel.app.torch_engine",
-                         "ctlwire.kernel.app.torch_weight_sync",
-                         "ctlwire.kernel.app.torch_model",
-                         "ctlwire.kernel.app.torch_messages",
-                         "ctlwire.kernel.app.torch_demo"})),
+              frozenset({"ctlwire.app.torch_engine",
+                         "ctlwire.app.torch_weight_sync",
+                         "ctlwire.app.torch_model",
+                         "ctlwire.app.torch_messages",
+                         "ctlwire.app.torch_demo"})),
 }
 
 
@@ -289,11 +294,94 @@ def test_every_third_party_import_is_a_declared_dependency() -> None:
         assert not at_top, f"{module} ({reason}) imported at module level by {at_top}"
 
 
-MAX_MODULE_LINES = 500
+# The library's layers, innermost first, and the ctlwire packages each may import.
+# Pure and synchronous states import nothing of ctlwire; transports move frames and
+# know no request state; the kernel composes both. Nothing of the library imports
+# what is built around it (app, testing, conformance, integrations, benchmarks).
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "states": frozenset({"states"}),
+    "transports": frozenset({"transports"}),
+    "kernel": frozenset({"kernel", "transports", "states"}),
+}
+
+# Names a library facade re-exports, lazily, from a package built around it: the
+# tools users reach for beside the API (``from ctlwire.kernel import EngineHarness``).
+# Loaded on first use only; no library module imports them.
+FACADE_RE_EXPORTS: dict[str, frozenset[str]] = {
+    "ctlwire.kernel": frozenset({"EngineFleet", "EngineProcess", "EngineStartError",
+                                 "EngineHarness", "TransitionRecorder", "virtual_backend"}),
+    "ctlwire.transports": frozenset({"FaultPlan", "FaultyClientTransport",
+                                     "FaultyEngineTransport"}),
+}
 
 
-def test_no_library_module_is_over_500_lines() -> None:
-    modules, _ = _modules()
-    long = {name for name, path in modules.items()
-            if len(path.read_text().splitlines()) > MAX_MODULE_LINES}
-    assert long == set(), sorted(long)
+def _layer(module: str) -> str:
+    return module.split(".")[1] if module.startswith("ctlwire.") else ""
+
+
+def _ctlwire_imports(module: str, is_package: bool, source: str) -> set[str]:
+    """Every ctlwire module or package ``source`` names in an import (lazy ones and
+    those under ``if TYPE_CHECKING:`` included)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            found.add(_resolve(module, is_package, node))
+    return {name for name in found if name.startswith("ctlwire.")}
+
+
+def _wrong_way(imports: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) pairs of library modules importing against the layers."""
+    return sorted((module, target) for module, targets in imports.items()
+                  for target in targets
+                  if _layer(module) in MAY_IMPORT
+                  and _layer(target) not in MAY_IMPORT[_layer(module)])
+
+
+def _library_imports() -> dict[str, set[str]]:
+    imports: dict[str, set[str]] = {}
+    for package in ("ctlwire.states", "ctlwire.transports", "ctlwire.kernel"):
+        spec = importlib.util.find_spec(package)
+        assert spec is not None and spec.submodule_search_locations
+        root = Path(next(iter(spec.submodule_search_locations)))
+        for path in sorted(root.rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            is_package = parts[-1] == "__init__"
+            name = ".".join((package, *(parts[:-1] if is_package else parts)))
+            targets = _ctlwire_imports(name, is_package, path.read_text())
+            if is_package:  # a facade's lazy re-exports are checked on their own below
+                exports = _lazy_exports(name)
+                targets -= set(exports.values())
+            imports[name] = targets
+    return imports
+
+
+def test_the_library_imports_point_one_way() -> None:
+    imports = _library_imports()
+    assert {"ctlwire.states.operation", "ctlwire.transports.codec",
+            "ctlwire.kernel.client.control_client"} <= set(imports)
+    assert _wrong_way(imports) == []
+
+
+def test_a_library_facade_re_exports_from_outside_only_what_is_listed() -> None:
+    for package in ("ctlwire.states", "ctlwire.transports", "ctlwire.kernel",
+                    "ctlwire.kernel.primitives"):
+        outside = {name for name, module in _lazy_exports(package).items()
+                   if _layer(module) not in MAY_IMPORT[_layer(package)]}
+        assert outside == FACADE_RE_EXPORTS.get(package, frozenset()), package
+
+
+def test_an_import_against_the_layers_is_found() -> None:
+    # the check is not vacuous: each kind of wrong-way import is reported
+    wrong = {"ctlwire.states.operation": {"ctlwire.transports.codec"},
+             "ctlwire.transports.codec": {"ctlwire.states.operation"},
+             "ctlwire.kernel.errors": {"ctlwire.testing.faults", "ctlwire.transports.errors"},
+             "ctlwire.kernel.engine.endpoint": {"ctlwire.benchmarks.fleets"}}
+    assert _wrong_way(wrong) == [
+        ("ctlwire.kernel.engine.endpoint", "ctlwire.benchmarks.fleets"),
+        ("ctlwire.kernel.errors", "ctlwire.testing.faults"),
+        ("ctlwire.states.operation", "ctlwire.transports.codec"),
+        ("ctlwire.transports.codec", "ctlwire.states.operation")]
+    lazy = "def f():\n    from ctlwire.app.cli import main\n"
+    assert _ctlwire_imports("ctlwire.kernel.x", False, lazy) == {"ctlwire.app.cli"}
