@@ -34,7 +34,7 @@ Run 'ctlwire COMMAND --help' for a command's options.
 
 def _default_diagrams_dir() -> Path:
     """``diagrams/`` of the source checkout when run from one, else ``./diagrams``."""
-    here = Path(__file__).resolve().parents[2]
+    here = Path(__file__).resolve().parents[1]
     if (here / "pyproject.toml").exists() and (here / "states").is_dir():
         return here / "diagrams"
     return Path.cwd() / "diagrams"

@@ -184,7 +184,7 @@ def format_report(cfg: DemoConfig, report: DemoReport) -> str:
                else "never")
         lines.append(f"  engine death: rank {report.killed_rank} killed with SIGKILL, "
                      f"EngineDead after {det}; the other ranks kept serving")
-    diagrams = Path(__file__).resolve().parents[2] / "diagrams"
+    diagrams = Path(__file__).resolve().parents[1] / "diagrams"
     where = diagrams if (diagrams / "README.md").exists() else "run 'ctlwire diagrams'"
     lines.append(f"  state diagrams: {where}")
     lines.append(f"  wall time {report.wall_seconds:.1f} s on {os.cpu_count()} cores, "

@@ -14,10 +14,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from ctlwire.transports import _moved_modules
 from ctlwire.transports._lazy_exports import lazy_exports
 
 # nothing is printed unless the application configures logging (see ctlwire.kernel)
 logging.getLogger("ctlwire").addHandler(logging.NullHandler())
+# modules that moved keep their old names for the deprecation period, with a warning
+_moved_modules.install()
 
 # The one list of exported names (see ctlwire.transports._lazy_exports): __all__
 # and the lazy imports are derived from it; type checkers read it as re-exports.
