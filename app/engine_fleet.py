@@ -91,29 +91,37 @@ class EngineFleet:
                  tb: TracebackType | None) -> None:
         self.stop()
 
-    def _spawn(self, rank: int) -> EngineProcess:
-        # an engine stops by itself if this process dies without stopping it
+    def spawn(self, rank: int) -> EngineProcess:
+        """Start ``rank``'s process and record it in :attr:`engines`, without waiting for
+        it (see :meth:`await_ready`). The engine stops by itself if this process dies
+        without stopping it."""
         argv = [self.python, "-m", "ctlwire.app.engine_process", "--rank", str(rank),
                 "--exit-with-parent", str(os.getpid()), *self.args_for(rank)]
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=None, text=True, env=env,
                                 start_new_session=True)
-        return EngineProcess(rank, argv, proc)
+        engine = self.engines[rank] = EngineProcess(rank, argv, proc)
+        return engine
 
     def start(self) -> None:
         """Spawn every rank, then wait for all of them to be READY."""
         for rank in self.ranks:
-            self.engines[rank] = self._spawn(rank)
+            self.spawn(rank)
         for rank in self.ranks:
-            self._await_ready(self.engines[rank])
+            self.await_ready(rank)
 
-    def _await_ready(self, engine: EngineProcess) -> None:
+    def await_ready(self, rank: int) -> EngineProcess:
+        """Wait until the process :meth:`spawn` started for ``rank`` reports READY; its
+        incarnation and output are set then. EngineStartError after ``ready_timeout``
+        (the process is stopped)."""
+        engine = self.engines[rank]
         try:
             engine.incarnation, engine.output = _read_ready(engine.proc, self.ready_timeout)
         except EngineStartError:
             self._reap(engine, grace=0.0)
             raise
+        return engine
 
     def kill(self, rank: int, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to ``rank`` (SIGKILL by default: a crash) and reap it."""
@@ -127,9 +135,8 @@ class EngineFleet:
         old = self.engines.get(rank)
         if old is not None and old.alive:
             self._reap(old, grace=2.0)
-        engine = self.engines[rank] = self._spawn(rank)
-        self._await_ready(engine)
-        return engine
+        self.spawn(rank)
+        return self.await_ready(rank)
 
     def _reap(self, engine: EngineProcess, grace: float) -> None:
         proc = engine.proc

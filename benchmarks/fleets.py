@@ -112,10 +112,10 @@ class FleetPool:
         self._started.update(names)
         for fleet in todo:
             for rank in fleet.ranks:
-                fleet.engines[rank] = fleet._spawn(rank)
+                fleet.spawn(rank)
         for fleet in todo:
             for rank in fleet.ranks:
-                fleet._await_ready(fleet.engines[rank])
+                fleet.await_ready(rank)
 
     def pids(self, name: str) -> list[int]:
         """The process ids of the started fleet ``name``, by rank."""

@@ -319,9 +319,8 @@ def _hostile(fleet: EngineFleet, address: str) -> Event:
             # a frozen engine, replaced by a new process, then thawed
             os.kill(old.pid, signal.SIGSTOP)
             restart = anyio.current_time()
-            new = await anyio.to_thread.run_sync(fleet._spawn, THAW_RANK)
-            fleet.engines[THAW_RANK] = new
-            await anyio.to_thread.run_sync(fleet._await_ready, new)
+            await anyio.to_thread.run_sync(fleet.spawn, THAW_RANK)
+            new = await anyio.to_thread.run_sync(fleet.await_ready, THAW_RANK)
             with anyio.move_on_after(15):  # the client admitted the new incarnation
                 while client.peers.peers[THAW_RANK].incarnation != new.incarnation:
                     await anyio.sleep(0.005)

@@ -117,6 +117,11 @@ class EngineHarness:
         await tg.__aexit__(None, None, None)
         return await self.client.__aexit__(exc_type, exc, tb)
 
+    @property
+    def running(self) -> bool:
+        """Inside its ``async with``: engines and client started, not yet exited."""
+        return self._tg is not None
+
     def endpoint(self, rank: int) -> EngineEndpoint:
         transport: EngineTransport = self.network.engine_transport(rank)
         if self.wrap_engine is not None:

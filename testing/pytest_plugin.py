@@ -174,6 +174,6 @@ def ctlwire_harness(transition_recorder: TransitionRecorder
 
     yield make
     for harness in made:
-        assert harness._tg is None, "an EngineHarness from ctlwire_harness was not exited"
+        assert not harness.running, "an EngineHarness from ctlwire_harness was not exited"
     if made:
         transition_recorder.assert_all_cleaned()

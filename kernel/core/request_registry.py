@@ -38,25 +38,47 @@ Guarantees:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from ctlwire.kernel.core.fan_out_policy import Decision, Policy, decide
 from ctlwire.kernel.core.request_id import RequestIdAllocator
-from ctlwire.kernel.core.tombstone import Tomb
 from ctlwire.kernel.errors import NotDelivered
 from ctlwire.states import CONTROL_REQUEST_TABLE, RequestEvent, RequestState
 from ctlwire.transports.envelope import Reply
 
-__all__ = ["PendingRequest", "RegistryStats", "ReplyDisposition", "RequestRegistry",
+__all__ = ["PendingRequest", "RegistryStats", "ReplyDisposition", "RequestRegistry", "Tomb",
            "TransitionObserver", "Waiter"]
 
 _S = RequestState
 _E = RequestEvent
 _OPEN = frozenset({_S.REGISTERED, _S.SENT, _S.AWAITING})
 _TERMINAL = CONTROL_REQUEST_TABLE.terminal
+
+
+class Tomb:
+    """What is left of a cleaned request: the ranks it addressed and those that answered.
+
+    A late or duplicate reply to a cleaned request is told apart by its tombstone.
+    ``answered`` only ever holds ranks of ``ranks``, so a tombstone's size is
+    bounded by its request's fan-out whatever replies arrive later. A request
+    every rank answered leaves no set of its own (made on first use)."""
+
+    __slots__ = ("_answered", "ranks")
+
+    def __init__(self, ranks: tuple[int, ...], answered: set[int] | None) -> None:
+        self.ranks = ranks
+        self._answered = answered  # None: every rank of ``ranks`` answered
+
+    @property
+    def answered(self) -> set[int]:
+        answered = self._answered
+        if answered is None:
+            answered = self._answered = set(self.ranks)
+        return answered
 
 
 class _Step:
@@ -218,6 +240,12 @@ class RequestRegistry:
     @property
     def tombstone_count(self) -> int:
         return len(self._tombstones)
+
+    @property
+    def tombstones(self) -> Mapping[int, Tomb]:
+        """The tombstones kept, oldest first: request id -> :class:`Tomb` (a read-only
+        view; at most ``max_tombstones``)."""
+        return MappingProxyType(self._tombstones)
 
     def get(self, request_id: int) -> PendingRequest | None:
         return self._live.get(request_id)

@@ -51,7 +51,6 @@ Guarantees, on top of the core's:
 
 from __future__ import annotations
 
-import inspect
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -110,9 +109,7 @@ class OperationRunner:
         self.counters: dict[str, int] = {"operations": 0, "committed": 0, "aborted": 0,
                                          "degraded": 0, "superseded": 0, "quarantines": 0,
                                          "released": 0}
-        params = inspect.signature(client.fan_out).parameters
-        self._envelope_fields = (envelope_fields and "idempotency_key" in params
-                                 and "fence" in params)
+        self._envelope_fields = envelope_fields
 
     # -- routing -----------------------------------------------------------------
     @property

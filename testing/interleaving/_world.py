@@ -335,14 +335,13 @@ def _key(w: _World) -> tuple[Any, ...]:
             None if c.entry is None else _entry_key(c.entry),
             tuple(sorted(c.frames.items())), tuple(sorted(c.deliveries.items()))))
     reg = w.registry
-    tombs: Any = getattr(reg, "_tombstones", {})
     q = w.queue
     co = w.coalescer
     shared = co.get(_KEY) if co is not None else None
     return (tuple(callers),
             None if co is None else (None if shared is None else shared.id, co.tracked),
             tuple(sorted(_entry_key(e) for e in reg.live())),
-            tuple((rid, tuple(sorted(t.answered))) for rid, t in tombs.items()),
+            tuple((rid, tuple(sorted(t.answered))) for rid, t in reg.tombstones.items()),
             None if q is None else (None if q.holder is None else q.holder.seq,
                                     tuple(t.seq for t in q.queued()), _atoms(q, _QUEUE_SKIP)),
             tuple(n for n in w.arrivals if w.by_name[n].pc is not _Pc.DONE),
