@@ -40,6 +40,7 @@ ERROR_TABLE: tuple[tuple[int, str, str], ...] = (
     (501, "AsyncHandlerInPoll", "RemoteError"),
     (505, "UnsupportedProtocolVersion", "UnsupportedProtocolVersion"),
     (507, "CacheFull", "RemoteError"),
+    (507, "ResultNotRetained", "RemoteError"),
     (CONFORMANCE_ERROR[1], CONFORMANCE_ERROR[0], "RemoteError"),
 )
 

@@ -89,6 +89,8 @@ def test_every_error_code_and_decision_step_has_a_case_named_after_its_section()
     assert {c.split("/")[0] for c in ENGINE_CASES + CLIENT_CASES} <= anchors
     rows = {f"error-codes/{code}-{name}" for code, name, _cls in ERROR_TABLE}
     engine_side = rows - {"error-codes/501-AsyncHandlerInPoll",  # a polling engine's only
+                          # needs an outcome larger than the room the engine's cache has
+                          "error-codes/507-ResultNotRetained",
                           "error-codes/599-ConformanceError"} | {
         "error-codes/any-handler-exception"}
     assert set(ENGINE_CASES) >= LANE_CASES | ONE_AT_A_TIME_CASES

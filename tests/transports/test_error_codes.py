@@ -34,6 +34,15 @@ def test_the_table_gives_every_error_type_the_protocol_code() -> None:
         assert getattr(ErrorCode, _constant(type_name)) == code, type_name
 
 
+def test_the_protocol_lists_every_code_of_the_table() -> None:
+    # the protocol's table is held to ERROR_TABLE (tests/protocol/test_conformance.py):
+    # a code the engine answers with must be in both
+    documented = {(_constant(type_name), code) for code, type_name, _cls in ERROR_TABLE}
+    table = {(name, value) for name, value in vars(ErrorCode).items() if name.isupper()}
+    assert len(table) > 20
+    assert table <= documented
+
+
 def _is_code(node: ast.AST | None) -> bool:
     """An integer literal that reads as a code (0 means none)."""
     return isinstance(node, ast.Constant) and type(node.value) is int and node.value >= 100
