@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("kernel", "states", "transports", "benchmarks", "integrations")
+#: the folders src/ctlwire links to (one relative symlink each)
+FOLDERS = tuple(sorted(p.name for p in (ROOT / "src" / "ctlwire").iterdir()))
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -110,7 +111,9 @@ def test_the_wheel_holds_every_module_of_the_tree(dists: dict[str, Path]) -> Non
         names = set(whl.namelist())
     in_wheel = {n for n in names if n.endswith(".py")}
     assert in_wheel == _tree_modules()
-    for folder in ("kernel", "states", "transports", "integrations"):
+    assert {"app", "conformance", "kernel", "states", "testing", "transports"} <= set(FOLDERS)
+    for folder in ("kernel", "states", "transports", "app", "testing", "conformance",
+                   "integrations"):
         assert f"ctlwire/{folder}/py.typed" in names
 
 
