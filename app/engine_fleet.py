@@ -91,12 +91,17 @@ class EngineFleet:
                  tb: TracebackType | None) -> None:
         self.stop()
 
-    def spawn(self, rank: int) -> EngineProcess:
-        """Start ``rank``'s process and record it in :attr:`engines`, without waiting for
-        it (see :meth:`await_ready`). The engine stops by itself if this process dies
-        without stopping it."""
-        argv = [self.python, "-m", "ctlwire.app.engine_process", "--rank", str(rank),
+    def command(self, rank: int) -> list[str]:
+        """``rank``'s command line: ``python -m ctlwire.app.engine_process`` with
+        ``args_for(rank)``; the engine stops by itself if this process dies without
+        stopping it."""
+        return [self.python, "-m", "ctlwire.app.engine_process", "--rank", str(rank),
                 "--exit-with-parent", str(os.getpid()), *self.args_for(rank)]
+
+    def spawn(self, rank: int) -> EngineProcess:
+        """Start ``rank``'s process (:meth:`command`) and record it in :attr:`engines`,
+        without waiting for it (see :meth:`await_ready`)."""
+        argv = self.command(rank)
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=None, text=True, env=env,

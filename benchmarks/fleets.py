@@ -12,12 +12,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
-from ctlwire.app.engine_fleet import EngineFleet, EngineProcess
+from ctlwire.app.engine_fleet import EngineFleet
 
 __all__ = ["BENCH_METHODS", "FleetPool", "ModuleFleet"]
 
@@ -36,13 +35,8 @@ class ModuleFleet(EngineFleet):
         super().__init__(ranks, args_for, ready_timeout=ready_timeout)
         self.module = module
 
-    def _spawn(self, rank: int) -> EngineProcess:
-        argv = [self.python, "-m", self.module, "--rank", str(rank), *self.args_for(rank)]
-        env = dict(os.environ if self.env is None else self.env)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=None, text=True, env=env,
-                                start_new_session=True)
-        return EngineProcess(rank, argv, proc)
+    def command(self, rank: int) -> list[str]:
+        return [self.python, "-m", self.module, "--rank", str(rank), *self.args_for(rank)]
 
 
 class FleetPool:
