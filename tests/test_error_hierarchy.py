@@ -31,7 +31,10 @@ from ctlwire.kernel.errors import remote_error
 from ctlwire.transports.envelope import ErrorInfo
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("ctlwire.kernel", "ctlwire.transports", "ctlwire.states")
+#: the library and what is built around it in this distribution
+PACKAGES = ("ctlwire.kernel", "ctlwire.transports", "ctlwire.states", "ctlwire.app",
+            "ctlwire.testing", "ctlwire.conformance")
+FOLDERS = ("kernel", "transports", "states", "app", "testing", "conformance")
 
 # Not CtlwireErrors, on purpose. ctlwire.states imports nothing of ctlwire (it is pure):
 # its IllegalTransition means a kernel bug, its DiagramUnavailable a missing optional
@@ -86,7 +89,7 @@ def test_every_exception_class_is_a_ctlwire_error() -> None:
 
 def _raised_builtins() -> list[tuple[str, int, str]]:
     sites = []
-    for folder in ("kernel", "transports", "states"):
+    for folder in FOLDERS:
         for path in sorted((ROOT / folder).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if not isinstance(node, ast.Raise) or node.exc is None:
