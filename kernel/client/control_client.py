@@ -40,7 +40,9 @@ Guarantees:
   calls (NotDelivered or OutcomeUnknown); a fan-out already started or queued keeps
   its ranks (a removed one fails NotDelivered, unsent), the mailboxes' FIFO order too.
 * **Fan-out admission** (:class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox`):
-  ``queueing``: first come, first served, one in flight; ``watching``: shared.
+  ``queueing``: first come, first served, one in flight (``pipeline``: up to k
+  in flight, sent to every rank and completed in admission order); ``watching``:
+  shared.
 
 One client runs in one event loop thread, its tasks in its ``async with`` block.
 Its parts: the ranks (:class:`~ctlwire.kernel.client.rank_roster.RankRoster`), the
@@ -113,6 +115,13 @@ class ControlClient:
     join (:meth:`add_rank`) at once instead of waiting for :meth:`admit`.
     ``remote_exceptions``: an engine's error of these classes (None: the builtins')
     is raised as that class and RemoteError in one.
+    ``pipeline``: method -> how many queueing fan-outs of it may be in flight at
+    once (ordered pipelining; default 1: each waits for the one before it to be
+    decided). They are sent in admission order, every rank receives them in that
+    order, and their callers complete in that order
+    (:mod:`~ctlwire.kernel.client.fan_out_mailbox` says what changes for a caller).
+    Choose it for long queues of cheap requests to engines that serve the method
+    serially, in arrival order. ValueError for a depth that is not an int >= 1.
     """
 
     def __init__(
@@ -135,6 +144,7 @@ class ControlClient:
         admission_condition: Callable[[int], bool] | None = None,
         admit_on_join: bool = False,
         remote_exceptions: Collection[type[Exception]] | None = None,
+        pipeline: Mapping[str, int] | None = None,
     ) -> None:
         if not isinstance(transport, ClientTransport):
             raise TypeError(f"{type(transport).__name__} is not a ClientTransport (send_nowait(), "
@@ -178,7 +188,8 @@ class ControlClient:
             first_contact_retry=heartbeat_interval or 0.25,
             exceptions=allowed_exceptions(remote_exceptions))
         self.progress_callbacks = self.issuer.progress_callbacks  # of the calls in flight
-        self.mailboxes = FanOutMailboxes(self.issuer)  # one per method: admission, watching
+        #: one per method: admission (``pipeline``: depths), watching
+        self.mailboxes = FanOutMailboxes(self.issuer, pipeline)
         #: the ranks: present, alive, admissible, and their changes at run time
         self.roster = RankRoster(initial, transport, self.liveness, self._fail_rank,
                                     admission_condition=admission_condition,
@@ -395,7 +406,8 @@ class ControlClient:
         once ``policy`` is met, the present ranks it left out counted against ``ok``
         (unless ``ranks="admissible"``). Raises FanOutFailed when it cannot be
         met, RequestTimedOut (with ``partial``) at the deadline, ClientClosed.
-        ``mode``: ``queueing`` (FIFO, one in flight per method), ``watching``
+        ``mode``: ``queueing`` (FIFO, one in flight per method, or the client's
+        ``pipeline`` depth for it: sent and completed in admission order), ``watching``
         (join a request in flight: ``joins="identical"``, the same payload, ranks
         and policy; ``"any"``, whichever this method has in flight; the result's
         ``joined`` says whether it joined) or ``concurrent`` (no admission);

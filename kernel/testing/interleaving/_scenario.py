@@ -27,8 +27,8 @@ __all__ = [
     "standard_scenarios",
 ]
 
-CHECKS: tuple[str, ...] = ("fifo", "exclusive", "shared", "handoff", "registry", "replies",
-                           "outcomes", "cleanup", "progress")
+CHECKS: tuple[str, ...] = ("fifo", "exclusive", "order", "shared", "handoff", "registry",
+                           "replies", "outcomes", "cleanup", "progress")
 """The named checks, in order of preference between equally short counterexamples."""
 
 _PRIORITY = {name: i for i, name in enumerate((*CHECKS, "crash"))}
@@ -92,7 +92,8 @@ cancellation anywhere, holder raising."""
 @dataclass(frozen=True)
 class Scenario:
     """k callers (1..4, named A, B, C, D in the order given) of one queueing
-    mailbox fanning out to ``ranks`` ranks (1 or 2) under ``policy``.
+    mailbox fanning out to ``ranks`` ranks (1 or 2) under ``policy``, up to
+    ``depth`` requests in flight (the mailbox's pipeline depth, 1 to 4).
 
     ``engine_loss``: the last rank may become unroutable (``unplug R``) and may
     be declared lost (``lose R``), independently, at any time. ``max_tombstones``
@@ -117,11 +118,16 @@ class Scenario:
     max_tombstones: int = 2
     mailbox: bool = True
     watching: bool = False
+    depth: int = 1
     name: str = ""
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.callers) <= len(_NAMES):
             raise ValueError(f"a scenario has 1 to {len(_NAMES)} callers")
+        if not 1 <= self.depth <= len(_NAMES):
+            raise ValueError(f"a scenario's depth is 1 to {len(_NAMES)}")
+        if self.depth > 1 and not self.mailbox:
+            raise ValueError("a pipeline depth needs a mailbox")
         if not 1 <= self.ranks <= 2:
             raise ValueError("a scenario has 1 or 2 ranks")
         if self.watching and self.mailbox:
@@ -143,6 +149,8 @@ class Scenario:
         who = (f"{len(specs)} x [{specs[0]}]" if len(set(specs)) == 1
                else " ".join(f"{_NAMES[i]}[{s}]" for i, s in enumerate(specs)))
         extra = f", {self.ranks} ranks {self.policy.value}" if self.ranks > 1 else ""
+        if self.depth > 1:
+            extra += f", depth {self.depth}"
         if self.engine_loss:
             extra += ", engine loss"
         if self.watching:

@@ -16,9 +16,8 @@ The interleaving explorer must catch each of them with a short counterexample
 * :class:`HandOffOnSendRegistry` -- passes the mailbox on once its frames are out
   (when it starts waiting) instead of at the decision: the next caller's request
   goes out while this one is still undecided (two in flight at once).
-* :class:`SilentLeaveQueue` -- its ``leave`` admits the next caller but does not
-  return it, so nobody wakes it (a lost wake-up; the decision's hand-off is the
-  first ``leave``).
+* :class:`SilentLeaveQueue` -- its ``decide`` and ``leave`` admit the next caller
+  but do not return it, so nobody wakes it (a lost wake-up).
 * :class:`ForgetfulRegistry` -- a registry that forgets ids once their
   tombstone is evicted: a late reply after the eviction is UNKNOWN (ctlwire
   recognises every id it ever issued). Only the full search (no reduction)
@@ -49,14 +48,11 @@ __all__ = ["ForgetfulRegistry", "HandOffOnSendRegistry", "RegisterAfterSendRegis
 class WakeupWindowQueue(AdmissionQueue):
     """Wake-up instead of hand-off (SGLang's bug); see the module docstring."""
 
-    def arrive(self, waiter: Any = None) -> Ticket:
-        self._seq += 1
-        ticket = Ticket(self._seq, waiter)
-        if self.holder is None and not self._queue:  # "looks free": the window
-            self._admit(ticket)
-        else:
-            self._queue[ticket.seq] = ticket
-        return ticket
+    def _admit_next(self) -> Ticket | None:
+        if self.starting is None and self.in_flight < self.holders and self._queue:
+            _, nxt = self._queue.popitem(last=False)
+            return nxt  # woken, NOT admitted: the mailbox looks free meanwhile
+        return None
 
     def resumed(self, ticket: Ticket) -> None:
         if ticket.state is TicketState.QUEUED:  # woken earlier: admitted only now
@@ -68,14 +64,7 @@ class WakeupWindowQueue(AdmissionQueue):
             self._go(ticket, TicketEvent.ABANDON)
             self.abandoned_total += 1
             return None
-        if ticket.state is TicketState.ADMITTED:
-            self._go(ticket, TicketEvent.RELEASE)
-            if self.holder is ticket:
-                self.holder = None
-            if self._queue:
-                _, nxt = self._queue.popitem(last=False)
-                return nxt  # woken, NOT admitted: the mailbox looks free meanwhile
-        return None
+        return super().leave(ticket)
 
 
 class RegisterAfterSendRegistry(RequestRegistry):
@@ -129,12 +118,17 @@ class HandOffOnSendRegistry(RequestRegistry):
         if isinstance(waiter, HandOffWaiter):
             admitted = waiter.queue.leave(waiter.ticket)
             if admitted is not None:
-                admitted.waiter.set()
+                admitted.waiter.set()  # (the holder also waits for its turn: none here)
         return waiting
 
 
 class SilentLeaveQueue(AdmissionQueue):
-    """Admits the next caller on ``leave`` without reporting whom it admitted."""
+    """Admits the next caller on a decision or ``leave`` without reporting whom it
+    admitted."""
+
+    def decide(self, ticket: Ticket) -> Ticket | None:
+        super().decide(ticket)
+        return None
 
     def leave(self, ticket: Ticket) -> Ticket | None:
         super().leave(ticket)
