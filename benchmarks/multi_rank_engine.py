@@ -73,7 +73,8 @@ def serve_ranks(address: str, ranks: Sequence[int], stop: threading.Event, *,
             endpoint.open()
             dealer = endpoint.transport
             assert isinstance(dealer, ZmqDealerEngineTransport)
-            raw = dealer._recv_sock().socket  # this thread owns it; poll it with the rest
+            raw = dealer.receiving_socket  # this thread owns it; poll it with the rest
+            assert raw is not None
             poller.register(raw, zmq.POLLIN)
             by_socket[raw] = endpoint
         print(f"READY {process_index} {endpoints[0].incarnation}", flush=True)

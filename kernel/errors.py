@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from ctlwire.states import IllegalTransition
 from ctlwire.transports.envelope import ErrorInfo
+from ctlwire.transports.error_codes import ErrorCode
 from ctlwire.transports.errors import CtlwireError
-from ctlwire.transports.protocol_version import UNSUPPORTED_VERSION_CODE
 
 if TYPE_CHECKING:
     from ctlwire.kernel.core.fan_out_result import FanOutResult
@@ -174,7 +174,7 @@ class UnsupportedProtocolVersion(NotDelivered):
     delivered until one side is upgraded. Refused heartbeats are counted in
     ``ControlClient.metrics()`` as ``dropped_protocol_version``."""
 
-    code = UNSUPPORTED_VERSION_CODE
+    code = ErrorCode.UNSUPPORTED_PROTOCOL_VERSION
 
 
 class OutcomeUnknown(EngineDead):
@@ -290,11 +290,6 @@ class ReleaseRefused(CtlwireError):
                          "to override)")
 
 
-FENCED_CODE = 409
-BUSY_CODE = 429
-UNKNOWN_METHOD_CODE = 404
-
-
 # raising them on a client would change its control flow (a generator's end, an iterator's)
 _NOT_RAISED = frozenset({"StopIteration", "StopAsyncIteration"})
 
@@ -361,13 +356,13 @@ def remote_error(info: ErrorInfo, *, rank: int | None = None, method: str = "",
     class name in ``type_name``."""
     if info.code == UnsupportedProtocolVersion.code and info.type == "UnsupportedProtocolVersion":
         return UnsupportedProtocolVersion(rank if rank is not None else -1, info.message)
-    if info.code == UNKNOWN_METHOD_CODE and info.type == "UnknownMethod":
+    if info.code == ErrorCode.UNKNOWN_METHOD and info.type == "UnknownMethod":
         return UnknownMethod(info.type, info.message, info.code, rank=rank, method=method,
                              methods=methods)
     cls: type[RemoteError] = RemoteError
-    if info.code == FENCED_CODE and info.type == "Fenced":
+    if info.code == ErrorCode.FENCED and info.type == "Fenced":
         cls = Fenced
-    elif info.code == BUSY_CODE and info.type == "Busy":
+    elif info.code == ErrorCode.BUSY and info.type == "Busy":
         cls = Busy
     else:
         allowed = exceptions.get(info.type)

@@ -31,6 +31,7 @@ from ctlwire.transports.errors import (
 from ctlwire.transports.transport import (
     ClientTransport,
     Dropped,
+    EngineTransport,
     PeerDisconnected,
     Received,
     Route,
@@ -207,8 +208,10 @@ class MemoryClientTransport(_Endpoint, ClientTransport):
         await self.network.engine(rank).deliver((None, data))
 
 
-class MemoryEngineTransport(_Endpoint):
-    """The engine end for one rank. Replies go to the network's client."""
+class MemoryEngineTransport(_Endpoint, EngineTransport):
+    """The engine end for one rank. Replies go to the network's client. It lives in
+    an event loop: a poll loop drives it from a task, never blocking a thread
+    (:meth:`wait_readable` is not offered)."""
 
     def __init__(self, network: MemoryNetwork, rank: int) -> None:
         super().__init__(network)
@@ -228,35 +231,16 @@ class MemoryEngineTransport(_Endpoint):
         self._close_streams()
         self.network.detach(self)
 
-    async def __aenter__(self) -> MemoryEngineTransport:
-        self.open()
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
-
-    def wait_readable(self, timeout: float) -> bool:
-        raise NotImplementedError("the in-memory transport runs inside an event loop; "
-                                  "drive poll() from a task instead of blocking")
-
     def _client(self) -> MemoryClientTransport:
         client = self.network.client
         if client is None or client.closed:
             raise Unroutable(self.rank, "no client transport open")
         return client
 
-    def send_nowait(self, route: Route, envelope: Envelope) -> None:
+    def send_encoded_nowait(self, route: Route, data: bytes) -> None:
         if self.closed:
             raise TransportClosed("engine transport is closed")
-        data = self.codec.encode(envelope)
         self._client().deliver_nowait((self.rank, data))
-
-    async def send(self, route: Route, envelope: Envelope) -> None:
-        if self.closed:
-            raise TransportClosed("engine transport is closed")
-        data = self.codec.encode(envelope)
-        await self._client().deliver((self.rank, data))
 
     def heartbeat_routes(self) -> Iterable[Route]:
         client = self.network.client

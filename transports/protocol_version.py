@@ -10,7 +10,8 @@ is version 1.0 (it was written before versions were announced).
 * A peer announcing another **major** version is refused: a client drops its
   heartbeats and replies (counted) and fails calls to that rank with a typed error;
   an engine answers its requests with ``UnsupportedProtocolVersion``
-  (:data:`UNSUPPORTED_VERSION_CODE`) without running them and drops its heartbeats (counted).
+  (:attr:`~ctlwire.transports.error_codes.ErrorCode.UNSUPPORTED_PROTOCOL_VERSION`)
+  without running them and drops its heartbeats (counted).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ __all__ = [
     "PROTOCOL_MAJOR",
     "PROTOCOL_MINOR",
     "PROTOCOL_VERSION",
-    "UNSUPPORTED_VERSION_CODE",
     "pack_version",
     "supported_version",
     "version_text",
@@ -38,10 +38,6 @@ def pack_version(major: int, minor: int) -> int:
 
 PROTOCOL_VERSION = pack_version(PROTOCOL_MAJOR, PROTOCOL_MINOR)
 """This implementation's version, as it goes on the wire."""
-
-UNSUPPORTED_VERSION_CODE = 505
-"""The error code of an engine's refusal of a request of another major version."""
-
 
 def supported_version(version: int) -> bool:
     """Whether a peer announcing ``version`` (the wire integer) is spoken to."""

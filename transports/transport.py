@@ -12,7 +12,7 @@ Guarantees every implementation gives:
 * ``send_nowait`` never blocks: it raises
   :class:`~ctlwire.transports.errors.WouldBlock` at the high-water mark and
   :class:`~ctlwire.transports.errors.Unroutable` when the rank has no connected
-  peer. ``send`` waits for room instead of raising WouldBlock.
+  peer. A client's ``send`` waits for room instead of raising WouldBlock.
 * A frame that cannot be decoded is reported as :class:`Dropped` (with a
   reply route when one exists) and never ends the receive loop.
 * ``receive`` raises :class:`~ctlwire.transports.errors.TransportClosed` once
@@ -22,15 +22,15 @@ Guarantees every implementation gives:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from types import MappingProxyType, TracebackType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, TypeVar
 
 import msgspec
 
 from ctlwire.transports.codec import Codec
-from ctlwire.transports.envelope import Envelope
+from ctlwire.transports.envelope import Envelope, Heartbeat
 
 __all__ = [
     "ClientTransport",
@@ -165,43 +165,130 @@ class ClientTransport(ABC):
         return 0
 
 
-@runtime_checkable
-class EngineTransport(Protocol):
+_E = TypeVar("_E", bound="EngineTransport")
+
+
+class EngineTransport(ABC):
     """Engine side: receives requests for one rank, sends replies and heartbeats.
 
-    Usable from an async engine (``async with``, :meth:`receive`) and from a
-    synchronous busy loop (:meth:`open`, :meth:`try_receive`,
-    :meth:`wait_readable`, :meth:`close`).
+    Every engine transport derives from this class. It implements the three
+    abstract methods: :meth:`try_receive` (a synchronous loop's receive),
+    :meth:`receive` (an event loop's) and :meth:`send_encoded_nowait` (every
+    send). Every other member has a default built on them, or the neutral answer
+    of a transport that has no such thing (no beacon, no upkeep, nothing refused);
+    a transport overrides what it has more to say about. This is all an endpoint
+    asks of a transport: it looks nothing else up.
+
+    Used from a synchronous loop (:meth:`open`, :meth:`receive_one`,
+    :meth:`close`) or from an event loop (``async with``, :meth:`receive`).
     """
 
     codec: Codec
     rank: int
+    #: frames carry a routing identity (a ROUTER): heartbeats reach every peer that
+    #: connects, not only a request's sender
+    routed: bool = False
 
-    def open(self) -> None:
-        """Bind or connect; idempotent."""
-
-    def close(self) -> None:
-        """Close with a bounded linger; idempotent; never hangs."""
-
-    async def __aenter__(self) -> EngineTransport: ...
-
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None: ...
-
+    @abstractmethod
     def try_receive(self) -> TransportEvent | None:
-        """The next event if one is ready, else None. Never blocks."""
+        """The next event if one is ready, else None. Never blocks; raises
+        TransportClosed once closed."""
 
-    def wait_readable(self, timeout: float) -> bool:
-        """Block the calling thread up to ``timeout`` s for input (sync engines)."""
-
+    @abstractmethod
     async def receive(self) -> TransportEvent:
-        """The next event; raises TransportClosed once closed."""
+        """The next event, waiting for one; raises TransportClosed once closed."""
+
+    @abstractmethod
+    def send_encoded_nowait(self, route: Route, data: bytes) -> None:
+        """Send ``data``, an envelope encoded with :attr:`codec` within its
+        ``max_message_size``, now; raises WouldBlock, Unroutable, TransportClosed."""
 
     def send_nowait(self, route: Route, envelope: Envelope) -> None:
-        """Send now; raises WouldBlock, Unroutable, TransportClosed."""
+        """:meth:`send_encoded_nowait` of ``envelope``."""
+        self.send_encoded_nowait(route, self.codec.encode(envelope))
 
-    async def send(self, route: Route, envelope: Envelope) -> None:
-        """Send, waiting for room."""
+    def receive_one(self, timeout: float = 0.0) -> TransportEvent | None:
+        """The next event, waiting up to ``timeout`` s for one (blocking the
+        thread, :meth:`wait_readable`) when none is ready; None when none came."""
+        if timeout and not self.wait_readable(timeout):
+            return None
+        return self.try_receive()
+
+    def wait_readable(self, timeout: float) -> bool:
+        """Block the calling thread up to ``timeout`` s for input (a synchronous
+        loop's wait). Raises NotImplementedError where the transport cannot (it
+        lives in an event loop: drive :meth:`try_receive` from a task instead)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot block a thread waiting "
+                                  "for input; drive the engine from its event loop")
 
     def heartbeat_routes(self) -> Iterable[Route]:
-        """Where this engine's heartbeats go (the clients it has heard from or connects to)."""
+        """Where this engine's heartbeats go: the clients it has heard from or dials
+        (default: the one peer of a transport without routes)."""
+        return (None,)
+
+    def open(self) -> None:
+        """Bind or connect for a synchronous loop; idempotent (default: nothing to open)."""
+        return None
+
+    def close(self) -> None:
+        """Close with a bounded linger; idempotent; never hangs (default: nothing)."""
+        return None
+
+    async def __aenter__(self: _E) -> _E:
+        """Open for an event loop (default: :meth:`open`)."""
+        self.open()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def upkeep(self) -> None:
+        """Periodic care, from the thread that uses the transport, about once a
+        heartbeat interval (default: none needed)."""
+        return None
+
+    def start_beacon(self, interval: float, status: Callable[[], Heartbeat | None]) -> bool:
+        """Send ``status()`` every ``interval`` s from a thread of the transport's own
+        (heartbeats that flow while the engine's thread blocks); whether it started
+        (default: no beacon, the engine sends heartbeats in-band)."""
+        return False
+
+    def peer_key(self, route: Route) -> str | None:
+        """The authenticated key of ``route``'s connection (default: none known)."""
+        return None
+
+    def queued_bytes_bound(self) -> int:
+        """The most bytes held for one connection, both directions (0: no bound)."""
+        return 0
+
+    # counters (0: the transport has no such thing)
+    @property
+    def open_connections(self) -> int:
+        """Connections open now on the transport's listening sockets."""
+        return 0
+
+    @property
+    def connections_refused(self) -> int:
+        """Connections refused because a listening socket had its bound open."""
+        return 0
+
+    @property
+    def routes_refused(self) -> int:
+        """Client routes refused because the route table was full of live ones."""
+        return 0
+
+    @property
+    def redials(self) -> int:
+        """Times the request connection was dialed again after its socket gave up."""
+        return 0
+
+    @property
+    def auth_rejections(self) -> int:
+        """Client keys the transport's authenticator refused."""
+        return 0
+
+    @property
+    def beacon_refusals(self) -> dict[str, int]:
+        """What a beacon that binds refused: routes and frames that were no hello."""
+        return {"routes": 0, "frames": 0}

@@ -8,14 +8,15 @@
   connected to the client's reply PULL.
 * :class:`ZmqPairEngineTransport` — an inproc PAIR (same process, same context).
 
-Synchronous use (:meth:`open`, :meth:`try_receive`, :meth:`wait_readable`,
+Synchronous use (:meth:`open`, :meth:`receive_one`, :meth:`wait_readable`,
 :meth:`send_nowait`, :meth:`close`) never needs an event loop; asynchronous use
-(``async with``, :meth:`receive`, :meth:`send`) works on asyncio and trio. The
-socket belongs to the thread that opened it (a use from another thread raises
+(``async with``, :meth:`receive`, and the synchronous sends) works on asyncio and
+trio; which one is chosen as the transport opens. The socket belongs to the thread
+that opened it (a use from another thread raises
 :class:`~ctlwire.transports.errors.ForeignThreadError`). Malformed frames come
 back as ``Dropped`` events carrying the reply route and the salvaged request
-id, so the endpoint can answer them. What the transports share (and the direct
-raw-socket path of a sync engine) is in :mod:`ctlwire.transports.zmq_engine_base`.
+id, so the endpoint can answer them. What the transports share (the socket
+mechanism of each use included) is in :mod:`ctlwire.transports.zmq_engine_base`.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ from ctlwire.transports.zmq_config import (
     rank_identity,
 )
 from ctlwire.transports.zmq_engine_base import ZmqEngineBase
-from ctlwire.transports.zmq_socket import AsyncZmqSocket
 
 __all__ = [
     "ZmqDealerEngineTransport",
@@ -94,14 +94,14 @@ class ZmqDealerEngineTransport(ZmqEngineBase):
         self.identity_tag = (b"" if curve is None
                              else new_identity_tag() if identity_tag is None else identity_tag)
 
-    def _setup(self) -> None:
+    def _setup(self) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
         raw = self._socket(zmq.DEALER)
         raw.setsockopt(zmq.IDENTITY, rank_identity(self.rank, self.identity_tag))
         if self.curve is not None:
             self.curve.apply(raw)
         connect_socket(raw, self.address)
         self._redialer = Redialer(raw, self.address)
-        self._recv = self._send = AsyncZmqSocket(raw)
+        return raw, raw
 
     def _beacon_socket(self) -> Callable[[], zmq.Socket[bytes]] | None:
         def make() -> zmq.Socket[bytes]:
@@ -204,10 +204,15 @@ class ZmqRouterEngineTransport(ZmqEngineBase):
         self._clients: OrderedDict[bytes, float] = OrderedDict()  # route -> last heard
         self.max_clients = max_clients
         self.route_idle = route_idle
-        self.routes_refused = 0
+        self._routes_refused = 0
         self.junk_routes = 0  # frames whose route never entered the table (not a request)
 
-    def _setup(self) -> None:
+    @property
+    def routes_refused(self) -> int:
+        """New client routes refused while the table was full of live ones."""
+        return self._routes_refused
+
+    def _setup(self) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
         raw = self._socket(zmq.ROUTER)
         if self.curve is not None:
             self._auth = CurveAuthenticator(self.context, self.curve)
@@ -215,7 +220,7 @@ class ZmqRouterEngineTransport(ZmqEngineBase):
             self.curve.apply(raw)
         self.address = self._bind(raw, self.address)
         self._guard(raw, self.max_connections)
-        self._recv = self._send = AsyncZmqSocket(raw)
+        return raw, raw
 
     def _beacon_socket(self) -> Callable[[], zmq.Socket[bytes]] | None:
         address = self.beacon_address
@@ -255,7 +260,7 @@ class ZmqRouterEngineTransport(ZmqEngineBase):
         if len(clients) >= self.max_clients:
             oldest, heard = next(iter(clients.items()))
             if now - heard < self.route_idle:
-                self.routes_refused += 1
+                self._routes_refused += 1
                 return
             del clients[oldest]
         clients[route] = now
@@ -290,14 +295,13 @@ class ZmqPushPullEngineTransport(ZmqEngineBase):
         check_pickle_allowed(self.codec, request_address, False)
         check_pickle_allowed(self.codec, reply_address, False)
 
-    def _setup(self) -> None:
+    def _setup(self) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
         pull = self._socket(zmq.PULL)
         self.request_address = self._bind(pull, self.request_address)
         self._guard(pull, self.max_connections)
-        self._recv = AsyncZmqSocket(pull)
         push = self._socket(zmq.PUSH)
         connect_socket(push, self.reply_address)
-        self._send = AsyncZmqSocket(push)
+        return pull, push
 
     def _beacon_socket(self) -> Callable[[], zmq.Socket[bytes]] | None:
         def make() -> zmq.Socket[bytes]:
@@ -321,7 +325,7 @@ class ZmqPairEngineTransport(ZmqEngineBase):
                       allow_abstract_ipc=allow_abstract_ipc)
         check_pickle_allowed(self.codec, address, False)
 
-    def _setup(self) -> None:
+    def _setup(self) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
         raw = self._socket(zmq.PAIR)
         connect_socket(raw, self.address)
-        self._recv = self._send = AsyncZmqSocket(raw)
+        return raw, raw

@@ -1,21 +1,20 @@
 """The part every ZeroMQ engine-side transport shares (:mod:`ctlwire.transports.zmq_engine`
 has the transports themselves): opening and closing the sockets, the liveness
-beacon, receiving (the next event queued, and whether one is) and sending.
+beacon, receiving and sending.
 
-The sync methods (:meth:`~ZmqEngineBase.receive_one`, :meth:`~ZmqEngineBase.readable`,
-:meth:`~ZmqEngineBase.send_encoded_nowait`) call the raw sockets directly from
-the thread that opened the transport until its first async receive or send
-(no task can be suspended on the socket before that); after it, every call
-goes through :class:`~ctlwire.transports.zmq_socket.AsyncZmqSocket`.
+The socket mechanism is chosen once, as the transport opens: :meth:`~ZmqEngineBase.open`
+(a synchronous loop: ``poll()``, ``run_blocking``) uses the sockets directly from
+the thread that opened it (:class:`~ctlwire.transports.zmq_sync_socket.SyncZmqSocket`);
+``async with`` (an event loop: ``serve()``) through
+:class:`~ctlwire.transports.zmq_socket.AsyncZmqSocket`, on which tasks can wait.
+Every method goes through the one chosen; both share the same non-blocking calls.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterable
-from types import TracebackType
-from typing import Any
+from typing import TypeVar
 
 import zmq
 
@@ -23,11 +22,16 @@ from ctlwire.transports.beacon_routes import BeaconRoutes
 from ctlwire.transports.codec import Codec, MsgpackCodec
 from ctlwire.transports.connection_guard import ConnectionGuard
 from ctlwire.transports.curve import CurveAuthenticator
-from ctlwire.transports.envelope import Envelope
 from ctlwire.transports.errors import SocketClosed, TransportClosed, Unroutable, WouldBlock
 from ctlwire.transports.memory import decode_event
 from ctlwire.transports.redial import Redialer
-from ctlwire.transports.transport import Dropped, Received, Route, TransportEvent
+from ctlwire.transports.transport import (
+    Dropped,
+    EngineTransport,
+    Received,
+    Route,
+    TransportEvent,
+)
 from ctlwire.transports.zmq_beacon import BeaconStatus, LivenessBeacon, configure_beacon_socket
 from ctlwire.transports.zmq_config import (
     TransportContext,
@@ -37,23 +41,34 @@ from ctlwire.transports.zmq_config import (
     remove_ipc_file,
 )
 from ctlwire.transports.zmq_socket import AsyncZmqSocket
-
-_NOBLOCK = int(zmq.NOBLOCK)
-_NOBLOCK_SNDMORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
-_POLLIN = int(zmq.POLLIN)
-# zmq_poll with no timeout reads a socket's EVENTS without raising, where a receive
-# that finds nothing raises zmq.Again (and a read of EVENTS through Socket.get makes
-# a SocketOption enum each call)
-_zmq_poll = zmq.zmq_poll
+from ctlwire.transports.zmq_sync_socket import SyncZmqSocket
 
 __all__ = ["ZmqEngineBase"]
 
+_T = TypeVar("_T", bound="ZmqEngineBase")
 
-class ZmqEngineBase:
+
+class _LoopSocket(AsyncZmqSocket):
+    """The event loop's socket mechanism: an :class:`AsyncZmqSocket`, whose owner
+    thread may also block for a message (a transport entered with ``async with``,
+    then polled)."""
+
+    __slots__ = ()
+
+    def recv_multipart_within(self, timeout: float) -> list[bytes] | None:
+        """:meth:`recv_multipart_nowait`, after :meth:`poll_readable` for a ``timeout``."""
+        if timeout and not self.poll_readable(timeout):
+            return None
+        return self.recv_multipart_nowait()
+
+
+EngineSocket = SyncZmqSocket | _LoopSocket
+"""A socket mechanism: a synchronous loop's, or an event loop's."""
+
+
+class ZmqEngineBase(EngineTransport):
     """One receiving socket (and the same or another for sending)."""
 
-    recv_kind = zmq.DEALER
-    routed = False  # frames carry a routing identity (ROUTER)
     #: replies may go to any peer that can connect (a socket that binds): what libzmq
     #: queues for them is bounded in bytes (ZmqOptions.effective_sndhwm); an engine
     #: that dials sends only to the peer it chose
@@ -66,10 +81,12 @@ class ZmqEngineBase:
         self.codec = codec or MsgpackCodec()
         self.options = options or ZmqOptions()
         self._context = TransportContext(context)
-        self._recv: AsyncZmqSocket | None = None
-        self._send: AsyncZmqSocket | None = None
+        self._recv: EngineSocket | None = None
+        self._send: EngineSocket | None = None
+        self._receiving_socket: zmq.Socket[bytes] | None = None
+        #: the socket mechanism, chosen as the transport opens (None: not open)
+        self._mechanism: type[EngineSocket] | None = None
         self._auth: CurveAuthenticator | None = None
-        self._opened = False
         self._closed = False
         self._bound_ipc: list[str] = []
         self._beacon: LivenessBeacon | None = None
@@ -80,16 +97,6 @@ class ZmqEngineBase:
         # hot path: the codec's envelope decoder and encoder, for frames within the limit
         self._fast_decode = self.codec.fast_envelope_decoder()
         self._max_size = self.codec.max_message_size
-        # the sync hot path (see _enable_direct): the raw sockets' own recv and send,
-        # used from the owner thread until the first async receive or send
-        self._direct = False
-        self._owner = 0
-        self._raw_recv_sock: zmq.Socket[bytes] | None = None
-        self._raw_send: Callable[..., Any] | None = None
-        #: ``zmq_poll``'s argument asking whether the receiving socket has input
-        self._probe: list[tuple[zmq.Socket[bytes], int]] = []
-        #: the ``ZMQ_RCVTIMEO`` (ms) last set on it (``receive_one`` with a timeout)
-        self._rcvtimeo = -1
 
     def _bind(self, raw: zmq.Socket[bytes], address: str) -> str:
         address = bind_socket(raw, address)
@@ -107,15 +114,13 @@ class ZmqEngineBase:
 
     @property
     def connections_refused(self) -> int:
-        """Connections refused because a listening socket had ``max_connections``
-        open (:class:`~ctlwire.transports.connection_guard.ConnectionGuard`)."""
+        """Refused by the guards of the listening sockets, the beacon's included."""
         beacon = self._beacon.connections_refused if self._beacon is not None else 0
         return beacon + sum(g.refused for g in self._guards)
 
     @property
     def open_connections(self) -> int:
-        """Connections open now on this transport's listening sockets (as their
-        monitors last reported; 0 for a transport that only connects)."""
+        """Open on the listening sockets, as their monitors last reported."""
         return sum(g.open_connections for g in self._guards)
 
     def queued_bytes_bound(self) -> int:
@@ -140,29 +145,10 @@ class ZmqEngineBase:
                            peer_sized_sends=self.replies_to_any_peer)
         return sock
 
-    def _setup(self) -> None:
+    def _setup(self) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
+        """Make, configure and bind or connect the sockets: (receiving, sending),
+        the same socket or two."""
         raise NotImplementedError
-
-    def _enable_direct(self) -> None:
-        """After ``_setup``: let the sync methods (:meth:`receive_one`,
-        :meth:`readable`, :meth:`send_encoded_nowait`) call the raw sockets directly.
-
-        The :class:`AsyncZmqSocket` wrapper exists for tasks suspended on the
-        socket (the fd-edge state machine: a socket call must re-check readiness
-        for them). None can be suspended before the first async :meth:`receive`
-        or :meth:`send` of this transport, which turns the direct path off for
-        good; a sync engine (``poll()``) never makes one, and saves the wrapper's
-        per-message layers. Only from the thread that opened the transport (any
-        other goes through the wrapper, which raises ForeignThreadError)."""
-        if self._recv is None or self._send is None:
-            return
-        recv_raw, send_raw = self._recv.socket, self._send.socket
-        self._owner = threading.get_ident()
-        self._raw_recv_sock = recv_raw
-        self._raw_send = send_raw.send
-        self._probe = [(recv_raw, _POLLIN)]
-        self._rcvtimeo = -1  # a new socket: libzmq's default
-        self._direct = True
 
     # -- liveness beacon -----------------------------------------------------------
     def _beacon_socket(self) -> Callable[[], zmq.Socket[bytes]] | None:
@@ -176,7 +162,7 @@ class ZmqEngineBase:
         so they keep flowing while the engine's thread blocks. True when
         started; False where this transport has none (the engine then sends
         heartbeats in-band). Call after :meth:`open`; stopped by :meth:`close`."""
-        if self._closed or not self._opened or self._beacon is not None:
+        if self._closed or self._mechanism is None or self._beacon is not None:
             return self._beacon is not None
         make = self._beacon_socket()
         if make is None:
@@ -199,8 +185,6 @@ class ZmqEngineBase:
 
     @property
     def beacon_refusals(self) -> dict[str, int]:
-        """What a beacon that binds refused: routes (its table full of live ones) and
-        frames that were not a client's hello."""
         routes = self._beacon.routes if self._beacon is not None else None
         if routes is None:
             return {"routes": 0, "frames": 0}
@@ -216,18 +200,29 @@ class ZmqEngineBase:
         return raw
 
     def open(self) -> None:
-        """Create, configure and bind/connect the socket(s); idempotent."""
+        """Create, configure and bind/connect the socket(s) for a synchronous loop,
+        used from this thread only; idempotent (and a no-op once entered with
+        ``async with``, whose sockets serve synchronous calls too)."""
+        self._open(SyncZmqSocket)
+
+    def _open(self, mechanism: type[EngineSocket]) -> None:
         if self._closed:
             raise TransportClosed("engine transport is closed")
-        if self._opened:
+        if self._mechanism is not None:
+            if mechanism is _LoopSocket and self._mechanism is SyncZmqSocket:
+                raise RuntimeError("this engine transport was opened for a synchronous "
+                                   "loop (open()); an event loop enters a new one "
+                                   "with async with")
             return
-        self._opened = True
+        self._mechanism = mechanism
         try:
-            self._setup()
+            recv, send = self._setup()
+            self._recv = mechanism(recv)
+            self._send = self._recv if send is recv else mechanism(send)
         except BaseException:
             self.close()
             raise
-        self._enable_direct()
+        self._receiving_socket = recv
 
     def close(self) -> None:
         """Close with the configured linger; idempotent; never hangs."""
@@ -251,17 +246,22 @@ class ZmqEngineBase:
         for address in self._bound_ipc:
             remove_ipc_file(address)
 
-    async def __aenter__(self) -> Any:
-        self.open()
+    async def __aenter__(self: _T) -> _T:
+        """Create, configure and bind/connect the socket(s) for an event loop (tasks
+        may wait on them); RuntimeError if :meth:`open` opened it already."""
+        self._open(_LoopSocket)
         return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
 
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def receiving_socket(self) -> zmq.Socket[bytes] | None:
+        """The socket requests arrive on (None until opened), for a thread that hosts
+        several ranks to wait on it beside the others' (a ``zmq.Poller``). Only to
+        wait on: receive and send through the transport."""
+        return self._receiving_socket
 
     def upkeep(self) -> None:
         """Periodic upkeep, from the thread that uses the transport (an engine's loop
@@ -308,119 +308,48 @@ class ZmqEngineBase:
     def _note_route(self, route: bytes, event: TransportEvent) -> None:
         pass
 
-    def _recv_sock(self) -> AsyncZmqSocket:
-        if self._recv is None or self._closed:
-            raise TransportClosed("engine transport is not open")
-        return self._recv
-
     def try_receive(self) -> TransportEvent | None:
+        return self.receive_one()
+
+    def receive_one(self, timeout: float = 0.0) -> TransportEvent | None:
+        """The next event, waiting up to ``timeout`` s (millisecond granularity) for
+        one when none is queued; None when none came. Raises TransportClosed once
+        closed, ForeignThreadError from a thread other than the one that opened it."""
+        sock = self._recv
+        if sock is None:
+            raise TransportClosed("engine transport is not open")
         try:
-            msg = self._recv_sock().recv_multipart_nowait()
+            msg = sock.recv_multipart_within(timeout)
         except SocketClosed:
             raise TransportClosed("engine transport is closed") from None
         return None if msg is None else self._event(msg)
 
-    def receive_one(self, timeout: float = 0.0) -> TransportEvent | None:
-        """The next event, waiting up to ``timeout`` s (millisecond granularity) for
-        one when none is queued; None when none came. :meth:`try_receive` (after
-        :meth:`wait_readable` for a ``timeout``), on the raw socket from the owner
-        thread of a sync engine (see :meth:`_enable_direct`).
-
-        Direct path: with no ``timeout``, whether a message is queued is asked
-        first (``zmq_poll`` with no timeout: the socket's ``EVENTS``), so finding
-        none raises nothing; with one, the wait is the receive itself (libzmq's
-        ``ZMQ_RCVTIMEO``: a queued message is taken without a system call). A
-        one-frame message within the codec's limit is decoded here (the common
-        case), any other goes through :meth:`_event`."""
-        if not (self._direct and not self._closed and threading.get_ident() == self._owner):
-            if timeout and not self.wait_readable(timeout):
-                return None
-            return self.try_receive()
-        try:
-            sock = self._raw_recv_sock
-            assert sock is not None
-            if timeout:
-                ms = int(timeout * 1000)
-                if ms != self._rcvtimeo:
-                    sock.setsockopt(zmq.RCVTIMEO, ms)
-                    self._rcvtimeo = ms
-                frame = sock.recv(0, copy=False)
-            else:
-                if not _zmq_poll(self._probe, 0):
-                    return None
-                frame = sock.recv(_NOBLOCK, copy=False)
-            if frame.more:
-                parts = [frame.bytes]
-                while frame.more:
-                    frame = sock.recv(_NOBLOCK, copy=False)
-                    parts.append(frame.bytes)
-                return self._event(parts)
-        except zmq.Again:
-            return None
-        except zmq.ZMQError:
-            if not self._recv_sock().closed:
-                raise
-            raise TransportClosed("engine transport is closed") from None
-        data = frame.bytes
-        if self.routed:
-            return self._event([data])  # one frame where two belong: dropped, counted
-        fast = self._fast_decode
-        if fast is not None and len(data) <= self._max_size:
-            try:
-                return Received(fast(data), None, None, len(data))
-            except Exception:
-                pass  # not an envelope: decode_event gives the verdict
-        return decode_event(self.codec, data, None, None)
-
-    def readable(self) -> bool:
-        """Whether a message can be received now, by the socket's ``EVENTS``
-        (raises nothing; False once closed). Direct path only: through the
-        wrapper (tasks may wait on the socket's fd, whose edge a read of
-        ``EVENTS`` may consume) it says True, and :meth:`receive_one` finds out."""
-        if not (self._direct and not self._closed and threading.get_ident() == self._owner):
-            return not self._closed
-        try:
-            return bool(_zmq_poll(self._probe, 0))
-        except zmq.ZMQError:
-            return False
-
     def wait_readable(self, timeout: float) -> bool:
         """Block this thread up to ``timeout`` s until a message can be received."""
-        sock = self._recv_sock()
+        sock = self._recv
+        if sock is None:
+            raise TransportClosed("engine transport is not open")
         try:
             return sock.poll_readable(timeout)
-        except (SocketClosed, zmq.ZMQError):
+        except SocketClosed:
+            raise TransportClosed("engine transport is closed") from None
+        except zmq.ZMQError:
             return False
 
     async def receive(self) -> TransportEvent:
-        self._direct = False  # a task may be suspended on the socket from now on
+        sock = self._recv
+        if sock is None:
+            raise TransportClosed("engine transport is not open")
         try:
-            msg = await self._recv_sock().recv_multipart()
+            msg = await sock.recv_multipart()
         except SocketClosed:
             raise TransportClosed("engine transport is closed") from None
         return self._event(msg)
 
     # -- sending -----------------------------------------------------------------
-    def _frames(self, route: Route, envelope: Envelope) -> list[bytes]:
-        data = self.codec.encode(envelope)
-        if self.routed:
-            if not isinstance(route, bytes):
-                raise Unroutable(self.rank, f"no client route {route!r}")
-            return [route, data]
-        return [data]
-
-    def _send_sock(self) -> AsyncZmqSocket:
-        if self._send is None or self._closed:
-            raise TransportClosed("engine transport is not open")
-        return self._send
-
-    def send_nowait(self, route: Route, envelope: Envelope) -> None:
-        self.send_encoded_nowait(route, self.codec.encode(envelope))
-
     def send_encoded_nowait(self, route: Route, data: bytes) -> None:
-        """:meth:`send_nowait` of an envelope the caller already encoded with this
-        transport's codec, within its ``max_message_size`` (an engine's reply hot
-        path encodes with :meth:`Codec.fast_envelope_encoder`). Same errors.
+        """Send ``data``, an envelope encoded with this transport's codec within its
+        ``max_message_size``, to ``route`` now.
 
         A send that finds the pipe full is tried once more after reading the
         socket's ``EVENTS``: libzmq learns that its I/O thread has drained the
@@ -428,64 +357,34 @@ class ZmqEngineBase:
         which a burst of replies outruns when ``SNDHWM`` is small
         (:meth:`ZmqOptions.effective_sndhwm`); reading ``EVENTS`` processes them
         now. :class:`WouldBlock` then means the peer really is not reading."""
-        if self.routed and not isinstance(route, bytes):
+        sock = self._send
+        if sock is None:
+            raise TransportClosed("engine transport is not open")
+        routed = self.routed
+        if routed and not isinstance(route, bytes):
             raise Unroutable(self.rank, f"no client route {route!r}")
-        direct = self._direct and not self._closed and threading.get_ident() == self._owner
         for retry in (False, True):
-            if retry:
-                sock = self._send
-                if sock is None or self._closed:
-                    raise WouldBlock("high-water mark reached")
-                try:
-                    sock.socket.getsockopt(zmq.EVENTS)
-                except zmq.ZMQError:
-                    raise TransportClosed("engine transport is closed") from None
             try:
-                if direct:
-                    send = self._raw_send
-                    assert send is not None
-                    if self.routed:
-                        # libzmq takes all parts or, at the first, none
-                        send(route, _NOBLOCK_SNDMORE)
-                    send(data, _NOBLOCK)
-                    return
-                sock = self._send
-                if sock is None or self._closed:
-                    raise TransportClosed("engine transport is not open")
-                sock.send_multipart_nowait([route, data] if self.routed and isinstance(route, bytes)
-                                           else [data])
+                if retry:
+                    sock.refresh_events()
+                if routed:  # libzmq takes both parts or, at the first, none
+                    sock.send_pair_nowait(route, data)  # type: ignore[arg-type]
+                else:
+                    sock.send_multipart_nowait((data,))
                 return
             except zmq.Again:
                 if retry:
                     raise WouldBlock("high-water mark reached") from None
             except zmq.ZMQError as exc:
-                self._raise_unroutable(route, exc)
-                if self._send_sock().closed:
-                    raise TransportClosed("engine transport is closed") from None
-                raise
+                if exc.errno != zmq.EHOSTUNREACH:
+                    raise
+                self._forget_route(route)  # the client that asked is gone
+                raise Unroutable(self.rank, "the client that asked is gone") from None
             except SocketClosed:
                 raise TransportClosed("engine transport is closed") from None
-
-    async def send(self, route: Route, envelope: Envelope) -> None:
-        self._direct = False  # a task may be suspended on the socket from now on
-        frames = self._frames(route, envelope)
-        try:
-            await self._send_sock().send_multipart(frames)
-        except zmq.ZMQError as exc:
-            self._raise_unroutable(route, exc)
-            raise
-        except SocketClosed:
-            raise TransportClosed("engine transport is closed") from None
-
-    def _raise_unroutable(self, route: Route, exc: zmq.ZMQError) -> None:
-        """A send to ``route`` failed with ``exc``: EHOSTUNREACH means the client that
-        asked is gone (its route is forgotten, Unroutable raised); else returns."""
-        if exc.errno == zmq.EHOSTUNREACH:
-            self._forget_route(route)
-            raise Unroutable(self.rank, "the client that asked is gone") from None
 
     def _forget_route(self, route: Route) -> None:
         pass
 
     def heartbeat_routes(self) -> Iterable[Route]:
-        return () if self._closed or not self._opened else (None,)
+        return () if self._closed or self._mechanism is None else (None,)

@@ -286,12 +286,12 @@ class AsyncZmqSocket:
         except zmq.ZMQError as exc:
             raise self._closed_error(exc) from None
         finally:
-            if self._events[_POLLIN] is not None or self._events[_POLLOUT] is not None or (
-                    self._watch_flag and self._watch is not None):  # _after_send(), inline
-                if self._send_batch.depth:
-                    self._send_batch.owed = True
-                elif not (self._closed or socket.closed):
-                    self._after_call()
+            self._after_send()
+
+    def refresh_events(self) -> int:
+        """Read ``EVENTS`` now (libzmq processes its I/O thread's news); wake ready waiters."""
+        self._check_usable()
+        return self._recheck()
 
     def _after_send(self) -> None:
         """A send may have taken the fd's edge that would wake the others: re-check for them

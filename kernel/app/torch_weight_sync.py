@@ -216,9 +216,6 @@ class Trainer:
         finally:
             torch.set_num_threads(threads)
 
-    def drop_group(self) -> None:
-        self.group = None
-
     async def recover(self, runner: OperationRunner, timeout: float = 5.0) -> Recovery | None:
         """The newest weight sync some rank applied steps of (a restarted trainer asks).
 

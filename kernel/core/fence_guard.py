@@ -73,10 +73,6 @@ class FenceGuard:
             return FenceVerdict.STALE
         return FenceVerdict.ADMIT
 
-    def admissible(self, fence: int, now: float) -> bool:
-        """:meth:`verdict` is ADMIT, counting nothing (the fast path's check)."""
-        return self.high <= fence <= self.limit(now)
-
     def accept(self, fence: int) -> None:
         """A validated, state-changing request with an admitted ``fence`` runs."""
         if fence > self.high:

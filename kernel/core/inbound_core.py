@@ -48,19 +48,14 @@ from typing import Any
 import msgspec
 
 from ctlwire.kernel.core.duplicate_filter import DuplicateFilter
-from ctlwire.kernel.core.error_codes import ErrorCode
 from ctlwire.kernel.core.fence_guard import FenceGuard, FenceVerdict
-from ctlwire.kernel.core.inbound_request import (
-    MOVES,
-    BadFrame,
-    InboundRequest,
-    MethodSpec,
-)
+from ctlwire.kernel.core.inbound_request import BadFrame, InboundRequest, MethodSpec
 from ctlwire.kernel.core.result_cache import RUNNING, RecordedOutcome, ResultCache
 from ctlwire.kernel.errors import CtlwireError, error_info
 from ctlwire.states import InboundEvent, InboundState
 from ctlwire.transports.codec import Codec, PayloadTypeError
 from ctlwire.transports.envelope import ErrorInfo, Heartbeat, Reply, Request
+from ctlwire.transports.error_codes import ErrorCode
 from ctlwire.transports.protocol_version import (
     PROTOCOL_MAJOR,
     PROTOCOL_VERSION,
@@ -68,7 +63,7 @@ from ctlwire.transports.protocol_version import (
 )
 from ctlwire.transports.transport import Dropped, Received, Route
 
-__all__ = ["BadFrame", "ErrorCode", "InboundCore", "InboundRequest", "MethodSpec", "Refused"]
+__all__ = ["BadFrame", "InboundCore", "InboundRequest", "MethodSpec", "Refused"]
 
 
 class Refused(CtlwireError):
@@ -78,7 +73,9 @@ class Refused(CtlwireError):
     a retry is judged again and a refused request never holds a key."""
 
 
-_RECEIVED, _START, _REPLY = InboundState.RECEIVED, InboundEvent.START, InboundEvent.REPLY
+# the events as module constants: an enum class's attribute costs a lookup per read
+_START, _REPLY, _REJECT, _EXPIRE = (InboundEvent.START, InboundEvent.REPLY, InboundEvent.REJECT,
+                                    InboundEvent.EXPIRE)
 _REQUEST_COUNTERS = ("received", "rejected", "expired", "handler_errors", "duplicates",
                      "dropped_malformed", "dropped_oversized", "dropped_framing",
                      "dropped_wrong_type", "error_replies_for_bad_frames", "heartbeats_received",
@@ -125,28 +122,15 @@ class InboundCore:
         now = self.client_last_seen = self.clock()
         return InboundRequest(req, route, now, size=size)
 
-    def arrive(self, req: Request, route: Route) -> InboundRequest | Reply | None:
+    def arrive(self, req: Request, route: Route, size: int = 0) -> InboundRequest | Reply | None:
         """:meth:`accept` then :meth:`admit`, for a request that starts as it
         arrives (a poll loop's): the request Running (run its handler), the reply
-        that ends it here, or None for a duplicate (dropped, counted). The same
-        decisions in the same order; a request with no key and no fence (or of a
-        read-only method) makes its one move, Received → Running, here, from the
-        table's own dict."""
-        counters = self.counters
-        counters["received"] += 1
-        if self.duplicates.seen(route, req.id):
-            counters["duplicates"] += 1
+        that ends it here, or None for a duplicate (dropped, counted)."""
+        item = self.accept(req, route, size)
+        if item is None:
             return None
-        now = self.client_last_seen = self.clock()
-        item = InboundRequest(req, route, now)
-        refused = self._check(item, now)
-        if refused is not None:
-            return refused
-        if (req.key or req.fence) and not item.spec.read_only:  # type: ignore[union-attr]
-            refused = self._begin(item, now)
-            return item if refused is None else refused
-        item.state = MOVES[_RECEIVED, _START]
-        return item
+        refused = self.admit(item, item.received)
+        return item if refused is None else refused
 
     def receive(self, event: Any) -> InboundRequest | BadFrame | None:
         """Any transport event: a request (:meth:`accept`), the error reply of a
@@ -188,16 +172,7 @@ class InboundCore:
         if now is None:
             now = self.clock()
         refused = self._check(item, now)
-        if refused is not None:
-            return refused
-        req = item.request
-        if (req.key or req.fence) and not item.spec.read_only:  # type: ignore[union-attr]
-            return self._begin(item, now)
-        to = MOVES.get((item.state, _START))  # _begin's one move, read from the table
-        if to is None:
-            item.go(_START)  # raises IllegalTransition
-        item.state = to  # type: ignore[assignment]
-        return None
+        return self._begin(item, now) if refused is None else refused
 
     def check(self, item: InboundRequest, now: float | None = None) -> Reply | None:
         """Validate ``item`` as it arrives, for a request that waits before it
@@ -299,7 +274,7 @@ class InboundCore:
                     return refused
             if req.fence:
                 self.fences.accept(req.fence)
-        item.go(InboundEvent.START)
+        item.go(_START)
         return None
 
     def _take_key(self, item: InboundRequest, now: float) -> Reply | None:
@@ -352,7 +327,7 @@ class InboundCore:
     def _expire(self, item: InboundRequest, now: float) -> Reply:
         req = item.request
         self.counters["expired"] += 1
-        return self._end(item, InboundEvent.EXPIRE, self.error_reply(
+        return self._end(item, _EXPIRE, self.error_reply(
             req.id, "DeadlineExpired",
             f"{req.method!r} arrived {now - req.deadline:.3f} s after its deadline",
             ErrorCode.DEADLINE_EXPIRED))
@@ -391,8 +366,8 @@ class InboundCore:
             return self._reject(item, "InProgress", f"{req.method!r} with idempotency key "
                                 f"{key[:64]!r} is still running", ErrorCode.IN_PROGRESS)
         self.counters["idempotent_replays"] += 1
-        item.go(InboundEvent.START)
-        return self._end(item, InboundEvent.REPLY, Reply(
+        item.go(_START)
+        return self._end(item, _REPLY, Reply(
             req.id, self.rank, self.incarnation, recorded.ok,
             msgspec.Raw(recorded.result) if recorded.ok else self._nil, recorded.error))
 
@@ -421,15 +396,7 @@ class InboundCore:
                 return self._done(item, self.error_reply(
                     req.id, "ResultNotEncodable", f"{req.method!r}: {exc}",
                     ErrorCode.RESULT_NOT_ENCODABLE))
-        reply = Reply(req.id, self.rank, self.incarnation, True, raw)
-        if req.key:
-            return self._done(item, reply)
-        to = MOVES.get((item.state, _REPLY))
-        if to is None:
-            item.go(_REPLY)  # raises IllegalTransition
-        item.state = to  # type: ignore[assignment]
-        self.states[to] += 1  # type: ignore[index]
-        return reply
+        return self._done(item, Reply(req.id, self.rank, self.incarnation, True, raw))
 
     def error(self, item: InboundRequest, exc: BaseException, *, record: bool = True) -> Reply:
         """Running → Replied with the error ``exc`` raised; recorded under the
@@ -439,7 +406,7 @@ class InboundCore:
                       error_info(exc))
         if not record:
             self.cancelled(item)
-            return self._end(item, InboundEvent.REPLY, reply)
+            return self._end(item, _REPLY, reply)
         return self._done(item, reply)
 
     def cancelled(self, item: InboundRequest) -> None:
@@ -454,7 +421,7 @@ class InboundCore:
             self.results.finish(self._scope(item), req.method, req.key,
                                 RecordedOutcome(reply.ok, bytes(reply.result), reply.error),
                                 self.clock())
-        return self._end(item, InboundEvent.REPLY, reply)
+        return self._end(item, _REPLY, reply)
 
     # -- replies -------------------------------------------------------------------
     def error_reply(self, request_id: int, type_name: str, message: str, code: int,
@@ -465,7 +432,7 @@ class InboundCore:
     def _reject(self, item: InboundRequest, type_name: str, message: str, code: int,
                 result: msgspec.Raw | None = None) -> Reply:
         self.counters["rejected"] += 1
-        return self._end(item, InboundEvent.REJECT,
+        return self._end(item, _REJECT,
                          self.error_reply(item.request.id, type_name, message, code, result))
 
     def _end(self, item: InboundRequest, event: InboundEvent, reply: Reply) -> Reply:

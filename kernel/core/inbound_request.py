@@ -1,8 +1,7 @@
 """One received request on the engine (:class:`InboundRequest`), the method it
-names (:class:`MethodSpec`), the answer to a frame that could not be decoded
-(:class:`BadFrame`), and the table its state moves through, as the one dict the
-per-request path reads (:mod:`~ctlwire.kernel.core.inbound_core` makes every
-decision)."""
+names (:class:`MethodSpec`) and the answer to a frame that could not be decoded
+(:class:`BadFrame`). A request's state moves only through :meth:`InboundRequest.go`
+(:mod:`~ctlwire.kernel.core.inbound_core` makes every decision)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from ctlwire.states import INBOUND_REQUEST_TABLE, InboundEvent, InboundState
 from ctlwire.transports.envelope import Reply, Request
 from ctlwire.transports.transport import Route
 
-__all__ = ["MOVES", "BadFrame", "InboundRequest", "MethodSpec"]
+__all__ = ["BadFrame", "InboundRequest", "MethodSpec"]
 
 
 @dataclass(frozen=True)
@@ -44,9 +43,9 @@ class MethodSpec:
     (the ledger's take-over and abort): run as it arrives, never queued."""
 
 
-# INBOUND_REQUEST_TABLE as one dict, read on the per-request path:
-# (state, event) -> state; a pair it lacks is an illegal move (InboundRequest.go raises)
-MOVES: dict[tuple[InboundState, InboundEvent], InboundState] = {
+# INBOUND_REQUEST_TABLE as one dict, read by InboundRequest.go:
+# (state, event) -> state; a pair it lacks is an illegal move (go raises)
+_MOVES: dict[tuple[InboundState, InboundEvent], InboundState] = {
     (state, event): to for (state, event), to in INBOUND_REQUEST_TABLE}
 
 
@@ -68,7 +67,7 @@ class InboundRequest(msgspec.Struct):
     def go(self, event: InboundEvent) -> InboundState:
         """Move through the table (the only way a request's state changes)."""
         try:
-            to = self.state = MOVES[self.state, event]
+            to = self.state = _MOVES[self.state, event]
         except KeyError:
             INBOUND_REQUEST_TABLE.apply(self.state, event, self.request.id)  # IllegalTransition
             raise AssertionError("unreachable: the table refused the move") from None

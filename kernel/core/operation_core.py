@@ -225,9 +225,6 @@ class OperationCore:
     def rank_state(self, rank: int) -> RankState:
         return self._rank[rank]
 
-    def rank_states(self) -> dict[int, RankState]:
-        return dict(self._rank)
-
     def snapshot(self) -> dict[str, Any]:
         """The live view: operation state, the latest step dispatched (and whether it
         is still in flight), each rank's state."""

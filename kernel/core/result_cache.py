@@ -45,14 +45,13 @@ from collections.abc import Hashable
 from typing import Final
 
 from ctlwire.transports.envelope import ErrorInfo
+from ctlwire.transports.error_codes import ErrorCode
 
 __all__ = ["ENTRY_OVERHEAD", "NOT_RETAINED", "RUNNING", "CacheKey", "RecordedOutcome",
            "ResultCache"]
 
 ENTRY_OVERHEAD: Final = 256
 """Bytes counted for an entry on top of its key, method name and outcome."""
-
-RESULT_NOT_RETAINED_CODE: Final = 507
 
 CacheKey = tuple[Hashable, str, str]
 """``(peer, method, key)``."""
@@ -79,7 +78,7 @@ RUNNING: Final = RecordedOutcome(False, b"", None)
 
 NOT_RETAINED: Final = RecordedOutcome(False, b"", ErrorInfo(
     "ResultNotRetained", "the request with this idempotency key ran; its outcome was too "
-    "large for the engine's idempotency cache", RESULT_NOT_RETAINED_CODE))
+    "large for the engine's idempotency cache", ErrorCode.RESULT_NOT_RETAINED))
 """What a repeat gets when the first run's outcome did not fit (it ran once)."""
 
 

@@ -122,8 +122,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 import threading
 import time
@@ -136,13 +134,7 @@ import anyio.abc
 from ctlwire.kernel.builtin_methods import ENGINE_METRICS_METHOD
 from ctlwire.kernel.core.duplicate_filter import DuplicateFilter
 from ctlwire.kernel.core.fence_guard import DEFAULT_FENCE_WINDOW, FenceGuard
-from ctlwire.kernel.core.inbound_core import (
-    BadFrame,
-    ErrorCode,
-    InboundCore,
-    InboundRequest,
-    MethodSpec,
-)
+from ctlwire.kernel.core.inbound_core import BadFrame, InboundCore, InboundRequest, MethodSpec
 from ctlwire.kernel.core.result_cache import ResultCache
 from ctlwire.kernel.engine.engine_snapshot import engine_snapshot
 from ctlwire.kernel.engine.handler_runner import HandlerRunner
@@ -157,6 +149,7 @@ from ctlwire.kernel.engine.outbox import ReplyOutbox
 from ctlwire.kernel.engine.serve import EngineServer, QueuedRequests
 from ctlwire.states import InboundState
 from ctlwire.transports.envelope import Heartbeat, Request
+from ctlwire.transports.error_codes import ErrorCode
 from ctlwire.transports.errors import TransportClosed
 from ctlwire.transports.transport import EngineTransport, Received
 
@@ -165,26 +158,6 @@ __all__ = ["STEP_METHOD", "EngineEndpoint", "ErrorCode", "MethodSpec", "new_inca
 
 #: the longest a poll loop waits for input while replies wait for room
 _OUTBOX_RETRY = 0.005
-
-
-def _receive_within(transport: EngineTransport, receive: Callable[[], Any],
-                    timeout: float = 0.0) -> Any:
-    """``receive()``'s next event within ``timeout`` s, or None: ``poll()``'s receive
-    from a transport whose ``receive_one`` (if any) takes no timeout."""
-    if timeout and not transport.wait_readable(timeout):
-        return None
-    return receive()
-
-
-def _receiver(transport: EngineTransport) -> Callable[..., Any]:
-    """``poll()``'s receive: the transport's ``receive_one(timeout)`` where it has
-    one that waits, else :func:`_receive_within` over what it has."""
-    receive_one = getattr(transport, "receive_one", None)
-    if receive_one is None:
-        return functools.partial(_receive_within, transport, transport.try_receive)
-    if "timeout" in inspect.signature(receive_one).parameters:
-        return receive_one  # type: ignore[no-any-return]
-    return functools.partial(_receive_within, transport, receive_one)
 
 
 class EngineEndpoint:
@@ -228,7 +201,7 @@ class EngineEndpoint:
                                 incarnation=self.incarnation, clock=clock,
                                 duplicates=DuplicateFilter(dedup_window, dedup_peers),
                                 fences=FenceGuard(fence_window), results=result_cache,
-                                key_of=getattr(transport, "peer_key", None))
+                                key_of=transport.peer_key)
         self.liveness = EngineLiveness(transport, rank=self.rank, incarnation=self.incarnation,
                                        heartbeat_interval=heartbeat_interval, beacon=beacon,
                                        peer_of=self.core.peer)
@@ -241,8 +214,8 @@ class EngineEndpoint:
         self.queued_requests = QueuedRequests(max_queued_request_bytes, max_queued_per_route)
         self._opened = False
         self._closed = False
-        # poll(): the next event that can be received now (None: none)
-        self._take_one = _receiver(transport)
+        # poll(): the next event, waiting up to a timeout when one is given (None: none)
+        self._take_one = transport.receive_one
         # built in, read-only, allow-listed like any method: what metrics() returns
         self.register(ENGINE_METRICS_METHOD, self.metrics, payload_type=None, read_only=True)
         self.method_table.builtin = frozenset(self.method_table.specs)
@@ -430,8 +403,8 @@ class EngineEndpoint:
         own method; a plain sync handler runs on the loop and holds it,
         receiving included, until it returns."""
         await EngineServer(self.transport, self.core, self.outbox, self.liveness, self.runner,
-                           self.queued_requests, mailbox_size=self.mailbox_size
-                           ).serve(task_status)
+                           self.queued_requests, mailbox_size=self.mailbox_size,
+                           internal_error=self._internal_error).serve(task_status)
 
     # -- what the parts know, by their names before the parts ------------------
     @property

@@ -87,23 +87,21 @@ def engine_snapshot(ep: Engine) -> dict[str, Any]:
                    "peak_bytes": outbox.peak_bytes, "routes": outbox.routes,
                    "stalled_routes": len(outbox.stalled),
                    # what libzmq itself may hold per connection (both directions)
-                   "transport_bound_bytes_per_connection": int(
-                       bound() if (bound := getattr(transport, "queued_bytes_bound",
-                                                    None)) is not None else 0)},
+                   "transport_bound_bytes_per_connection": transport.queued_bytes_bound()},
         # connections open on the transport's listening sockets, and those refused
         # because max_connections were open (engines that bind)
-        "connections": {"open": int(getattr(transport, "open_connections", 0)),
-                        "refused": int(getattr(transport, "connections_refused", 0))},
+        "connections": {"open": transport.open_connections,
+                        "refused": transport.connections_refused},
         # the request connection dialed again after libzmq gave up on it (engines that dial)
-        "redials": int(getattr(transport, "redials", 0)),
+        "redials": transport.redials,
         # client routes refused because the route table was full of live ones
-        "routes_refused": int(getattr(transport, "routes_refused", 0)),
+        "routes_refused": transport.routes_refused,
         # a beacon that binds: routes refused (its table full of live ones) and frames
         # that were not a client's hello
-        "beacon_refused": dict(getattr(transport, "beacon_refusals", {})),
+        "beacon_refused": transport.beacon_refusals,
         "counters": counters,
         # trace contexts the process's traced handlers read: continued, absent, invalid
         "trace_contexts": trace_contexts.snapshot(),
         # client keys this engine's CURVE authenticator refused (engines that bind)
-        "auth_rejections": int(getattr(transport, "auth_rejections", 0)),
+        "auth_rejections": transport.auth_rejections,
     }

@@ -16,11 +16,12 @@ from __future__ import annotations
 import anyio
 import anyio.to_thread
 
-from ctlwire.kernel.core.inbound_core import ErrorCode, InboundCore, InboundRequest, Refused
+from ctlwire.kernel.core.inbound_core import InboundCore, InboundRequest, Refused
 from ctlwire.kernel.engine.liveness import EngineLiveness
 from ctlwire.kernel.errors import CtlwireError
 from ctlwire.kernel.tracing import current_trace
 from ctlwire.transports.envelope import Reply
+from ctlwire.transports.error_codes import ErrorCode
 
 __all__ = ["AsyncHandlerInPoll", "HandlerRunner"]
 
@@ -46,19 +47,19 @@ class HandlerRunner:
         trace = req.trace
         trace_token = (current_trace.set(trace)
                        if trace is not None or current_trace.get() is not None else None)
+        live = self.liveness
+        token = live.begin(req.id, req.method, item.route, req.client)
         try:
-            value = self.liveness.call(spec.handler, item.args, req.id, req.method, item.route,
-                                       req.client)
-        except Refused as exc:
-            return core.error(item, exc, record=False)
-        except Exception as exc:
-            return core.error(item, exc)
+            value = spec.handler(*item.args)
+        except Exception as exc:  # a refusal leaves nothing under the key
+            return core.error(item, exc, record=not isinstance(exc, Refused))
         except BaseException:
             core.cancelled(item)
             raise
         else:
             return core.result(item, value)
         finally:
+            live.end(req.id, token)
             if trace_token is not None:
                 current_trace.reset(trace_token)
 
@@ -78,10 +79,8 @@ class HandlerRunner:
                 value = await anyio.to_thread.run_sync(spec.handler, *item.args)
             else:
                 value = spec.handler(*item.args)
-        except Refused as exc:
-            return core.error(item, exc, record=False)
-        except Exception as exc:
-            return core.error(item, exc)
+        except Exception as exc:  # a refusal leaves nothing under the key
+            return core.error(item, exc, record=not isinstance(exc, Refused))
         except BaseException:
             core.cancelled(item)
             raise

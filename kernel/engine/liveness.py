@@ -22,7 +22,6 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Hashable
-from typing import Any
 
 from ctlwire.kernel.core.peer_table import INCARNATION_TIME_SHIFT
 from ctlwire.transports.envelope import Heartbeat
@@ -121,7 +120,7 @@ class EngineLiveness:
         self.use_beacon = beacon
         self.beacon_active = False
         #: heartbeats reach every peer (a routed transport), not only a request's sender
-        self.shared_heartbeats = bool(getattr(transport, "routed", False))
+        self.shared_heartbeats = transport.routed
         #: a hook for fault tests: no heartbeat goes out while set
         self.paused = False
         #: requests being handled now: request id -> (method, time.monotonic() at start)
@@ -138,8 +137,6 @@ class EngineLiveness:
         #: heartbeats whose send raised an unexpected error (skipped, logged)
         self.heartbeat_failures = 0
         self._failure_log = RateLimitedLog(logging.getLogger("ctlwire.engine"))
-        #: the transport's periodic upkeep (dialing again what libzmq gave up), if any
-        self._upkeep: Callable[[], None] | None = getattr(transport, "upkeep", None)
         self._next_upkeep = 0.0
         self._routes: dict[int, Route] = {}  # shared_heartbeats: a running request's route
         self._seq = 0
@@ -155,25 +152,6 @@ class EngineLiveness:
         if self.shared_heartbeats:
             self._routes[request_id] = route
         return _current_request.set((self, request_id, route, client))
-
-    def call(self, handler: Callable[..., Any], args: tuple[Any, ...], request_id: int,
-             method: str, route: Route, client: int = 0) -> Any:
-        """``handler(*args)`` on this thread, its request running meanwhile
-        (:meth:`begin` and :meth:`end` around it, in one call); what it raises
-        propagates."""
-        self.running[request_id] = (method, time.monotonic())
-        if self.shared_heartbeats:
-            self._routes[request_id] = route
-        token = _current_request.set((self, request_id, route, client))
-        try:
-            return handler(*args)
-        finally:
-            _current_request.reset(token)
-            self.running.pop(request_id, None)
-            if self.progress:
-                self.progress.pop(request_id, None)
-            if self._routes:
-                self._routes.pop(request_id, None)
 
     def end(self, request_id: int, token: RunningToken) -> None:
         """It ended, with or without an outcome."""
@@ -224,10 +202,10 @@ class EngineLiveness:
         self.last_loop = now = time.monotonic() if now is None else now
         if now >= self._next_heartbeat and self.polling:
             self.heartbeat_if_due(now)
-        if now >= self._next_upkeep and self._upkeep is not None:
+        if now >= self._next_upkeep:
             self._next_upkeep = now + (self.heartbeat_interval or 0.25)
             try:
-                self._upkeep()
+                self.transport.upkeep()
             except Exception as exc:  # never let upkeep end the engine's loop
                 self._failure_log.warning(type(exc).__name__, "engine %d: upkeep failed: %r",
                                           self.rank, exc)
@@ -260,9 +238,9 @@ class EngineLiveness:
 
     def start_beacon(self) -> None:
         """Start the transport's liveness beacon, where it has one."""
-        start = getattr(self.transport, "start_beacon", None)
-        if self.use_beacon and self.heartbeat_interval and start is not None:
-            self.beacon_active = bool(start(self.heartbeat_interval, self.status_heartbeat))
+        if self.use_beacon and self.heartbeat_interval:
+            self.beacon_active = self.transport.start_beacon(self.heartbeat_interval,
+                                                             self.status_heartbeat)
 
     def use_shared_beacon(self) -> None:
         """Another beacon (:func:`~ctlwire.kernel.engine.shared_beacon.start_shared_beacon`)

@@ -28,8 +28,8 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
-from ctlwire.kernel.core.inbound_core import ErrorCode
 from ctlwire.transports.envelope import ErrorInfo, Reply
+from ctlwire.transports.error_codes import ErrorCode
 from ctlwire.transports.errors import OversizedFrame, TransportError, Unroutable, WouldBlock
 from ctlwire.transports.rate_limited_log import RateLimitedLog
 from ctlwire.transports.transport import EngineTransport, Route
@@ -59,29 +59,25 @@ class ReplyOutbox:
         self.log = log or logging.getLogger("ctlwire.engine")
         #: replies that could not be sent: one line per kind of failure per interval
         self.unsent_log = RateLimitedLog(self.log)
-        #: replies waiting for room, per route (poll mode; empty: none wait)
-        self.queues: OrderedDict[Route, deque[tuple[Reply | bytes, int]]] = OrderedDict()
+        #: replies waiting for room, per route: (encoded, its size); empty: none wait
+        self.queues: OrderedDict[Route, deque[tuple[bytes, int]]] = OrderedDict()
         self._route_bytes: dict[Route, int] = {}
         #: route -> when its queue last made progress (``time.monotonic``)
         self._since: dict[Route, float] = {}
         self.stalled: OrderedDict[Route, None] = OrderedDict()
-        # replies go out encoded where the transport takes bytes and the codec has
-        # an encoder without the size check (the check is made here, once)
-        send_encoded = getattr(transport, "send_encoded_nowait", None)
-        encoder = self.codec.fast_envelope_encoder() if send_encoded is not None else None
-        self._encode: Callable[[Reply], bytes] | None = (
-            encoder if send_encoded is not None else None)
-        self._send_encoded: Callable[[Route, bytes], None] = send_encoded or _no_encoded_send
+        # a reply is encoded once, here: by the codec's encoder without the size
+        # check where it has one (the check is made here, once)
+        self._fast_encode: Callable[[Reply], bytes] | None = self.codec.fast_envelope_encoder()
         self._max_size = self.codec.max_message_size
 
     @property
     def pending(self) -> bool:
-        """Replies wait for room (poll mode)."""
+        """Replies wait for room."""
         return bool(self.queues)
 
     @property
     def replies(self) -> int:
-        """Replies waiting for room (poll mode)."""
+        """Replies waiting for room."""
         return sum(len(q) for q in self.queues.values())
 
     @property
@@ -92,27 +88,22 @@ class ReplyOutbox:
     def send(self, route: Route, reply: Reply) -> None:
         """Send now, or queue behind ``route``'s waiting replies (bounded, see above);
         a stalled route's reply that finds its pipe full is dropped (counted)."""
-        encode = self._encode
-        if encode is None:
-            item: Reply | bytes = self._fit(reply)
-        else:  # the reply's one encoding, checked against the limit here
-            item = encode(reply)
-            if len(item) > self._max_size:
-                item = encode(self._fit(reply))
+        # the reply's one encoding, within the codec's limit (checked here, once)
+        encode = self._fast_encode
+        data = encode(reply) if encode is not None else None
+        if data is None or len(data) > self._max_size:
+            data = self.codec.encode(self._fit(reply))
         if self.queues and route in self.queues:
-            self._enqueue(route, item)
+            self._enqueue(route, data)
             self._flush_route(route)
             return
         try:
-            if type(item) is bytes:
-                self._send_encoded(route, item)
-            else:
-                self.transport.send_nowait(route, item)  # type: ignore[arg-type]
+            self.transport.send_encoded_nowait(route, data)
         except WouldBlock:
             if self.stalled and route in self.stalled:  # it stopped reading: nobody waits
                 self.counters["replies_dropped_unread"] += 1
             else:
-                self._enqueue(route, item)
+                self._enqueue(route, data)
         except (Unroutable, TransportError) as exc:
             self._unsent(exc)
         else:
@@ -125,8 +116,8 @@ class ReplyOutbox:
         for route in list(self.queues):
             self._flush_route(route)
 
-    def _enqueue(self, route: Route, item: Reply | bytes) -> None:
-        size = len(item) if type(item) is bytes else _reply_size(item)  # type: ignore[arg-type]
+    def _enqueue(self, route: Route, data: bytes) -> None:
+        size = len(data)
         queue = self.queues.get(route)
         held = self._route_bytes.get(route, 0)
         if ((queue is not None and len(queue) >= self.max_unread_replies)
@@ -137,7 +128,7 @@ class ReplyOutbox:
         if queue is None:
             queue = self.queues[route] = deque()
             self._since[route] = time.monotonic()
-        queue.append((item, size))
+        queue.append((data, size))
         self._route_bytes[route] = held + size
         self.bytes += size
         self.peak_bytes = max(self.peak_bytes, self.bytes)
@@ -145,10 +136,11 @@ class ReplyOutbox:
     def _flush_route(self, route: Route) -> None:
         queue = self.queues.get(route)
         sent = False
+        send = self.transport.send_encoded_nowait
         while queue:
-            item, size = queue[0]
+            data, size = queue[0]
             try:
-                self._transmit(route, item)
+                send(route, data)
                 self.counters["replied"] += 1
                 sent = True
             except WouldBlock:
@@ -205,25 +197,10 @@ class ReplyOutbox:
             self.counters["replies_too_large"] += 1
             return Reply(reply.id, reply.rank, reply.incarnation, False,
                          self.codec.encode_value(None),
-                         ErrorInfo("ReplyTooLarge", str(exc), ErrorCode.OVERSIZED_FRAME))
+                         ErrorInfo("ReplyTooLarge", str(exc), ErrorCode.REPLY_TOO_LARGE))
         return reply
-
-    def _transmit(self, route: Route, item: Reply | bytes) -> None:
-        if type(item) is bytes:
-            self._send_encoded(route, item)
-        else:
-            self.transport.send_nowait(route, item)  # type: ignore[arg-type]
 
     def _unsent(self, exc: Exception) -> None:
         """A reply could not be sent (its client is gone, or the transport failed)."""
         self.counters["reply_send_failures"] += 1
         self.unsent_log.warning(type(exc).__name__, "engine: reply not sent: %r", exc)
-
-
-def _reply_size(reply: Reply) -> int:
-    err = reply.error
-    return 64 + len(reply.result) + (len(err.type) + len(err.message) if err else 0)
-
-
-def _no_encoded_send(route: Route, data: bytes) -> None:  # pragma: no cover - never called
-    raise AssertionError("no encoded send without an envelope encoder")

@@ -38,9 +38,8 @@ Guarantees:
 
 from __future__ import annotations
 
-import logging
 import threading
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import anyio
 import anyio.abc
@@ -53,13 +52,9 @@ from ctlwire.kernel.engine.liveness import EngineLiveness
 from ctlwire.kernel.engine.outbox import ReplyOutbox
 from ctlwire.transports.envelope import Reply
 from ctlwire.transports.errors import TransportClosed
-from ctlwire.transports.rate_limited_log import RateLimitedLog
 from ctlwire.transports.transport import EngineTransport, Route
 
 __all__ = ["EngineServer", "QueuedRequests"]
-
-log = logging.getLogger("ctlwire.engine")
-
 
 #: what a queued request's objects hold beyond its bytes (the request, its lane entry)
 _OBJECT_BYTES = 512
@@ -149,7 +144,7 @@ class EngineServer:
 
     def __init__(self, transport: EngineTransport, core: InboundCore, outbox: ReplyOutbox,
                  liveness: EngineLiveness, runner: HandlerRunner, queued: QueuedRequests,
-                 *, mailbox_size: int) -> None:
+                 *, mailbox_size: int, internal_error: Callable[[str], None]) -> None:
         self.transport = transport
         self.core = core
         self.outbox = outbox
@@ -161,7 +156,8 @@ class EngineServer:
         self.lanes: dict[str, MemoryObjectSendStream[InboundRequest]] = {}
         self._lanes_tg: anyio.abc.TaskGroup | None = None
         self._replies_wait: anyio.Event | None = None  # set: the flusher has work
-        self._error_log = RateLimitedLog(log)
+        #: an unexpected exception while doing what it names: counted and logged
+        self.internal_error = internal_error
 
     async def serve(self, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with self.transport, anyio.create_task_group() as lanes:
@@ -305,9 +301,3 @@ class EngineServer:
             if not live.beacon_active:
                 live.send_heartbeat()
             live.send_progress_heartbeats()
-
-    def internal_error(self, doing: str) -> None:
-        """An unexpected exception while ``doing``: counted and logged (rate-limited)."""
-        self.core.counters["internal_errors"] += 1
-        self._error_log.log(logging.ERROR, "internal", "engine %d: internal error %s",
-                            self.core.rank, doing, exc_info=True)

@@ -6,7 +6,7 @@ idempotency key (:mod:`~ctlwire.kernel.engine.operation_ledger`)."""
 from __future__ import annotations
 
 from ctlwire.kernel.core.inbound_core import Refused
-from ctlwire.kernel.errors import FENCED_CODE
+from ctlwire.transports.error_codes import ErrorCode
 
 __all__ = ["Fenced", "InvalidStep", "OperationAborted", "OperationOwned", "StepInFlight",
            "StepNotApplied", "StepOutOfOrder", "UnknownStepMethod"]
@@ -15,46 +15,46 @@ __all__ = ["Fenced", "InvalidStep", "OperationAborted", "OperationOwned", "StepI
 class Fenced(Refused):
     """Engine side: a step of an older operation, refused (client: errors.Fenced)."""
 
-    code = FENCED_CODE
+    code = ErrorCode.FENCED
 
 
 class UnknownStepMethod(Refused):
     """A step named a method the ledger was not given."""
 
-    code = 404
+    code = ErrorCode.UNKNOWN_STEP_METHOD
 
 
 class OperationAborted(Refused):
     """A forward step of an operation whose compensation already ran here."""
 
-    code = 410
+    code = ErrorCode.OPERATION_ABORTED
 
 
 class InvalidStep(Refused):
     """A malformed step: unknown phase, missing or implausible fence, wrong key or position."""
 
-    code = 422
+    code = ErrorCode.INVALID_STEP
 
 
 class OperationOwned(Refused):
     """A step of an operation bound to another controller (same token, another peer)."""
 
-    code = 403
+    code = ErrorCode.OPERATION_OWNED
 
 
 class StepOutOfOrder(Refused):
     """A forward step that is not the next one of its operation here."""
 
-    code = 425
+    code = ErrorCode.STEP_OUT_OF_ORDER
 
 
 class StepInFlight(Refused):
     """A take-over while a step runs here: ask again once it returned."""
 
-    code = 409
+    code = ErrorCode.STEP_IN_FLIGHT
 
 
 class StepNotApplied(Refused):
     """A compensation for a step this ledger did not apply: nothing to undo, nothing ran."""
 
-    code = 412
+    code = ErrorCode.STEP_NOT_APPLIED

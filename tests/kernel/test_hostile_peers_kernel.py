@@ -12,8 +12,8 @@ from ctlwire.kernel.core.request_registry import ReplyDisposition, RequestRegist
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.envelope import Reply, Request
-from ctlwire.transports.errors import WouldBlock
-from ctlwire.transports.transport import Received
+from ctlwire.transports.errors import TransportClosed, WouldBlock
+from ctlwire.transports.transport import EngineTransport, Received
 
 NIL = msgspec.Raw(b"\xc0")
 
@@ -53,7 +53,7 @@ def test_a_reply_whose_connection_rank_differs_from_its_claim_never_enters_a_tom
     assert reg._tombstones[entry.id].answered == set()
 
 
-class _FullRouteTransport:
+class _FullRouteTransport(EngineTransport):
     """An engine transport whose route ``b"hostile"`` is always full."""
 
     def __init__(self) -> None:
@@ -62,17 +62,16 @@ class _FullRouteTransport:
         self.sent: list[tuple[Any, int]] = []
         self.inbox: list[Any] = []
 
-    def open(self) -> None: ...
-
-    def close(self) -> None: ...
-
     def try_receive(self) -> Any:
         return self.inbox.pop(0) if self.inbox else None
 
-    def send_nowait(self, route: Any, envelope: Any) -> None:
+    async def receive(self) -> Any:
+        raise TransportClosed("polled only")
+
+    def send_encoded_nowait(self, route: Any, data: bytes) -> None:
         if route == b"hostile":
             raise WouldBlock("full")
-        self.sent.append((route, envelope.id))
+        self.sent.append((route, self.codec.decode(data).id))
 
     def heartbeat_routes(self) -> list[Any]:
         return []
@@ -80,7 +79,7 @@ class _FullRouteTransport:
 
 def test_poll_mode_replies_to_a_full_route_are_bounded_and_do_not_hold_up_others() -> None:
     transport = _FullRouteTransport()
-    ep = EngineEndpoint(transport, heartbeat_interval=None, max_unread_replies=8)  # type: ignore[arg-type]
+    ep = EngineEndpoint(transport, heartbeat_interval=None, max_unread_replies=8)
     ep.register("echo", lambda v: v, payload_type=Any)
     codec = transport.codec
     n = 0

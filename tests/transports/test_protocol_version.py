@@ -24,9 +24,9 @@ from ctlwire.kernel.engine.endpoint import EngineEndpoint, new_incarnation
 from ctlwire.kernel.errors import NotDelivered, UnsupportedProtocolVersion, remote_error
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.envelope import ErrorInfo, Heartbeat, Reply, Request
+from ctlwire.transports.error_codes import ErrorCode
 from ctlwire.transports.protocol_version import (
     PROTOCOL_VERSION,
-    UNSUPPORTED_VERSION_CODE,
     pack_version,
     supported_version,
     version_text,
@@ -258,7 +258,7 @@ async def test_engine_refuses_a_client_of_another_major_version() -> None:
             reply = await anyio.to_thread.run_sync(recv_reply, sock, 7)
             assert not reply.ok and reply.error is not None
             assert reply.error.type == "UnsupportedProtocolVersion"
-            assert reply.error.code == UNSUPPORTED_VERSION_CODE
+            assert reply.error.code == ErrorCode.UNSUPPORTED_PROTOCOL_VERSION
             assert "1.0" in reply.error.message and "2.0" in reply.error.message
             # a newer minor version, with a field this engine does not know, runs
             sock.send_multipart([route, request_frame(
@@ -274,9 +274,9 @@ async def test_engine_refuses_a_client_of_another_major_version() -> None:
 
 def test_an_engine_refusal_is_the_typed_error() -> None:
     err = remote_error(ErrorInfo("UnsupportedProtocolVersion", "speaks 1.0, request 2.0",
-                                 UNSUPPORTED_VERSION_CODE), rank=3)
+                                 ErrorCode.UNSUPPORTED_PROTOCOL_VERSION), rank=3)
     assert isinstance(err, UnsupportedProtocolVersion) and isinstance(err, NotDelivered)
     assert err.rank == 3
     # the same code under another name is an ordinary remote error
-    assert not isinstance(remote_error(ErrorInfo("Other", "", UNSUPPORTED_VERSION_CODE)),
-                          UnsupportedProtocolVersion)
+    other = ErrorInfo("Other", "", ErrorCode.UNSUPPORTED_PROTOCOL_VERSION)
+    assert not isinstance(remote_error(other), UnsupportedProtocolVersion)

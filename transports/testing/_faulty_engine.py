@@ -25,7 +25,7 @@ from ctlwire.transports.transport import (
 
 __all__ = ["FaultyEngineTransport"]
 
-class FaultyEngineTransport(_FaultyBase):
+class FaultyEngineTransport(_FaultyBase, EngineTransport):
     """An :class:`EngineTransport` for one rank that injects the faults of
     ``plan`` into ``inner``.
 
@@ -43,6 +43,7 @@ class FaultyEngineTransport(_FaultyBase):
         self.inner = inner
         self.codec: Codec = inner.codec
         self.rank: int = inner.rank
+        self.routed = inner.routed
         self._ready: deque[TransportEvent] = deque()
         self._async = False
         self._wake: anyio.Event | None = None
@@ -201,22 +202,10 @@ class FaultyEngineTransport(_FaultyBase):
                     lambda: self.inner.send_nowait(route, envelope),
                     lambda: self._send_later(route, envelope))
 
-    async def send(self, route: Route, envelope: Envelope) -> None:
-        if self._closed:
-            raise TransportClosed("transport is closed")
-        verdict = self.faults.decide("send", self.rank, envelope)
-        if verdict is _PASS:
-            await self.inner.send(route, envelope)
-            self._release_held("send", self.rank)
-            return
-        if verdict.delays and verdict.hold is None and verdict.delays[0] <= 0:
-            await self.inner.send(route, envelope)
-            for _ in verdict.delays[1:]:
-                self._send_later(route, envelope)
-            self._release_held("send", self.rank)
-            return
-        self._route("send", self.rank, verdict, lambda: self._send_later(route, envelope),
-                    lambda: self._send_later(route, envelope))
+    def send_encoded_nowait(self, route: Route, data: bytes) -> None:
+        """:meth:`send_nowait` of the envelope ``data`` encodes (faults are decided
+        by what a frame carries)."""
+        self.send_nowait(route, self.codec.decode(data))
 
     def heartbeat_routes(self) -> Iterable[Route]:
         return self.inner.heartbeat_routes()

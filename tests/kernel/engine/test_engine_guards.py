@@ -12,12 +12,12 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import anyio
 import anyio.to_thread
 import pytest
+from forwarding_transport import Forwarding
 
 from ctlwire.kernel.busy_loop import BusyLoop
 from ctlwire.kernel.client.control_client import ControlClient
@@ -58,33 +58,21 @@ class OneFault:
         raise Injected(point)
 
 
-class FaultyTransport:
+class FaultyTransport(Forwarding):
     """An engine transport that raises where :class:`OneFault` is armed: ``decode``
     (taking the next frame), ``send`` (a reply), ``heartbeat``."""
 
     def __init__(self, inner: EngineTransport, fault: OneFault) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.fault = fault
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def __aenter__(self) -> FaultyTransport:
-        await self.inner.__aenter__()
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.inner.__aexit__(exc_type, exc, tb)
 
     def try_receive(self) -> TransportEvent | None:
         self.fault.at("decode")
         return self.inner.try_receive()
 
-    def receive_one(self) -> TransportEvent | None:
+    def receive_one(self, timeout: float = 0.0) -> TransportEvent | None:
         self.fault.at("decode")
-        event: TransportEvent | None = self.inner.receive_one()  # type: ignore[attr-defined]
-        return event
+        return self.inner.receive_one(timeout)
 
     async def receive(self) -> TransportEvent:
         self.fault.at("decode")
@@ -96,7 +84,7 @@ class FaultyTransport:
 
     def send_encoded_nowait(self, route: Route, data: bytes) -> None:  # replies, encoded
         self.fault.at("send")
-        self.inner.send_encoded_nowait(route, data)  # type: ignore[attr-defined]
+        self.inner.send_encoded_nowait(route, data)
 
 
 def faulty_dispatch(ep: EngineEndpoint, fault: OneFault) -> None:
@@ -132,7 +120,7 @@ async def running_engine(mode: str, address: str, fault: OneFault,
                          backend: str) -> AsyncIterator[EngineEndpoint]:
     """An engine on ``address`` with the faulty transport, run in ``mode``."""
     transport = FaultyTransport(ZmqDealerEngineTransport(address, rank=0), fault)
-    ep = EngineEndpoint(transport, beacon=False)  # type: ignore[arg-type]
+    ep = EngineEndpoint(transport, beacon=False)
     if mode == "loop":
         loop = BusyLoop(ep, backend=backend)
         register(ep)

@@ -7,28 +7,40 @@ import time
 from typing import Any
 
 from ctlwire.kernel.engine.liveness import STEP_METHOD, EngineLiveness, report_progress
+from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.envelope import Heartbeat
-from ctlwire.transports.errors import Unroutable
+from ctlwire.transports.errors import TransportClosed, Unroutable
+from ctlwire.transports.transport import EngineTransport
 
 
-class Stub:
+class Stub(EngineTransport):
     routed = True
 
     def __init__(self) -> None:
+        self.codec = MsgpackCodec()
+        self.rank = 3
         self.sent: list[tuple[Any, Heartbeat]] = []
 
     def heartbeat_routes(self) -> list[Any]:
         return [b"a", b"gone"]
 
-    def send_nowait(self, route: Any, hb: Heartbeat) -> None:
+    def try_receive(self) -> Any:
+        return None
+
+    async def receive(self) -> Any:
+        raise TransportClosed("a stub")
+
+    def send_encoded_nowait(self, route: Any, data: bytes) -> None:
         if route == b"gone":
             raise Unroutable(0, "gone")
+        hb = self.codec.decode(data)
+        assert isinstance(hb, Heartbeat)
         self.sent.append((route, hb))
 
 
 def make(**kw: Any) -> tuple[EngineLiveness, Stub]:
     stub = Stub()
-    return EngineLiveness(stub, rank=3, incarnation=9, **kw), stub  # type: ignore[arg-type]
+    return EngineLiveness(stub, rank=3, incarnation=9, **kw), stub
 
 
 def test_a_running_request_is_reported_and_its_progress_goes_to_its_route_only() -> None:

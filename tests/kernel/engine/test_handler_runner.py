@@ -14,7 +14,9 @@ from ctlwire.kernel.engine.liveness import EngineLiveness, current_request_id, r
 from ctlwire.kernel.engine.method_table import MethodTable
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.envelope import Heartbeat, Request
+from ctlwire.transports.errors import TransportClosed
 from ctlwire.transports.memory import MemoryNetwork
+from ctlwire.transports.transport import EngineTransport
 
 CODEC = MsgpackCodec()
 
@@ -43,15 +45,25 @@ def test_a_sync_handler_runs_here_seen_as_running() -> None:
     assert runner.liveness.running == {}
 
 
-class RoutedStub:
+class RoutedStub(EngineTransport):
     """A routed transport that keeps the heartbeats sent to it."""
 
     routed = True
 
     def __init__(self) -> None:
+        self.codec = CODEC
+        self.rank = 0
         self.sent: list[tuple[Any, Heartbeat]] = []
 
-    def send_nowait(self, route: Any, hb: Heartbeat) -> None:
+    def try_receive(self) -> Any:
+        return None
+
+    async def receive(self) -> Any:
+        raise TransportClosed("a stub")
+
+    def send_encoded_nowait(self, route: Any, data: bytes) -> None:
+        hb = self.codec.decode(data)
+        assert isinstance(hb, Heartbeat)
         self.sent.append((route, hb))
 
 
@@ -59,7 +71,7 @@ def test_a_sync_run_is_reported_with_its_progress_and_forgotten_however_it_ends(
     table = MethodTable(CODEC)
     core = InboundCore(table.specs, CODEC, rank=0, incarnation=1, clock=lambda: 1000.0)
     stub = RoutedStub()
-    live = EngineLiveness(stub, rank=0, incarnation=1)  # type: ignore[arg-type]
+    live = EngineLiveness(stub, rank=0, incarnation=1)
     runner = HandlerRunner(core, live)
     seen: list[Any] = []
 

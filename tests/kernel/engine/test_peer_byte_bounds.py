@@ -18,15 +18,15 @@ from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.envelope import Reply, Request
-from ctlwire.transports.errors import WouldBlock
-from ctlwire.transports.transport import Received
+from ctlwire.transports.errors import TransportClosed, WouldBlock
+from ctlwire.transports.transport import EngineTransport, Received
 from ctlwire.transports.zmq_client import ZmqDealerClientTransport
 from ctlwire.transports.zmq_config import ZmqOptions
 
 # -- the outbox: bytes per full route, and in total ---------------------------------------
 
 
-class _FullRoutes:
+class _FullRoutes(EngineTransport):
     """An engine transport whose routes named ``full-*`` never take a reply."""
 
     def __init__(self) -> None:
@@ -36,15 +36,11 @@ class _FullRoutes:
         self.sent: list[tuple[Any, int]] = []
         self.next_id = 0
 
-    def open(self) -> None: ...
-
-    def close(self) -> None: ...
-
     def try_receive(self) -> Any:
         return self.inbox.pop(0) if self.inbox else None
 
-    def send_nowait(self, route: Any, envelope: Any) -> None:
-        self.send_encoded_nowait(route, self.codec.encode(envelope))
+    async def receive(self) -> Any:
+        raise TransportClosed("polled only")
 
     def send_encoded_nowait(self, route: Any, data: bytes) -> None:
         if route.startswith(b"full-"):
@@ -72,7 +68,7 @@ def test_bytes_queued_for_one_full_route_stay_under_max_unread_bytes() -> None:
     never pass ``max_unread_bytes`` (the reply count bound is far away), and every
     reply that did not fit is counted as dropped."""
     transport = _FullRoutes()
-    ep = EngineEndpoint(transport, heartbeat_interval=None,  # type: ignore[arg-type]
+    ep = EngineEndpoint(transport, heartbeat_interval=None,
                         max_unread_replies=10_000, max_unread_bytes=100_000,
                         max_outbox_bytes=10 << 20)
     ep.register("echo", lambda v: v, payload_type=Any)
@@ -94,7 +90,7 @@ def test_outbox_total_across_several_full_routes_stays_under_max_outbox_bytes() 
     outbox's 250 KB, the excess is counted as dropped, and a route that reads is
     still answered."""
     transport = _FullRoutes()
-    ep = EngineEndpoint(transport, heartbeat_interval=None,  # type: ignore[arg-type]
+    ep = EngineEndpoint(transport, heartbeat_interval=None,
                         max_unread_replies=10_000, max_unread_bytes=100_000,
                         max_outbox_bytes=250_000)
     ep.register("echo", lambda v: v, payload_type=Any)

@@ -4,8 +4,8 @@
   included, and handles each (its reply sent) before taking the next, up to
   ``max_messages``, until a take finds nothing (a ZMQ engine transport's
   ``receive_one`` asks the socket's ``EVENTS`` first, so that take raises
-  nothing). A transport without ``receive_one`` is read with ``try_receive``
-  until it finds nothing.
+  nothing). A transport with the default ``receive_one`` is read with its
+  ``try_receive`` until it finds nothing.
 * Over a real ZMQ transport (where replies go out as encoded bytes) every
   kind of request gets its one reply.
 * The trace carrier a handler sees, and that it is restored.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import anyio
 import pytest
 import zmq
 from test_request_kinds import check, methods, requests  # the same stream and methods
@@ -26,16 +27,18 @@ from ctlwire.transports.codec import MsgpackCodec
 from ctlwire.transports.envelope import Heartbeat, Reply, Request
 from ctlwire.transports.errors import TransportClosed
 from ctlwire.transports.memory import MemoryNetwork
-from ctlwire.transports.transport import Dropped, Received
+from ctlwire.transports.transport import Dropped, EngineTransport, Received
 from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
 
 _counter = itertools.count()
 
 
 class _Pair:
-    """A raw ROUTER (the client) and an engine endpoint on a ZMQ DEALER, inproc."""
+    """A raw ROUTER (the client) and an engine endpoint on a ZMQ DEALER, inproc; the
+    transport opened for a synchronous loop, or (``mechanism="async-socket"``)
+    entered for an event loop and then polled."""
 
-    def __init__(self, **kw: Any) -> None:
+    def __init__(self, mechanism: str = "sync-socket", **kw: Any) -> None:
         self.address = f"inproc://engine-batch-{next(_counter)}"
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
@@ -46,6 +49,8 @@ class _Pair:
         self.ep = EngineEndpoint(self.transport, heartbeat_interval=None, beacon=False,
                                  clock=lambda: 1000.0, incarnation=1, **kw)
         methods(self.ep)
+        if mechanism == "async-socket":
+            anyio.run(self.transport.__aenter__)
         self.ep.open()
 
     def send(self, *frames: bytes) -> None:
@@ -77,16 +82,16 @@ def _settle(pair: _Pair) -> None:
             break
 
 
-@pytest.mark.parametrize("direct", [True, False], ids=["raw-socket", "wrapper"])
+MECHANISMS = ["sync-socket", "async-socket"]
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_receive_one_takes_each_queued_message_as_its_typed_event_in_order(
-        direct: bool) -> None:
+        mechanism: str) -> None:
     """``receive_one`` hands over each queued message as its typed event, in
     order, then None; a message of several parts is one framing drop, not a
-    request. ``readable`` says whether one is queued (on the raw socket; through
-    the wrapper it cannot tell, and says True)."""
-    pair = _Pair()
-    assert pair.transport._direct  # opened by this thread, no async use yet
-    pair.transport._direct = direct
+    request."""
+    pair = _Pair(mechanism)
     try:
         codec = pair.codec
         for i in range(1, 3):
@@ -97,10 +102,9 @@ def test_receive_one_takes_each_queued_message_as_its_typed_event_in_order(
         pair.send(codec.encode(Heartbeat(0, 1)))
         _settle(pair)
         events = []
-        while pair.transport.readable() and (event := pair.transport.receive_one()) is not None:
+        while (event := pair.transport.receive_one()) is not None:
             events.append(event)
         assert pair.transport.receive_one() is None
-        assert pair.transport.readable() is not direct
         assert [type(e) for e in events] == [Received, Received, Dropped, Dropped, Received,
                                              Received]
         assert [e.envelope.id for e in events if isinstance(e, Received)
@@ -111,16 +115,14 @@ def test_receive_one_takes_each_queued_message_as_its_typed_event_in_order(
         pair.close()
     with pytest.raises(TransportClosed):
         pair.transport.receive_one()
-    assert not pair.transport.readable()
 
 
-@pytest.mark.parametrize("direct", [True, False], ids=["raw-socket", "wrapper"])
+@pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_a_frame_that_is_not_an_envelope_is_parsed_by_the_fast_decoder_once(
-        direct: bool) -> None:
+        mechanism: str) -> None:
     """The shortcut decoder's refusal goes straight to the typed verdict: a
     malformed frame (a peer's, up to the size limit) is not parsed twice."""
-    pair = _Pair()
-    pair.transport._direct = direct
+    pair = _Pair(mechanism)
     fast = pair.transport._fast_decode
     assert fast is not None
     tried: list[bytes] = []
@@ -192,7 +194,6 @@ def test_poll_replies_to_a_lone_request_before_asking_whether_more_is_queued(
         seen: list[tuple[str, bool, int]] = []  # (what, result, replies sent before)
         _record_receives(monkeypatch, pair.ep, lambda what, got: seen.append(
             (what, got, pair.ep.counters["replied"])))
-        assert pair.transport._direct
         pair.send(_request(pair.codec, 1))
         _settle(pair)
         assert pair.ep.poll() == 1
@@ -221,10 +222,10 @@ def test_poll_takes_what_queued_behind_the_first_event_in_the_same_poll() -> Non
         pair.close()
 
 
-def test_poll_without_receive_one_reads_try_receive_until_it_finds_nothing() -> None:
+def test_poll_with_the_default_receive_one_reads_try_receive_until_it_finds_nothing() -> None:
     net = MemoryNetwork()
     transport = net.engine_transport(0)
-    assert not hasattr(transport, "receive_one") and not hasattr(transport, "readable")
+    assert type(transport).receive_one is EngineTransport.receive_one
     ep = EngineEndpoint(transport, heartbeat_interval=None)
     methods(ep)
     client = net.client_transport()
@@ -239,7 +240,6 @@ def test_poll_without_receive_one_reads_try_receive_until_it_finds_nothing() -> 
 def test_every_kind_of_request_gets_its_one_reply_over_zmq() -> None:
     pair = _Pair()
     try:
-        assert pair.ep.outbox._encode is not None  # replies go out as encoded bytes
         envs = requests(pair.codec)
         for env in envs:
             pair.send(pair.codec.encode(env))
@@ -249,8 +249,6 @@ def test_every_kind_of_request_gets_its_one_reply_over_zmq() -> None:
               pair.ep.__dict__["ran"])
     finally:
         pair.close()
-    net = MemoryNetwork()  # no send_encoded_nowait: replies as envelopes
-    assert EngineEndpoint(net.engine_transport(0)).outbox._encode is None
 
 
 def test_trace_carrier_is_set_cleared_and_restored() -> None:
@@ -285,13 +283,12 @@ def test_trace_carrier_is_set_cleared_and_restored() -> None:
         pair.close()
 
 
-def test_direct_socket_path_is_for_the_owner_thread_until_the_first_async_use() -> None:
-    """The sync methods call the raw socket only from the thread that opened the
-    transport, and only until an async receive/send (after which a task may be
-    suspended on the socket, and every call must go through the wrapper)."""
+def test_a_transport_opened_for_a_sync_loop_is_its_opening_thread_s_alone() -> None:
+    """Opened with ``open()`` (a synchronous loop), the socket is used directly by the
+    thread that opened it: another thread is refused, and so is an event loop
+    (``async with`` raises RuntimeError); entered with ``async with``, it serves the
+    synchronous calls too, through the socket wrapper."""
     import threading
-
-    import anyio
 
     from ctlwire.transports.errors import ForeignThreadError
 
@@ -311,25 +308,29 @@ def test_direct_socket_path_is_for_the_owner_thread_until_the_first_async_use() 
         th.start()
         th.join()
         assert len(errors) == 1 and isinstance(errors[0], ForeignThreadError)
-        assert transport._direct
         transport.send_encoded_nowait(None, reply)
         assert pair.router.poll(5000) and pair.router.recv_multipart()[1] == reply
+        with pytest.raises(RuntimeError, match="synchronous loop"):
+            anyio.run(transport.__aenter__)
+    finally:
+        pair.close()
+    served = _Pair("async-socket")
+    try:
+        served.transport.send_encoded_nowait(None, reply)  # through the wrapper, same frames
+        assert served.router.poll(5000) and served.router.recv_multipart()[1] == reply
 
         async def receive_one() -> Any:
             with anyio.fail_after(10):
-                return await transport.receive()
+                return await served.transport.receive()
 
-        pair.send(codec.encode(Heartbeat(0, 1)))
+        served.send(codec.encode(Heartbeat(0, 1)))
         event = anyio.run(receive_one)
         assert isinstance(event, Received) and isinstance(event.envelope, Heartbeat)
-        assert not transport._direct  # for good
-        transport.send_encoded_nowait(None, reply)  # through the wrapper, same frames
-        assert pair.router.poll(5000) and pair.router.recv_multipart()[1] == reply
     finally:
-        pair.close()
+        served.close()
 
 
-class _FullRoute:
+class _FullRoute(EngineTransport):
     """An engine transport taking encoded replies whose route ``b"hostile"`` is
     always full (WouldBlock) and ``b"gone"`` unroutable."""
 
@@ -340,15 +341,11 @@ class _FullRoute:
         self.inbox: list[Any] = []
         self.sent: list[tuple[Any, int]] = []
 
-    def open(self) -> None: ...
-
-    def close(self) -> None: ...
-
     def try_receive(self) -> Any:
         return self.inbox.pop(0) if self.inbox else None
 
-    def send_nowait(self, route: Any, envelope: Any) -> None:
-        self.send_encoded_nowait(route, self.codec.encode(envelope))
+    async def receive(self) -> Any:
+        raise TransportClosed("polled only")
 
     def send_encoded_nowait(self, route: Any, data: bytes) -> None:
         from ctlwire.transports.errors import Unroutable, WouldBlock
@@ -367,9 +364,8 @@ class _FullRoute:
 
 def test_encoded_reply_to_a_full_or_gone_route_is_queued_or_counted() -> None:
     transport = _FullRoute()
-    ep = EngineEndpoint(transport, heartbeat_interval=None, max_unread_replies=4)  # type: ignore[arg-type]
+    ep = EngineEndpoint(transport, heartbeat_interval=None, max_unread_replies=4)
     ep.register("echo", lambda v: v, payload_type=Any)
-    assert ep.outbox._encode is not None
     codec = transport.codec
     for i in range(1, 11):
         route = (b"hostile", b"legit", b"gone")[i % 3]

@@ -5,9 +5,10 @@
   the time is up. What is already queued is taken at once.
 * ``poll(1, timeout)`` (the loop's round) takes one event: no second, empty
   take after a lone request.
-* The same on the raw socket (the owner thread's blocking receive) and through
-  the socket wrapper, and for a transport whose ``receive_one`` takes no
-  timeout (the wait is then ``wait_readable``).
+* The same over a transport opened for a synchronous loop (the owner thread's
+  blocking receive), over one entered for an event loop (its socket wrapper), and
+  for a transport with the default ``receive_one`` (its ``wait_readable``, then
+  its ``try_receive``).
 * A receive that keeps failing does not turn the loop into a busy loop: each
   failing poll still waits.
 """
@@ -19,29 +20,26 @@ import threading
 import time
 from typing import Any
 
+import anyio
 import pytest
 import zmq
+from forwarding_transport import Forwarding
 from test_request_kinds import methods
 
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.transports.envelope import Request
-from ctlwire.transports.transport import TransportEvent
+from ctlwire.transports.transport import EngineTransport, TransportEvent
 from ctlwire.transports.zmq_engine import ZmqDealerEngineTransport
 
 _counter = itertools.count()
 
 
-class _NoTimeout:
-    """A wrapper whose ``receive_one`` takes no timeout (an older transport)."""
+class _DefaultReceiveOne(Forwarding):
+    """A wrapper with the default ``receive_one`` (built on ``wait_readable`` and
+    ``try_receive``)."""
 
-    def __init__(self, inner: ZmqDealerEngineTransport) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def receive_one(self) -> TransportEvent | None:
-        return self.inner.receive_one()
+    def receive_one(self, timeout: float = 0.0) -> TransportEvent | None:
+        return EngineTransport.receive_one(self, timeout)
 
 
 class _Rig:
@@ -55,12 +53,14 @@ class _Rig:
         self.router.bind(address)
         self.transport = ZmqDealerEngineTransport(address, 0, context=self.ctx)
         self.codec = self.transport.codec
-        wrapped: Any = _NoTimeout(self.transport) if path == "no-timeout" else self.transport
+        wrapped: EngineTransport = (_DefaultReceiveOne(self.transport)
+                                    if path == "default-receive-one" else self.transport)
         self.ep = EngineEndpoint(wrapped, heartbeat_interval=None, beacon=False,
                                  clock=lambda: 1000.0, incarnation=1)
         methods(self.ep)
+        if path == "async-socket":  # entered for an event loop, then polled
+            anyio.run(self.transport.__aenter__)
         self.ep.open()
-        self.transport._direct = path != "wrapper"
         self.takes: list[bool] = []
         take = self.ep._take_one
 
@@ -95,7 +95,7 @@ class _Rig:
         self.ctx.term()
 
 
-PATHS = ["raw-socket", "wrapper", "no-timeout"]
+PATHS = ["sync-socket", "async-socket", "default-receive-one"]
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -139,15 +139,12 @@ def test_a_round_of_one_takes_one_queued_request_and_asks_for_no_other(path: str
         rig.close()
 
 
-class _Failing:
+class _Failing(Forwarding):
     """A transport whose every receive raises; its wait waits."""
 
     def __init__(self, inner: ZmqDealerEngineTransport) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.receives = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     def receive_one(self, timeout: float = 0.0) -> TransportEvent | None:
         self.receives += 1
@@ -160,7 +157,7 @@ def test_a_receive_that_keeps_failing_still_waits_each_round() -> None:
     router = ctx.socket(zmq.ROUTER)
     router.bind(address)
     failing = _Failing(ZmqDealerEngineTransport(address, 0, context=ctx))
-    ep = EngineEndpoint(failing, heartbeat_interval=None, beacon=False)  # type: ignore[arg-type]
+    ep = EngineEndpoint(failing, heartbeat_interval=None, beacon=False)
     try:
         ep.open()
         end = time.monotonic() + 0.3
