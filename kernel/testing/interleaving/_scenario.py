@@ -24,6 +24,7 @@ __all__ = [
     "ReplayError",
     "ReplyMode",
     "Scenario",
+    "pipelined_scenarios",
     "standard_scenarios",
 ]
 
@@ -212,6 +213,31 @@ def standard_scenarios(max_callers: int = 3, max_callers_two_ranks: int = 2) -> 
             out.append(Scenario(leaving, ranks=2, mailbox=False, watching=True,
                                 name=f"k={k} 2 ranks, watching, one caller may leave"))
     return out
+
+
+def pipelined_scenarios() -> list[Scenario]:
+    """The ordered-pipelining family run in CI: a mailbox with depth 2 to 4 (several
+    requests in flight, sent, received and completed in admission order), over
+    arrivals, starts, hand-offs, replies in any order, cancellations, deadlines and
+    rank loss. (Names say which are explored with the reduction: ``reduced``.)"""
+    no_deadline = CallerSpec(reply=ReplyMode.DUPLICATE, cancel=CancelMode.ANY, raises=True)
+    loss = CallerSpec(timeout=True, cancel=CancelMode.ADMITTED)
+    return [
+        Scenario.uniform(2, EVERY_KIND, depth=2, name="k=2 depth 2, every event kind"),
+        Scenario.uniform(3, no_deadline, depth=3, name="k=3 depth 3, no deadlines"),
+        Scenario.uniform(2, EVERY_KIND, ranks=2, depth=2,
+                         name="k=2 depth 2, 2 ranks all, every event kind"),
+        Scenario.uniform(2, EVERY_KIND, ranks=2, depth=2, policy=Policy.FIRST,
+                         name="k=2 depth 2, 2 ranks first, every event kind"),
+        Scenario.uniform(2, loss, ranks=2, depth=2, engine_loss=True,
+                         name="k=2 depth 2, 2 ranks, engine loss"),
+        Scenario.uniform(3, EVERY_KIND, depth=2, name="k=3 depth 2, every event kind, reduced"),
+        Scenario.uniform(3, EVERY_KIND, depth=3, name="k=3 depth 3, every event kind, reduced"),
+        Scenario.uniform(3, loss, depth=3, engine_loss=True,
+                         name="k=3 depth 3, engine loss, reduced"),
+        Scenario.uniform(4, CallerSpec(cancel=CancelMode.QUEUED), depth=4,
+                         name="k=4 depth 4, queued cancels, reduced"),
+    ]
 
 
 # -- violations and results ------------------------------------------------------------

@@ -18,6 +18,13 @@ The interleaving explorer must catch each of them with a short counterexample
   goes out while this one is still undecided (two in flight at once).
 * :class:`SilentLeaveQueue` -- its ``decide`` and ``leave`` admit the next caller
   but do not return it, so nobody wakes it (a lost wake-up).
+* :class:`StartAtOnceQueue` -- ordered pipelining that admits the next caller as
+  soon as a slot is free, without waiting for the caller admitted before it to
+  have handed its frames over: two callers send at once, and a rank can receive
+  the later request first.
+* :class:`ReturnAtDecisionQueue` -- ordered pipelining that lets every decided
+  caller return at once (its turn always comes): a request decided early (a
+  policy met sooner, replies out of order) completes before one admitted earlier.
 * :class:`ForgetfulRegistry` -- a registry that forgets ids once their
   tombstone is evicted: a late reply after the eviction is UNKNOWN (ctlwire
   recognises every id it ever issued). Only the full search (no reduction)
@@ -27,7 +34,6 @@ The interleaving explorer must catch each of them with a short counterexample
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from ctlwire.kernel.core.admission_queue import AdmissionQueue, Ticket
 from ctlwire.kernel.core.fan_out_policy import Policy
@@ -42,7 +48,7 @@ from ctlwire.states import RequestEvent, TicketEvent, TicketState
 from ctlwire.transports.envelope import Reply
 
 __all__ = ["ForgetfulRegistry", "HandOffOnSendRegistry", "RegisterAfterSendRegistry",
-           "SilentLeaveQueue", "WakeupWindowQueue"]
+           "ReturnAtDecisionQueue", "SilentLeaveQueue", "StartAtOnceQueue", "WakeupWindowQueue"]
 
 
 class WakeupWindowQueue(AdmissionQueue):
@@ -133,3 +139,31 @@ class SilentLeaveQueue(AdmissionQueue):
     def leave(self, ticket: Ticket) -> Ticket | None:
         super().leave(ticket)
         return None
+
+
+class StartAtOnceQueue(AdmissionQueue):
+    """Admits whenever a slot is free, even while the caller admitted before is
+    still sending; see the module docstring."""
+
+    def _admit_next(self) -> Ticket | None:
+        if self.in_flight < self.holders and self._queue:
+            _, nxt = self._queue.popitem(last=False)
+            self._admit(nxt)
+            return nxt
+        return None
+
+    def arrive(self, waiter: object = None) -> Ticket:
+        self._seq += 1
+        ticket = Ticket(self._seq, waiter)
+        if self.in_flight < self.holders and not self._queue:
+            self._admit(ticket)
+        else:
+            self._queue[ticket.seq] = ticket
+        return ticket
+
+
+class ReturnAtDecisionQueue(AdmissionQueue):
+    """Every caller's turn to return has come; see the module docstring."""
+
+    def turn(self, ticket: Ticket) -> bool:
+        return True
