@@ -9,8 +9,9 @@ all of them, up to a bound.
 A :class:`Scenario` names k callers (k <= 4) of one queueing fan-out mailbox to
 1 or 2 ranks (its pipeline ``depth``: up to 4 requests in flight) and, per
 caller, which events may happen to it (:class:`CallerSpec`): its reply
-arriving, arriving twice, arriving only late (after its deadline) or never; its deadline passing; its cancellation (while
-queued, after admission, or both); the admitted holder raising. Optionally an
+arriving, arriving twice, arriving only late (after its deadline) or never;
+its deadline passing; its cancellation (while queued, after admission, or
+both); the admitted holder raising. Optionally an
 engine rank becomes unroutable and/or is declared lost by liveness; optionally
 there is no mailbox (concurrent ``call``/``fan_out``: several requests in the
 registry at once), or the callers watch: they share requests through a
