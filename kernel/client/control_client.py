@@ -120,8 +120,10 @@ class ControlClient:
     decided). They are sent in admission order, every rank receives them in that
     order, and their callers complete in that order
     (:mod:`~ctlwire.kernel.client.fan_out_mailbox` says what changes for a caller).
-    Choose it for long queues of cheap requests to engines that serve the method
-    serially, in arrival order. ValueError for a depth that is not an int >= 1.
+    Choose it for long queues of independent requests to engines that serve the
+    method serially, in arrival order; not when a request's validity depends on
+    the outcome of the one before it (it is sent before that outcome is known).
+    ValueError for a depth that is not an int >= 1.
     """
 
     def __init__(

@@ -19,8 +19,10 @@ With a depth of k > 1 (ordered pipelining), for a caller:
 
 * **Sent in admission order, to every rank.** A caller's frames go out only
   after those of every caller admitted before it (or once that caller gave up
-  sending: cancelled, timed out, its request decided). A rank's connection is
-  FIFO, so every rank receives the requests in admission order.
+  sending: cancelled, timed out, its request decided); one caller sends at a
+  time, so a send that waits (for room, for first contact) is never overtaken.
+  A rank's connection is FIFO, so every rank receives the requests in
+  admission order. A ``retry=`` is a new request, admitted at the back.
 * **Completed in admission order.** A caller returns its request's outcome (a
   result, FanOutFailed, ...) only after every caller admitted before it has
   returned or raised: a later request decided first (an engine that runs the
@@ -37,6 +39,13 @@ With a depth of k > 1 (ordered pipelining), for a caller:
   rank with OutcomeUnknown (each may have run); queued callers, sent later,
   fail it with NotDelivered. Each request is decided by its own policy, and
   the callers still complete in admission order.
+* **The engine sees up to k requests of the method at once**: they start in
+  arrival order, at most the method's ``concurrency`` at a time, and count
+  against its lane and the connection's queue budgets (``Busy`` beyond).
+
+Choose k > 1 for independent requests that the engine serializes anyway; keep
+1 when a request's validity depends on the outcome of the one before it (with
+k > 1 it is already sent by then).
 
 Watching mode (:meth:`FanOutMailbox.watching`): a caller joins the request in
 flight, through the public :class:`~ctlwire.kernel.primitives.coalescer.Coalescer`
