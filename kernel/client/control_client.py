@@ -23,31 +23,26 @@ Guarantees:
 * **Deadline travels.** The envelope carries the wall-clock deadline so an
   engine can skip work whose caller has given up. A timeout does not cancel
   remote work: delivery is at most once.
-* **Busy is not dead.** A rank that is busy (or stalled past its method's stall
-  limit) stays alive and its calls wait for their own deadlines; only a rank
-  that stops heartbeating or disconnects is Lost. A stall of this client's own
-  loop is not counted against engines.
-* **Failures say whether the work ran.** :class:`~ctlwire.kernel.errors.NotDelivered`
-  (never handed to the transport: a retry is safe) or
-  :class:`~ctlwire.kernel.errors.OutcomeUnknown` (handed over, then the rank was
-  lost: it may have run). ``retry=`` retries the first kind always, the second
-  only with an idempotency key or for a method declared idempotent.
-* **Ranks come and go** (:meth:`add_rank`, :meth:`remove_rank`,
-  :meth:`apply_membership`). A fan-out without ``ranks`` goes to the
-  *admissible* ranks (present, admitted, not in :attr:`quarantine`, meeting
-  ``admission_condition``); its result's ``left_out`` says which present ranks
-  were not and why, counted against its ``ok``. Removing a rank fails its pending
-  calls (NotDelivered or OutcomeUnknown); a fan-out already started or queued keeps
-  its ranks (a removed one fails NotDelivered, unsent), the mailboxes' FIFO order too.
+* **Busy is not dead.** A rank that is busy (or stalled past its method's stall limit) stays alive
+  and its calls wait for their own deadlines; only a rank that stops heartbeating or disconnects is
+  Lost. A stall of this client's own loop is not counted against engines.
+* **Failures say whether the work ran.** :class:`~ctlwire.kernel.errors.NotDelivered` (never handed
+  to the transport: a retry is safe) or :class:`~ctlwire.kernel.errors.OutcomeUnknown` (handed
+  over, then the rank was lost: it may have run). ``retry=`` retries the first kind always, the
+  second only with an idempotency key or for a method declared idempotent.
+* **Ranks come and go** (:meth:`add_rank`, :meth:`remove_rank`, :meth:`apply_membership`). A
+  fan-out without ``ranks`` goes to the *admissible* ranks (present, admitted, not in
+  :attr:`quarantine`, meeting ``admission_condition``); its result's ``left_out`` says which
+  present ranks were not and why, counted against its ``ok``. Removing a rank fails its pending
+  calls (NotDelivered or OutcomeUnknown); a fan-out already started or queued keeps its ranks (a
+  removed one fails NotDelivered, unsent), the mailboxes' FIFO order too.
 * **Fan-out admission** (:class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox`):
-  ``queueing``: first come, first served, one in flight (``pipeline``: up to k
-  in flight, sent to every rank and completed in admission order); ``watching``:
-  shared.
+  ``queueing``: first come, first served, one in flight (``pipeline``: k); ``watching``: shared.
 
-One client runs in one event loop thread, its tasks in its ``async with`` block.
-Its parts: the ranks (:class:`~ctlwire.kernel.client.rank_roster.RankRoster`), the
-calls' IO (:class:`~ctlwire.kernel.client.call_issuer.CallIssuer`), the receive
-loop and the liveness monitor.
+One client runs in one event loop thread, its tasks in its ``async with`` block. Its parts: the
+ranks (:class:`~ctlwire.kernel.client.rank_roster.RankRoster`), the calls' IO
+(:class:`~ctlwire.kernel.client.call_issuer.CallIssuer`), the receive loop and the liveness
+monitor.
 """
 
 from __future__ import annotations
@@ -115,15 +110,8 @@ class ControlClient:
     join (:meth:`add_rank`) at once instead of waiting for :meth:`admit`.
     ``remote_exceptions``: an engine's error of these classes (None: the builtins')
     is raised as that class and RemoteError in one.
-    ``pipeline``: method -> how many queueing fan-outs of it may be in flight at
-    once (ordered pipelining; default 1: each waits for the one before it to be
-    decided). They are sent in admission order, every rank receives them in that
-    order, and their callers complete in that order
-    (:mod:`~ctlwire.kernel.client.fan_out_mailbox` says what changes for a caller).
-    Choose it for long queues of independent requests to engines that serve the
-    method serially, in arrival order; not when a request's validity depends on
-    the outcome of the one before it (it is sent before that outcome is known).
-    ValueError for a depth that is not an int >= 1.
+    ``pipeline``: method -> its queueing fan-outs in flight at once, in admission order
+    (default 1; :mod:`~ctlwire.kernel.client.fan_out_mailbox`); ValueError unless an int >= 1.
     """
 
     def __init__(
@@ -190,7 +178,6 @@ class ControlClient:
             first_contact_retry=heartbeat_interval or 0.25,
             exceptions=allowed_exceptions(remote_exceptions))
         self.progress_callbacks = self.issuer.progress_callbacks  # of the calls in flight
-        #: one per method: admission (``pipeline``: depths), watching
         self.mailboxes = FanOutMailboxes(self.issuer, pipeline)
         #: the ranks: present, alive, admissible, and their changes at run time
         self.roster = RankRoster(initial, transport, self.liveness, self._fail_rank,
@@ -408,8 +395,7 @@ class ControlClient:
         once ``policy`` is met, the present ranks it left out counted against ``ok``
         (unless ``ranks="admissible"``). Raises FanOutFailed when it cannot be
         met, RequestTimedOut (with ``partial``) at the deadline, ClientClosed.
-        ``mode``: ``queueing`` (FIFO, one in flight per method, or the client's
-        ``pipeline`` depth for it: sent and completed in admission order), ``watching``
+        ``mode``: ``queueing`` (FIFO, ``pipeline`` depth in flight per method), ``watching``
         (join a request in flight: ``joins="identical"``, the same payload, ranks
         and policy; ``"any"``, whichever this method has in flight; the result's
         ``joined`` says whether it joined) or ``concurrent`` (no admission);
