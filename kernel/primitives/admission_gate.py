@@ -23,8 +23,8 @@ gives: a queueing fan-out mailbox admits its callers through a gate):
   a caller is admitted only when a slot is free *and* the caller admitted before
   it has started (:meth:`~AdmissionGate.started`), been decided or left. So what
   each holder does before it calls ``started`` -- even if it awaits -- happens
-  in admission order; a holder that never calls it runs alone (``holders=1``:
-  one holder at a time, whatever it calls).
+  in admission order; a holder that never calls it admits nobody after it
+  until it leaves (``holders=1``: one holder at a time, whatever it calls).
 * **Leaving in order.** A block that ends normally waits until every caller
   admitted before it has left (:meth:`~AdmissionGate.wait_turn`); one that
   raises or is cancelled leaves at once.
