@@ -187,9 +187,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 #: the groups ``ctlwire bench --only`` takes (``ctlwire.benchmarks.runner.GROUPS``: the
 #: benchmarks are not imported to print the help)
-BENCH_GROUPS = ("latency", "floor", "throughput", "fanout", "fanout_profile", "trio", "live",
-                "memory", "state_table", "scale", "multi_client", "detect256", "idle_cpu",
-                "weight_sync", "poll_status", "engine_calls", "cpu", "import_time")
+BENCH_GROUPS = ("latency", "floor", "throughput", "fanout", "fanout_pipeline",
+                "fanout_profile", "trio", "live", "memory", "state_table", "scale",
+                "multi_client", "detect256", "idle_cpu", "weight_sync", "poll_status",
+                "engine_calls", "cpu", "import_time")
 
 
 class _Version(argparse.Action):

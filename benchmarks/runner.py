@@ -8,6 +8,8 @@ Groups (``--only`` takes any of them; default: all, in this order):
 ``fanout``       queueing fan-out to 8 engines, 100 to 4,000 callers queued at once, vs the
                  anyio Lock + Event communicator over bare pyzmq engines, on asyncio and
                  on trio (each against the baseline on the same backend)
+``fanout_pipeline`` the same fan-out to 8 engines with ordered pipelining (depth 4), 1,000
+                 callers queued at once, vs the same baseline, on both backends
 ``fanout_profile`` Python calls, C calls and task steps per rank per fan-out, client and
                  engine, ctlwire vs the same baseline, on both backends (counts, not times)
 ``trio``         ``latency`` and ``throughput`` with both clients on trio
@@ -33,7 +35,8 @@ Groups (``--only`` takes any of them; default: all, in this order):
 
 (``scale`` to ``detect256``: :mod:`ctlwire.benchmarks.scale`; ``fanout_profile``,
 ``idle_cpu``, ``engine_calls``, ``poll_status``, ``import_time``: their own modules;
-``cpu``: :mod:`ctlwire.benchmarks.cpu_per_call`; ``weight_sync``:
+``cpu``: :mod:`ctlwire.benchmarks.cpu_per_call`; ``fanout_pipeline``:
+:mod:`ctlwire.benchmarks.pipelined_fan_out`; ``weight_sync``:
 :mod:`ctlwire.benchmarks.weight_sync`)
 
 Every comparison with a peer (``latency``, ``floor``, ``throughput``, ``fanout``,
@@ -59,6 +62,7 @@ from . import (
     fanout_profile,
     idle_cpu,
     import_time,
+    pipelined_fan_out,
     poll_status,
     scale,
     scenarios,
@@ -73,7 +77,8 @@ from .stats import median, percentile
 
 __all__ = ["GROUPS", "run_bench"]
 
-GROUPS = ("latency", "floor", "throughput", "fanout", *fanout_profile.GROUPS, "trio", "live",
+GROUPS = ("latency", "floor", "throughput", "fanout", *pipelined_fan_out.GROUPS,
+          *fanout_profile.GROUPS, "trio", "live",
           "memory", "state_table", *scale.GROUPS, *idle_cpu.GROUPS, *weight_sync.GROUPS,
           *poll_status.GROUPS, *engine_calls.GROUPS, *cpu_per_call.GROUPS,
           *import_time.GROUPS)
@@ -265,6 +270,8 @@ def run_bench(*, quick: bool = False, only: Sequence[str] | None = None,
                                   p, backend, pool.pids("ctl8"), pool.pids("base8")))])
             pool.stop("base8")
             pool.stop("ctl8")
+        if "fanout_pipeline" in selected:
+            step("fanout_pipeline", lambda: pipelined_fan_out.run_group(pool, p))
         if "fanout_profile" in selected:
             def profile() -> list[Row]:
                 rows, notes = fanout_profile.run_group(pool, p)

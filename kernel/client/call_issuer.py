@@ -71,6 +71,7 @@ from ctlwire.kernel.errors import (
     ClientClosed,
     NotDelivered,
     OutcomeUnknown,
+    RequestTimedOut,
     RequestTooLarge,
 )
 from ctlwire.kernel.observability.tracing import TraceProvider
@@ -220,15 +221,17 @@ class CallIssuer:
                     wall_deadline: float | None = None, one_rank: bool = False) -> Any:
         """One request, its outcome returned or raised: a :class:`FanOutResult`, or
         with ``one_rank`` the one rank's result (``ControlClient.call``). Admitted
-        first by ``gate`` (first come, first served, one in flight) when given,
-        at once without. ``on_progress`` hears this request's progress only;
-        ``left_out``: the present ranks it does not address, and why (its observers
-        see them); ``wall_deadline``: ``deadline`` on :attr:`wall_clock`, for the
-        envelopes (None: read from the clocks when sending; infinite: none)."""
-        ticket = waiter = None
+        first by ``gate`` when given (first come, first served, its ``holders`` in
+        flight: sent in admission order, its slot passed on at the decision, the
+        outcome returned in admission order; see
+        :mod:`~ctlwire.kernel.client.fan_out_mailbox`), at once without.
+        ``on_progress`` hears this request's progress only; ``left_out``: the
+        present ranks it does not address, and why (its observers see them);
+        ``wall_deadline``: ``deadline`` on :attr:`wall_clock`, for the envelopes
+        (None: read from the clocks when sending; infinite: none)."""
+        ticket = None
         if gate is not None:
             ticket = await gate.enter(deadline, budget, check_cancelled=False)
-            waiter = gate.hand_off(ticket, self.new_waiter())
         entry: PendingRequest | None = None
         try:
             # the one checkpoint before anything is registered: a caller cancelled before
@@ -238,12 +241,26 @@ class CallIssuer:
             if self.closed:
                 raise ClientClosed("client is closed")
             entry = self.registry.register(method, ranks, policy, deadline=deadline,
-                                           timeout=budget, waiter=waiter)
+                                           timeout=budget)
             entry.left_out = left_out
             if on_progress is not None:
                 self.progress_callbacks.by_id[entry.id] = on_progress
             await self.send_all(entry, raw, key, fence, wall_deadline)
+            if gate is not None and ticket is not None:
+                # every frame is handed over (or never will be): the next caller may
+                # send, and the decision of this request passes its slot on
+                gate.started(ticket)
+                hand_off = gate.hand_off(ticket, self.new_waiter())
+                if entry.is_open:
+                    entry.waiter = hand_off
+                else:
+                    hand_off.set()  # decided while sending
             await self.wait_outcome(entry, deadline)
+            if (gate is not None and ticket is not None and not gate.queue.turn(ticket)
+                    and not await gate.wait_turn(ticket, deadline)):
+                # its deadline passed while a caller admitted earlier had not returned
+                raise RequestTimedOut(method, budget, entry.id,
+                                      partial=self.outcomes.fan_out_result(entry, result_type))
             if one_rank:
                 return self.outcomes.single_outcome(entry, ranks[0], result_type)
             return self.outcomes.fan_out_outcome(entry, result_type)
@@ -252,8 +269,8 @@ class CallIssuer:
                 if on_progress is not None:
                     self.progress_callbacks.by_id.pop(entry.id, None)
                 self.registry.release(entry)
-            if ticket is not None:
-                gate.leave(ticket)  # type: ignore[union-attr]
+            if gate is not None and ticket is not None:
+                gate.leave(ticket)
 
     async def send_all(self, entry: PendingRequest, raw: msgspec.Raw, key: str = "",
                        fence: int | None = None, wall_deadline: float | None = None) -> None:

@@ -23,29 +23,26 @@ Guarantees:
 * **Deadline travels.** The envelope carries the wall-clock deadline so an
   engine can skip work whose caller has given up. A timeout does not cancel
   remote work: delivery is at most once.
-* **Busy is not dead.** A rank that is busy (or stalled past its method's stall
-  limit) stays alive and its calls wait for their own deadlines; only a rank
-  that stops heartbeating or disconnects is Lost. A stall of this client's own
-  loop is not counted against engines.
-* **Failures say whether the work ran.** :class:`~ctlwire.kernel.errors.NotDelivered`
-  (never handed to the transport: a retry is safe) or
-  :class:`~ctlwire.kernel.errors.OutcomeUnknown` (handed over, then the rank was
-  lost: it may have run). ``retry=`` retries the first kind always, the second
-  only with an idempotency key or for a method declared idempotent.
-* **Ranks come and go** (:meth:`add_rank`, :meth:`remove_rank`,
-  :meth:`apply_membership`). A fan-out without ``ranks`` goes to the
-  *admissible* ranks (present, admitted, not in :attr:`quarantine`, meeting
-  ``admission_condition``); its result's ``left_out`` says which present ranks
-  were not and why, counted against its ``ok``. Removing a rank fails its pending
-  calls (NotDelivered or OutcomeUnknown); a fan-out already started or queued keeps
-  its ranks (a removed one fails NotDelivered, unsent), the mailboxes' FIFO order too.
+* **Busy is not dead.** A rank that is busy (or stalled past its method's stall limit) stays alive
+  and its calls wait for their own deadlines; only a rank that stops heartbeating or disconnects is
+  Lost. A stall of this client's own loop is not counted against engines.
+* **Failures say whether the work ran.** :class:`~ctlwire.kernel.errors.NotDelivered` (never handed
+  to the transport: a retry is safe) or :class:`~ctlwire.kernel.errors.OutcomeUnknown` (handed
+  over, then the rank was lost: it may have run). ``retry=`` retries the first kind always, the
+  second only with an idempotency key or for a method declared idempotent.
+* **Ranks come and go** (:meth:`add_rank`, :meth:`remove_rank`, :meth:`apply_membership`). A
+  fan-out without ``ranks`` goes to the *admissible* ranks (present, admitted, not in
+  :attr:`quarantine`, meeting ``admission_condition``); its result's ``left_out`` says which
+  present ranks were not and why, counted against its ``ok``. Removing a rank fails its pending
+  calls (NotDelivered or OutcomeUnknown); a fan-out already started or queued keeps its ranks (a
+  removed one fails NotDelivered, unsent), the mailboxes' FIFO order too.
 * **Fan-out admission** (:class:`~ctlwire.kernel.client.fan_out_mailbox.FanOutMailbox`):
-  ``queueing``: first come, first served, one in flight; ``watching``: shared.
+  ``queueing``: first come, first served, one in flight (``pipeline``: k); ``watching``: shared.
 
-One client runs in one event loop thread, its tasks in its ``async with`` block.
-Its parts: the ranks (:class:`~ctlwire.kernel.client.rank_roster.RankRoster`), the
-calls' IO (:class:`~ctlwire.kernel.client.call_issuer.CallIssuer`), the receive
-loop and the liveness monitor.
+One client runs in one event loop thread, its tasks in its ``async with`` block. Its parts: the
+ranks (:class:`~ctlwire.kernel.client.rank_roster.RankRoster`), the calls' IO
+(:class:`~ctlwire.kernel.client.call_issuer.CallIssuer`), the receive loop and the liveness
+monitor.
 """
 
 from __future__ import annotations
@@ -114,6 +111,8 @@ class ControlClient:
     join (:meth:`add_rank`) at once instead of waiting for :meth:`admit`.
     ``remote_exceptions``: an engine's error of these classes (None: the builtins')
     is raised as that class and RemoteError in one.
+    ``pipeline``: method -> its queueing fan-outs in flight at once, in admission order
+    (default 1; :mod:`~ctlwire.kernel.client.fan_out_mailbox`); ValueError unless an int >= 1.
     """
 
     def __init__(
@@ -136,6 +135,7 @@ class ControlClient:
         admission_condition: Callable[[int], bool] | None = None,
         admit_on_join: bool = False,
         remote_exceptions: Collection[type[Exception]] | None = None,
+        pipeline: Mapping[str, int] | None = None,
     ) -> None:
         if not isinstance(transport, ClientTransport):
             raise TypeError(f"{type(transport).__name__} is not a ClientTransport (send_nowait(), "
@@ -179,7 +179,7 @@ class ControlClient:
             first_contact_retry=heartbeat_interval or 0.25,
             exceptions=allowed_exceptions(remote_exceptions))
         self.progress_callbacks = self.issuer.progress_callbacks  # of the calls in flight
-        self.mailboxes = FanOutMailboxes(self.issuer)  # one per method: admission, watching
+        self.mailboxes = FanOutMailboxes(self.issuer, pipeline)
         #: the ranks: present, alive, admissible, and their changes at run time
         self.roster = RankRoster(initial, transport, self.liveness, self._fail_rank,
                                     admission_condition=admission_condition,
@@ -396,7 +396,7 @@ class ControlClient:
         once ``policy`` is met, the present ranks it left out counted against ``ok``
         (unless ``ranks="admissible"``). Raises FanOutFailed when it cannot be
         met, RequestTimedOut (with ``partial``) at the deadline, ClientClosed.
-        ``mode``: ``queueing`` (FIFO, one in flight per method), ``watching``
+        ``mode``: ``queueing`` (FIFO, ``pipeline`` depth in flight per method), ``watching``
         (join a request in flight: ``joins="identical"``, the same payload, ranks
         and policy; ``"any"``, whichever this method has in flight; the result's
         ``joined`` says whether it joined) or ``concurrent`` (no admission);

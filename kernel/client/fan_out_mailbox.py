@@ -2,16 +2,50 @@
 
 Queueing mode: the method's :class:`~ctlwire.kernel.primitives.admission_gate.AdmissionGate`
 (the public primitive, with its guarantees) admits concurrent callers strictly
-in arrival order, one undecided request in flight at a time. The issuer enters
-the gate before it registers and leaves it in its ``finally``; admission is a
-hand-off, done by the holder's request the moment it is decided (its
-:class:`~ctlwire.kernel.primitives.admission_gate.HandOffWaiter` wakes the next
-caller before the holder), or by the holder leaving undecided. The whole call,
+in arrival order, ``pipeline_depth`` undecided requests in flight at most (the
+client's ``pipeline``; default 1). The issuer enters the gate before it
+registers, reports its frames handed over (the next caller may send: requests
+go out in admission order, to every rank), passes its slot on the moment its
+request is decided (its :class:`~ctlwire.kernel.primitives.admission_gate.HandOffWaiter`
+wakes the next caller before the holder), waits for its turn to return (callers
+complete in admission order) and leaves in its ``finally``. The whole call,
 queueing included, is bounded by its deadline (RequestTimedOut with
 ``admission=True`` while still queued: nothing sent); a caller still queued
 when the client closes gets ClientClosed at once. A caller cancelled after
 being handed the mailbox but before it resumed sends nothing (its send's
 checkpoint raises) and passes the mailbox on.
+
+With a depth of k > 1 (ordered pipelining), for a caller:
+
+* **Sent in admission order, to every rank.** A caller's frames go out only
+  after those of every caller admitted before it (or once that caller gave up
+  sending: cancelled, timed out, its request decided); one caller sends at a
+  time, so a send that waits (for room, for first contact) is never overtaken.
+  A rank's connection is FIFO, so every rank receives the requests in
+  admission order. A ``retry=`` is a new request, admitted at the back.
+* **Completed in admission order.** A caller returns its request's outcome (a
+  result, FanOutFailed, ...) only after every caller admitted before it has
+  returned or raised: a later request decided first (an engine that runs the
+  method with ``concurrency > 1`` and replies out of order, a policy met
+  early) waits for the earlier ones. Its own deadline still bounds its call: if
+  it passes while the caller waits for an earlier one, the caller raises
+  RequestTimedOut, its request's outcome in ``partial``.
+* **A caller's failure is its own.** A caller cancelled, or timed out, while
+  queued leaves the queue; one cancelled while its request is in flight leaves
+  at once (its request stays sent: the engine still runs it, its reply is
+  dropped as late) and frees its slot; one whose holder raises leaves at once.
+  The others keep their order in both respects.
+* **A rank lost with several requests in flight** fails each of them for that
+  rank with OutcomeUnknown (each may have run); queued callers, sent later,
+  fail it with NotDelivered. Each request is decided by its own policy, and
+  the callers still complete in admission order.
+* **The engine sees up to k requests of the method at once**: they start in
+  arrival order, at most the method's ``concurrency`` at a time, and count
+  against its lane and the connection's queue budgets (``Busy`` beyond).
+
+Choose k > 1 for independent requests that the engine serializes anyway; keep
+1 when a request's validity depends on the outcome of the one before it (with
+k > 1 it is already sent by then).
 
 Watching mode (:meth:`FanOutMailbox.watching`): a caller joins the request in
 flight, through the public :class:`~ctlwire.kernel.primitives.coalescer.Coalescer`
@@ -19,7 +53,8 @@ flight, through the public :class:`~ctlwire.kernel.primitives.coalescer.Coalesce
 concurrent caller), instead of sending another; every caller receives its own
 freshly decoded copy of the result, whose ``joined`` says whether it joined.
 The shared request lives until its last watcher leaves, so the first caller's
-cancellation does not take the answer away from the others.
+cancellation does not take the answer away from the others. The pipeline
+depth does not apply.
 
 The mailbox talks to the client only through :class:`FanOutSender`, the
 narrow interface of what it needs (the clock, the deadline reaper, and for
@@ -29,7 +64,7 @@ watching the steps of one fan-out); the client's
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal, Protocol
 
 import anyio
@@ -37,6 +72,7 @@ import msgspec
 
 from ctlwire.kernel.client.call_outcome import CallOutcomes
 from ctlwire.kernel.client.deadline_reaper import DeadlineReaper
+from ctlwire.kernel.core.admission_queue import checked_holders
 from ctlwire.kernel.core.fan_out_policy import Policy
 from ctlwire.kernel.core.fan_out_result import FanOutResult
 from ctlwire.kernel.core.request_registry import PendingRequest, RequestRegistry
@@ -98,14 +134,16 @@ class FanOutSender(Protocol):
 
 
 class FanOutMailbox:
-    """Admission of fan-outs of one method; created by ``ControlClient.mailbox``."""
+    """Admission of fan-outs of one method; created by ``ControlClient.mailbox``.
+    ``pipeline_depth``: queueing fan-outs in flight at most (ValueError unless an
+    int >= 1)."""
 
-    def __init__(self, sender: FanOutSender, method: str) -> None:
+    def __init__(self, sender: FanOutSender, method: str, pipeline_depth: int = 1) -> None:
         self.sender = sender
         self.method = method
-        #: queueing: first come, first served, one in flight (the client's clock,
-        #: waiters, deadline reaper and closing)
-        self.gate = AdmissionGate(method, host=sender)
+        #: queueing: first come, first served, ``pipeline_depth`` in flight (the
+        #: client's clock, waiters, deadline reaper and closing)
+        self.gate = AdmissionGate(method, host=sender, holders=pipeline_depth)
         self.queue = self.gate.queue
         #: watching: the shared requests in flight
         self.coalescer: Coalescer[PendingRequest] = Coalescer()
@@ -114,6 +152,11 @@ class FanOutMailbox:
     def depth(self) -> int:
         """Callers waiting for admission."""
         return self.gate.depth
+
+    @property
+    def pipeline_depth(self) -> int:
+        """Queueing fan-outs of this method in flight at most."""
+        return self.gate.holders
 
     @property
     def watched(self) -> int:
@@ -167,16 +210,29 @@ class FanOutMailbox:
 
 
 class FanOutMailboxes:
-    """The mailboxes of one client, one per method (created on first use)."""
+    """The mailboxes of one client, one per method (created on first use).
+    ``pipeline``: method -> its mailbox's pipeline depth (default 1); ValueError
+    for a depth that is not an int >= 1 or a name that is not a non-empty string."""
 
-    def __init__(self, sender: FanOutSender) -> None:
+    def __init__(self, sender: FanOutSender, pipeline: Mapping[str, int] | None = None) -> None:
         self.sender = sender
         self.by_method: dict[str, FanOutMailbox] = {}
+        self.pipeline: dict[str, int] = {}
+        for method, depth in (pipeline or {}).items():
+            if not isinstance(method, str) or not method:
+                raise ValueError(f"pipeline: a method name must be a non-empty string, "
+                                 f"not {method!r}")
+            try:
+                self.pipeline[method] = checked_holders(depth)
+            except ValueError:
+                raise ValueError(f"pipeline[{method!r}] must be an int >= 1, "
+                                 f"not {depth!r}") from None
 
     def get(self, method: str) -> FanOutMailbox:
         box = self.by_method.get(method)
         if box is None:
-            box = self.by_method[method] = FanOutMailbox(self.sender, method)
+            box = self.by_method[method] = FanOutMailbox(
+                self.sender, method, self.pipeline.get(method, 1))
         return box
 
     def for_mode(self, mode: FanOutMode, method: str) -> FanOutMailbox | None:

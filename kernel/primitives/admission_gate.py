@@ -6,32 +6,49 @@
     async with gate.admit(timeout=5.0):         # asyncio or trio
         await flush_every_rank()                # one holder at a time, in arrival order
 
+    pipeline = AdmissionGate("update", holders=4)
+    async with pipeline.admit() as ticket:      # up to 4 holders, admitted in arrival order
+        await send(request)                     # holders start one at a time, in order
+        pipeline.started(ticket)                # the next caller may be admitted now
+        reply = await replies[request.id]       # up to 4 wait here at once
+    # blocks are left in admission order
+
 Guarantees (the same a :class:`~ctlwire.kernel.client.control_client.ControlClient`
 gives: a queueing fan-out mailbox admits its callers through a gate):
 
-* **Strict arrival order, one holder.** Callers are admitted in the order they
-  arrived (:meth:`AdmissionGate.enter` records the arrival before its first
-  await), one at a time.
-* **Wake-up window closed.** Leaving hands the gate to the next queued caller
-  there and then, before that caller's task runs again: a caller arriving in
-  between finds the gate held and queues behind (SGLang's ``FanOutCommunicator``
-  let it overtake).
+* **Strict arrival order.** Callers are admitted in the order they arrived
+  (:meth:`AdmissionGate.enter` records the arrival before its first await).
+* **Up to ``holders`` at once, starting in order.** A caller holds a slot from
+  its admission until it leaves or its work is decided (:meth:`~AdmissionGate.hand_off`);
+  a caller is admitted only when a slot is free *and* the caller admitted before
+  it has started (:meth:`~AdmissionGate.started`), been decided or left. So what
+  each holder does before it calls ``started`` -- even if it awaits -- happens
+  in admission order; a holder that never calls it admits nobody after it
+  until it leaves (``holders=1``: one holder at a time, whatever it calls).
+* **Leaving in order.** A block that ends normally waits until every caller
+  admitted before it has left (:meth:`~AdmissionGate.wait_turn`); one that
+  raises or is cancelled leaves at once.
+* **Wake-up window closed.** Whatever frees a slot or a turn hands it to the
+  next queued caller there and then, before that caller's task runs again: a
+  caller arriving in between finds the gate held and queues behind (SGLang's
+  ``FanOutCommunicator`` let it overtake).
 * **A cancelled turn is only its own.** A queued caller that is cancelled or
   times out leaves the queue and the others keep their order; a caller handed
-  the gate and cancelled before it ran again passes it on; the holder passes it
-  on however it leaves (return, exception, cancellation).
+  the gate and cancelled before it ran again passes it on; a holder passes its
+  slot and turn on however it leaves (return, exception, cancellation).
 * **One deadline for the whole wait.** A caller still queued at its deadline
   raises :class:`~ctlwire.kernel.errors.RequestTimedOut` with
   ``admission=True`` (it was never admitted).
 * **Closing.** :meth:`AdmissionGate.close` wakes every queued caller with
-  :class:`~ctlwire.kernel.errors.ClientClosed`; later arrivals raise it.
+  :class:`~ctlwire.kernel.errors.ClientClosed` (later arrivals raise it) and
+  every holder waiting for its turn to leave.
 
 Nothing runs in the background and nothing is bound to an event loop at
 construction: the gate uses the loop of the task that waits. Its order is
 decided by the sans-IO :class:`~ctlwire.kernel.core.admission_queue.AdmissionQueue`,
 the core the interleaving explorer (:mod:`ctlwire.testing.interleaving`)
-drives through every interleaving of arrivals, hand-offs, cancellations and
-deadlines.
+drives through every interleaving of arrivals, starts, hand-offs, cancellations
+and deadlines.
 """
 
 from __future__ import annotations
@@ -105,26 +122,34 @@ class _RunningLoop:
 
 
 _RUNNING_LOOP = _RunningLoop()
+_ADMITTED = TicketState.ADMITTED
 
 
 class AdmissionGate:
-    """First come, first served admission, one holder at a time: leaving hands the
-    gate to the next queued caller before its task runs (the wake-up window is
-    closed), a cancelled or timed-out turn is only its own, and one deadline
-    bounds the whole wait.
+    """First come, first served admission, up to ``holders`` at a time (default 1),
+    starting and leaving in admission order: whatever frees a slot hands it to the
+    next queued caller before its task runs (the wake-up window is closed), a
+    cancelled or timed-out turn is only its own, and one deadline bounds the
+    whole wait.
 
     ``name`` labels its errors (a client's mailbox: the method). ``host``: the
     owner whose clock, waiters, deadline reaper and closing the gate shares
     (default: none, the running loop's). ``observer`` sees every ticket transition.
+    ValueError for ``holders`` that is not an int >= 1.
     """
 
     def __init__(self, name: str = "", *, host: GateHost | None = None,
-                 observer: TicketObserver | None = None) -> None:
+                 observer: TicketObserver | None = None, holders: int = 1) -> None:
         self.name = name
         self.host: GateHost = host if host is not None else _RUNNING_LOOP
         #: the sans-IO core deciding the order (its counters: ``admitted_total``, ...)
-        self.queue = AdmissionQueue(name, observer)
+        self.queue = AdmissionQueue(name, observer, holders=holders)
         self._closed = False
+
+    @property
+    def holders(self) -> int:
+        """How many callers may hold the gate at once."""
+        return self.queue.holders
 
     @property
     def closed(self) -> bool:
@@ -132,16 +157,19 @@ class AdmissionGate:
 
     @property
     def depth(self) -> int:
-        """Callers waiting (not counting the holder)."""
+        """Callers waiting (not counting the holders)."""
         return self.queue.depth
 
     @property
     def busy(self) -> bool:
-        """A caller holds the gate."""
-        return self.queue.holder is not None
+        """A caller holds a slot of the gate."""
+        return self.queue.busy
 
     def admit(self, timeout: float | None = None) -> Admission:
-        """``async with gate.admit(timeout=...)``: hold the gate for the block.
+        """``async with gate.admit(timeout=...) as ticket``: hold the gate for the
+        block; with ``holders > 1``, call :meth:`started` with ``ticket`` once the
+        block's ordered first step is done. The block is left in admission order
+        when it ends normally, at once when it raises.
 
         ``timeout`` (seconds, None for none) bounds the wait for admission.
         Raises RequestTimedOut (``admission=True``) or ClientClosed on entry;
@@ -163,7 +191,7 @@ class AdmissionGate:
             raise ClientClosed(f"{self.name or 'admission gate'} is closed")
         queue = self.queue
         ticket = queue.arrive()
-        if ticket.state is TicketState.ADMITTED:
+        if ticket.state is _ADMITTED:
             queue.resumed(ticket)
             return ticket
         now = host.now
@@ -180,7 +208,7 @@ class AdmissionGate:
                     await waiter.wait()
             if self._closed or host.closed:
                 raise ClientClosed(f"{self.name or 'admission gate'} closed")  # nothing done
-            if queue.holder is not ticket or now() >= deadline:
+            if ticket.state is not _ADMITTED or now() >= deadline:
                 # timed out in the queue (possibly at the very moment of hand-off:
                 # then leaving passes the gate on)
                 raise RequestTimedOut(self.name, budget, admission=True)
@@ -192,25 +220,60 @@ class AdmissionGate:
         queue.resumed(ticket)
         return ticket
 
-    def leave(self, ticket: Ticket) -> None:
-        """``ticket``'s caller is done, however it ended (a no-op the second time):
-        the caller admitted next is woken."""
-        admitted = self.queue.leave(ticket)
+    def started(self, ticket: Ticket) -> None:
+        """``ticket``'s holder did its ordered first step (a client: handed its
+        frames over): the next caller may be admitted, if a slot is free. A no-op
+        once it started, was decided or left."""
+        admitted = self.queue.start(ticket)
         if admitted is not None:
             admitted.waiter.set()
 
+    def leave(self, ticket: Ticket) -> None:
+        """``ticket``'s caller is done, however it ended (a no-op the second time):
+        the caller admitted next is woken, and so is the holder whose turn to
+        leave came."""
+        queue = self.queue
+        admitted = queue.leave(ticket)
+        if admitted is not None:
+            admitted.waiter.set()
+        out = queue.next_out()
+        if out is not None and out.turn_waiter is not None:
+            out.turn_waiter.set()
+
+    async def wait_turn(self, ticket: Ticket, deadline: float = math.inf) -> bool:
+        """Wait until every caller admitted before ``ticket``'s has left, so that
+        holders leave in admission order. False when ``deadline`` (on the host's
+        clock) passed first; True at once once the gate is closed."""
+        queue = self.queue
+        try:
+            while not queue.turn(ticket) and not self.closed:
+                if self.host.now() >= deadline:
+                    return False
+                waiter = ticket.turn_waiter = self.host.new_waiter()
+                with anyio.CancelScope(deadline=deadline):
+                    await waiter.wait()
+        finally:
+            ticket.turn_waiter = None
+        return True
+
     def hand_off(self, ticket: Ticket, inner: Any) -> HandOffWaiter:
         """A waiter for the holder's own wait (``inner``: ``set()``, ``wait()``) that
-        passes the gate on first when set: the holder's work is decided, and the
-        next caller is admitted before the holder runs again."""
+        passes the holder's slot on first when set: the holder's work is decided
+        (it counts as started), and the next caller is admitted before the holder
+        runs again. The holder keeps its place in the order of leaving."""
         return HandOffWaiter(self.queue, ticket, inner)
 
     def close(self) -> None:
-        """Wake every queued caller: it raises ClientClosed; later arrivals too."""
+        """Wake every queued caller (it raises ClientClosed; later arrivals too) and
+        every holder waiting for its turn to leave."""
         self._closed = True
-        for ticket in self.queue.queued():
+        queue = self.queue
+        for ticket in queue.queued():
             if ticket.waiter is not None:
                 ticket.waiter.set()
+        for ticket in queue.admitted():
+            if ticket.turn_waiter is not None:
+                ticket.turn_waiter.set()
 
 
 class Admission:
@@ -233,17 +296,23 @@ class Admission:
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
-        if self.ticket is not None:
-            self._gate.leave(self.ticket)
+        ticket = self.ticket
+        if ticket is None:
+            return
+        try:
+            if exc_type is None:
+                await self._gate.wait_turn(ticket)
+        finally:
+            self._gate.leave(ticket)
 
 
 class HandOffWaiter:
-    """A holder's waiter whose :meth:`set` first leaves the gate and wakes the caller
-    admitted next, then the holder (``inner``). A client's queueing holder registers
-    it for its request, so every decision of the request (the reply that completes
-    it, a failed send or lost rank, its expiry, the client's close) passes the gate
-    on. Leaving again (``set`` twice, or the holder's ``finally``) is a no-op.
-    ``wait`` is the inner waiter's."""
+    """A holder's waiter whose :meth:`set` first passes the holder's slot on (its
+    work is decided) and wakes the caller admitted next, then the holder
+    (``inner``). A client's queueing holder registers it for its request once its
+    frames are handed over, so every decision of the request (the reply that
+    completes it, a lost rank, its expiry, the client's close) passes the slot on.
+    Setting it again is a no-op for the gate. ``wait`` is the inner waiter's."""
 
     __slots__ = ("inner", "queue", "ticket")
 
@@ -253,7 +322,7 @@ class HandOffWaiter:
         self.inner = inner
 
     def set(self) -> None:
-        admitted = self.queue.leave(self.ticket)
+        admitted = self.queue.decide(self.ticket)
         if admitted is not None:
             admitted.waiter.set()
         self.inner.set()

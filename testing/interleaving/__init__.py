@@ -7,10 +7,11 @@ in ordinary tests; both show up in *some* interleaving. This package enumerates
 all of them, up to a bound.
 
 A :class:`Scenario` names k callers (k <= 4) of one queueing fan-out mailbox to
-1 or 2 ranks and, per caller, which events may happen to it
-(:class:`CallerSpec`): its reply arriving, arriving twice, arriving only late
-(after its deadline) or never; its deadline passing; its cancellation (while
-queued, after admission, or both); the admitted holder raising. Optionally an
+1 or 2 ranks (its pipeline ``depth``: up to 4 requests in flight) and, per
+caller, which events may happen to it (:class:`CallerSpec`): its reply
+arriving, arriving twice, arriving only late (after its deadline) or never;
+its deadline passing; its cancellation (while queued, after admission, or
+both); the admitted holder raising. Optionally an
 engine rank becomes unroutable and/or is declared lost by liveness; optionally
 there is no mailbox (concurrent ``call``/``fan_out``: several requests in the
 registry at once), or the callers watch: they share requests through a
@@ -34,19 +35,26 @@ is a small sequential program of calls into the queue and the request map::
     resume    (queued: only once its waiter was woken by a hand-off, or its
               deadline passed; not admitted and deadline passed -> timed out)
               queue.resumed(ticket)
-    register  registry.register(..., waiter)       a queueing caller registers
-              HandOffWaiter(queue, ticket, waiter), as the shell does: the
-              request's decision (a reply, a failed send, a lost rank) passes
-              the mailbox on there and then
+    register  registry.register(..., waiter)
     send      the first: registry.plan_sends(entry, is_lost); each: one planned
               rank's frame goes to the transport, registry.sent(entry, rank) (or the
-              rank is unroutable: registry.rank_failed); once no rank is left:
-              registry.awaiting(entry), and the outcome if nothing is left to wait for
+              rank is unroutable: registry.rank_failed); the one after which
+              nothing is left to send also does what the shell does next: a
+              queueing caller starts (queue.start(ticket): the next caller may be
+              admitted) and registers HandOffWaiter(queue, ticket, waiter), so that
+              the request's decision (a reply, a lost rank) passes its slot on there
+              and then (at once if it was decided while sending); once no rank is
+              left: registry.awaiting(entry), and the outcome if nothing is left
+              to wait for
     wake      (only once its waiter was woken by a decision, or its deadline
-              passed) registry.expire(entry) if still open; read the outcome
+              passed) registry.expire(entry) if still open; read the outcome, or,
+              a queueing caller whose turn has not come (queue.turn(ticket): a
+              caller admitted before it has not finished), wait for its turn
+    turn      (only once woken by the finish of the caller before it, or its
+              deadline passed) read the outcome, or time out
     finish    registry.release(entry), queue.leave(ticket); wake the ticket
-              admitted by hand-off (if the decision has not passed the mailbox
-              on already)
+              admitted by hand-off and the caller whose turn to return came
+              (queue.next_out())
 
 (Without a mailbox a caller starts at ``register``, like ``ControlClient.call``.)
 The "send" step that finds no rank left does what ``send_all``'s tail and
@@ -55,8 +63,8 @@ list may show ``send A`` once more than it has ranks.
 
 Environment events: ``reply X`` (any time after X's frame went to the
 transport, even after X finished), ``dup X`` (the same reply again),
-``timeout X`` (X's deadline passes while X waits: queued or awaiting its
-outcome), ``cancel X`` (X jumps to ``finish``: at any step between arriving
+``timeout X`` (X's deadline passes while X waits: queued, awaiting its
+outcome or its turn), ``cancel X`` (X jumps to ``finish``: at any step between arriving
 and reading its outcome, as allowed by its :class:`CancelMode`), ``raise X``
 (the holder raises after resuming and jumps to ``finish``), ``unplug R``
 (sends to rank R fail from now on) and ``lose R`` (liveness declares R dead:
@@ -71,15 +79,22 @@ the order a counterexample is preferred when several are equally short):
 
 ``fifo``       admission strictly in arrival order among callers still waiting;
                the queue's own invariants.
-``exclusive``  at most one ticket admitted and at most one undecided request in
-               flight per queueing mailbox, and that request is the holder's (a
-               decided holder's entry may still be in the map while the next
-               holder sends: it only reads its outcome and is cleaned up).
+``exclusive``  at most one ticket admitted to start (sending) and at most
+               ``depth`` undecided requests in flight per queueing mailbox, each
+               one a holder's (a decided holder's entry may still be in the map
+               while the next holder sends: it only reads its outcome, waits for
+               its turn and is cleaned up).
+``order``      every rank gets the frames in admission order (a frame never goes
+               out after one of a caller admitted later), and a caller returns a
+               result or a failure only once every caller admitted before it
+               finished (a timeout, a cancellation or a raising holder leaves
+               at once).
 ``shared``     (watching) at most one undecided request in flight, the one the
                coalescer shares; a caller joins only an undecided request; once
                every caller finished, the coalescer holds nothing.
-``handoff``    a queued caller is woken only once admitted, and a caller admitted
-               by hand-off is woken (no lost wake-up).
+``handoff``    a queued caller is woken only once admitted, a caller admitted
+               by hand-off is woken, and so is a caller whose turn to return came
+               (no lost wake-up).
 ``registry``   the registry's live entries are exactly the requests held by
                callers that registered and have not finished; a frame leaves only
                for a registered entry already marked Sent; the registry's own
@@ -172,6 +187,7 @@ from ctlwire.testing.interleaving._scenario import (
     ReplayError,
     ReplyMode,
     Scenario,
+    pipelined_scenarios,
     standard_scenarios,
 )
 
@@ -188,6 +204,7 @@ __all__ = [
     "Scenario",
     "explore",
     "main",
+    "pipelined_scenarios",
     "replay",
     "standard_scenarios",
 ]

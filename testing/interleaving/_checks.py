@@ -19,7 +19,7 @@ def _check_state(w: _World) -> None:
     for c in callers:
         ticket = c.ticket
         if (ticket is not None and c.name not in w.admitted
-                and ticket.state in (TicketState.ADMITTED, TicketState.RELEASED)):
+                and ticket.state not in (TicketState.QUEUED, TicketState.ABANDONED)):
             if "fifo" in checks:
                 for earlier in w.arrivals[:w.arrivals.index(c.name)]:
                     d = w.by_name[earlier]
@@ -37,20 +37,27 @@ def _check_state(w: _World) -> None:
         except AssertionError as exc:
             raise InvariantViolation("fifo", f"queue invariant: {exc}") from None
     if "exclusive" in checks and queue is not None:
-        holders = [c.name for c in callers if c.ticket is not None
-                   and c.ticket.state is TicketState.ADMITTED]
-        if len(holders) > 1:
-            raise InvariantViolation("exclusive", f"{holders} are admitted at once")
+        depth = w.scenario.depth
+        holding = [c.name for c in callers if c.ticket is not None
+                   and c.ticket.state in (TicketState.ADMITTED, TicketState.STARTED)]
+        if len(holding) > depth:
+            raise InvariantViolation("exclusive", f"{holding} hold the mailbox at once "
+                                                  f"(depth {depth})")
+        starting = [c.name for c in callers if c.ticket is not None
+                    and c.ticket.state is TicketState.ADMITTED]
+        if len(starting) > 1:
+            raise InvariantViolation("exclusive", f"{starting} are admitted to start at once")
         # in flight: registered, not finished, not decided (a decided holder has
-        # passed the mailbox on and only reads its outcome and cleans up)
+        # passed its slot on and only reads its outcome and cleans up)
         active = [c for c in callers if c.pc in _HOLDING and c.entry is not None
                   and c.entry.is_open]
-        if len(active) > 1:
+        if len(active) > depth:
             raise InvariantViolation("exclusive", f"{[c.name for c in active]} have undecided "
-                                                  "requests in flight at once")
+                                                  f"requests in flight at once (depth {depth})")
         for c in active:
             ticket = c.ticket
-            if ticket is None or ticket.state is not TicketState.ADMITTED:
+            if ticket is None or ticket.state not in (TicketState.ADMITTED,
+                                                      TicketState.STARTED):
                 raise InvariantViolation("exclusive", f"{c.name} has a request in flight "
                                                       "without holding the mailbox")
     coalescer = w.coalescer
@@ -70,14 +77,17 @@ def _check_state(w: _World) -> None:
             ticket = c.ticket
             if ticket is None:
                 continue
-            if c.ticket_waiter.is_set and ticket.state not in (TicketState.ADMITTED,
-                                                               TicketState.RELEASED):
+            if c.ticket_waiter.is_set and ticket.state is TicketState.QUEUED:
                 raise InvariantViolation("handoff", f"{c.name} was woken but its ticket is "
                                                     f"{ticket.state.name}, not admitted")
             if (c.pc is _Pc.QUEUED and ticket.state is TicketState.ADMITTED
                     and not c.ticket_waiter.is_set):
                 raise InvariantViolation("handoff", f"{c.name} was admitted by hand-off but "
                                                     "never woken")
+            if (c.pc is _Pc.TURN and queue is not None and queue.turn(ticket)
+                    and not c.turn_waiter.is_set):
+                raise InvariantViolation("handoff", f"{c.name}'s turn to return came but it "
+                                                    "was never woken")
     reg = w.registry
     if "registry" in checks:
         try:

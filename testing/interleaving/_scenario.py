@@ -24,11 +24,12 @@ __all__ = [
     "ReplayError",
     "ReplyMode",
     "Scenario",
+    "pipelined_scenarios",
     "standard_scenarios",
 ]
 
-CHECKS: tuple[str, ...] = ("fifo", "exclusive", "shared", "handoff", "registry", "replies",
-                           "outcomes", "cleanup", "progress")
+CHECKS: tuple[str, ...] = ("fifo", "exclusive", "order", "shared", "handoff", "registry",
+                           "replies", "outcomes", "cleanup", "progress")
 """The named checks, in order of preference between equally short counterexamples."""
 
 _PRIORITY = {name: i for i, name in enumerate((*CHECKS, "crash"))}
@@ -92,7 +93,8 @@ cancellation anywhere, holder raising."""
 @dataclass(frozen=True)
 class Scenario:
     """k callers (1..4, named A, B, C, D in the order given) of one queueing
-    mailbox fanning out to ``ranks`` ranks (1 or 2) under ``policy``.
+    mailbox fanning out to ``ranks`` ranks (1 or 2) under ``policy``, up to
+    ``depth`` requests in flight (the mailbox's pipeline depth, 1 to 4).
 
     ``engine_loss``: the last rank may become unroutable (``unplug R``) and may
     be declared lost (``lose R``), independently, at any time. ``max_tombstones``
@@ -117,11 +119,16 @@ class Scenario:
     max_tombstones: int = 2
     mailbox: bool = True
     watching: bool = False
+    depth: int = 1
     name: str = ""
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.callers) <= len(_NAMES):
             raise ValueError(f"a scenario has 1 to {len(_NAMES)} callers")
+        if not 1 <= self.depth <= len(_NAMES):
+            raise ValueError(f"a scenario's depth is 1 to {len(_NAMES)}")
+        if self.depth > 1 and not self.mailbox:
+            raise ValueError("a pipeline depth needs a mailbox")
         if not 1 <= self.ranks <= 2:
             raise ValueError("a scenario has 1 or 2 ranks")
         if self.watching and self.mailbox:
@@ -143,6 +150,8 @@ class Scenario:
         who = (f"{len(specs)} x [{specs[0]}]" if len(set(specs)) == 1
                else " ".join(f"{_NAMES[i]}[{s}]" for i, s in enumerate(specs)))
         extra = f", {self.ranks} ranks {self.policy.value}" if self.ranks > 1 else ""
+        if self.depth > 1:
+            extra += f", depth {self.depth}"
         if self.engine_loss:
             extra += ", engine loss"
         if self.watching:
@@ -204,6 +213,31 @@ def standard_scenarios(max_callers: int = 3, max_callers_two_ranks: int = 2) -> 
             out.append(Scenario(leaving, ranks=2, mailbox=False, watching=True,
                                 name=f"k={k} 2 ranks, watching, one caller may leave"))
     return out
+
+
+def pipelined_scenarios() -> list[Scenario]:
+    """The ordered-pipelining family run in CI: a mailbox with depth 2 to 4 (several
+    requests in flight, sent, received and completed in admission order), over
+    arrivals, starts, hand-offs, replies in any order, cancellations, deadlines and
+    rank loss. (Names say which are explored with the reduction: ``reduced``.)"""
+    no_deadline = CallerSpec(reply=ReplyMode.DUPLICATE, cancel=CancelMode.ANY, raises=True)
+    loss = CallerSpec(timeout=True, cancel=CancelMode.ADMITTED)
+    return [
+        Scenario.uniform(2, EVERY_KIND, depth=2, name="k=2 depth 2, every event kind"),
+        Scenario.uniform(3, no_deadline, depth=3, name="k=3 depth 3, no deadlines"),
+        Scenario.uniform(2, EVERY_KIND, ranks=2, depth=2,
+                         name="k=2 depth 2, 2 ranks all, every event kind"),
+        Scenario.uniform(2, EVERY_KIND, ranks=2, depth=2, policy=Policy.FIRST,
+                         name="k=2 depth 2, 2 ranks first, every event kind"),
+        Scenario.uniform(2, loss, ranks=2, depth=2, engine_loss=True,
+                         name="k=2 depth 2, 2 ranks, engine loss"),
+        Scenario.uniform(3, EVERY_KIND, depth=2, name="k=3 depth 2, every event kind, reduced"),
+        Scenario.uniform(3, EVERY_KIND, depth=3, name="k=3 depth 3, every event kind, reduced"),
+        Scenario.uniform(3, loss, depth=3, engine_loss=True,
+                         name="k=3 depth 3, engine loss, reduced"),
+        Scenario.uniform(4, CallerSpec(cancel=CancelMode.QUEUED), depth=4,
+                         name="k=4 depth 4, queued cancels, reduced"),
+    ]
 
 
 # -- violations and results ------------------------------------------------------------

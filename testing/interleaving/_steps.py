@@ -29,6 +29,8 @@ from ctlwire.testing.interleaving._world import (
 )
 from ctlwire.transports.envelope import ErrorInfo, Reply
 
+_ADMITTED_STATES = (TicketState.ADMITTED, TicketState.STARTED, TicketState.DECIDED)
+
 # -- enabled events ---------------------------------------------------------------------------
 
 
@@ -54,6 +56,9 @@ def _enabled(w: _World) -> list[str]:
         elif pc is _Pc.WAITING:
             if c.entry_waiter.is_set or c.deadline_fired:
                 out.append(f"wake {name}")
+        elif pc is _Pc.TURN:
+            if c.turn_waiter.is_set or c.deadline_fired:
+                out.append(f"turn {name}")
         elif pc is not _Pc.DONE:
             out.append(f"{_STEP[pc]} {name}")
         if spec.reply is not ReplyMode.NEVER:
@@ -68,7 +73,7 @@ def _enabled(w: _World) -> list[str]:
                         sink.append(f"reply {name}{suffix}")
                 elif n == 1 and spec.reply is ReplyMode.DUPLICATE:
                     sink.append(f"dup {name}{suffix}")
-        if spec.timeout and not c.deadline_fired and pc in (_Pc.QUEUED, _Pc.WAITING):
+        if spec.timeout and not c.deadline_fired and pc in (_Pc.QUEUED, _Pc.WAITING, _Pc.TURN):
             out.append(f"timeout {name}")
         if spec.cancel is not CancelMode.NEVER and (pc is _Pc.QUEUED or pc in _RUNNING):
             ticket = c.ticket
@@ -76,15 +81,17 @@ def _enabled(w: _World) -> list[str]:
             if (spec.cancel is CancelMode.ANY
                     or (spec.cancel is CancelMode.QUEUED and state is TicketState.QUEUED)
                     or (spec.cancel is CancelMode.ADMITTED
-                        and (state is TicketState.ADMITTED or w.queue is None))):
+                        and (state in _ADMITTED_STATES or w.queue is None))):
                 out.append(f"cancel {name}")
         if spec.raises and pc in (_Pc.REGISTER, _Pc.SEND, _Pc.WAITING):
             out.append(f"raise {name}")
         if (w.reduce and settling is None and pc in _HOLDING and c.entry is not None
                 and not c.entry.is_open and c.ticket is not None
-                and c.ticket.state is not TicketState.ADMITTED):
+                and c.ticket.state is TicketState.DECIDED
+                and f"{_STEP[pc]} {name}" in out[mark:]):
             # with the reduction, a decided holder that passed the mailbox on settles
-            # (reads its outcome, is cancelled or raises, finishes) before anything else
+            # (reads its outcome, is cancelled or raises, finishes) before anything
+            # else, once it can (not while it waits for its turn)
             settling = [e for e in out[mark:] if not e.startswith(("reply ", "dup "))]
     if w.scenario.engine_loss and any(c.pc is not _Pc.DONE for c in w.callers):
         rank = w.scenario.ranks - 1
@@ -118,20 +125,50 @@ def _fail(w: _World, check: str, detail: str) -> None:
 
 def _wake(w: _World, entry: PendingRequest | None) -> str:
     """What the shells' ``_wake`` does: set the entry's waiter, if it still has one
-    (a queueing holder's :class:`HandOffWaiter` passes the mailbox on when the entry
+    (a queueing holder's :class:`HandOffWaiter` passes its slot on when the entry
     is decided). Returns what the hand-off did, for the trace."""
     if entry is None or entry.waiter is None:
         return ""
     queue = w.queue
-    before = None if queue is None else queue.holder
-    entry.waiter.set()
-    after = None if queue is None else queue.holder
-    if after is before:
+    if queue is None:
+        entry.waiter.set()
         return ""
-    if after is None:
+    admitted, in_flight = queue.admitted_total, queue.in_flight
+    entry.waiter.set()
+    return _handed(w, admitted, in_flight)
+
+
+def _handed(w: _World, admitted_before: int, in_flight_before: int) -> str:
+    """The trace of a hand-off: whom the mailbox went to, or that it is free."""
+    queue = w.queue
+    assert queue is not None
+    if queue.admitted_total > admitted_before:
+        last = queue.admitted()[-1]
+        owner = next((d.name for d in w.callers if d.ticket is last), "?")
+        return f"; hands the mailbox to {owner}"
+    if in_flight_before and not queue.in_flight:
         return "; the mailbox is free"
-    owner = next((d.name for d in w.callers if d.ticket is after), "?")
-    return f"; hands the mailbox to {owner}"
+    return ""
+
+
+def _start(w: _World, c: _Caller) -> str:
+    """What ``issue`` does once ``send_all`` returned, for a queueing holder: it
+    started (the next caller may be admitted), and the request's decision passes
+    its slot on (its hand-off waiter is registered, or set at once when the request
+    was decided while it sent)."""
+    queue, ticket, entry = w.queue, c.ticket, c.entry
+    if queue is None or ticket is None or entry is None or ticket.state is not TicketState.ADMITTED:
+        return ""
+    before = queue.admitted_total, queue.in_flight
+    admitted = queue.start(ticket)
+    if admitted is not None:
+        admitted.waiter.set()
+    hand_off = HandOffWaiter(queue, ticket, c.entry_waiter)
+    if entry.is_open:
+        entry.waiter = hand_off
+    else:
+        hand_off.set()
+    return "; started" + _handed(w, *before)
 
 
 def _set_outcome(w: _World, c: _Caller, outcome: str) -> None:
@@ -150,6 +187,24 @@ def _set_outcome(w: _World, c: _Caller, outcome: str) -> None:
         _fail(w, "outcomes", f"{c.name} failed without any failed rank")
 
 
+def _turn_or_outcome(w: _World, c: _Caller) -> str:
+    """``issue`` once the request is decided (or its deadline passed): a queueing
+    holder returns only in its turn (every caller admitted before it returned), or
+    times out at its deadline; it waits for its turn on its ticket's waiter."""
+    queue, ticket = w.queue, c.ticket
+    if queue is None or ticket is None or queue.turn(ticket):
+        return _read_outcome(w, c)
+    if c.deadline_fired:
+        _set_outcome(w, c, "timed-out")
+        c.pc = _Pc.FINISH
+        return "not its turn and its deadline passed: times out"
+    c.turn_waiter = _Flag()
+    ticket.turn_waiter = c.turn_waiter
+    c.pc = _Pc.TURN
+    first = next((d.name for d in w.callers if d.ticket is queue.next_out()), "?")
+    return f"waits for its turn ({first} has not returned)"
+
+
 def _read_outcome(w: _World, c: _Caller) -> str:
     """What ``fan_out_outcome`` makes of the entry: a result, FanOutFailed, RequestTimedOut."""
     entry = c.entry
@@ -162,6 +217,12 @@ def _read_outcome(w: _World, c: _Caller) -> str:
         _fail(w, "outcomes", f"{c.name} read its outcome from a {state.name} request")
     outcome = {RequestState.DONE: "result", RequestState.FAILED: "failed"}.get(state,
                                                                                 "timed-out")
+    if outcome != "timed-out" and w.queue is not None and c.name in w.admitted:
+        earlier = [n for n in w.admitted[:w.admitted.index(c.name)]
+                   if w.by_name[n].pc is not _Pc.DONE]
+        if earlier:
+            _fail(w, "order", f"{c.name} returned its outcome while {earlier[0]}, admitted "
+                              "before it, had not returned")
     _set_outcome(w, c, outcome)
     c.pc = _Pc.FINISH
     return f"outcome {outcome} ({state.name})"
@@ -169,7 +230,8 @@ def _read_outcome(w: _World, c: _Caller) -> str:
 
 def _finish(w: _World, c: _Caller) -> str:
     """The shells' ``finally``: release the entry (a watcher: and tell the
-    coalescer), leave the mailbox, wake the ticket admitted by hand-off."""
+    coalescer), leave the mailbox, wake the ticket admitted by hand-off and the
+    holder whose turn to leave came."""
     handed = ""
     entry = c.entry
     if entry is not None:
@@ -178,21 +240,28 @@ def _finish(w: _World, c: _Caller) -> str:
         w.registry.release(entry)
         if w.coalescer is not None:
             w.coalescer.done(_KEY, entry)
-    admitted = None
-    if w.queue is not None and c.ticket is not None:
-        admitted = w.queue.leave(c.ticket)
+    queue = w.queue
+    admitted = out = None
+    if queue is not None and c.ticket is not None:
+        admitted = queue.leave(c.ticket)
+        out = queue.next_out()
     c.pc = _Pc.DONE
-    if admitted is None:
-        return f"finished{handed}"
-    owner = next((d for d in w.callers if d.ticket is admitted), None)
-    if owner is None:
-        raise InvariantViolation("crash", f"{c.name}'s finish handed the mailbox to an "
-                                          f"unknown ticket {admitted!r}")
-    waiter = admitted.waiter
-    if waiter is None:
-        raise InvariantViolation("crash", f"ticket of {owner.name} has no waiter to wake")
-    waiter.set()
-    return f"finished; hands the mailbox to {owner.name}"
+    if admitted is not None:
+        owner = next((d for d in w.callers if d.ticket is admitted), None)
+        if owner is None:
+            raise InvariantViolation("crash", f"{c.name}'s finish handed the mailbox to an "
+                                              f"unknown ticket {admitted!r}")
+        waiter = admitted.waiter
+        if waiter is None:
+            raise InvariantViolation("crash", f"ticket of {owner.name} has no waiter to wake")
+        waiter.set()
+        handed += f"; hands the mailbox to {owner.name}"
+    if out is not None and out.turn_waiter is not None:
+        out.turn_waiter.set()
+        turn = next((d for d in w.callers if d.ticket is out and d.pc is _Pc.TURN), None)
+        if turn is not None:
+            handed += f"; {turn.name}'s turn"
+    return f"finished{handed}"
 
 
 def _abandon_unsent(w: _World, c: _Caller, entry: PendingRequest) -> str:
@@ -238,8 +307,10 @@ def _deliver(w: _World, c: _Caller, rank: int, first: bool) -> str:
 
 def _send(w: _World, c: _Caller) -> str:
     """One turn of ``send_all``: its first plans the ranks (``plan_sends``), each hands
-    one planned rank's frame over (and reports it sent) or has it refused; once no rank
-    is left (or the request is decided), ``send_all``'s tail and the start of
+    one planned rank's frame over (and reports it sent) or has it refused; the one
+    after which nothing is left to send (the last rank, or the request decided) also
+    does what ``issue`` does next without an await: a queueing holder starts
+    (:func:`_start`). Once no rank is left, ``send_all``'s tail and the start of
     ``wait_outcome``."""
     registry = w.registry
     entry = c.entry
@@ -250,25 +321,37 @@ def _send(w: _World, c: _Caller) -> str:
         c.plan.pop(0)  # lost since the plan (the shell sends the plan at once: never)
     if not c.plan or not entry.is_open:
         c.plan = []
-        handed = _wake(w, entry) if not entry.is_open else ""
+        started = _start(w, c)
+        handed = _wake(w, entry) if not entry.is_open and w.queue is None else ""
         if registry.awaiting(entry) or entry.is_open:
             c.pc = _Pc.WAITING
-            return f"nothing left to send{handed}; waits ({entry.state.name})"
-        return f"nothing left to send{handed}; " + _read_outcome(w, c)
+            return f"nothing left to send{started}{handed}; waits ({entry.state.name})"
+        return f"nothing left to send{started}{handed}; " + _turn_or_outcome(w, c)
     rank = c.plan.pop(0)
     if rank in w.unplugged:
-        handed = ""
+        what = f"frame to rank {rank} refused (unroutable)"
         if registry.rank_failed(entry, rank, EngineDead(rank, "unroutable")):
-            handed = _wake(w, entry)
-        return f"frame to rank {rank} refused (unroutable) -> {entry.state.name}{handed}"
-    c.frames[rank] = entry.id
-    live = w.registry.get(entry.id)
-    if live is not entry or live.state is RequestState.REGISTERED:
-        where = "not in the request map" if live is None else live.state.name
-        _fail(w, "registry", f"{c.name}'s frame to rank {rank} left before its entry was "
-                             f"registered and marked Sent ({where})")
-    registry.sent(entry, rank)
-    return f"frame to rank {rank} handed to the transport"
+            what += f" -> {entry.state.name}" + _wake(w, entry)
+        else:
+            what += f" -> {entry.state.name}"
+    else:
+        c.frames[rank] = entry.id
+        live = w.registry.get(entry.id)
+        if live is not entry or live.state is RequestState.REGISTERED:
+            where = "not in the request map" if live is None else live.state.name
+            _fail(w, "registry", f"{c.name}'s frame to rank {rank} left before its entry was "
+                                 f"registered and marked Sent ({where})")
+        last = w.last_sent.get(rank)
+        if (last is not None and c.name in w.admitted
+                and w.admitted.index(last) > w.admitted.index(c.name)):
+            _fail(w, "order", f"{c.name}'s frame to rank {rank} went out after {last}'s, "
+                              f"who was admitted after {c.name}")
+        w.last_sent[rank] = c.name
+        registry.sent(entry, rank)
+        what = f"frame to rank {rank} handed to the transport"
+    if not c.plan or not entry.is_open:
+        what += _start(w, c)
+    return what
 
 
 def _join(w: _World, c: _Caller) -> str:
@@ -345,9 +428,8 @@ def _execute(w: _World, label: str) -> str:
     if verb == "register":
         if c.pc is _Pc.NEW:  # no mailbox: the call starts here
             w.arrivals.append(name)
-        # a queueing holder registers the shell's hand-off waiter around its own
-        waiter = (c.entry_waiter if queue is None or c.ticket is None
-                  else HandOffWaiter(queue, c.ticket, c.entry_waiter))
+        # a queueing holder registers its hand-off waiter once it started (_start)
+        waiter = c.entry_waiter if queue is None or c.ticket is None else None
         c.entry = w.registry.register(_METHOD, w.ranks, w.scenario.policy, deadline=1.0,
                                       timeout=1.0, waiter=waiter)
         c.pc = _Pc.SEND
@@ -368,7 +450,18 @@ def _execute(w: _World, label: str) -> str:
                 _set_outcome(w, c, "timed-out")
                 c.pc = _Pc.FINISH
                 return f"its own deadline passed; times out alone ({held.state.name})"
-        return _read_outcome(w, c)
+        return _turn_or_outcome(w, c)
+    if verb == "turn":
+        ticket = c.ticket
+        assert queue is not None and ticket is not None
+        if queue.turn(ticket):
+            return "its turn: " + _read_outcome(w, c)
+        if not c.deadline_fired:
+            _fail(w, "handoff", f"{name} was woken for its turn but a caller admitted "
+                                "before it has not returned")
+        _set_outcome(w, c, "timed-out")
+        c.pc = _Pc.FINISH
+        return "not its turn and its deadline passed: times out"
     if verb == "finish":
         return _finish(w, c)
     raise ReplayError(f"unknown event {label!r}")

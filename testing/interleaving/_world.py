@@ -47,19 +47,22 @@ class _Pc(Enum):
     REGISTER = 3  # next: register
     SEND = 4      # next: send (plan_sends, a planned rank's frame / awaiting)
     WAITING = 5   # awaiting its entry's waiter; next: wake
-    FINISH = 6    # outcome read; next: finish
-    DONE = 7      # finished
+    TURN = 6      # decided; awaiting its turn to return (its ticket's waiter); next: turn
+    FINISH = 7    # outcome read; next: finish
+    DONE = 8      # finished
 
 
-_RUNNING = (_Pc.RESUME, _Pc.REGISTER, _Pc.SEND, _Pc.WAITING)
-_HOLDING = (_Pc.SEND, _Pc.WAITING, _Pc.FINISH)  # registered, not finished
+_RUNNING = (_Pc.RESUME, _Pc.REGISTER, _Pc.SEND, _Pc.WAITING, _Pc.TURN)
+_HOLDING = (_Pc.SEND, _Pc.WAITING, _Pc.TURN, _Pc.FINISH)  # registered, not finished
 _STEP = {_Pc.NEW: "arrive", _Pc.QUEUED: "resume", _Pc.RESUME: "resume",
-         _Pc.REGISTER: "register", _Pc.SEND: "send", _Pc.WAITING: "wake", _Pc.FINISH: "finish"}
+         _Pc.REGISTER: "register", _Pc.SEND: "send", _Pc.WAITING: "wake", _Pc.TURN: "turn",
+         _Pc.FINISH: "finish"}
 
 
 class _Caller:
     __slots__ = ("deadline_fired", "deliveries", "entry", "entry_waiter", "frames",
-                 "name", "outcome", "pc", "plan", "spec", "started", "ticket", "ticket_waiter")
+                 "name", "outcome", "pc", "plan", "spec", "started", "ticket", "ticket_waiter",
+                 "turn_waiter")
 
     def __init__(self, name: str, spec: CallerSpec) -> None:
         self.name = name
@@ -68,6 +71,7 @@ class _Caller:
         self.ticket: Ticket | None = None           # what queue.arrive() returned
         self.ticket_waiter = _Flag()
         self.entry_waiter = _Flag()
+        self.turn_waiter = _Flag()                 # its ticket's waiter while in TURN
         self.entry: PendingRequest | None = None   # what register() returned
         self.plan: list[int] | None = None         # the planned ranks not sent yet
         self.frames: dict[int, int] = {}           # rank -> request id of the frame sent
@@ -83,8 +87,8 @@ RegistryFactory = Callable[..., RequestRegistry]
 
 class _World:
     __slots__ = ("admitted", "arrivals", "by_name", "callers", "checks", "coalescer",
-                 "liveness", "queue", "ranks", "reduce", "registry", "scenario", "twin_before",
-                 "unplugged")
+                 "last_sent", "liveness", "queue", "ranks", "reduce", "registry", "scenario",
+                 "twin_before", "unplugged")
 
     def __init__(self, scenario: Scenario, queue_cls: QueueFactory,
                  registry_cls: RegistryFactory, checks: frozenset[str], reduce: bool,
@@ -94,7 +98,8 @@ class _World:
         self.reduce = reduce
         self.registry = registry_cls(max_tombstones=scenario.max_tombstones,
                                      incarnation=_ENGINE_INCARNATION)
-        self.queue: AdmissionQueue | None = queue_cls(_METHOD) if scenario.mailbox else None
+        self.queue: AdmissionQueue | None = (
+            queue_cls(_METHOD, holders=scenario.depth) if scenario.mailbox else None)
         self.coalescer: Coalescer[PendingRequest] | None = (
             Coalescer() if scenario.watching else None)
         self.liveness = _Liveness()
@@ -108,6 +113,8 @@ class _World:
             if symmetric else -1 for i, spec in enumerate(scenario.callers))
         self.arrivals: list[str] = []
         self.admitted: list[str] = []
+        #: rank -> the caller whose frame went to it last
+        self.last_sent: dict[int, str] = {}
         self.unplugged: set[int] = set()
 
     @property
@@ -330,7 +337,7 @@ def _key(w: _World) -> tuple[Any, ...]:
         ticket = c.ticket
         callers.append((
             c.pc, c.deadline_fired, c.outcome, c.ticket_waiter.is_set, c.entry_waiter.is_set,
-            c.started, None if c.plan is None else tuple(c.plan),
+            c.turn_waiter.is_set, c.started, None if c.plan is None else tuple(c.plan),
             None if ticket is None else (ticket.seq, ticket.state),
             None if c.entry is None else _entry_key(c.entry),
             tuple(sorted(c.frames.items())), tuple(sorted(c.deliveries.items()))))
@@ -338,13 +345,19 @@ def _key(w: _World) -> tuple[Any, ...]:
     q = w.queue
     co = w.coalescer
     shared = co.get(_KEY) if co is not None else None
+    # what a later frame's order is checked against: per rank, how many of the admitted
+    # callers still running were admitted before the caller whose frame went last
+    running = [n for n in w.admitted if w.by_name[n].pc is not _Pc.DONE]
+    last_sent = tuple(sorted(
+        (rank, sum(w.admitted.index(n) < w.admitted.index(last) for n in running))
+        for rank, last in w.last_sent.items()))
     return (tuple(callers),
             None if co is None else (None if shared is None else shared.id, co.tracked),
             tuple(sorted(_entry_key(e) for e in reg.live())),
             tuple((rid, tuple(sorted(t.answered))) for rid, t in reg.tombstones.items()),
-            None if q is None else (None if q.holder is None else q.holder.seq,
+            None if q is None else (tuple((t.seq, t.state) for t in q.admitted()),
                                     tuple(t.seq for t in q.queued()), _atoms(q, _QUEUE_SKIP)),
             tuple(n for n in w.arrivals if w.by_name[n].pc is not _Pc.DONE),
-            tuple(n for n in w.admitted if w.by_name[n].pc is not _Pc.DONE),
+            tuple(running), last_sent,
             tuple(sorted(w.unplugged)),
             tuple(sorted(w.lost)))

@@ -16,9 +16,15 @@ The interleaving explorer must catch each of them with a short counterexample
 * :class:`HandOffOnSendRegistry` -- passes the mailbox on once its frames are out
   (when it starts waiting) instead of at the decision: the next caller's request
   goes out while this one is still undecided (two in flight at once).
-* :class:`SilentLeaveQueue` -- its ``leave`` admits the next caller but does not
-  return it, so nobody wakes it (a lost wake-up; the decision's hand-off is the
-  first ``leave``).
+* :class:`SilentLeaveQueue` -- its ``decide`` and ``leave`` admit the next caller
+  but do not return it, so nobody wakes it (a lost wake-up).
+* :class:`StartAtOnceQueue` -- ordered pipelining that admits the next caller as
+  soon as a slot is free, without waiting for the caller admitted before it to
+  have handed its frames over: two callers send at once, and a rank can receive
+  the later request first.
+* :class:`ReturnAtDecisionQueue` -- ordered pipelining that lets every decided
+  caller return at once (its turn always comes): a request decided early (a
+  policy met sooner, replies out of order) completes before one admitted earlier.
 * :class:`ForgetfulRegistry` -- a registry that forgets ids once their
   tombstone is evicted: a late reply after the eviction is UNKNOWN (ctlwire
   recognises every id it ever issued). Only the full search (no reduction)
@@ -28,7 +34,6 @@ The interleaving explorer must catch each of them with a short counterexample
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from ctlwire.kernel.core.admission_queue import AdmissionQueue, Ticket
 from ctlwire.kernel.core.fan_out_policy import Policy
@@ -43,20 +48,17 @@ from ctlwire.states import RequestEvent, TicketEvent, TicketState
 from ctlwire.transports.envelope import Reply
 
 __all__ = ["ForgetfulRegistry", "HandOffOnSendRegistry", "RegisterAfterSendRegistry",
-           "SilentLeaveQueue", "WakeupWindowQueue"]
+           "ReturnAtDecisionQueue", "SilentLeaveQueue", "StartAtOnceQueue", "WakeupWindowQueue"]
 
 
 class WakeupWindowQueue(AdmissionQueue):
     """Wake-up instead of hand-off (SGLang's bug); see the module docstring."""
 
-    def arrive(self, waiter: Any = None) -> Ticket:
-        self._seq += 1
-        ticket = Ticket(self._seq, waiter)
-        if self.holder is None and not self._queue:  # "looks free": the window
-            self._admit(ticket)
-        else:
-            self._queue[ticket.seq] = ticket
-        return ticket
+    def _admit_next(self) -> Ticket | None:
+        if self.starting is None and self.in_flight < self.holders and self._queue:
+            _, nxt = self._queue.popitem(last=False)
+            return nxt  # woken, NOT admitted: the mailbox looks free meanwhile
+        return None
 
     def resumed(self, ticket: Ticket) -> None:
         if ticket.state is TicketState.QUEUED:  # woken earlier: admitted only now
@@ -68,14 +70,7 @@ class WakeupWindowQueue(AdmissionQueue):
             self._go(ticket, TicketEvent.ABANDON)
             self.abandoned_total += 1
             return None
-        if ticket.state is TicketState.ADMITTED:
-            self._go(ticket, TicketEvent.RELEASE)
-            if self.holder is ticket:
-                self.holder = None
-            if self._queue:
-                _, nxt = self._queue.popitem(last=False)
-                return nxt  # woken, NOT admitted: the mailbox looks free meanwhile
-        return None
+        return super().leave(ticket)
 
 
 class RegisterAfterSendRegistry(RequestRegistry):
@@ -129,13 +124,46 @@ class HandOffOnSendRegistry(RequestRegistry):
         if isinstance(waiter, HandOffWaiter):
             admitted = waiter.queue.leave(waiter.ticket)
             if admitted is not None:
-                admitted.waiter.set()
+                admitted.waiter.set()  # (the holder also waits for its turn: none here)
         return waiting
 
 
 class SilentLeaveQueue(AdmissionQueue):
-    """Admits the next caller on ``leave`` without reporting whom it admitted."""
+    """Admits the next caller on a decision or ``leave`` without reporting whom it
+    admitted."""
+
+    def decide(self, ticket: Ticket) -> Ticket | None:
+        super().decide(ticket)
+        return None
 
     def leave(self, ticket: Ticket) -> Ticket | None:
         super().leave(ticket)
         return None
+
+
+class StartAtOnceQueue(AdmissionQueue):
+    """Admits whenever a slot is free, even while the caller admitted before is
+    still sending; see the module docstring."""
+
+    def _admit_next(self) -> Ticket | None:
+        if self.in_flight < self.holders and self._queue:
+            _, nxt = self._queue.popitem(last=False)
+            self._admit(nxt)
+            return nxt
+        return None
+
+    def arrive(self, waiter: object = None) -> Ticket:
+        self._seq += 1
+        ticket = Ticket(self._seq, waiter)
+        if self.in_flight < self.holders and not self._queue:
+            self._admit(ticket)
+        else:
+            self._queue[ticket.seq] = ticket
+        return ticket
+
+
+class ReturnAtDecisionQueue(AdmissionQueue):
+    """Every caller's turn to return has come; see the module docstring."""
+
+    def turn(self, ticket: Ticket) -> bool:
+        return True

@@ -2,6 +2,9 @@
 
 * Every interleaving of every scenario of :func:`standard_scenarios` (up to 3
   callers, every event kind) keeps every invariant; the counts are printed.
+* Every interleaving of :func:`pipelined_scenarios` (a mailbox with depth 2 to
+  4: several requests in flight) keeps every invariant, the order of sends per
+  rank and of completions included.
 * Two deliberately broken cores (``tests/testing/broken_cores.py``) -- SGLang's
   wake-up-window admission and FastDeploy's register-after-send -- are each
   caught with a short counterexample that :func:`replay` reproduces; each is
@@ -21,7 +24,9 @@ from broken_cores import (
     ForgetfulRegistry,
     HandOffOnSendRegistry,
     RegisterAfterSendRegistry,
+    ReturnAtDecisionQueue,
     SilentLeaveQueue,
+    StartAtOnceQueue,
     WakeupWindowQueue,
 )
 
@@ -39,6 +44,7 @@ from ctlwire.testing.interleaving import (
     ReplyMode,
     Scenario,
     explore,
+    pipelined_scenarios,
     replay,
     standard_scenarios,
 )
@@ -100,6 +106,18 @@ def test_every_interleaving_keeps_every_invariant(
     assert result.ok, result.counterexample and result.counterexample.format()
     assert result.interleavings >= 1 and result.states > 1
     totals.append(result)
+
+
+PIPELINED = pipelined_scenarios()
+
+
+@pytest.mark.parametrize("scenario", PIPELINED, ids=[s.name for s in PIPELINED])
+def test_every_pipelined_interleaving_keeps_the_admission_order(
+        scenario: Scenario, capsys: pytest.CaptureFixture[str]) -> None:
+    result = explore(scenario, reduce=scenario.name.endswith("reduced"))
+    say(capsys, f"interleavings {result.summary()}")
+    assert result.ok, result.counterexample and result.counterexample.format()
+    assert result.interleavings >= 1 and result.states > 1
 
 
 # -- the checker can fail: broken cores --------------------------------------------------
@@ -169,6 +187,41 @@ def test_a_hand_off_at_the_decision_that_wakes_nobody_is_caught(
     checks = [c for c in CHECKS if c != "handoff"]
     cx = caught(explore(OVERTAKE, checks=checks, **classes), "progress", capsys, **classes)
     assert "B (queued)" in str(cx.violation)
+
+
+# two callers with replies in any order, depth 2: both in flight at once
+PIPELINE = Scenario.uniform(2, CallerSpec(), depth=2, name="depth 2, two callers")
+
+
+def test_pipelining_that_lets_two_callers_send_at_once_is_caught(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Admitting B while A still hands its frames over: the queue's own invariant
+    (one ticket starting at a time) and the exclusive check see two callers
+    admitted to start at once; without them, the order check sees the symptom:
+    a rank receives B's request before A's."""
+    classes = {"queue_cls": StartAtOnceQueue}
+    cx = caught(explore(PIPELINE, **classes), "fifo", capsys, **classes)
+    assert "start at once" in str(cx.violation)
+    cx = caught(explore(PIPELINE, checks=[c for c in CHECKS if c != "fifo"], **classes),
+                "exclusive", capsys, **classes)
+    assert "admitted to start at once" in str(cx.violation)
+    cx = caught(explore(PIPELINE, checks=[c for c in CHECKS if c not in ("fifo", "exclusive")],
+                        **classes), "order", capsys, **classes)
+    assert cx.events[-1] == "send A" and "after B's" in str(cx.violation)
+    assert cx.events.index("send B") < cx.events.index("send A")
+
+
+def test_pipelining_that_completes_out_of_order_is_caught(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """B's request decided before A's, and B returning at once: B completes before
+    A, who was admitted first. The same scenario with the real queue makes B wait
+    for its turn."""
+    classes = {"queue_cls": ReturnAtDecisionQueue}
+    cx = caught(explore(PIPELINE, **classes), "order", capsys, **classes)
+    assert "B returned its outcome while A" in str(cx.violation)
+    assert "reply B" in cx.events and "reply A" not in cx.events
+    trace = replay(PIPELINE, cx.events)  # the real queue: B waits for A
+    assert trace[-1] == "nothing left to send; waits for its turn (A has not returned)"
 
 
 def test_fastdeploy_register_after_send_is_caught_at_registration(

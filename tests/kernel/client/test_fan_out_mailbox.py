@@ -112,19 +112,21 @@ class SlowWake:
 
 
 def slow_wake(queue: AdmissionQueue, seq: int) -> list[SlowWake]:
-    """Give ticket ``seq`` a :class:`SlowWake` when a leaving holder hands it the
-    mailbox (the ticket ``leave`` returns, to be woken)."""
+    """Give ticket ``seq`` a :class:`SlowWake` when it is handed the mailbox (the
+    ticket a decision or a leaving holder admits, to be woken)."""
     slow: list[SlowWake] = []
-    real_leave = queue.leave
 
-    def leave(t: Ticket) -> Ticket | None:
-        nxt = real_leave(t)
-        if nxt is not None and nxt.seq == seq and not slow:
-            nxt.waiter = SlowWake(nxt.waiter)
-            slow.append(nxt.waiter)
-        return nxt
+    def intercept(real: Any) -> Any:
+        def hand_off(t: Ticket) -> Ticket | None:
+            nxt: Ticket | None = real(t)
+            if nxt is not None and nxt.seq == seq and not slow:
+                nxt.waiter = SlowWake(nxt.waiter)
+                slow.append(nxt.waiter)
+            return nxt
+        return hand_off
 
-    queue.leave = leave  # type: ignore[method-assign]
+    queue.decide = intercept(queue.decide)  # type: ignore[method-assign]
+    queue.leave = intercept(queue.leave)  # type: ignore[method-assign]
     return slow
 
 

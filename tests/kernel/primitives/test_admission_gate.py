@@ -205,3 +205,44 @@ async def test_the_admitted_ticket_is_what_as_binds() -> None:
     async with gate.admit() as ticket:
         assert isinstance(ticket, Ticket) and gate.queue.holder is ticket
     assert not gate.busy
+
+
+async def test_two_holders_start_one_at_a_time_and_leave_in_arrival_order() -> None:
+    """``holders=2``: a holder's first step (before ``started``) runs alone even when
+    it awaits, at most two hold the gate, and blocks released in reverse order are
+    left in arrival order."""
+    gate = AdmissionGate("g", holders=2)
+    started: list[str] = []
+    left: list[str] = []
+    inside = most = 0
+    release = {name: anyio.Event() for name in "ABCD"}
+
+    async def caller(name: str) -> None:
+        nonlocal inside, most
+        async with gate.admit() as ticket:
+            inside += 1
+            most = max(most, inside)
+            await anyio.sleep(0.01)  # its first step awaits: nobody else is admitted
+            assert gate.queue.in_flight - len(started) + len(left) == 1
+            started.append(name)
+            gate.started(ticket)
+            await release[name].wait()
+            inside -= 1
+        left.append(name)
+
+    async with anyio.create_task_group() as tg:
+        for name in "ABCD":
+            tg.start_soon(caller, name)
+            await anyio.wait_all_tasks_blocked()
+        await anyio.sleep(1)
+        assert started == ["A", "B"] and gate.depth == 2
+        release["B"].set()
+        await anyio.sleep(1)
+        assert left == [] and started == ["A", "B"]  # B waits for A, holding its slot
+        release["A"].set()
+        await anyio.sleep(1)
+        assert left == ["A", "B"] and started == ["A", "B", "C", "D"]
+        release["D"].set()
+        release["C"].set()
+    assert left == ["A", "B", "C", "D"] and most == 2
+    assert not gate.busy and gate.depth == 0 and gate.holders == 2
