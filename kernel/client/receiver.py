@@ -46,7 +46,7 @@ from ctlwire.kernel.liveness_monitor import LivenessMonitor
 from ctlwire.states import RECEIVE_TURN_TABLE, TurnEvent, TurnState
 from ctlwire.transports.envelope import Heartbeat, Reply
 from ctlwire.transports.errors import TransportClosed
-from ctlwire.transports.task_waits import Backend, CancelScope
+from ctlwire.transports.task_waits import Backend, CancelScope, TaskWaiter
 from ctlwire.transports.transport import ClientTransport, Dropped, PeerDisconnected, Received
 
 __all__ = ["ClientReceiver", "waiter_of"]
@@ -108,7 +108,7 @@ class ClientReceiver:
         self.turn = _S.IDLE
         #: the request whose caller receives now (None: the loop receives, or no one)
         self.holder: PendingRequest | None = None
-        self._parked: Any = None  # the loop's waiter, while a caller receives
+        self._parked: TaskWaiter | None = None  # the loop's waiter, while a caller receives
         self._woke: PendingRequest | None = None  # the last request the loop's batch decided
         #: how many calls received their replies themselves (tests read it)
         self.turns = 0
