@@ -18,6 +18,10 @@ loop, holding the cheapest public mechanism of that backend for each of
 * :attr:`~Backend.checkpoint_if_cancelled`: the backend's own check for a pending
   cancellation (trio's, without anyio's backend look-up per call; anyio's on
   asyncio, the only public one there).
+* :attr:`~Backend.cancel_scope`: makes a cancel scope with no deadline, entered
+  with ``with`` and ended with ``cancel()`` (trio: ``trio.CancelScope``, which
+  anyio's scopes on trio are; asyncio: ``anyio.CancelScope``), without anyio's
+  backend look-up and wrapper per scope.
 * :attr:`~Backend.clock`: the loop's clock, the one ``anyio.current_time`` reads and
   anyio's cancel-scope deadlines use (a virtual clock included), read without a
   backend look-up; :attr:`~Backend.clock_source` is the object it belongs to (the
@@ -42,13 +46,14 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable
+from types import TracebackType
 from typing import Any, Protocol
 
 import anyio
 import anyio.lowlevel
 import sniffio
 
-__all__ = ["Backend", "FdWatch", "TaskWaiter", "current_backend"]
+__all__ = ["Backend", "CancelScope", "FdWatch", "TaskWaiter", "current_backend"]
 
 
 class TaskWaiter(Protocol):
@@ -56,6 +61,15 @@ class TaskWaiter(Protocol):
 
     def set(self) -> None: ...
     def wait(self) -> Awaitable[Any]: ...
+
+
+class CancelScope(Protocol):
+    """A cancel scope with no deadline: entered with ``with``, ended by :meth:`cancel`."""
+
+    def __enter__(self) -> Any: ...
+    def __exit__(self, exc_type: type[BaseException] | None, exc_val: BaseException | None,
+                 exc_tb: TracebackType | None) -> bool: ...
+    def cancel(self) -> None: ...
 
 
 class FdWatch(Protocol):
@@ -233,16 +247,19 @@ def _trio_watch_class() -> Callable[[int], FdWatch]:
 class Backend:
     """The running loop's waits and clock (see the module docstring)."""
 
-    __slots__ = ("checkpoint_if_cancelled", "clock", "clock_source", "fd_watch", "new_waiter")
+    __slots__ = ("cancel_scope", "checkpoint_if_cancelled", "clock", "clock_source", "fd_watch",
+                 "new_waiter")
 
     def __init__(self, new_waiter: Callable[[], TaskWaiter], fd_watch: Callable[[int], FdWatch],
                  checkpoint_if_cancelled: Callable[[], Awaitable[None]],
-                 clock: Callable[[], float], clock_source: object) -> None:
+                 clock: Callable[[], float], clock_source: object,
+                 cancel_scope: Callable[[], CancelScope]) -> None:
         self.new_waiter = new_waiter
         self.fd_watch = fd_watch
         self.checkpoint_if_cancelled = checkpoint_if_cancelled
         self.clock = clock
         self.clock_source = clock_source
+        self.cancel_scope = cancel_scope
 
 
 def current_backend() -> Backend:
@@ -252,7 +269,8 @@ def current_backend() -> Backend:
 
         clock = trio.lowlevel.current_clock()
         return Backend(_trio_waiter_class(), _trio_watch_class(),
-                       trio.lowlevel.checkpoint_if_cancelled, clock.current_time, clock)
+                       trio.lowlevel.checkpoint_if_cancelled, clock.current_time, clock,
+                       trio.CancelScope)
     loop = asyncio.get_running_loop()
     return Backend(functools.partial(_FutureWaiter, loop), _ReaderWatch,
-                   anyio.lowlevel.checkpoint_if_cancelled, loop.time, loop)
+                   anyio.lowlevel.checkpoint_if_cancelled, loop.time, loop, anyio.CancelScope)

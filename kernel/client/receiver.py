@@ -46,7 +46,7 @@ from ctlwire.kernel.core.request_registry import PendingRequest, ReplyDispositio
 from ctlwire.states import RECEIVE_TURN_TABLE, TurnEvent, TurnState
 from ctlwire.transports.envelope import Heartbeat, Reply
 from ctlwire.transports.errors import TransportClosed
-from ctlwire.transports.task_waits import Backend
+from ctlwire.transports.task_waits import Backend, CancelScope, TaskWaiter
 from ctlwire.transports.transport import ClientTransport, Dropped, PeerDisconnected, Received
 
 __all__ = ["ClientReceiver", "waiter_of"]
@@ -73,7 +73,7 @@ class _HolderWaiter:
 
     __slots__ = ("receiver", "scope")
 
-    def __init__(self, receiver: ClientReceiver, scope: anyio.CancelScope) -> None:
+    def __init__(self, receiver: ClientReceiver, scope: CancelScope) -> None:
         self.receiver = receiver
         self.scope = scope
 
@@ -103,19 +103,22 @@ class ClientReceiver:
         #: see :meth:`bind`)
         self.now: Callable[[], float] = anyio.current_time
         self.new_waiter: Callable[[], Any] = anyio.Event
+        self.new_scope: Callable[[], CancelScope] = anyio.CancelScope
         #: whose turn it is to receive (the ReceiveTurn machine's state)
         self.turn = _S.IDLE
         #: the request whose caller receives now (None: the loop receives, or no one)
         self.holder: PendingRequest | None = None
-        self._parked: anyio.Event | None = None  # the loop's, while a caller receives
+        self._parked: TaskWaiter | None = None  # the loop's waiter, while a caller receives
         self._woke: PendingRequest | None = None  # the last request the loop's batch decided
         #: how many calls received their replies themselves (tests read it)
         self.turns = 0
 
     def bind(self, backend: Backend) -> None:
-        """Take the running event loop's clock and waiters (when the client starts)."""
+        """Take the running event loop's clock, waiters and cancel scopes (when the
+        client starts)."""
         self.now = backend.clock
         self.new_waiter = backend.new_waiter
+        self.new_scope = backend.cancel_scope
 
     async def run(self) -> None:
         """The receive loop (the client's task): every event queued at a wake-up is
@@ -127,7 +130,7 @@ class ClientReceiver:
                 if self.turn is _S.CLOSED:
                     await self.on_closed()
                     return
-                parked = self._parked = anyio.Event()
+                parked = self._parked = self.new_waiter()
                 await parked.wait()
                 continue
             self.turn = _TURN(_S.IDLE, _E.LOOP_RECEIVES)
@@ -176,7 +179,7 @@ class ClientReceiver:
         self.holder = entry
         self.turns += 1
         receive_many = self.transport.receive_many
-        scope = anyio.CancelScope()
+        scope = self.new_scope()
         entry.waiter = _HolderWaiter(self, scope)  # its decision ends this receive
         try:
             with scope:

@@ -76,6 +76,46 @@ async def test_a_cancel_scope_ends_a_wait_nobody_sets() -> None:
     waiter.set()  # after the cancelled wait: a no-op, no error
 
 
+async def test_the_backends_cancel_scope_ends_the_wait_inside_it_and_only_that() -> None:
+    """``cancel()`` from another task ends the wait in the scope; the task goes on after
+    it, and an enclosing anyio scope is untouched."""
+    backend = current_backend()
+    waiter = backend.new_waiter()
+    scopes = []
+    after: list[str] = []
+
+    async def park() -> None:
+        with anyio.CancelScope() as outer:
+            with backend.cancel_scope() as scope:
+                scopes.append(scope)
+                await waiter.wait()
+            after.append("after the scope")
+        assert not outer.cancel_called
+        after.append("done")
+
+    with anyio.fail_after(GUARD):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(park)
+            await anyio.wait_all_tasks_blocked()
+            assert after == []
+            scopes[0].cancel()
+    assert after == ["after the scope", "done"]
+    assert scopes[0].cancelled_caught
+
+
+async def test_a_cancelled_enclosing_scope_reaches_through_the_backends_scope() -> None:
+    backend = current_backend()
+    reached: list[str] = []
+    with anyio.fail_after(GUARD):
+        with anyio.CancelScope() as outer:
+            outer.cancel()
+            with backend.cancel_scope():
+                await anyio.sleep(GUARD)
+                reached.append("not cancelled")
+    assert reached == []
+    assert outer.cancelled_caught
+
+
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_a_second_concurrent_wait_is_refused_on_trio() -> None:
     waiter = current_backend().new_waiter()
