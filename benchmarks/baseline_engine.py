@@ -8,7 +8,8 @@ args]``, decode it, look the method up in a dict, call it, encode ``[call_id,
 ok, result]`` and send it back. No deadlines, no duplicate detection, no
 state machine, no heartbeats. The socket loop is the plainest there is: a
 blocking ``recv`` (with a receive timeout, to look at the stop flag), then the
-reply's ``send``.
+reply's ``send``. With ``--step SECONDS`` it loops like a scheduler instead:
+it sleeps the step, then answers every request that has arrived.
 
 Prints ``READY <rank> 0`` once connected (the line :class:`EngineFleet`
 waits for) and exits cleanly on SIGTERM/SIGINT.
@@ -28,7 +29,7 @@ import zmq
 
 from .call_counter import serve_counting_signals
 
-__all__ = ["HELLO_ID", "main"]
+__all__ = ["HELLO_ID", "main", "serve", "serve_stepping"]
 
 HELLO_ID = 0
 """The call id of the frame an engine sends when it starts (the client learns its route)."""
@@ -45,27 +46,25 @@ def _methods() -> dict[str, Callable[..., Any]]:
     return {"echo": echo, "sleep": sleep}
 
 
-def serve(address: str, rank: int, stop: Callable[[], bool]) -> None:
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, b"rank-%d" % rank)
-    sock.setsockopt(zmq.LINGER, 200)
-    sock.setsockopt(zmq.SNDHWM, 10_000)
-    sock.setsockopt(zmq.RCVHWM, 10_000)
-    sock.setsockopt(zmq.RCVTIMEO, 100)
-    sock.connect(address)
-    encode = msgspec.msgpack.Encoder().encode
-    decode = msgspec.msgpack.Decoder().decode
-    methods = _methods()
-    sock.send(encode((HELLO_ID, True, rank)))
-    print(f"READY {rank} 0", flush=True)
-    recv, send = sock.recv, sock.send
-    try:
-        while not stop():
-            try:
-                data = recv()
-            except zmq.Again:  # RCVTIMEO: look at the stop flag
-                continue
+class _Engine:
+    """The socket and the methods of one bare engine: ``answer`` serves one frame."""
+
+    def __init__(self, address: str, rank: int) -> None:
+        self.ctx = zmq.Context()
+        sock = self.sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, b"rank-%d" % rank)
+        sock.setsockopt(zmq.LINGER, 200)
+        sock.setsockopt(zmq.SNDHWM, 10_000)
+        sock.setsockopt(zmq.RCVHWM, 10_000)
+        sock.setsockopt(zmq.RCVTIMEO, 100)
+        sock.connect(address)
+        self.methods = methods = _methods()
+        encode = msgspec.msgpack.Encoder().encode
+        decode = msgspec.msgpack.Decoder().decode
+        sock.send(encode((HELLO_ID, True, rank)))
+        send = sock.send
+
+        def answer(data: bytes) -> None:
             call_id, method, args = decode(data)
             try:
                 result = methods[method](*args)
@@ -74,15 +73,61 @@ def serve(address: str, rank: int, stop: Callable[[], bool]) -> None:
             else:
                 reply = encode((call_id, True, result))
             send(reply)
+
+        #: decode a request, call its method, send the reply (an error's text on failure)
+        self.answer = answer
+
+    def close(self) -> None:
+        self.sock.close()
+        self.ctx.term()
+
+
+def serve(address: str, rank: int, stop: Callable[[], bool]) -> None:
+    """The plain loop: a blocking receive, then the reply."""
+    engine = _Engine(address, rank)
+    print(f"READY {rank} 0", flush=True)
+    recv, answer = engine.sock.recv, engine.answer
+    try:
+        while not stop():
+            try:
+                data = recv()
+            except zmq.Again:  # RCVTIMEO: look at the stop flag
+                continue
+            answer(data)
     finally:
-        sock.close()
-        ctx.term()
+        engine.close()
+
+
+def serve_stepping(address: str, rank: int, stop: Callable[[], bool], step: float) -> None:
+    """A scheduler's loop: sleep ``step`` seconds (a device step: the CPU waits), then
+    answer every request that has arrived (non-blocking receives until none is left).
+    The method ``steps`` returns the steps taken."""
+    engine = _Engine(address, rank)
+    steps = [0]
+    engine.methods["steps"] = lambda: steps[0]
+    print(f"READY {rank} 0", flush=True)
+    recv, answer = engine.sock.recv, engine.answer
+    try:
+        while not stop():
+            time.sleep(step)
+            steps[0] += 1
+            while True:
+                try:
+                    data = recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                answer(data)
+    finally:
+        engine.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ctlwire.benchmarks.baseline_engine")
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--connect", required=True)
+    p.add_argument("--step", type=float, metavar="SECONDS",
+                   help="step like a scheduler: sleep SECONDS, then answer every request "
+                        "that has arrived")
     p.add_argument("--count-calls", metavar="PATH",
                    help="count this process's calls between SIGUSR1 and SIGUSR2, into PATH")
     args = p.parse_args(argv)
@@ -95,7 +140,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    serve(args.connect, args.rank, lambda: bool(stopped))
+    if args.step is not None:
+        serve_stepping(args.connect, args.rank, lambda: bool(stopped), args.step)
+    else:
+        serve(args.connect, args.rank, lambda: bool(stopped))
     return 0
 
 
