@@ -16,10 +16,11 @@ In both, a queueing fan-out mailbox with a pipeline depth of 4
 sent to every rank and completed in admission order) against the anyio Lock +
 Event communicator, which by design has one fan-out in flight
 (:mod:`ctlwire.benchmarks.baseline_lock_fanout`), with 1,000 callers queued at
-once, one task each, on asyncio and on trio. Runs alternate, each a fresh client (:mod:`ctlwire.benchmarks.paired_runs`); the rows are the
-medians of the runs' rates and ratios with their spread, and beside them the CPU
-per fan-out of the client, the engines and both together; the stepping row's
-details hold the steps each engine took by the end.
+once, one task each, on asyncio and on trio. Runs alternate, each a fresh client
+(:mod:`ctlwire.benchmarks.paired_runs`); the rows are the medians of the runs'
+rates and ratios with their spread, and beside them the CPU per fan-out of the
+client, the engines and both together; the stepping row's details hold the steps
+each engine took by the end.
 """
 
 from __future__ import annotations
