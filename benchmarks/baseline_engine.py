@@ -29,7 +29,7 @@ import zmq
 
 from .call_counter import serve_counting_signals
 
-__all__ = ["HELLO_ID", "main", "serve", "serve_stepping"]
+__all__ = ["HELLO_ID", "main", "serve"]
 
 HELLO_ID = 0
 """The call id of the frame an engine sends when it starts (the client learns its route)."""
@@ -46,25 +46,39 @@ def _methods() -> dict[str, Callable[..., Any]]:
     return {"echo": echo, "sleep": sleep}
 
 
-class _Engine:
-    """The socket and the methods of one bare engine: ``answer`` serves one frame."""
-
-    def __init__(self, address: str, rank: int) -> None:
-        self.ctx = zmq.Context()
-        sock = self.sock = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, b"rank-%d" % rank)
-        sock.setsockopt(zmq.LINGER, 200)
-        sock.setsockopt(zmq.SNDHWM, 10_000)
-        sock.setsockopt(zmq.RCVHWM, 10_000)
-        sock.setsockopt(zmq.RCVTIMEO, 100)
-        sock.connect(address)
-        self.methods = methods = _methods()
-        encode = msgspec.msgpack.Encoder().encode
-        decode = msgspec.msgpack.Decoder().decode
-        sock.send(encode((HELLO_ID, True, rank)))
-        send = sock.send
-
-        def answer(data: bytes) -> None:
+def serve(address: str, rank: int, stop: Callable[[], bool], step: float | None = None
+          ) -> None:
+    """Answer requests until ``stop()``: a blocking receive, then the reply; with ``step``,
+    a scheduler's loop instead: sleep ``step`` seconds (a device step: the CPU waits),
+    then answer every request that has arrived (non-blocking receives until none is
+    left), and again. With ``step``, the method ``steps`` returns the steps taken."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, b"rank-%d" % rank)
+    sock.setsockopt(zmq.LINGER, 200)
+    sock.setsockopt(zmq.SNDHWM, 10_000)
+    sock.setsockopt(zmq.RCVHWM, 10_000)
+    sock.setsockopt(zmq.RCVTIMEO, 100)
+    sock.connect(address)
+    encode = msgspec.msgpack.Encoder().encode
+    decode = msgspec.msgpack.Decoder().decode
+    methods = _methods()
+    steps = 0
+    if step is not None:
+        methods["steps"] = lambda: steps
+    flags = 0 if step is None else zmq.NOBLOCK
+    sock.send(encode((HELLO_ID, True, rank)))
+    print(f"READY {rank} 0", flush=True)
+    recv, send = sock.recv, sock.send
+    try:
+        while not stop():
+            try:
+                data = recv(flags)
+            except zmq.Again:  # RCVTIMEO: look at the stop flag; stepping: none left
+                if step is not None:
+                    time.sleep(step)
+                    steps += 1
+                continue
             call_id, method, args = decode(data)
             try:
                 result = methods[method](*args)
@@ -73,52 +87,9 @@ class _Engine:
             else:
                 reply = encode((call_id, True, result))
             send(reply)
-
-        #: decode a request, call its method, send the reply (an error's text on failure)
-        self.answer = answer
-
-    def close(self) -> None:
-        self.sock.close()
-        self.ctx.term()
-
-
-def serve(address: str, rank: int, stop: Callable[[], bool]) -> None:
-    """The plain loop: a blocking receive, then the reply."""
-    engine = _Engine(address, rank)
-    print(f"READY {rank} 0", flush=True)
-    recv, answer = engine.sock.recv, engine.answer
-    try:
-        while not stop():
-            try:
-                data = recv()
-            except zmq.Again:  # RCVTIMEO: look at the stop flag
-                continue
-            answer(data)
     finally:
-        engine.close()
-
-
-def serve_stepping(address: str, rank: int, stop: Callable[[], bool], step: float) -> None:
-    """A scheduler's loop: sleep ``step`` seconds (a device step: the CPU waits), then
-    answer every request that has arrived (non-blocking receives until none is left).
-    The method ``steps`` returns the steps taken."""
-    engine = _Engine(address, rank)
-    steps = [0]
-    engine.methods["steps"] = lambda: steps[0]
-    print(f"READY {rank} 0", flush=True)
-    recv, answer = engine.sock.recv, engine.answer
-    try:
-        while not stop():
-            time.sleep(step)
-            steps[0] += 1
-            while True:
-                try:
-                    data = recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                answer(data)
-    finally:
-        engine.close()
+        sock.close()
+        ctx.term()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -140,10 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    if args.step is not None:
-        serve_stepping(args.connect, args.rank, lambda: bool(stopped), args.step)
-    else:
-        serve(args.connect, args.rank, lambda: bool(stopped))
+    serve(args.connect, args.rank, lambda: bool(stopped), args.step)
     return 0
 
 

@@ -12,7 +12,7 @@ request waiting, without blocking.
   to 64 ready requests without blocking (more than a fan-out pipeline keeps at
   one rank), so every request waiting is answered at each step.
 * The peer's is the bare pyzmq engine with ``--step``
-  (:func:`~ctlwire.benchmarks.baseline_engine.serve_stepping`): non-blocking
+  (:func:`~ctlwire.benchmarks.baseline_engine.serve`): non-blocking
   receives until none is left.
 
 Both answer ``echo`` and ``steps`` (the steps taken so far).
