@@ -9,7 +9,8 @@ Groups (``--only`` takes any of them; default: all, in this order):
                  anyio Lock + Event communicator over bare pyzmq engines, on asyncio and
                  on trio (each against the baseline on the same backend)
 ``fanout_pipeline`` the same fan-out to 8 engines with ordered pipelining (depth 4), 1,000
-                 callers queued at once, vs the same baseline, on both backends
+                 callers queued at once, vs the same baseline, on both backends: engines
+                 that answer at once, then engines that step like a scheduler
 ``fanout_profile`` Python calls, C calls and task steps per rank per fan-out, client and
                  engine, ctlwire vs the same baseline, on both backends (counts, not times)
 ``trio``         ``latency`` and ``throughput`` with both clients on trio

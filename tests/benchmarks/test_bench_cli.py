@@ -17,11 +17,18 @@ from typing import Any
 import pytest
 
 from ctlwire.app.cli import main
-from ctlwire.benchmarks import fanout_profile, idle_cpu, scale, weight_sync
+from ctlwire.benchmarks import (
+    fanout_profile,
+    idle_cpu,
+    pipelined_fan_out,
+    scale,
+    stepping_engines,
+    weight_sync,
+)
 from ctlwire.benchmarks.runner import GROUPS
 
 #: groups run one at a time, each by a test of its own
-ALONE = (*scale.GROUPS, *fanout_profile.GROUPS, *idle_cpu.GROUPS)
+ALONE = (*scale.GROUPS, *fanout_profile.GROUPS, *idle_cpu.GROUPS, *pipelined_fan_out.GROUPS)
 #: the core groups, run together below
 CORE_GROUPS = [g for g in GROUPS if g not in ALONE and g not in weight_sync.GROUPS]
 
@@ -242,6 +249,28 @@ def _run_alone(tmp_path: Path, group: str) -> dict[str, Any]:
     for row in report["rows"]:
         _check_row(row)
     return report
+
+
+@pytest.mark.timeout(180)
+def test_fanout_pipeline_compares_busy_and_stepping_engines(tmp_path: Path) -> None:
+    """Both rows on both backends, each with its CPU rows; in the stepping row every
+    engine of both fleets has stepped (the steps each reports are in the details)."""
+    report = _run_alone(tmp_path, "fanout_pipeline")
+    rows = {r["scenario"]: r for r in report["rows"]}
+    step_ms = f"{stepping_engines.STEP_SECONDS * 1e3:g}"
+    for backend in ("asyncio", "trio"):
+        for engines in ("engines", f"stepping engines ({step_ms} ms steps)"):
+            scenario = f"pipelined fan-out (depth 4), 8 {engines}, 1,000 callers at once, {backend}"
+            rate = rows[scenario]
+            assert rate["unit"] == "fan-outs/s" and rate["target"]["value"] == 2.0
+            assert len(rate["details"]["ratios"]) == 2  # --quick: 2 alternating runs
+            for what in ("client CPU per fan-out", "engine CPU per fan-out (8 engines"):
+                assert any(s.startswith(f"{scenario}: {what}") for s in rows), what
+        stepping = rows[f"pipelined fan-out (depth 4), 8 stepping engines ({step_ms} ms "
+                        f"steps), 1,000 callers at once, {backend}"]["details"]
+        for side in ("ctlwire", "baseline"):
+            steps = stepping[f"{side}_engine_steps"]
+            assert len(steps) == 8 and all(n > 0 for n in steps), (side, steps)
 
 
 @pytest.mark.timeout(180)
