@@ -64,8 +64,9 @@ MOVED: dict[str, str] = {
     "ctlwire.kernel.busy_loop": "ctlwire.kernel.engine.busy_loop",
     "ctlwire.kernel.builtin_methods": "ctlwire.kernel.engine.builtin_methods",
     "ctlwire.kernel.actor": "ctlwire.kernel.primitives.actor",
-    # a module split off for size, back in the one it belongs to
+    # modules split off for size, back in the ones they belong to
     "ctlwire.kernel.core.tombstone": "ctlwire.kernel.core.request_registry",
+    "ctlwire.kernel.core.fence_guard": "ctlwire.kernel.core.fencing",
 }
 
 _ROOTS = ("ctlwire.kernel.", "ctlwire.transports.")

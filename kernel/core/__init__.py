@@ -16,11 +16,11 @@ no sockets and no clock of their own (time is passed in).
   requests: every ``InboundRequest`` transition, in one place.
 * :mod:`.result_cache` -- the engine's idempotency cache (bounded in entries and
   bytes, keys scoped by peer and method, outcomes kept for their retry window).
-* :mod:`.fence_guard` -- the engine's fence: the range of a token and when it moves.
 * :mod:`.duplicate_filter` -- request ids an engine has seen, per peer (bounded).
 * :mod:`.operation_core`, :mod:`.operation_plan`, :mod:`.operation_result` --
   coordinated multi-step operations with compensation.
-* :mod:`.fencing` -- fencing tokens.
+* :mod:`.fencing` -- fencing tokens: minting them; the engine's fence (a
+  token's range, when it moves).
 
 The anyio shells that drive them live in :mod:`ctlwire.kernel.client` (client,
 mailbox), :mod:`ctlwire.kernel.engine` (endpoint) and :mod:`ctlwire.kernel`

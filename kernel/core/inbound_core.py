@@ -48,7 +48,7 @@ from typing import Any
 import msgspec
 
 from ctlwire.kernel.core.duplicate_filter import DuplicateFilter
-from ctlwire.kernel.core.fence_guard import FenceGuard, FenceVerdict
+from ctlwire.kernel.core.fencing import FenceGuard, FenceVerdict
 from ctlwire.kernel.core.inbound_request import BadFrame, InboundRequest, MethodSpec
 from ctlwire.kernel.core.result_cache import RUNNING, RecordedOutcome, ResultCache
 from ctlwire.kernel.errors import CtlwireError, error_info

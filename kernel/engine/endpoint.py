@@ -85,7 +85,7 @@ Guarantees:
   with ``Fenced`` (409); one that is negative or more than ``fence_window``
   seconds ahead of the engine's clock with ``FenceOutOfRange`` (416); neither
   runs. Only a fully validated request of a state-changing method moves the
-  fence (:class:`~ctlwire.kernel.core.fence_guard.FenceGuard`).
+  fence (:class:`~ctlwire.kernel.core.fencing.FenceGuard`).
 * **Read-only methods** (``read_only=True``, and the built-in
   ``ctlwire.metrics``) ignore fences and idempotency keys.
 * **Heartbeats that reach every peer name no request** (a ROUTER engine's
@@ -132,7 +132,7 @@ import anyio
 import anyio.abc
 
 from ctlwire.kernel.core.duplicate_filter import DuplicateFilter
-from ctlwire.kernel.core.fence_guard import DEFAULT_FENCE_WINDOW, FenceGuard
+from ctlwire.kernel.core.fencing import DEFAULT_FENCE_WINDOW, FenceGuard
 from ctlwire.kernel.core.inbound_core import BadFrame, InboundCore, InboundRequest, MethodSpec
 from ctlwire.kernel.core.result_cache import ResultCache
 from ctlwire.kernel.engine.builtin_methods import ENGINE_METRICS_METHOD

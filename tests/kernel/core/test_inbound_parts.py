@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ctlwire.kernel.core.duplicate_filter import DuplicateFilter
-from ctlwire.kernel.core.fence_guard import FenceGuard, FenceVerdict
-from ctlwire.kernel.core.fencing import new_fence
+from ctlwire.kernel.core.fencing import FenceGuard, FenceVerdict, new_fence
 from ctlwire.kernel.core.result_cache import (
     ENTRY_OVERHEAD,
     NOT_RETAINED,
