@@ -2,8 +2,8 @@
 
 Random sequences of register / send / wait / reply / duplicate / late / unknown /
 timeout / rank loss / release against an independent model of what each reply
-should be classified as; and random arrive / resume / leave sequences against
-the FIFO guarantee.
+should be classified as; and random arrive / resume / start / decide / leave
+sequences, with one holder and with several, against the FIFO guarantee.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from hypothesis.stateful import (
     Bundle,
     RuleBasedStateMachine,
     consumes,
+    initialize,
     invariant,
     precondition,
     rule,
@@ -308,3 +309,116 @@ def test_policy_table() -> None:
     assert d(Policy.QUORUM, 4, 2, 2, 2) is Decision.PENDING
     assert d(Policy.FIRST, 3, 1, 1, 1) is Decision.COMPLETE
     assert d(Policy.FIRST, 3, 0, 2, 3) is Decision.FAIL
+
+
+class PipelinedAdmissionMachine(RuleBasedStateMachine):
+    """``holders`` k in 1..3: random arrive / resume / start / decide / leave against
+    an independent model: at most k hold a slot and one starts at a time, nobody
+    waits while a slot is free and no one starts, admission in arrival order and
+    only by hand-off (the ticket a call returns), the turn to leave is the oldest
+    admitted ticket's that has not left."""
+
+    tickets = Bundle("pipelined_tickets")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = AdmissionQueue("m")
+        self.all: dict[int, Ticket] = {}
+        self.admitted_now: list[Ticket] = []
+
+    @initialize(holders=st.integers(1, 3))
+    def build(self, holders: int) -> None:
+        self.q = AdmissionQueue("m", self._observe, holders=holders)
+
+    def _observe(self, t: Ticket, old: TicketState, ev: TicketEvent, new: TicketState) -> None:
+        if ev is TicketEvent.ADMIT:
+            self.admitted_now.append(t)
+
+    def _in(self, *states: TicketState) -> list[Ticket]:
+        return [t for _, t in sorted(self.all.items()) if t.state in states]
+
+    def _handed(self, nxt: Ticket | None) -> None:
+        """The call admitted exactly the ticket it returned: the oldest queued one."""
+        assert self.admitted_now == ([] if nxt is None else [nxt])
+        if nxt is not None:
+            assert nxt.state is TicketState.ADMITTED and self.q.starting is nxt
+            earlier = [t for s, t in self.all.items() if s < nxt.seq]
+            assert all(t.state is not TicketState.QUEUED for t in earlier), "overtaken"
+        self.admitted_now.clear()
+
+    @rule(target=tickets)
+    def arrive(self) -> Ticket:
+        free = (len(self._in(TicketState.ADMITTED, TicketState.STARTED)) < self.q.holders
+                and not self._in(TicketState.ADMITTED) and not self._in(TicketState.QUEUED))
+        t = self.q.arrive()
+        self.all[t.seq] = t
+        assert t.state is (TicketState.ADMITTED if free else TicketState.QUEUED)
+        self._handed(t if free else None)
+        return t
+
+    @rule(t=tickets)
+    def resume(self, t: Ticket) -> None:
+        if t.state is TicketState.ADMITTED and not t.resumed:
+            self.q.resumed(t)
+            assert t.resumed
+
+    @rule(t=tickets)
+    def start(self, t: Ticket) -> None:
+        was = t.state
+        nxt = self.q.start(t)
+        assert t.state is (TicketState.STARTED if was is TicketState.ADMITTED else was)
+        self._handed(nxt)
+
+    @rule(t=tickets)
+    def decide(self, t: Ticket) -> None:
+        was = t.state
+        nxt = self.q.decide(t)
+        held = was in (TicketState.ADMITTED, TicketState.STARTED)
+        assert t.state is (TicketState.DECIDED if held else was)
+        self._handed(nxt)
+
+    @rule(t=tickets)
+    def leave(self, t: Ticket) -> None:
+        was = t.state
+        nxt = self.q.leave(t)
+        assert t.state is {TicketState.QUEUED: TicketState.ABANDONED,
+                           TicketState.ADMITTED: TicketState.RELEASED,
+                           TicketState.STARTED: TicketState.RELEASED,
+                           TicketState.DECIDED: TicketState.RELEASED}.get(was, was)
+        self._handed(nxt)
+
+    @invariant()
+    def slots_starts_and_turns_match_the_model(self) -> None:
+        q = self.q
+        holding = self._in(TicketState.ADMITTED, TicketState.STARTED)
+        starting = self._in(TicketState.ADMITTED)
+        queued = self._in(TicketState.QUEUED)
+        not_left = self._in(TicketState.ADMITTED, TicketState.STARTED, TicketState.DECIDED)
+        assert len(holding) <= q.holders and len(starting) <= 1
+        assert q.in_flight == len(holding) and q.busy is bool(holding)
+        assert q.holder is (holding[0] if holding else None)
+        assert q.depth == len(queued) and q.queued() == queued
+        assert q.admitted() == not_left
+        if queued:  # nobody waits while a slot is free and no one starts
+            assert starting or len(holding) == q.holders
+        assert q.next_out() is (not_left[0] if not_left else None)
+        for t in self.all.values():
+            assert q.turn(t) is bool(not_left and t is not_left[0]), t
+        q.check_invariants()
+
+    def teardown(self) -> None:
+        # everyone leaves, oldest admitted first; the queue drains
+        for _ in range(len(self.all)):
+            out = self.q.next_out()
+            if out is None and not self.q.depth:
+                break
+            self.q.leave(out if out is not None else self.q.queued()[0])
+        assert all(t.state in (TicketState.RELEASED, TicketState.ABANDONED)
+                   for t in self.all.values())
+        assert self.q.in_flight == 0 and self.q.admitted_total == sum(
+            t.state is TicketState.RELEASED for t in self.all.values())
+
+
+TestPipelinedAdmission = PipelinedAdmissionMachine.TestCase
+TestPipelinedAdmission.settings = settings(max_examples=300, stateful_step_count=50,
+                                           deadline=None)

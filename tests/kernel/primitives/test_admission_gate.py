@@ -246,3 +246,57 @@ async def test_two_holders_start_one_at_a_time_and_leave_in_arrival_order() -> N
         release["C"].set()
     assert left == ["A", "B", "C", "D"] and most == 2
     assert not gate.busy and gate.depth == 0 and gate.holders == 2
+
+
+async def test_close_wakes_a_holder_waiting_for_its_turn_to_leave() -> None:
+    """``holders=2``: B's block ends while A still holds the gate; B waits for its
+    turn until the gate closes, then leaves before A."""
+    gate = AdmissionGate("g", holders=2)
+    left: list[str] = []
+    release_a = anyio.Event()
+
+    async def caller(name: str, release: anyio.Event | None) -> None:
+        async with gate.admit() as ticket:
+            gate.started(ticket)
+            if release is not None:
+                await release.wait()
+        left.append(name)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(caller, "A", release_a)
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(caller, "B", None)
+        await anyio.sleep(1)
+        assert left == [] and gate.queue.in_flight == 2  # B waits for A
+        gate.close()
+        await anyio.sleep(1)
+        assert left == ["B"]
+        release_a.set()
+    assert left == ["B", "A"] and not gate.busy
+
+
+async def test_wait_turn_is_false_at_its_deadline_and_true_once_the_earlier_holder_left(
+        ) -> None:
+    gate = AdmissionGate("g", holders=2)
+    first = await gate.enter()
+    gate.started(first)
+    second = await gate.enter()
+    gate.started(second)
+    start = anyio.current_time()
+    assert await gate.wait_turn(second, start + 2.0) is False
+    assert anyio.current_time() - start >= 2.0 and gate.queue.in_flight == 2
+    assert await gate.wait_turn(first, start + 3.0) is True  # its turn at once
+    turns: list[bool] = []
+
+    async def wait_second() -> None:
+        turns.append(await gate.wait_turn(second, anyio.current_time() + 10.0))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait_second)
+        await anyio.wait_all_tasks_blocked()
+        assert turns == []
+        gate.leave(first)  # hands the turn to second, which returns
+        await anyio.wait_all_tasks_blocked()
+        assert turns == [True]
+    gate.leave(second)
+    assert not gate.busy and gate.queue.admitted() == []
