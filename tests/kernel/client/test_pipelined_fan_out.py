@@ -215,3 +215,35 @@ async def test_a_pipeline_depth_must_be_an_int_of_at_least_one(depth: Any) -> No
         ControlClient(MemoryNetwork().client_transport(), ranks=1, pipeline={"work": depth})
     with pytest.raises(ValueError, match="non-empty string"):
         ControlClient(MemoryNetwork().client_transport(), ranks=1, pipeline={"": 2})
+
+
+async def test_a_request_decided_while_sending_passes_its_slot_on_at_once() -> None:
+    """Depth 2, rank 1 lost: A (rank 0) is in flight; B, addressed to rank 1 only,
+    is decided by its send (NotDelivered) and so frees its slot before it returns:
+    C is sent while A is still in flight, and the callers complete in order."""
+    engines = Engines()
+    async with EngineHarness(2, engines.setup, client_kwargs={"pipeline": {"work": 2}}) as h:
+        c = h.client
+        h.stop_engine(1)
+        with anyio.fail_after(10):
+            while c.peers.state(1).name != "LOST":
+                await anyio.sleep(0.1)
+        done: list[str] = []
+
+        async def caller(name: str, rank: int) -> None:
+            try:
+                await c.fan_out("work", name, ranks=[rank])
+                done.append(name)
+            except FanOutFailed as exc:
+                assert isinstance(exc.result.errors[rank], NotDelivered)
+                done.append(f"{name} undelivered")
+
+        async with anyio.create_task_group() as tg:
+            for name, rank in (("A", 0), ("B", 1), ("C", 0)):
+                tg.start_soon(caller, name, rank)
+                await anyio.wait_all_tasks_blocked()
+            assert engines.arrived[0] == ["A", "C"] and done == []
+            engines.release("C")
+            engines.release("A")
+        assert done == ["A", "B undelivered", "C"]
+        assert c.registry.live_count == 0
