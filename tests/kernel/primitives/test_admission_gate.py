@@ -38,7 +38,21 @@ class Owner:
             self.inside -= 1
 
 
-OWNER = Owner()  # built at import, used by the first test on both backends
+OWNER = Owner()  # built at import, used by the one-at-a-time test below (first backend)
+
+
+@pytest.mark.parametrize("holders", [1, 2])
+async def test_a_lone_holder_leaves_its_block_at_once(holders: int) -> None:
+    """Nobody was admitted before it: its turn to leave has come, whether or not it
+    reported its start."""
+    gate = AdmissionGate("g", holders=holders)
+    for report_start in (False, True):
+        with anyio.move_on_after(5) as scope:
+            async with gate.admit() as ticket:
+                if report_start:
+                    gate.started(ticket)
+        assert not scope.cancelled_caught, "the block did not end"
+        assert not gate.busy and gate.queue.admitted() == []
 
 
 async def test_a_gate_built_before_any_loop_admits_in_arrival_order_one_at_a_time() -> None:
