@@ -10,6 +10,7 @@ import pytest
 
 from ctlwire.kernel import AdmissionGate, ClientClosed, RequestTimedOut
 from ctlwire.kernel.core.admission_queue import Ticket
+from ctlwire.states import TicketState
 from ctlwire.testing import virtual_backend
 
 pytestmark = pytest.mark.anyio
@@ -53,6 +54,34 @@ async def test_a_lone_holder_leaves_its_block_at_once(holders: int) -> None:
                     gate.started(ticket)
         assert not scope.cancelled_caught, "the block did not end"
         assert not gate.busy and gate.queue.admitted() == []
+
+
+@pytest.mark.parametrize("holders", [1, 2])
+async def test_leaving_hands_the_slot_to_the_queued_caller_there_and_then(holders: int) -> None:
+    """Every slot held and a caller queued: the holder that leaves (whether or not it
+    started) admits the queued caller before that caller's task runs."""
+    gate = AdmissionGate("g", holders=holders)
+    held = []
+    for _ in range(holders):
+        ticket = await gate.enter()
+        gate.started(ticket)
+        held.append(ticket)
+    entered: list[Ticket] = []
+
+    async def queued() -> None:
+        entered.append(await gate.enter())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(queued)
+        await anyio.wait_all_tasks_blocked()
+        assert gate.depth == 1 and gate.queue.in_flight == holders
+        gate.leave(held[-1])
+        assert gate.depth == 0 and gate.queue.in_flight == holders  # handed over
+        await anyio.wait_all_tasks_blocked()
+        assert len(entered) == 1 and entered[0].state is TicketState.ADMITTED
+    for ticket in [*held[:-1], *entered]:
+        gate.leave(ticket)
+    assert not gate.busy and gate.queue.admitted() == []
 
 
 async def test_a_gate_built_before_any_loop_admits_in_arrival_order_one_at_a_time() -> None:
