@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
-import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -39,9 +37,9 @@ from ctlwire.kernel import ControlClient
 from . import stepping_engines
 from .baseline_pyzmq import PyzmqUtilityClient
 from .fleets import FleetPool
-from .paired_runs import CpuMeter, alternate_runs, compared_row, cpu_rows
+from .paired_runs import alternate_runs, compared_row, cpu_rows
 from .report import Row, Target
-from .scenarios import PAYLOAD, CallFn, FanOutRun, Params, _ctl_client, base_fan_out, burst_rate
+from .scenarios import PAYLOAD, CallFn, FanOutRun, Params, _ctl_client, base_fan_out, fan_out_run
 
 __all__ = ["CALLERS", "DEPTH", "GROUPS", "run_group"]
 
@@ -71,23 +69,6 @@ async def ctl_pipelined(address: str, engines: int, depth: int = DEPTH
         yield ctl, call
 
 
-async def _measure(call: CallFn, engine_pids: Sequence[int], p: Params) -> FanOutRun:
-    """A warm-up burst, then ``CALLERS`` callers queued at once, as many bursts as make
-    ``p.fan_block`` fan-outs (at least one), with the CPU per fan-out."""
-    meter = CpuMeter(engine_pids)
-    run = FanOutRun()
-    await burst_rate(call, 100)
-    bursts = max(1, p.fan_block // CALLERS)
-    gc.collect()
-    meter.start()
-    t0 = time.perf_counter()
-    for _ in range(bursts):
-        await burst_rate(call, CALLERS)
-    run.rate[CALLERS] = bursts * CALLERS / (time.perf_counter() - t0)
-    run.cpu[CALLERS] = meter.per_op(bursts * CALLERS)
-    return run
-
-
 def _rows(backend: str, engines_kind: str, ctl: Sequence[FanOutRun],
           base: Sequence[FanOutRun], details: dict[str, Any]) -> list[Row]:
     scenario = (f"pipelined fan-out (depth {DEPTH}), {ENGINES} {engines_kind}, {CALLERS:,} "
@@ -107,13 +88,13 @@ def _compare(ctl_address: str, ctl_pids: Sequence[int], base_address: str,
     """ctlwire's and the peer's runs on ``backend``, alternating."""
     async def ctl_run() -> FanOutRun:
         async with ctl_pipelined(ctl_address, ENGINES) as (ctl, call):
-            run = await _measure(call, ctl_pids, p)
+            run = await fan_out_run(call, ctl_pids, p, (CALLERS,))
             assert ctl.registry.live_count == 0
             return run
 
     async def base_run() -> FanOutRun:
         async with base_fan_out(base_address, ENGINES) as call:
-            return await _measure(call, base_pids, p)
+            return await fan_out_run(call, base_pids, p, (CALLERS,))
 
     runs = alternate_runs(
         {"ctl": functools.partial(anyio.run, ctl_run, backend=backend),

@@ -356,15 +356,17 @@ async def fan_out_calls(ctl_address: str, base_address: str, engines: int
         yield ctl, ctl_call, base_call
 
 
-async def fan_out_run(call: CallFn, engine_pids: Sequence[int], p: Params) -> FanOutRun:
+async def fan_out_run(call: CallFn, engine_pids: Sequence[int], p: Params,
+                      sizes: Sequence[int] = ()) -> FanOutRun:
     """One run of ``call`` (a fan-out, its client open and checked): a warm-up burst,
-    then for each size in ``p.fan_callers`` that many callers queued at once, as many
-    bursts as make ``p.fan_block`` fan-outs (at least one), with the CPU per fan-out
-    of this process and of ``engine_pids``."""
+    then for each size in ``sizes`` (default ``p.fan_callers``) that many callers
+    queued at once, as many bursts as make ``p.fan_block`` fan-outs (at least one),
+    with the CPU per fan-out of this process and of ``engine_pids``."""
+    sizes = sizes or p.fan_callers
     meter = CpuMeter(engine_pids)
     run = FanOutRun()
-    await burst_rate(call, min(p.fan_callers))
-    for callers in p.fan_callers:
+    await burst_rate(call, min(sizes))
+    for callers in sizes:
         bursts = max(1, p.fan_block // callers)
         gc.collect()
         meter.start()

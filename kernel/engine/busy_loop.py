@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import queue
 import threading
 from collections.abc import Callable
@@ -129,13 +130,13 @@ class BusyLoop:
         return replace(spec, handler=self._handed_off(spec.handler), threaded=True)
 
     def _handed_off(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
         def hand_off(*args: Any) -> Any:
             call = _Call(fn, args)
             self._calls.put(call)
             if self._closed:  # close() may have drained the queue before the put
                 self._fail_waiting()
             return call.future.result()
-        hand_off.__name__ = getattr(fn, "__name__", "hand_off")
         return hand_off
 
     # -- the I/O thread ---------------------------------------------------------------
