@@ -18,7 +18,7 @@ import anyio
 from ctlwire.app.engine_fleet import EngineFleet
 from ctlwire.kernel.client.control_client import ControlClient
 from ctlwire.kernel.errors import FanOutFailed
-from ctlwire.kernel.membership.etcd_gateway import EtcdError, EtcdGateway
+from ctlwire.kernel.membership.etcd_gateway import EtcdError, EtcdGateway, unb64
 
 #: lease TTL of the engines in these tests (etcd runs with a 500 ms election timeout,
 #: so its shortest lease is 1 s)
@@ -96,6 +96,20 @@ class TruthWatch:
     @property
     def revision(self) -> int:
         return int(self.events[-1]["kv"]["mod_revision"]) if self.events else self.start - 1
+
+    def _ranked(self) -> list[tuple[str, int]]:
+        return [(e.get("type", "PUT"), int(unb64(e["kv"]["key"])[len(self.prefix):]))
+                for e in self.events]
+
+    def deleted_ranks(self) -> list[int]:
+        """The rank of every deletion etcd reported, in order (a lease that expired
+        deletes its key unless the engine put it under a new lease first)."""
+        return [rank for kind, rank in self._ranked() if kind == "DELETE"]
+
+    def registered(self, rank: int) -> bool:
+        """Whether ``rank``'s last event reported is a registration (none: not known)."""
+        kinds = [kind for kind, r in self._ranked() if r == rank]
+        return bool(kinds) and kinds[-1] == "PUT"
 
     async def run(self) -> None:
         with contextlib.suppress(EtcdError):
