@@ -1,4 +1,4 @@
-"""Counting the work one thread does: Python calls, C calls and task steps.
+"""Counting the work one thread does: Python calls, C calls, task steps and bytecodes.
 
 :class:`CallCounter` installs a ``sys.setprofile`` hook on the thread that
 starts it and counts, until stopped:
@@ -9,6 +9,9 @@ starts it and counts, until stopped:
 * ``task_steps`` -- steps of tasks: a coroutine frame entered from a frame that
   is not a coroutine (the event loop's ``Handle._run`` on asyncio, trio's run
   loop on trio), i.e. the scheduler resuming a task, on either backend;
+* ``bytecodes`` -- bytecode instructions executed (``sys.settrace`` opcode events;
+  the frames already running when counting starts are counted from there on): the
+  interpreted work, which calls of different sizes do not show;
 * ``by_function`` -- Python calls per function (``file:line name``).
 
 Counts are exact and independent of the machine's load (what a timing on a
@@ -27,6 +30,7 @@ import json
 import signal
 import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -42,20 +46,22 @@ class Counts:
     c_calls: int = 0
     task_steps: int = 0
     by_function: Counter[str] = field(default_factory=Counter)
+    bytecodes: int = 0
 
     def to_json(self, top: int = 40) -> dict[str, Any]:
         return {"py_calls": self.py_calls, "c_calls": self.c_calls,
-                "task_steps": self.task_steps,
+                "task_steps": self.task_steps, "bytecodes": self.bytecodes,
                 "by_function": dict(self.by_function.most_common(top))}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Counts:
         return cls(data["py_calls"], data["c_calls"], data["task_steps"],
-                   Counter(data["by_function"]))
+                   Counter(data["by_function"]), data["bytecodes"])
 
     def __add__(self, other: Counts) -> Counts:
         return Counts(self.py_calls + other.py_calls, self.c_calls + other.c_calls,
-                      self.task_steps + other.task_steps, self.by_function + other.by_function)
+                      self.task_steps + other.task_steps, self.by_function + other.by_function,
+                      self.bytecodes + other.bytecodes)
 
 
 def _where(frame: FrameType) -> str:
@@ -76,6 +82,7 @@ class CallCounter:
     def __init__(self) -> None:
         self.counts = Counts()
         self._names: dict[Any, str] = {}
+        self._running: list[FrameType] = []
 
     def _hook(self, frame: FrameType, event: str, arg: Any) -> None:
         counts = self.counts
@@ -93,12 +100,36 @@ class CallCounter:
         elif event == "c_call":
             counts.c_calls += 1
 
+    def _trace(self, frame: FrameType, event: str, arg: Any) -> Callable[..., Any]:
+        frame.f_trace_opcodes = True
+        frame.f_trace_lines = False
+        return self._opcode
+
+    def _opcode(self, frame: FrameType, event: str, arg: Any) -> Callable[..., Any]:
+        if event == "opcode":
+            self.counts.bytecodes += 1
+        return self._opcode
+
     def start(self) -> None:
         self.counts = Counts()
+        # the frames running now (the caller's, a signal's interrupted loop) count too
+        frame = inspect.currentframe()
+        self._running = []
+        while frame is not None:
+            self._trace(frame, "call", None)
+            frame.f_trace = self._opcode
+            self._running.append(frame)
+            frame = frame.f_back
+        sys.settrace(self._trace)
         sys.setprofile(self._hook)
 
     def stop(self) -> Counts:
         sys.setprofile(None)
+        sys.settrace(None)
+        for frame in self._running:
+            frame.f_trace = None
+            frame.f_trace_opcodes = False
+        self._running = []
         return self.counts
 
     def __enter__(self) -> CallCounter:

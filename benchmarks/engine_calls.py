@@ -227,7 +227,7 @@ def _per(counts: Counts, n: int) -> Counts:
     own = sum(v for k, v in counts.by_function.items() if _COUNTER in k)
     return Counts((counts.py_calls - own) // n, counts.c_calls // n, counts.task_steps // n,
                   Counter({k: v // n for k, v in counts.by_function.items()
-                           if _COUNTER not in k}))
+                           if _COUNTER not in k}), counts.bytecodes // n)
 
 
 def rows(quick: bool = False) -> list[Row]:
@@ -246,7 +246,8 @@ def rows(quick: bool = False) -> list[Row]:
             counts.py_calls, "ctlwire's count (the baseline's for context)",
             Target("info"),
             {"ctlwire_calls": dict(counts.by_function.most_common(_TOP)),
-             "c_calls": counts.c_calls, "baseline_c_calls": calls.baseline.c_calls},
+             "c_calls": counts.c_calls, "baseline_c_calls": calls.baseline.c_calls,
+             "bytecodes": counts.bytecodes, "baseline_bytecodes": calls.baseline.bytecodes},
             ratio_unit=""))
     out.append(Row(
         "engine_calls", "idle poll() vs a bare non-blocking receive attempt", "ns",

@@ -117,8 +117,10 @@ def rows(backend: str, sides: dict[str, SideCounts], callers: int) -> list[Row]:
     for where, what, attr in (("client", "Python calls", "py_calls"),
                               ("client", "C calls", "c_calls"),
                               ("client", "task steps", "task_steps"),
+                              ("client", "bytecodes", "bytecodes"),
                               ("engine", "Python calls", "py_calls"),
-                              ("engine", "C calls", "c_calls")):
+                              ("engine", "C calls", "c_calls"),
+                              ("engine", "bytecodes", "bytecodes")):
         c = ctl.per_rank(getattr(getattr(ctl, where), attr))
         b = base.per_rank(getattr(getattr(base, where), attr))
         details: dict[str, Any] = {"fan_outs": ctl.fan_outs, "ranks": ctl.ranks}

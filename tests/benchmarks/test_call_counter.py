@@ -47,3 +47,37 @@ def test_counts_add_up_and_survive_json() -> None:
     a.by_function["f"] = 3
     b = Counts.from_json((a + a).to_json())
     assert (b.py_calls, b.c_calls, b.task_steps, b.by_function["f"]) == (6, 8, 2, 6)
+    c = Counts.from_json((Counts(bytecodes=5) + Counts(bytecodes=7)).to_json())
+    assert c.bytecodes == 12
+
+
+def _loop(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += i
+    return total
+
+
+def test_counts_bytecodes_in_proportion_to_the_work_and_in_running_frames() -> None:
+    with CallCounter() as counter:
+        _loop(10)
+    ten = counter.counts.bytecodes
+    with CallCounter() as counter:
+        _loop(110)
+    assert counter.counts.bytecodes - ten >= 100 * 4  # at least FOR_ITER, STORE, LOAD, ADD a round
+    # the frame that started the count is counted from there on, and stops with it
+    with CallCounter() as counter:
+        x = 0
+        for i in range(50):
+            x += i
+    assert counter.counts.bytecodes >= 50 * 4
+    assert counter.counts.py_calls <= 2  # stop() itself, nothing else called
+
+
+def test_counting_stops_with_stop() -> None:
+    counter = CallCounter()
+    counter.start()
+    counter.stop()
+    before = counter.counts.bytecodes
+    _loop(100)
+    assert counter.counts.bytecodes == before
