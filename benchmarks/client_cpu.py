@@ -18,7 +18,7 @@ less than latency:
 (the raw client runs on the same backend). ``--profile
 seq|conc|fanout|burst`` prints a cProfile (thread CPU time) of the ctlwire
 client instead. ``--count`` counts instead of timing (``seq`` and ``conc``, exact
-and load-independent, :mod:`.call_counter`): Python calls, C calls and task steps
+and load-independent, :mod:`.call_counter`): Python calls, C calls, task steps and bytecodes
 per call of each client, and the functions the ctlwire client calls most per call.
 """
 
@@ -184,7 +184,8 @@ def _print_counts(pool: FleetPool, kind: str, backend: str, n: int, top: int) ->
     ours, raw = _COUNTED
     for name, c in (("ctlwire", ours), ("raw pyzmq", raw)):
         print(f"{kind:6s}: {name:9s} {c.py_calls / n:6.1f} Python calls, {c.c_calls / n:6.1f} "
-              f"C calls, {c.task_steps / n:5.2f} task steps per call ({backend})")
+              f"C calls, {c.task_steps / n:5.2f} task steps, {c.bytecodes / n:7.1f} bytecodes "
+              f"per call ({backend})")
     for fn, k in ours.by_function.most_common(top):
         print(f"        {k / n:6.2f}  {fn}")
 
