@@ -281,7 +281,8 @@ def test_fanout_profile_counts_both_sides_on_both_backends(tmp_path: Path) -> No
     rows = {r["scenario"]: r for r in report["rows"]}
     for backend in ("asyncio", "trio"):
         for what in ("client Python calls", "client C calls", "client task steps",
-                     "engine Python calls", "engine C calls"):
+                     "client bytecodes", "engine Python calls", "engine C calls",
+                     "engine bytecodes"):
             row = rows[f"{what} per rank per fan-out, 100 callers, {backend}"]
             assert row["ctlwire"] > 0 and row["baseline"] > 0, row["scenario"]
         calls = rows[f"client Python calls per rank per fan-out, 100 callers, {backend}"]
