@@ -124,7 +124,6 @@ def f(loop):
 # codec. What may be looked up by name, each for its reason:
 ALLOWED_PROBES: dict[tuple[str, str], str] = {
     ("kernel/engine/method_table.py", "handler"): "a handler, read as it is registered",
-    ("kernel/engine/operation_ledger.py", "fn"): "a step handler, read as it is registered",
     ("kernel/errors.py", "exc"): "an exception a handler raised: its optional ``code``",
     ("transports/_lazy_exports.py", "importlib.import_module(module)"): "a facade's export",
     ("transports/codec.py", "type(self)"): "its own class: is a method overridden below",

@@ -88,17 +88,8 @@ class MethodTable:
             raise ValueError(f"method {name!r} is already registered")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency of {name!r} must be an int >= 1, not {concurrency!r}")
-        params = [p for p in inspect.signature(handler).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        required = [p for p in params if p.default is p.empty]
-        if len(required) > 1:
-            raise TypeError(f"handler for {name!r} must take at most one argument (the payload)")
-        takes_payload = bool(params)
-        if payload_type is _NONE:
-            payload_type = Any
-            if takes_payload:
-                payload_type = _payload_annotation(name, handler, params[0], _caller_frame)
-        optional = bool(params) and params[0].default is not params[0].empty
+        takes_payload, optional, payload_type = handler_payload(
+            name, handler, payload_type, _caller_frame)
         is_async = inspect.iscoroutinefunction(handler)
         if control and is_async:
             raise TypeError(f"control method {name!r} must be a sync handler that never blocks")
@@ -134,6 +125,26 @@ class MethodTable:
     def builtin_methods(self) -> list[str]:
         """Methods every endpoint serves: ``ctlwire.metrics`` (its :meth:`metrics`)."""
         return sorted(self.builtin)
+
+
+def handler_payload(name: str, handler: Callable[..., Any], payload_type: Any = _NONE,
+                    caller_frame: int = 1) -> tuple[bool, bool, Any]:
+    """How ``handler`` takes its payload, read once as it is registered: whether it
+    takes one, whether it may be left out (its parameter has a default), and its type
+    -- ``payload_type`` when given, else the parameter's resolved annotation (Any when
+    it has none). ``caller_frame``: how many frames above the caller of this function
+    the registering scope is (where a local annotation resolves). Raises TypeError
+    when the handler requires more than one argument, or when its annotation cannot
+    be resolved."""
+    params = [p for p in inspect.signature(handler).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len([p for p in params if p.default is p.empty]) > 1:
+        raise TypeError(f"handler for {name!r} must take at most one argument (the payload)")
+    if not params:
+        return False, False, Any if payload_type is _NONE else payload_type
+    if payload_type is _NONE:
+        payload_type = _payload_annotation(name, handler, params[0], caller_frame + 1)
+    return True, params[0].default is not params[0].empty, payload_type
 
 
 def _payload_annotation(name: str, handler: Callable[..., Any], param: inspect.Parameter,

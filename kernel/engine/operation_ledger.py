@@ -76,7 +76,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from typing import Any
 
 import anyio.to_thread
 import msgspec
@@ -85,6 +85,7 @@ from ctlwire.kernel.core.operation_plan import step_key
 from ctlwire.kernel.engine.endpoint import EngineEndpoint
 from ctlwire.kernel.engine.ledger_messages import LastOperation, StepRequest, TakeOver
 from ctlwire.kernel.engine.liveness import current_peer, current_request_id
+from ctlwire.kernel.engine.method_table import handler_payload
 from ctlwire.kernel.engine.step_abort import (
     ABORT_STEP_METHOD,
     AbortStep,
@@ -116,19 +117,6 @@ LAST_OPERATION_METHOD = "ctlwire.last_operation"
 STEP_METHODS_METHOD = "ctlwire.step_methods"
 TAKE_OVER_METHOD = "ctlwire.take_over"
 PHASES = frozenset({"apply", "compensate"})
-
-
-def _payload_type(fn: Callable[..., Any]) -> tuple[bool, bool, Any]:
-    """(takes a payload, the payload is optional, its declared type)."""
-    params = [p for p in inspect.signature(fn).parameters.values()
-              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if not params:
-        return False, False, Any
-    try:
-        hints = get_type_hints(fn)
-    except Exception:  # unresolvable annotations: accept anything
-        hints = {}
-    return True, params[0].default is not params[0].empty, hints.get(params[0].name, Any)
 
 
 @dataclass
@@ -178,9 +166,10 @@ class OperationLedger:
                  max_operations: int = 64, threaded: bool = False,
                  max_fence_lead: float = 300.0,
                  clock: Callable[[], float] = time.time) -> None:
-        self._handlers = {name: _Handler(fn, *_payload_type(fn),
-                                         inspect.iscoroutinefunction(fn))
-                          for name, fn in handlers.items()}
+        self._handlers: dict[str, _Handler] = {}
+        for name, fn in handlers.items():  # the scope constructing the ledger: 1 frame up
+            self._handlers[name] = _Handler(fn, *handler_payload(name, fn),
+                                            inspect.iscoroutinefunction(fn))
         if max_operations < 1:
             raise ValueError("max_operations must be >= 1")
         self.max_operations = max_operations

@@ -387,6 +387,39 @@ def test_a_payload_that_does_not_decode_is_an_invalid_step() -> None:
     assert calls == [] and led.highest_fence == 0
 
 
+def test_step_handlers_are_read_like_methods_as_the_ledger_is_built() -> None:
+    """A payload type defined in the scope building the ledger is resolved and
+    validated (never silently Any); an annotation nothing resolves, or a handler
+    requiring two arguments, is refused when the ledger is built."""
+
+    class Scale(msgspec.Struct, frozen=True):
+        factor: int
+
+    seen: list[int] = []
+
+    def scale(req: Scale) -> int:
+        seen.append(req.factor)
+        return req.factor
+
+    led = OperationLedger({"scale": scale})
+    led.install(FakeEndpoint())  # type: ignore[arg-type]
+    with pytest.raises(InvalidStep):
+        led.step(step("op", "a", 5, "scale", Bump(2)))  # a Bump is not a Scale
+    assert led.step(step("op", "a", 5, "scale", Scale(3))) == 3 and seen == [3]
+
+    def unresolved(req: NoSuchType) -> None:  # type: ignore[name-defined]  # noqa: F821
+        pass
+
+    with pytest.raises(TypeError, match="NoSuchType"):
+        OperationLedger({"unresolved": unresolved})
+
+    def two(a: int, b: int) -> None:
+        pass
+
+    with pytest.raises(TypeError, match="at most one argument"):
+        OperationLedger({"two": two})
+
+
 def test_a_take_over_fences_older_controllers_before_it_answers() -> None:
     led, calls = ledger()
     led.step(step("op", "a", 5))
