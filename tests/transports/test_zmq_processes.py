@@ -108,7 +108,10 @@ async def test_timeout_then_late_reply_is_dropped_and_counted(
                 await anyio.sleep(0.05)
         assert c.registry.stats.late == 1 and c.registry.live_count == 0
         assert await c.call("echo", "still serving", rank=1) == "still serving"
-        assert c.peers.state(1).name == "CONNECTED"
+        # a busy beat taken before the late reply may land after it: the next idle one clears it
+        with anyio.fail_after(5):
+            while c.peers.state(1).name != "CONNECTED":
+                await anyio.sleep(0.05)
 
 
 async def test_kill_minus_nine_fails_pending_call_with_engine_dead(tmp_path: Path) -> None:
