@@ -94,7 +94,7 @@ async def test_a_blocked_step_does_not_fail_a_concurrent_call(ipc_dir: str) -> N
                 while not done:
                     states.add((c.peers.state(0).name, c.rank_status(0)["method"]))
                     await anyio.sleep(0.1)
-            assert done == ["after the step"] and time.monotonic() - t0 >= 2.9
+            assert done == ["after the step"] and time.monotonic() - t0 >= 2.5  # the step held it
             assert ("BUSY", "(step)") in states  # the heartbeat said: in its own step
             assert c.counters["engine_lost"] == 0
 
