@@ -152,8 +152,8 @@ def _payload_annotation(name: str, handler: Callable[..., Any], param: inspect.P
     """The resolved annotation of ``handler``'s payload parameter (Any if none).
 
     Tries ``get_type_hints`` (the handler's module), then the parameter's own
-    string annotation evaluated with the registering scope's locals. Raises
-    TypeError when neither resolves it."""
+    string annotation evaluated in the registering scope. Raises TypeError when
+    neither resolves it."""
     annotation = param.annotation
     if annotation is inspect.Parameter.empty:
         return Any
@@ -165,8 +165,7 @@ def _payload_annotation(name: str, handler: Callable[..., Any], param: inspect.P
         pass  # a local name: try the registering scope next
     frame = sys._getframe(caller_frame + 1)  # register's caller (or the decorator's)
     try:
-        namespace = {**getattr(handler, "__globals__", {}), **frame.f_locals}
-        return eval(annotation, namespace)  # an annotation the handler's author wrote
+        return eval(annotation, frame.f_globals, frame.f_locals)  # as its author wrote it
     except Exception as exc:
         raise TypeError(
             f"cannot resolve the payload annotation {annotation!r} of handler {name!r} "

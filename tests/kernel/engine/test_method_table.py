@@ -46,8 +46,13 @@ def test_a_locally_defined_payload_type_resolves_in_the_registering_scope() -> N
     def handler(p: Local) -> int:  # a string annotation (from __future__)
         return p.n
 
+    def both(p: tuple[Local, Weights]) -> int:  # a local name beside one of the module's
+        return p[0].n
+
     table.register("h", handler)
+    table.register("both", both)
     assert table.specs["h"].payload_type is Local
+    assert table.specs["both"].payload_type == tuple[Local, Weights]
 
 
 def test_what_registration_refuses() -> None:
